@@ -1,0 +1,5 @@
+"""CutMix: paste a box from another image, mix targets by area. See README.md."""
+
+from algorithms.cutmix.cutmix import CutMix, cutmix_batch, mix_targets
+
+__all__ = ["CutMix", "cutmix_batch", "mix_targets"]

@@ -1,0 +1,5 @@
+"""LabelSmoothing: blend targets with the uniform distribution. See README.md."""
+
+from algorithms.label_smoothing.label_smoothing import LabelSmoothing, smooth_labels
+
+__all__ = ["LabelSmoothing", "smooth_labels"]

@@ -1,0 +1,33 @@
+"""Algorithm name -> class, and building algorithms from their specs.
+
+The names are exactly the keys of ``api.catalog.ALGORITHMS`` (a test checks it), and each spec
+in ``api.algorithm_specs`` carries the constructor's keyword arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from algorithms.base import Algorithm
+from algorithms.channels_last import ChannelsLast
+from algorithms.cutmix import CutMix
+from algorithms.label_smoothing import LabelSmoothing
+
+ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix)}
+
+
+def build_algorithm(spec: Any) -> Algorithm:
+    """One algorithm from its ``api.algorithm_specs`` spec (or a dict with a ``name``)."""
+    name = spec["name"] if isinstance(spec, dict) else spec.name
+    try:
+        cls = ALGORITHM_CLASSES[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHM_CLASSES))}") from None
+    if isinstance(spec, dict):
+        return cls(**{k: v for k, v in spec.items() if k != "name"})
+    return cls.from_spec(spec)
+
+
+def build_algorithms(specs: Iterable[Any]) -> list[Algorithm]:
+    """Algorithms in the order listed: that order is the engine's before-event order."""
+    return [build_algorithm(spec) for spec in specs]

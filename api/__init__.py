@@ -1,0 +1,1 @@
+"""Tessera's contract: specs, catalog, views and the client SDK. Imports pydantic and httpx only."""

@@ -1,0 +1,127 @@
+"""Typed SDK over the Tessera REST API, for the CLI, notebooks, tests and workers.
+
+    from api.client import Client
+    client = Client("http://127.0.0.1:8000")
+    run = client.create_run(yaml.safe_load(open("examples/digits_resnet.yaml")))
+    run = client.wait(run.id)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import httpx
+
+from api.errors import ApiError
+from api.specs import RunSpec
+from api.views import (
+    CatalogPage,
+    MetricsPage,
+    MetricsReport,
+    RunEventsPage,
+    RunsPage,
+    RunStatus,
+    RunView,
+    StatusReport,
+)
+
+API = "/api/v1"
+
+
+class Client:
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None):
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        response = self._http.request(method, path, headers=headers, **kwargs)
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiError(response.status_code, detail)
+        return response.json() if response.content else None
+
+    # --- runs ----------------------------------------------------------------------------
+    def create_run(self, spec: RunSpec | dict[str, Any]) -> RunView:
+        body = spec.model_dump(mode="json") if isinstance(spec, RunSpec) else spec
+        return RunView.model_validate(self._request("POST", f"{API}/runs", json=body))
+
+    def get_run(self, run_id: str) -> RunView:
+        return RunView.model_validate(self._request("GET", f"{API}/runs/{run_id}"))
+
+    def list_runs(self, *, status: RunStatus | str | None = None, limit: int = 50,
+                  cursor: str | None = None) -> RunsPage:
+        params: dict[str, Any] = {"limit": limit}
+        if status is not None:
+            params["status"] = RunStatus(status).value
+        if cursor is not None:
+            params["cursor"] = cursor
+        return RunsPage.model_validate(self._request("GET", f"{API}/runs", params=params))
+
+    def iter_runs(self, *, status: RunStatus | str | None = None) -> Iterator[RunView]:
+        cursor = None
+        while True:
+            page = self.list_runs(status=status, cursor=cursor)
+            yield from page.data
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def cancel_run(self, run_id: str) -> RunView:
+        return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/cancel"))
+
+    def run_events(self, run_id: str) -> RunEventsPage:
+        return RunEventsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/events"))
+
+    def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000) -> MetricsPage:
+        return MetricsPage.model_validate(
+            self._request("GET", f"{API}/runs/{run_id}/metrics", params={"after": after, "limit": limit}))
+
+    def wait(self, run_id: str, *, timeout: float = 600.0, poll_interval: float = 0.5) -> RunView:
+        """Poll until the run reaches a terminal status; raise ``TimeoutError`` otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.get_run(run_id)
+            if run.status.is_terminal:
+                return run
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still {run.status.value} after {timeout:.0f}s")
+            time.sleep(poll_interval)
+
+    # --- catalog -------------------------------------------------------------------------
+    def algorithms(self) -> CatalogPage:
+        return CatalogPage.model_validate(self._request("GET", f"{API}/algorithms"))
+
+    def models(self) -> CatalogPage:
+        return CatalogPage.model_validate(self._request("GET", f"{API}/models"))
+
+    def datasets(self) -> CatalogPage:
+        return CatalogPage.model_validate(self._request("GET", f"{API}/datasets"))
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/healthz")
+
+    # --- worker reports (per-attempt bearer token) ---------------------------------------
+    def report_status(self, run_id: str, token: str, report: StatusReport) -> RunView:
+        return RunView.model_validate(self._request(
+            "POST", f"{API}/runs/{run_id}/report/status", json=report.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"}))
+
+    def report_metrics(self, run_id: str, token: str, report: MetricsReport) -> int:
+        """Post a batch of metric points; returns how many the service stored."""
+        body = self._request("POST", f"{API}/runs/{run_id}/report/metrics", json=report.model_dump(mode="json"),
+                             headers={"Authorization": f"Bearer {token}"})
+        return int(body["stored"])

@@ -1,0 +1,52 @@
+"""Errors the SDK raises; the service's error bodies have the same shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    """An HTTP error from the Tessera API: ``status_code`` and the body's ``detail``."""
+
+    def __init__(self, status_code: int, detail: Any):
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(f"HTTP {status_code}: {format_detail(detail)}")
+
+
+def format_detail(detail: Any) -> str:
+    """Render a 422 detail list as one line per field: ``field: message (got value)``."""
+    if isinstance(detail, list):
+        lines = []
+        for item in detail:
+            if isinstance(item, dict):
+                field = item.get("field") or ".".join(str(p) for p in item.get("loc", []))
+                got = f" (got {item['input']!r})" if "input" in item else ""
+                lines.append(f"{field}: {item.get('msg')}{got}")
+            else:
+                lines.append(str(item))
+        return "\n".join(lines)
+    return str(detail)
+
+
+def field_path(loc: tuple[Any, ...] | list[Any], body: Any) -> str:
+    """Dotted path of a pydantic error location, without the union tags pydantic inserts.
+
+    pydantic reports ``('optimizer', 'sgd', 'lr')`` for a discriminated union; users wrote
+    ``optimizer.lr``. Walk the submitted body and keep only the segments that exist in it.
+    """
+    parts: list[str] = []
+    node = body
+    for segment in loc:
+        if isinstance(node, dict) and segment in node:
+            node = node[segment]
+            parts.append(str(segment))
+        elif isinstance(node, list) and isinstance(segment, int) and 0 <= segment < len(node):
+            node = node[segment]
+            parts.append(f"[{segment}]")
+        elif isinstance(node, dict) and node.get("name") == segment:
+            continue  # a discriminated-union tag, not a field
+        else:
+            parts.append(str(segment))
+            node = None
+    return ".".join(parts).replace(".[", "[")

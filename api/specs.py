@@ -1,0 +1,239 @@
+"""RunSpec: everything a run needs, validated before anything is stored or scheduled.
+
+All models forbid unknown fields. A validation error names the field (its ``loc``), the bad
+value (``input``) and what is allowed (``msg``); the service returns those as a 422.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from api.algorithm_specs import AlgorithmSpec
+from api.catalog import ALGORITHMS, DATASETS, MODELS
+from api.time import DurationTime, IntervalTime, OffsetTime, Time, TimeUnit
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- models -----------------------------------------------------------------------------
+
+class CifarResNetParams(Spec):
+    width: int = Field(16, ge=4, le=256, description="channels of the first stage (16 in the paper)")
+
+
+class ResNet18Params(Spec):
+    small_input_stem: bool = Field(True, description="3x3 stride-1 stem without max-pool, for images <= 64px")
+
+
+class SimpleCNNParams(Spec):
+    width: int = Field(32, ge=4, le=512)
+    hidden: int = Field(128, ge=8, le=4096)
+
+
+class CifarResNet20Spec(Spec):
+    name: Literal["cifar_resnet20"]
+    params: CifarResNetParams = Field(default_factory=CifarResNetParams)
+
+
+class ResNet18Spec(Spec):
+    name: Literal["resnet18"]
+    params: ResNet18Params = Field(default_factory=ResNet18Params)
+
+
+class SimpleCNNSpec(Spec):
+    name: Literal["simple_cnn"]
+    params: SimpleCNNParams = Field(default_factory=SimpleCNNParams)
+
+
+ModelSpec = Annotated[Union[CifarResNet20Spec, ResNet18Spec, SimpleCNNSpec], Field(discriminator="name")]
+
+
+# --- data -------------------------------------------------------------------------------
+
+Split = Literal["train", "test"]
+
+
+class DigitsSpec(Spec):
+    name: Literal["digits"]
+    split: Split = "train"
+    image_size: int = Field(32, ge=8, le=64, description="8x8 digits are upsampled (bilinear) to this size")
+
+
+class FashionMNISTSpec(Spec):
+    name: Literal["fashion_mnist"]
+    split: Split = "train"
+    root: str = Field("/usr/share/datasets/fashion-mnist", description="folder holding the *-ubyte.gz files")
+    image_size: int = Field(28, ge=8, le=64)
+    limit: int | None = Field(None, ge=1, description="use only the first N examples")
+
+
+class SyntheticSpec(Spec):
+    name: Literal["synthetic"]
+    split: Split = "train"
+    num_samples: int = Field(1024, ge=1, le=1_000_000)
+    num_classes: int = Field(10, ge=2, le=1000)
+    channels: int = Field(3, ge=1, le=4)
+    image_size: int = Field(32, ge=4, le=256)
+    noise: float = Field(1.0, ge=0.0, description="std of the Gaussian noise around each class mean")
+
+
+DatasetSpec = Annotated[Union[DigitsSpec, FashionMNISTSpec, SyntheticSpec], Field(discriminator="name")]
+
+
+class DataSpec(Spec):
+    train: DatasetSpec
+    eval: DatasetSpec | None = None
+    batch_size: int = Field(..., ge=1, le=65536, description="global batch size, split evenly across workers")
+    eval_batch_size: int | None = Field(None, ge=1, le=65536)
+    num_loader_workers: int = Field(0, ge=0, le=32)
+    drop_last: bool = True
+
+    @model_validator(mode="after")
+    def _same_shape(self) -> "DataSpec":
+        if self.eval is not None and self.eval.name != self.train.name:
+            raise ValueError(
+                f"data.eval.name {self.eval.name!r} differs from data.train.name {self.train.name!r}; "
+                "train and eval must come from the same data set"
+            )
+        return self
+
+
+# --- optimization -----------------------------------------------------------------------
+
+class SGDSpec(Spec):
+    name: Literal["sgd"]
+    lr: float = Field(..., gt=0.0, le=100.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    nesterov: bool = False
+
+
+class AdamWSpec(Spec):
+    name: Literal["adamw", "adam"]
+    lr: float = Field(..., gt=0.0, le=100.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas {betas} must each lie in [0, 1)")
+        return betas
+
+
+OptimizerSpec = Annotated[Union[SGDSpec, AdamWSpec], Field(discriminator="name")]
+
+
+class SchedulerSpec(Spec):
+    name: Literal["constant", "cosine", "linear"] = "constant"
+    warmup: OffsetTime = Field(default_factory=lambda: Time(0, TimeUnit.BATCH),
+                               description="linear warmup from 0 to lr, e.g. '100ba' or '0.1dur'")
+    alpha_f: float = Field(0.0, ge=0.0, le=1.0, description="final lr as a fraction of the initial lr")
+
+
+# --- execution --------------------------------------------------------------------------
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    AMP_BF16 = "amp_bf16"
+    AMP_FP16 = "amp_fp16"
+
+
+class ParallelismSpec(Spec):
+    strategy: Literal["none", "ddp"] = "none"
+    num_workers: int = Field(1, ge=1, le=1024)
+    use_gpu: bool = False
+    cpus_per_worker: int = Field(1, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _none_means_one_worker(self) -> "ParallelismSpec":
+        if self.strategy == "none" and self.num_workers != 1:
+            raise ValueError(
+                f"strategy 'none' runs exactly one worker but num_workers is {self.num_workers}; "
+                "use strategy 'ddp' for more"
+            )
+        return self
+
+
+class RunSpec(Spec):
+    """A training run. See README 'RunSpec reference' for every field."""
+
+    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    model: ModelSpec
+    data: DataSpec
+    optimizer: OptimizerSpec
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    max_duration: DurationTime
+    eval_interval: IntervalTime | None = Field(None, description="evaluate every interval and at the end")
+    precision: Precision = Precision.FP32
+    microbatch_size: int | Literal["auto"] | None = Field(
+        None, description="split each per-worker batch into microbatches of this size (gradient accumulation)")
+    algorithms: list[AlgorithmSpec] = Field(default_factory=list)
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    max_restarts: int = Field(0, ge=0, le=100, description="worker-group restarts Ray Train may make")
+    seed: int = Field(42, ge=0, le=2**31 - 1)
+    deterministic: bool = False
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=32)
+
+    @field_validator("microbatch_size")
+    @classmethod
+    def _positive_microbatch(cls, value: Any) -> Any:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"microbatch_size {value} must be a positive integer or 'auto'")
+        return value
+
+    @field_validator("algorithms")
+    @classmethod
+    def _no_duplicates(cls, algorithms: list[Any]) -> list[Any]:
+        seen: set[str] = set()
+        for algorithm in algorithms:
+            if algorithm.name in seen:
+                raise ValueError(f"algorithm {algorithm.name!r} is listed twice; list each method once")
+            seen.add(algorithm.name)
+        return algorithms
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "RunSpec":
+        problems = cross_spec_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def cross_spec_problems(spec: RunSpec) -> list[str]:
+    """Rules that span several fields: each returned string names the fields and the rule."""
+    problems: list[str] = []
+    data_info = DATASETS[spec.data.train.name]
+    model_info = MODELS[spec.model.name]
+    if data_info.domain != model_info.domain:
+        problems.append(f"model {spec.model.name!r} is a {model_info.domain} model but data set "
+                        f"{spec.data.train.name!r} is {data_info.domain} data")
+    for algorithm in spec.algorithms:
+        info = ALGORITHMS[algorithm.name]
+        if info.domain not in ("any", data_info.domain):
+            problems.append(f"algorithm {algorithm.name!r} is for {info.domain} data but data set "
+                            f"{spec.data.train.name!r} is {data_info.domain}")
+        for other in spec.algorithms:
+            if other.name in info.conflicts:
+                problems.append(f"algorithms {algorithm.name!r} and {other.name!r} do not compose; remove one")
+    per_worker = spec.data.batch_size // spec.parallelism.num_workers
+    if spec.data.batch_size % spec.parallelism.num_workers:
+        problems.append(f"data.batch_size {spec.data.batch_size} must be divisible by parallelism.num_workers "
+                        f"{spec.parallelism.num_workers}")
+    if isinstance(spec.microbatch_size, int) and spec.microbatch_size > per_worker:
+        problems.append(f"microbatch_size {spec.microbatch_size} exceeds the per-worker batch {per_worker} "
+                        f"(data.batch_size / parallelism.num_workers)")
+    if spec.scheduler.warmup.unit is TimeUnit.DURATION and spec.scheduler.warmup.value >= 1.0:
+        problems.append("scheduler.warmup must end before max_duration (use a fraction < 1dur)")
+    return problems
+
+
+def algorithm_names(spec: RunSpec) -> list[str]:
+    return [a.name for a in spec.algorithms]

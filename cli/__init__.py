@@ -1,0 +1,1 @@
+"""The ``tessera`` command line: serve the control plane, submit and watch runs."""

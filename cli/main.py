@@ -1,0 +1,157 @@
+"""``tessera``: serve, submit, runs, show, cancel, train.
+
+The client commands talk to the service at ``--url`` (env ``TESSERA_URL``, default
+http://127.0.0.1:8000). ``serve`` and ``train`` import the service / the workers lazily, so the
+client commands work where only the SDK is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from api.client import Client
+from api.errors import ApiError, format_detail
+from cli.specfile import SpecFileError, load_spec, load_spec_dict
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tessera: fast PyTorch training runs as a service.")
+console = Console()
+err_console = Console(stderr=True)
+
+UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _client(url: str) -> Client:
+    return Client(url)
+
+
+def _call(fn, *args, **kwargs):
+    """Run an SDK call, turning API and connection errors into one clear line."""
+    import httpx
+
+    try:
+        return fn(*args, **kwargs)
+    except ApiError as exc:
+        _fail(f"HTTP {exc.status_code}\n{format_detail(exc.detail)}")
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the service: {exc}")
+
+
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="bind address (env TESSERA_HOST)")] = None,
+    port: Annotated[Optional[int], typer.Option(help="port (env TESSERA_PORT)")] = None,
+) -> None:
+    """Run the control plane (API, dispatcher, dashboard) with settings from TESSERA_* env vars."""
+    from service.main import run
+
+    run(host=host, port=port)
+
+
+@app.command()
+def submit(
+    file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED)."""
+    try:
+        body = load_spec_dict(file)
+    except SpecFileError as exc:
+        _fail(str(exc))
+    client = _client(url)
+    run = _call(client.create_run, body)
+    console.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
+    if not follow:
+        return
+    from cli.follow import follow_run
+
+    final = _call(follow_run, client, run.id, console=console)
+    _print_summary(final)
+    if final.status.value != "COMPLETED":
+        raise typer.Exit(1)
+
+
+@app.command()
+def runs(
+    status: Annotated[Optional[str], typer.Option(help="only runs with this status")] = None,
+    limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """List runs, newest first."""
+    page = _call(_client(url).list_runs, status=status, limit=limit)
+    table = Table("id", "name", "status", "attempt", "created", "eval/accuracy", "train/loss")
+    for run in page.data:
+        table.add_row(run.id, run.name, run.status.value, str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                      _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"))
+    console.print(table)
+
+
+@app.command()
+def show(run_id: str, url: UrlOption = DEFAULT_URL,
+         as_json: Annotated[bool, typer.Option("--json", help="print the RunView as JSON")] = False) -> None:
+    """Show one run: status, times, summary, error and its status events."""
+    client = _client(url)
+    run = _call(client.get_run, run_id)
+    if as_json:
+        console.print_json(run.model_dump_json())
+        return
+    console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
+    console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}")
+    _print_summary(run)
+    events = _call(client.run_events, run_id)
+    table = Table("time", "from", "to", "attempt", "message")
+    for event in events.data:
+        table.add_row(str(event.time), event.from_status.value if event.from_status else "-", event.to_status.value,
+                      str(event.attempt), event.message or "")
+    console.print(table)
+
+
+@app.command()
+def cancel(run_id: str, url: UrlOption = DEFAULT_URL) -> None:
+    """Cancel a run (its Ray job is stopped)."""
+    run = _call(_client(url).cancel_run, run_id)
+    console.print(f"run {run.id} is {run.status.value}")
+
+
+@app.command()
+def train(file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")]) -> None:
+    """Run one spec locally without the service (for debugging); prints metrics as it goes."""
+    try:
+        spec = load_spec(file)
+    except SpecFileError as exc:
+        _fail(str(exc))
+    from workers.local import train_local
+
+    result = train_local(spec)
+    console.print_json(json.dumps(result, default=float))
+
+
+def _metric(summary: dict[str, float], key: str) -> str:
+    return f"{summary[key]:.4f}" if key in summary else "-"
+
+
+def _print_summary(run) -> None:
+    if run.summary:
+        console.print("  ".join(f"{k}={v:.4g}" for k, v in sorted(run.summary.items())))
+    if run.error:
+        err_console.print(f"[red]error:[/red] {run.error}", highlight=False)
+
+
+def main() -> None:
+    app(prog_name="tessera")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

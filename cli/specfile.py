@@ -1,0 +1,42 @@
+"""Reading a RunSpec from a YAML or JSON file, with errors that point at the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from api.errors import field_path
+from api.specs import RunSpec
+
+
+class SpecFileError(Exception):
+    """A spec file that cannot be read or does not validate; the message lists every problem."""
+
+
+def load_spec_dict(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecFileError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise SpecFileError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SpecFileError(f"{path} must hold a mapping (a RunSpec), not {type(data).__name__}")
+    return data
+
+
+def load_spec(path: str | Path) -> RunSpec:
+    """Load and validate; ``SpecFileError`` lists ``field: message (got value)`` per problem."""
+    data = load_spec_dict(path)
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"  {field_path(e['loc'], data)}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()]
+        raise SpecFileError(f"{path} is not a valid RunSpec:\n" + "\n".join(lines)) from exc

@@ -1,0 +1,13 @@
+# The control plane image: API, dispatcher, dashboard. No torch (DESIGN.md: service never imports it).
+FROM python:3.11-slim
+WORKDIR /app
+COPY deploy/requirements-service.txt /tmp/requirements-service.txt
+RUN pip install --no-cache-dir -r /tmp/requirements-service.txt
+COPY pyproject.toml README.md ./
+COPY api ./api
+COPY service ./service
+COPY cli ./cli
+RUN pip install --no-cache-dir --no-deps .
+ENV TESSERA_HOST=0.0.0.0 TESSERA_PORT=8000 TESSERA_HOME=/data
+EXPOSE 8000
+CMD ["tessera", "serve"]

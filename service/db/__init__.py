@@ -1,0 +1,1 @@
+"""Database layer: tables, engine setup and Alembic migrations applied at startup."""

@@ -1,0 +1,60 @@
+"""Engine construction and schema migration for SQLite and PostgreSQL.
+
+SQLite needs three things to behave under a web server plus a dispatcher thread: WAL (readers
+don't block the writer), a busy timeout (writers wait instead of failing), and transactions
+that really begin where SQLAlchemy says they do. Python's sqlite3 module defers BEGIN until
+the first INSERT/UPDATE, so a read-decide-write sequence would read outside the transaction
+and race. We emit BEGIN ourselves, and BEGIN IMMEDIATE (take the write lock up front) for
+sessions marked as writers; see ``WRITE_OPTIONS``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+# Execution options of a write session; on SQLite they turn its BEGIN into BEGIN IMMEDIATE.
+WRITE_OPTIONS = {"tessera_write": True}
+
+
+def make_engine(database_url: str) -> Engine:
+    """An engine for ``database_url`` (``sqlite:///path`` or ``postgresql+psycopg://...``)."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+
+    if url.database and url.database != ":memory:":
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see module docstring)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        write = connection.get_execution_options().get("tessera_write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest Alembic revision (no-op when it is current)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")

@@ -1,0 +1,1 @@
+"""Alembic migrations, applied by ``service.db.engine.migrate`` at startup."""

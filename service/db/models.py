@@ -1,0 +1,103 @@
+"""Tables of the control plane (SQLAlchemy 2 typed models). Works on SQLite and PostgreSQL.
+
+These are storage rows, never response bodies: the routes return ``api.views`` models built
+from them, so a column like ``token_hash`` cannot leak into the API by accident.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timestamp that is always timezone-aware UTC in Python.
+
+    SQLite has no time zones: values are stored as naive UTC and given ``tzinfo=UTC`` back, so
+    both databases return the same thing and comparisons never mix naive and aware values.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:  # a naive time from a caller is taken to be UTC already
+            value = value.replace(tzinfo=timezone.utc)
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY (the rowid), not a BIGINT one.
+BigSeq = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    summary: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    ray_job_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # sha256 of the current attempt's worker token; the token itself is never stored.
+    token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    sweep_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),)
+
+
+class RunEvent(Base):
+    """One status transition of a run, with the attempt it belongs to and why it happened."""
+
+    __tablename__ = "run_events"
+
+    seq: Mapped[int] = mapped_column(BigSeq, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    from_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_status: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    time: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Metric(Base):
+    """One reported value. ``seq`` orders points globally so clients can poll ``after=seq``."""
+
+    __tablename__ = "metrics"
+
+    seq: Mapped[int] = mapped_column(BigSeq, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(BigInteger)
+    key: Mapped[str] = mapped_column(String(128))
+    value: Mapped[float] = mapped_column(Float)
+    time: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_metrics_run_id_seq", "run_id", "seq"),)

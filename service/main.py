@@ -1,0 +1,34 @@
+"""Entry points: ``uvicorn service.main:app`` or ``service.main.run(host, port)``.
+
+``app`` is built on first access, so importing this module reads no settings and starts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from service.app import create_app
+from service.settings import load_settings
+
+_app = None
+
+
+def __getattr__(name: str) -> Any:
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def run(host: str | None = None, port: int | None = None, *, log_level: str = "info") -> None:
+    """Serve the API with uvicorn (blocking). ``host``/``port`` override ``TESSERA_HOST``/``TESSERA_PORT``."""
+    import uvicorn
+
+    overrides = {key: value for key, value in (("host", host), ("port", port)) if value is not None}
+    settings = load_settings(**overrides)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)

@@ -1,0 +1,1 @@
+"""One router per resource: runs, worker reports, catalog, health."""

@@ -1,0 +1,87 @@
+"""The catalog: every algorithm, model and data set name, its metadata and its params schema."""
+
+from __future__ import annotations
+
+import functools
+import typing
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel
+
+from api import catalog
+from api.algorithm_specs import ALGORITHM_SPECS
+from api.specs import DatasetSpec, ModelSpec
+from api.views import CatalogEntry, CatalogPage
+from service.errors import ErrorBody
+
+router = APIRouter(prefix="/api/v1", tags=["catalog"])
+
+# Method cards are read as files next to the service's own package (the repository root, or
+# site-packages when installed): the control plane never imports `algorithms` (it needs torch).
+ALGORITHMS_DIR = Path(__file__).resolve().parents[2] / "algorithms"
+
+
+def _union_members_by_name(union: Any) -> dict[str, type[BaseModel]]:
+    """``{name: spec class}`` for a discriminated union such as ``api.specs.ModelSpec``."""
+    annotated_union = typing.get_args(union)[0]  # Annotated[Union[...], Field(discriminator=...)]
+    members: dict[str, type[BaseModel]] = {}
+    for member in typing.get_args(annotated_union):
+        for name in typing.get_args(member.model_fields["name"].annotation):
+            members[name] = member
+    return members
+
+
+def _entries(infos: dict[str, Any], specs: dict[str, type[BaseModel]], kind: str) -> list[CatalogEntry]:
+    missing = sorted(set(infos) - set(specs))
+    if missing:  # a catalog name no spec accepts: fail at startup, not on a request
+        raise RuntimeError(f"catalog {kind} without a spec in api: {', '.join(missing)}")
+    return [CatalogEntry(**catalog.as_dict(info), params_schema=specs[name].model_json_schema())
+            for name, info in infos.items()]
+
+
+def build_catalog() -> dict[str, CatalogPage]:
+    """The three catalog pages, each entry with its params schema."""
+    return {
+        "algorithms": CatalogPage(data=_entries(catalog.ALGORITHMS, ALGORITHM_SPECS, "algorithms")),
+        "models": CatalogPage(data=_entries(catalog.MODELS, _union_members_by_name(ModelSpec), "models")),
+        "datasets": CatalogPage(data=_entries(catalog.DATASETS, _union_members_by_name(DatasetSpec), "datasets")),
+    }
+
+
+@functools.cache
+def pages() -> dict[str, CatalogPage]:
+    """``build_catalog()`` once per process: the catalog cannot change while it runs."""
+    return build_catalog()
+
+
+@router.get("/algorithms", response_model=CatalogPage, operation_id="list_algorithms")
+def list_algorithms() -> CatalogPage:
+    """Speedup methods with their metadata (domain, needs, conflicts, maturity) and params schema."""
+    return pages()["algorithms"]
+
+
+@router.get("/algorithms/{name}/card", response_class=PlainTextResponse, operation_id="get_algorithm_card",
+            responses={200: {"content": {"text/markdown": {}}}, 404: {"model": ErrorBody}})
+def get_algorithm_card(name: str) -> PlainTextResponse:
+    """The method card (``algorithms/<name>/README.md``) as markdown; 404 for unknown names or a missing card."""
+    if name not in catalog.ALGORITHMS:  # only catalog names reach the file system
+        raise HTTPException(status_code=404, detail=f"algorithm {name!r} not found")
+    path = ALGORITHMS_DIR / name / "README.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HTTPException(status_code=404, detail=f"algorithm {name!r} has no method card yet") from None
+    return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
+
+
+@router.get("/models", response_model=CatalogPage, operation_id="list_models")
+def list_models() -> CatalogPage:
+    return pages()["models"]
+
+
+@router.get("/datasets", response_model=CatalogPage, operation_id="list_datasets")
+def list_datasets() -> CatalogPage:
+    return pages()["datasets"]

@@ -1,0 +1,56 @@
+"""Worker → service reports: status changes and metric batches, authenticated per attempt.
+
+Each attempt's Ray job gets a fresh token (``TESSERA_RUN_TOKEN``); only its hash is stored, and
+re-queuing a run revokes it, so a worker left over from an earlier attempt cannot report.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from api.views import MetricsReport, RunStatus, RunView, StatusReport
+from service.deps import RepoDep, RunTokenDep
+from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+
+router = APIRouter(prefix="/api/v1/runs", tags=["reports"],
+                   responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}})
+
+REPORTABLE = (RunStatus.RUNNING, RunStatus.RESTARTING, RunStatus.COMPLETED, RunStatus.FAILED)
+MAX_STEP = 2**63 - 1  # BIGINT column
+
+
+class MetricsStored(BaseModel):
+    stored: int
+
+
+@router.post("/{run_id}/report/status", response_model=RunView, operation_id="report_status",
+             responses={409: {"model": ErrorBody}})
+def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
+    """A worker's word on its run, applied through the state machine (409 if illegal now).
+
+    While the run is CANCELING the report is acknowledged and changes nothing (the cancel
+    wins); the worker sees that in the returned status.
+    """
+    if report.status not in REPORTABLE:
+        allowed = ", ".join(s.value for s in REPORTABLE[:-1]) + f" or {REPORTABLE[-1].value}"
+        return validation_response([field_error("status", ["body", "status"],
+                                                f"workers may report {allowed}", report.status.value)])
+    error = report.error
+    if report.status is RunStatus.FAILED and not error:
+        error = "the worker reported FAILED without an error message"
+    message = report.message or f"worker reported {report.status.value}"
+    return repo.apply_worker_report(run_id, report.status, message=message, error=error).to_view()
+
+
+@router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics")
+def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep):
+    """Store a batch of metric points (also after the run has ended: late flushes count)."""
+    for index, point in enumerate(report.points):
+        if point.step > MAX_STEP:
+            return validation_response([field_error(f"points[{index}].step", ["body", "points", index, "step"],
+                                                    f"step must be at most {MAX_STEP}", point.step)])
+        if "\x00" in point.key:
+            return validation_response([field_error(f"points[{index}].key", ["body", "points", index, "key"],
+                                                    "metric keys must not contain NUL characters", point.key)])
+    return MetricsStored(stored=repo.add_metrics(run_id, report.points))

@@ -1,0 +1,81 @@
+"""Runs: create, list, read, cancel, and read a run's events and metrics."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel
+
+from api.specs import RunSpec
+from api.views import MetricsPage, RunEventsPage, RunsPage, RunStatus, RunView
+from service.deps import RepoDep
+from service.errors import VALIDATION_RESPONSES, ErrorBody
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
+
+NOT_FOUND = {404: {"model": ErrorBody}}
+NOT_MODIFIED = {304: {"description": "unchanged since the ETag sent in If-None-Match"}}
+MAX_SEQ = 2**63 - 1  # BIGINT: a larger `after` would be a database error, not an answer
+
+
+def conditional_json(request: Request, view: BaseModel) -> Response:
+    """``view`` as JSON with an ETag of its bytes; 304 without a body when ``If-None-Match`` has it.
+
+    Pollers (the dashboard) send the last ETag back and skip parsing and re-rendering when
+    nothing changed. ``no-cache`` makes browsers revalidate rather than reuse a stale copy.
+    """
+    body = view.model_dump_json().encode()
+    etag = '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    sent = {tag.strip().removeprefix("W/") for tag in request.headers.get("if-none-match", "").split(",")}
+    if etag in sent or "*" in sent:
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+@router.post("", status_code=201, response_model=RunView, operation_id="create_run")
+def create_run(spec: RunSpec, repo: RepoDep) -> RunView:
+    """Validate a run spec and queue it; the dispatcher submits it to Ray."""
+    return repo.create_run(spec).to_view()
+
+
+@router.get("", response_model=RunsPage, operation_id="list_runs", responses=NOT_MODIFIED)
+def list_runs(request: Request, repo: RepoDep, status: RunStatus | None = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50,
+              cursor: Annotated[str | None, Query(max_length=512)] = None) -> RunsPage:
+    """Runs newest first; pass ``next_cursor`` back as ``cursor`` for the next page. ETag / If-None-Match → 304."""
+    runs, next_cursor = repo.list_runs(status=status, limit=limit, cursor=cursor)
+    return conditional_json(request, RunsPage(data=[run.to_view() for run in runs], next_cursor=next_cursor))
+
+
+@router.get("/{run_id}", response_model=RunView, operation_id="get_run", responses={**NOT_FOUND, **NOT_MODIFIED})
+def get_run(run_id: str, request: Request, repo: RepoDep) -> RunView:
+    """One run. ETag / If-None-Match → 304."""
+    return conditional_json(request, repo.get_run(run_id).to_view())
+
+
+@router.post("/{run_id}/cancel", response_model=RunView, operation_id="cancel_run",
+             responses={**NOT_FOUND, 409: {"model": ErrorBody}})
+def cancel_run(run_id: str, repo: RepoDep) -> RunView:
+    """Ask for a run to stop. It becomes CANCELING; the dispatcher stops its Ray job, then CANCELED.
+
+    409 if the run has already ended.
+    """
+    return repo.transition(run_id, RunStatus.CANCELING, message="canceled by user").to_view()
+
+
+@router.get("/{run_id}/events", response_model=RunEventsPage, operation_id="list_run_events", responses=NOT_FOUND)
+def list_run_events(run_id: str, repo: RepoDep) -> RunEventsPage:
+    """Every status change of the run, oldest first, with the attempt and the reason."""
+    return RunEventsPage(data=repo.events(run_id))
+
+
+@router.get("/{run_id}/metrics", response_model=MetricsPage, operation_id="list_run_metrics", responses=NOT_FOUND)
+def list_run_metrics(run_id: str, repo: RepoDep,
+                     after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+                     limit: Annotated[int, Query(ge=1, le=100_000)] = 5000) -> MetricsPage:
+    """Metric points with ``seq > after``; poll again with ``after=last_seq`` for new ones."""
+    points, last_seq = repo.metrics_after(run_id, after=after, limit=limit)
+    return MetricsPage(data=points, last_seq=last_seq)

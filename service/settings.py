@@ -1,0 +1,129 @@
+"""Service settings from ``TESSERA_*`` environment variables, checked once at startup.
+
+Every setting has an embedded default, so ``tessera serve`` works with none set: a SQLite
+file and a storage folder under ``TESSERA_HOME`` and a Ray head started by the service.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_USERINFO_RE = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:@/]*):(?P<secret>[^@/]*)@")
+_SECRET_FIELDS = ("database_url", "storage_url", "ray_address", "public_url")
+
+
+def redact_url(url: str | None) -> str | None:
+    """``scheme://user:secret@host/...`` with the secret replaced by ``***``; other URLs unchanged."""
+    if url is None:
+        return None
+    return _USERINFO_RE.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+
+
+class Settings(BaseSettings):
+    """Where the service keeps its data, which Ray it talks to, and how workers reach it back."""
+
+    model_config = SettingsConfigDict(env_prefix="TESSERA_", extra="ignore", validate_default=True)
+
+    home: Path = Field(Path(".tessera"), description="holds the SQLite file and the local storage folder")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///{home}/tessera.db")
+    storage_url: str | None = Field(None, description="fsspec URL for checkpoints; default file://{home}/storage")
+    ray_address: str | None = Field(
+        None, description="Ray dashboard (Jobs API) address such as http://127.0.0.1:8265; "
+                          "unset: the service starts an embedded Ray head")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    public_url: str | None = Field(None, description="URL workers use to reach the service; default http://{host}:{port}")
+    dispatch_interval_s: float = Field(0.5, gt=0.0, le=60.0)
+    ray_num_cpus: int | None = Field(None, ge=1, le=4096, description="logical CPUs of the embedded head")
+    worker_python: str = Field(default_factory=lambda: sys.executable,
+                               description="Python that runs `-m workers.launch` on the Ray nodes")
+
+    @field_validator("database_url", "storage_url", "ray_address", "public_url", mode="before")
+    @classmethod
+    def _blank_means_default(cls, value: Any) -> Any:
+        # `TESSERA_RAY_ADDRESS=` in a shell or compose file means "not set", not "empty address".
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _fill_defaults_and_check(self) -> "Settings":
+        home = self.home.expanduser().resolve()
+        self.home = home
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{home}/tessera.db"
+        if self.storage_url is None:
+            self.storage_url = f"file://{home}/storage"
+        if self.public_url is None:
+            self.public_url = f"http://{self.host}:{self.port}"
+        if self.ray_num_cpus is None:
+            # Ray Train workers and their controller each want a CPU; on a 2-core machine a
+            # 2-worker run would starve (ENVIRONMENT.md), so advertise at least 4.
+            self.ray_num_cpus = max(4, os.cpu_count() or 1)
+
+        scheme = self.database_url.split(":", 1)[0]
+        if not (scheme == "sqlite" or scheme.startswith("sqlite+") or scheme.startswith("postgresql")):
+            raise ValueError(f"TESSERA_DATABASE_URL must be a sqlite:/// or postgresql+psycopg:// URL; "
+                             f"got {redact_url(self.database_url)!r}")
+        if scheme.startswith("sqlite") and self.database_url.split("://", 1)[-1] in ("", "/", "/:memory:"):
+            raise ValueError("TESSERA_DATABASE_URL: an in-memory SQLite database is private to one connection "
+                             "and would lose runs; use a file such as sqlite:////var/lib/tessera/tessera.db")
+        if "://" not in self.storage_url:
+            raise ValueError(f"TESSERA_STORAGE_URL must be an fsspec URL such as file:///data/tessera or "
+                             f"s3://bucket/prefix; got {redact_url(self.storage_url)!r}")
+        if self.ray_address is not None and not self.ray_address.startswith(("http://", "https://")):
+            raise ValueError(f"TESSERA_RAY_ADDRESS must be the Ray dashboard (Jobs API) HTTP address, such as "
+                             f"http://127.0.0.1:8265; got {redact_url(self.ray_address)!r}. "
+                             "Leave it unset to start an embedded Ray head.")
+        if not self.public_url.startswith(("http://", "https://")):
+            raise ValueError(f"TESSERA_PUBLIC_URL must be an http(s) URL that Ray workers can reach; "
+                             f"got {redact_url(self.public_url)!r}")
+        self.public_url = self.public_url.rstrip("/")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def embedded_ray(self) -> bool:
+        """True when the service starts (and owns) its own Ray head."""
+        return self.ray_address is None
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as plain data with passwords in URLs masked: safe to log."""
+        data = self.model_dump(mode="json")
+        for name in _SECRET_FIELDS:
+            data[name] = redact_url(data[name])
+        return data
+
+    def __repr_args__(self):  # pydantic's repr/str: never print a secret by accident
+        return list(self.redacted().items())
+
+
+class SettingsError(ValueError):
+    """Invalid settings, one line per problem, naming the environment variable; no secrets."""
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and check the settings; raise ``SettingsError`` with a readable, redacted message.
+
+    pydantic's own message would echo every input value, passwords in URLs included.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors(include_input=False, include_url=False):
+            field = ".".join(str(part) for part in error["loc"])
+            message = error["msg"].removeprefix("Value error, ")
+            # Cross-field checks (empty loc) already name their variable.
+            lines.append(f"TESSERA_{field.upper()}: {message}" if field else message)
+        raise SettingsError("invalid Tessera settings:\n  " + "\n  ".join(lines)) from None

@@ -1,0 +1,92 @@
+"""RunSpec validation: good specs pass; every bad one names the field, the value and what is allowed."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from api.errors import field_path
+from api.specs import RunSpec
+
+EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
+
+
+def errors_of(body):
+    with pytest.raises(ValidationError) as info:
+        RunSpec.model_validate(body)
+    return [(field_path(e["loc"], body), e["msg"], e.get("input")) for e in info.value.errors()]
+
+
+def patched(**changes):
+    body = copy.deepcopy(EXAMPLE)
+    for dotted, value in changes.items():
+        node = body
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    return body
+
+
+def test_the_readme_example_is_a_valid_spec_and_round_trips():
+    spec = RunSpec.model_validate(EXAMPLE)
+    assert [a.name for a in spec.algorithms] == ["label_smoothing", "channels_last", "cutmix"]
+    assert RunSpec.model_validate(spec.model_dump(mode="json")) == spec
+    assert spec.model_dump(mode="json")["max_duration"] == "5ep"
+
+
+def test_defaults_fill_in_params_the_user_left_out():
+    spec = RunSpec.model_validate(EXAMPLE)
+    assert spec.model.params.width == 16
+    assert spec.parallelism.cpus_per_worker == 1
+    assert spec.algorithms[2].alpha == 1.0
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "bad_value", "allowed"),
+    [
+        (patched(max_duration="3 epochs"), "max_duration", "3 epochs", "ep, ba, sp or tok"),
+        (patched(optimizer__lr=-0.1), "optimizer.lr", -0.1, "greater than 0"),
+        (patched(model={"name": "vit"}), "model", {"name": "vit"}, "'cifar_resnet20', 'resnet18', 'simple_cnn'"),
+        (patched(parallelism__num_workers=0), "parallelism.num_workers", 0, "greater than or equal to 1"),
+        (patched(algorithms=[{"name": "warp_drive"}]), "algorithms[0]", {"name": "warp_drive"}, "'cutmix'"),
+        (patched(algorithms=[{"name": "label_smoothing", "smoothing": 1.5}]), "algorithms[0].smoothing", 1.5,
+         "less than 1"),
+        (patched(precision="fp8"), "precision", "fp8", "'fp32', 'amp_bf16' or 'amp_fp16'"),
+        (patched(max_duration="0.5dur"), "max_duration", "0.5dur", "allowed units here: ep, ba, sp, tok"),
+        (patched(learning_rate=0.1), "learning_rate", 0.1, "Extra inputs are not permitted"),
+        (patched(data__batch_size=0), "data.batch_size", 0, "greater than or equal to 1"),
+    ],
+)
+def test_bad_specs_name_the_field_the_value_and_what_is_allowed(body, field, bad_value, allowed):
+    errors = errors_of(body)
+    assert any(f == field and value == bad_value and allowed in msg for f, msg, value in errors), errors
+
+
+def test_an_algorithm_listed_twice_is_refused():
+    errors = errors_of(patched(algorithms=[{"name": "cutmix"}, {"name": "cutmix", "alpha": 0.5}]))
+    assert any("'cutmix' is listed twice" in msg for _, msg, _ in errors)
+
+
+def test_strategy_none_with_several_workers_is_refused():
+    errors = errors_of(patched(parallelism={"strategy": "none", "num_workers": 2}))
+    assert any("strategy 'none' runs exactly one worker" in msg for _, msg, _ in errors)
+
+
+def test_a_batch_that_does_not_split_across_workers_is_refused():
+    errors = errors_of(patched(data__batch_size=63))
+    assert any("63 must be divisible by parallelism.num_workers 2" in msg for _, msg, _ in errors)
+
+
+def test_a_microbatch_larger_than_the_per_worker_batch_is_refused():
+    errors = errors_of(patched(microbatch_size=64))
+    assert any("exceeds the per-worker batch 32" in msg for _, msg, _ in errors)
+    assert RunSpec.model_validate(patched(microbatch_size=16)).microbatch_size == 16
+    assert RunSpec.model_validate(patched(microbatch_size="auto")).microbatch_size == "auto"
+
+
+def test_train_and_eval_from_different_data_sets_are_refused():
+    errors = errors_of(patched(data__eval={"name": "synthetic", "split": "test"}))
+    assert any("differs from data.train.name" in msg for _, msg, _ in errors)

@@ -1,0 +1,105 @@
+"""Fixtures shared by the whole suite: a throwaway PostgreSQL database, a Ray head, free ports.
+
+Real components only: PostgreSQL on 127.0.0.1:5432 (trust auth), a Ray head started with
+``ray start`` in its own process (so the service can restart around it), moto's HTTP server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN_URL = os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+# Ray's environment must be set before any Ray process starts: workers inherit it.
+os.environ.pop("RAY_ADDRESS", None)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    import psycopg
+
+    name = f"tessera_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _kill_processes_mentioning(marker: str) -> None:
+    import psutil
+
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != me and marker in " ".join(proc.info["cmdline"] or []):
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+class RayHead:
+    """A Ray head in its own process group: ``address`` for ray.init, ``dashboard_url`` for jobs."""
+
+    def __init__(self, num_cpus: int = 4):
+        self.temp_dir = tempfile.mkdtemp(prefix="tray")  # short: Ray puts sockets under it
+        self.port = free_port()
+        self.dashboard_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        ray = str(Path(sys.executable).with_name("ray"))
+        subprocess.run(
+            [ray, "start", "--head", f"--port={self.port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+             # Two heads on the default job-agent port (52365) break job submission on both.
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--temp-dir={self.temp_dir}", "--object-store-memory=200000000", "--disable-usage-stats"],
+            check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120,
+        )
+
+    def stop(self) -> None:
+        # `ray stop` would end every Ray process on the machine; end only ours, found by temp dir.
+        _kill_processes_mentioning(self.temp_dir)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """One Ray head (4 logical CPUs on a 2-core machine, see ENVIRONMENT.md) for the session."""
+    head = RayHead(num_cpus=4)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_client(ray_head):
+    """``ray.init`` connected to the session's head, for tests that run Ray Train directly."""
+    import ray
+
+    ray.init(address=ray_head.address, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,194 @@
+"""The dispatcher against a fake Ray Jobs API: submit once per attempt, follow jobs to the end."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from api.views import RunStatus
+from service.dispatcher import Dispatcher
+from service.reconciler import ENDED_WITHOUT_RESULT, STOPPED_OUTSIDE
+
+S = RunStatus
+
+
+@pytest.fixture
+def dispatcher(sqlite_repo, fake_jobs, settings) -> Dispatcher:
+    return Dispatcher(sqlite_repo, fake_jobs, settings)
+
+
+def _running(dispatcher, spec):
+    run = dispatcher.repo.create_run(spec)
+    dispatcher.tick()
+    dispatcher.repo.transition(run.id, S.RUNNING)  # what the worker's first report does
+    job_id = f"run-{run.id}-attempt-1"
+    dispatcher.jobs.set_status(job_id, "RUNNING")
+    return dispatcher.repo.get_run(run.id), job_id
+
+
+def test_queued_run_is_submitted_once_with_its_attempt_id_entrypoint_and_env(dispatcher, example_spec, monkeypatch):
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("TESSERA_TEST_FAIL_AT_STEP", "3")
+    monkeypatch.setenv("TESSERA_DATABASE_URL", "postgresql://user:secret@db/tessera")
+    run = dispatcher.repo.create_run(example_spec)
+    dispatcher.tick()
+    dispatcher.tick()
+
+    job_id = f"run-{run.id}-attempt-1"
+    assert dispatcher.jobs.submit_calls == [job_id]
+    job = dispatcher.jobs.jobs[job_id]
+    assert job["entrypoint"] == f"/opt/venv/bin/python -m workers.launch --run-id {run.id}"
+    env = job["env"]
+    assert {k: env[k] for k in ("TESSERA_SERVICE_URL", "TESSERA_RUN_ID", "TESSERA_ATTEMPT", "TESSERA_STORAGE_URL")} == {
+        "TESSERA_SERVICE_URL": "http://tessera.test:8000", "TESSERA_RUN_ID": run.id, "TESSERA_ATTEMPT": "1",
+        "TESSERA_STORAGE_URL": "file:///tmp/tessera-test-storage"}
+    assert env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.2" and env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert env["TESSERA_TEST_FAIL_AT_STEP"] == "3" and "TESSERA_DATABASE_URL" not in env
+    assert dispatcher.repo.check_token(run.id, env["TESSERA_RUN_TOKEN"])
+    started = dispatcher.repo.get_run(run.id)
+    assert started.status is S.STARTING and started.ray_job_id == job_id
+
+
+def test_each_attempt_gets_a_fresh_token(dispatcher, example_spec):
+    first = dispatcher.repo.create_run(example_spec)
+    second = dispatcher.repo.create_run(example_spec)
+    dispatcher.tick()
+    tokens = {job["env"]["TESSERA_RUN_TOKEN"] for job in dispatcher.jobs.jobs.values()}
+    assert len(tokens) == 2
+    assert not any(dispatcher.repo.check_token(first.id, t) and dispatcher.repo.check_token(second.id, t) for t in tokens)
+
+
+def test_a_refused_submission_fails_the_run_with_ray_s_reason(dispatcher, example_spec):
+    run = dispatcher.repo.create_run(example_spec)
+    dispatcher.jobs.fail_submit = RuntimeError("Request failed with status code 400: bad runtime_env")
+    dispatcher.tick()
+    failed = dispatcher.repo.get_run(run.id)
+    assert failed.status is S.FAILED and "bad runtime_env" in failed.error
+
+
+def test_unreachable_ray_at_submit_leads_to_a_new_attempt_once_ray_answers(dispatcher, example_spec):
+    run = dispatcher.repo.create_run(example_spec)
+    real_status = dispatcher.jobs.status
+
+    def unreachable(_job_id):
+        raise ConnectionError("Failed to connect to Ray")
+
+    dispatcher.jobs.fail_submit = ConnectionError("Failed to connect to Ray")
+    dispatcher.jobs.status = unreachable
+    dispatcher.tick()
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(run.id).status is S.STARTING  # unknown is not "gone"
+    dispatcher.jobs.fail_submit, dispatcher.jobs.status = None, real_status
+    dispatcher.tick()  # Ray answers: no such job, so attempt 1 never started; re-queue
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(run.id).attempt == 2
+    assert f"run-{run.id}-attempt-2" in dispatcher.jobs.jobs and f"run-{run.id}-attempt-1" not in dispatcher.jobs.jobs
+
+
+def test_cancel_of_a_running_run_stops_its_job_then_marks_it_canceled(dispatcher, example_spec):
+    run, job_id = _running(dispatcher, example_spec)
+    dispatcher.repo.transition(run.id, S.CANCELING, message="canceled by user")
+    dispatcher.tick()
+    assert dispatcher.jobs.stop_calls == [job_id]
+    canceled = dispatcher.repo.get_run(run.id)
+    assert canceled.status is S.CANCELED and canceled.finished_at is not None
+    assert "STOPPED" in dispatcher.repo.events(run.id)[-1].message
+
+
+def test_cancel_waits_while_ray_still_reports_the_job_running(dispatcher, example_spec):
+    run, job_id = _running(dispatcher, example_spec)
+    dispatcher.jobs.stop = lambda job: dispatcher.jobs.stop_calls.append(job)  # Ray stops asynchronously
+    dispatcher.repo.transition(run.id, S.CANCELING)
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(run.id).status is S.CANCELING
+    dispatcher.jobs.set_status(job_id, "STOPPED")
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(run.id).status is S.CANCELED and dispatcher.jobs.stop_calls == [job_id, job_id]
+
+
+def test_cancel_before_submission_never_submits(dispatcher, example_spec):
+    run = dispatcher.repo.create_run(example_spec)
+    dispatcher.repo.transition(run.id, S.CANCELING)
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(run.id).status is S.CANCELED and dispatcher.jobs.submit_calls == []
+
+
+def test_failed_job_fails_the_run_with_the_tail_of_its_logs(dispatcher, example_spec):
+    run, job_id = _running(dispatcher, example_spec)
+    dispatcher.jobs.logs[job_id] = "\n".join(f"line {i}" for i in range(100)) + "\nValueError: shapes differ"
+    dispatcher.jobs.set_status(job_id, "FAILED")
+    dispatcher.tick()
+    failed = dispatcher.repo.get_run(run.id)
+    assert failed.status is S.FAILED
+    assert failed.error.endswith("line 99\nValueError: shapes differ") and "line 10\n" not in failed.error
+
+
+def test_failed_job_keeps_the_error_the_worker_already_reported(dispatcher, example_spec):
+    run, job_id = _running(dispatcher, example_spec)
+    dispatcher.repo.transition(run.id, S.RESTARTING, error="worker 1 died: OOM")
+    dispatcher.jobs.logs[job_id] = "unrelated driver noise"
+    dispatcher.jobs.set_status(job_id, "FAILED")
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(run.id).error == "worker 1 died: OOM"
+
+
+@pytest.mark.parametrize(("job_status", "error"), [("STOPPED", STOPPED_OUTSIDE), ("SUCCEEDED", ENDED_WITHOUT_RESULT)])
+def test_job_that_ended_behind_tessera_s_back_fails_the_run(dispatcher, example_spec, job_status, error):
+    run, job_id = _running(dispatcher, example_spec)
+    dispatcher.jobs.set_status(job_id, job_status)
+    dispatcher.tick()
+    assert (dispatcher.repo.get_run(run.id).status, dispatcher.repo.get_run(run.id).error) == (S.FAILED, error)
+
+
+def test_completed_run_is_left_alone_when_its_job_succeeds(dispatcher, example_spec):
+    run, job_id = _running(dispatcher, example_spec)
+    dispatcher.repo.transition(run.id, S.COMPLETED)
+    dispatcher.jobs.set_status(job_id, "SUCCEEDED")
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(run.id).status is S.COMPLETED and dispatcher.repo.get_run(run.id).error is None
+
+
+def test_vanished_job_requeues_the_run_as_a_new_attempt_with_a_new_submission(dispatcher, example_spec):
+    run, job_id = _running(dispatcher, example_spec)
+    old_token = dispatcher.jobs.jobs[job_id]["env"]["TESSERA_RUN_TOKEN"]
+    dispatcher.jobs.forget(job_id)
+    dispatcher.tick()
+    requeued = dispatcher.repo.get_run(run.id)
+    assert requeued.status is S.QUEUED and requeued.attempt == 2
+    assert not dispatcher.repo.check_token(run.id, old_token)
+    dispatcher.tick()
+    assert dispatcher.jobs.submit_calls[-1] == f"run-{run.id}-attempt-2"
+    assert dispatcher.jobs.jobs[f"run-{run.id}-attempt-2"]["env"]["TESSERA_ATTEMPT"] == "2"
+
+
+def test_one_run_s_problem_does_not_stop_the_others(dispatcher, example_spec):
+    stuck, stuck_job = _running(dispatcher, example_spec)
+    other, other_job = _running(dispatcher, example_spec)
+    real_status = dispatcher.jobs.status
+
+    def flaky_status(job_id):
+        if job_id == stuck_job:
+            raise RuntimeError("Request failed with status code 500: internal error")
+        return real_status(job_id)
+
+    dispatcher.jobs.status = flaky_status
+    dispatcher.jobs.set_status(other_job, "FAILED")
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(stuck.id).status is S.RUNNING
+    assert dispatcher.repo.get_run(other.id).status is S.FAILED
+
+
+def test_background_thread_dispatches_until_stopped(dispatcher, example_spec):
+    run = dispatcher.repo.create_run(example_spec)
+    dispatcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while dispatcher.repo.get_run(run.id).status is S.QUEUED:
+            assert time.monotonic() < deadline, "dispatcher thread never submitted the run"
+            time.sleep(0.02)
+    finally:
+        dispatcher.stop()
+    assert dispatcher._thread is None
+    assert dispatcher.jobs.submit_calls == [f"run-{run.id}-attempt-1"]

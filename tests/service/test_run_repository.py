@@ -1,0 +1,216 @@
+"""The data layer on both SQLite and PostgreSQL: runs, events, pagination, tokens, metrics."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from datetime import datetime, timezone
+
+import pytest
+from sqlalchemy import func, select
+
+from api.views import ReportedMetric, RunStatus
+from service import repository as repository_module
+from service.db.models import Metric, Run, RunEvent
+from service.repository import InvalidCursor, RunNotFound
+from service.state_machine import IllegalTransition
+
+S = RunStatus
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+
+
+def _count(repo, model) -> int:
+    with repo.engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(model)).scalar_one()
+
+
+def _points(*pairs: tuple[str, float], step: int = 0) -> list[ReportedMetric]:
+    return [ReportedMetric(step=step + i, key=key, value=value, time=T0) for i, (key, value) in enumerate(pairs)]
+
+
+def _running(repo, spec):
+    run = repo.create_run(spec)
+    repo.begin_attempt(run.id, token="tok-1")
+    return repo.transition(run.id, S.RUNNING)
+
+
+def test_created_run_is_queued_on_attempt_one_with_its_first_event(repo, example_spec):
+    run = repo.create_run(example_spec)
+    assert run.status is S.QUEUED and run.attempt == 1 and run.name == "digits-resnet"
+    assert run.spec["optimizer"] == {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005,
+                                     "nesterov": False}
+    assert run.created_at.tzinfo is not None and run.started_at is None
+    assert repo.get_run(run.id) == run
+    [event] = repo.events(run.id)
+    assert (event.from_status, event.to_status, event.attempt) == (None, S.QUEUED, 1)
+
+
+def test_a_create_that_fails_midway_leaves_nothing_behind(repo, example_spec, monkeypatch):
+    def broken_event(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(repository_module, "_add_event", broken_event)
+    with pytest.raises(RuntimeError, match="disk full"):
+        repo.create_run(example_spec)
+    assert repo.list_runs() == ([], None)
+    assert _count(repo, Run) == 0 and _count(repo, RunEvent) == 0
+
+
+def test_unknown_run_is_not_found_everywhere(repo):
+    for read in (repo.get_run, repo.events, repo.metrics_after):
+        with pytest.raises(RunNotFound, match="^run nope not found$"):
+            read("nope")
+    with pytest.raises(RunNotFound):
+        repo.transition("nope", S.CANCELING)
+
+
+def test_list_pages_newest_first_through_opaque_cursors(repo, example_spec):
+    ids = [repo.create_run(example_spec).id for _ in range(5)]
+    seen, cursor, pages = [], None, 0
+    while True:
+        page, cursor = repo.list_runs(limit=2, cursor=cursor)
+        seen += [run.id for run in page]
+        pages += 1
+        if cursor is None:
+            break
+    assert seen == ids[::-1] and pages == 3
+
+
+def test_list_filters_by_status(repo, example_spec):
+    queued = repo.create_run(example_spec)
+    canceled = repo.create_run(example_spec)
+    repo.transition(canceled.id, S.CANCELING)
+    assert [r.id for r in repo.list_runs(status=S.QUEUED)[0]] == [queued.id]
+    assert [r.id for r in repo.list_runs(status=S.CANCELING)[0]] == [canceled.id]
+
+
+def test_a_cursor_the_service_did_not_issue_is_refused(repo):
+    with pytest.raises(InvalidCursor, match="next_cursor"):
+        repo.list_runs(cursor="not-a-cursor!")
+
+
+def test_transitions_record_events_and_timestamps(repo, example_spec):
+    run = _running(repo, example_spec)
+    assert run.status is S.RUNNING and run.started_at is not None and run.finished_at is None
+    assert run.ray_job_id == f"run-{run.id}-attempt-1"
+    done = repo.transition(run.id, S.COMPLETED, message="worker reported COMPLETED")
+    assert done.finished_at is not None and done.finished_at >= done.started_at
+    events = repo.events(run.id)
+    assert [(e.from_status, e.to_status) for e in events] == [
+        (None, S.QUEUED), (S.QUEUED, S.STARTING), (S.STARTING, S.RUNNING), (S.RUNNING, S.COMPLETED)]
+    assert events[-1].message == "worker reported COMPLETED"
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+
+
+def test_illegal_transition_changes_nothing(repo, example_spec):
+    run = repo.create_run(example_spec)
+    with pytest.raises(IllegalTransition, match="is QUEUED; cannot complete"):
+        repo.transition(run.id, S.COMPLETED)
+    assert repo.get_run(run.id).status is S.QUEUED and len(repo.events(run.id)) == 1
+
+
+def test_repeated_running_report_is_a_no_op_without_event(repo, example_spec):
+    run = _running(repo, example_spec)
+    again = repo.transition(run.id, S.RUNNING)
+    assert again.status is S.RUNNING and len(repo.events(run.id)) == 3
+
+
+def test_requeue_starts_a_new_attempt_and_revokes_the_old_token(repo, example_spec):
+    run = _running(repo, example_spec)
+    requeued = repo.transition(run.id, S.QUEUED, message="Ray job not found")
+    assert requeued.attempt == 2 and requeued.status is S.QUEUED
+    assert not repo.check_token(run.id, "tok-1")
+    assert repo.events(run.id)[-1].attempt == 2
+    restarted = repo.begin_attempt(run.id, token="tok-2")
+    assert restarted.ray_job_id == f"run-{run.id}-attempt-2" and repo.check_token(run.id, "tok-2")
+
+
+def test_failure_error_is_kept_and_cleared_on_resume(repo, example_spec):
+    run = _running(repo, example_spec)
+    failed = repo.transition(run.id, S.FAILED, error="CUDA out of memory\nat step 12")
+    assert failed.error == "CUDA out of memory\nat step 12"
+    assert repo.events(run.id)[-1].message == "CUDA out of memory"
+    resumed = repo.transition(run.id, S.QUEUED, message="resume")
+    assert resumed.error is None and resumed.finished_at is None and resumed.attempt == 2
+
+
+def test_compare_and_set_refuses_when_the_run_moved_on(repo, example_spec):
+    run = _running(repo, example_spec)
+    repo.transition(run.id, S.COMPLETED)
+    with pytest.raises(IllegalTransition):
+        repo.transition(run.id, S.FAILED, only_from=[S.RUNNING], attempt=1)
+    with pytest.raises(IllegalTransition, match="attempt 1, not 7"):
+        repo.transition(run.id, S.COMPLETED, attempt=7)
+    assert repo.get_run(run.id).status is S.COMPLETED
+
+
+def test_only_the_hash_of_a_token_is_stored_and_checks_are_exact(repo, example_spec):
+    run = repo.create_run(example_spec)
+    assert not repo.check_token(run.id, "secret-token")  # no token yet
+    repo.set_token(run.id, "secret-token")
+    assert repo.check_token(run.id, "secret-token")
+    assert not repo.check_token(run.id, "secret-tokem") and not repo.check_token("other", "secret-token")
+    with repo.engine.connect() as conn:
+        stored = conn.execute(select(Run.token_hash).where(Run.id == run.id)).scalar_one()
+    assert stored == hashlib.sha256(b"secret-token").hexdigest()
+
+
+def test_metrics_after_returns_only_new_points_in_order(repo, example_spec):
+    run = _running(repo, example_spec)
+    other = _running(repo, example_spec)
+    assert repo.add_metrics(run.id, _points(("loss", 2.0), ("loss", 1.5), ("acc", 0.3))) == 3
+    repo.add_metrics(other.id, _points(("loss", 9.0)))
+    first, last_seq = repo.metrics_after(run.id, after=0)
+    assert [(p.key, p.value) for p in first] == [("loss", 2.0), ("loss", 1.5), ("acc", 0.3)]
+    assert last_seq == first[-1].seq and first[0].time == T0
+
+    repo.add_metrics(run.id, _points(("loss", 1.0), ("acc", 0.6), step=3))
+    new, newer_seq = repo.metrics_after(run.id, after=last_seq)
+    assert [(p.step, p.key, p.value) for p in new] == [(3, "loss", 1.0), (4, "acc", 0.6)]
+    assert repo.metrics_after(run.id, after=newer_seq) == ([], newer_seq)
+    limited, limited_seq = repo.metrics_after(run.id, after=0, limit=2)
+    assert len(limited) == 2 and limited_seq == limited[-1].seq
+
+
+def test_summary_holds_the_latest_value_of_each_key(repo, example_spec):
+    run = _running(repo, example_spec)
+    repo.add_metrics(run.id, _points(("loss", 2.0), ("acc", 0.3)))
+    repo.add_metrics(run.id, _points(("loss", 0.7)))
+    assert repo.get_run(run.id).summary == {"loss": 0.7, "acc": 0.3}
+
+
+def test_non_finite_values_are_left_out_of_metrics_and_summary(repo, example_spec):
+    run = _running(repo, example_spec)
+    stored = repo.add_metrics(run.id, _points(("loss", float("nan")), ("acc", 0.5), ("loss", float("inf"))))
+    assert stored == 1
+    assert [p.key for p in repo.metrics_after(run.id)[0]] == ["acc"]
+    assert repo.get_run(run.id).summary == {"acc": 0.5}
+
+
+def test_concurrent_completion_and_cancel_let_exactly_one_win(repo, example_spec):
+    runs = [_running(repo, example_spec) for _ in range(6)]
+    outcomes: list[str] = []
+
+    def attempt(run_id: str, target: RunStatus, barrier: threading.Barrier) -> None:
+        barrier.wait()
+        try:
+            repo.transition(run_id, target)
+            outcomes.append(f"{run_id}:{target.value}")
+        except IllegalTransition:
+            pass
+
+    for run in runs:
+        barrier = threading.Barrier(2)
+        threads = [threading.Thread(target=attempt, args=(run.id, target, barrier))
+                   for target in (S.COMPLETED, S.CANCELING)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for run in runs:
+        final = repo.get_run(run.id).status
+        winners = [o for o in outcomes if o.startswith(f"{run.id}:")]
+        # COMPLETED wins outright; CANCELING may win, and then COMPLETED is refused.
+        assert winners == [f"{run.id}:{final.value}"]
+        assert [e.to_status for e in repo.events(run.id)][-1] is final
+        assert len(repo.events(run.id)) == 4

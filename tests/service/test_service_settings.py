@@ -1,0 +1,57 @@
+"""Settings: embedded defaults from TESSERA_HOME, clear errors, and no secrets in logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.settings import Settings, SettingsError, load_settings
+
+
+def test_defaults_live_under_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_HOME", str(tmp_path))
+    settings = load_settings()
+    assert settings.database_url == f"sqlite:///{tmp_path}/tessera.db"
+    assert settings.storage_url == f"file://{tmp_path}/storage"
+    assert settings.public_url == "http://127.0.0.1:8000" and settings.embedded_ray
+    assert settings.ray_num_cpus >= 4
+
+
+def test_environment_overrides_and_public_url_follows_host_and_port(monkeypatch):
+    monkeypatch.setenv("TESSERA_PORT", "9100")
+    monkeypatch.setenv("TESSERA_RAY_ADDRESS", "http://10.0.0.5:8265")
+    settings = load_settings(host="0.0.0.0")
+    assert settings.public_url == "http://0.0.0.0:9100" and settings.ray_address == "http://10.0.0.5:8265"
+    assert not settings.embedded_ray
+
+
+def test_blank_ray_address_means_embedded(monkeypatch):
+    monkeypatch.setenv("TESSERA_RAY_ADDRESS", "")
+    assert load_settings().embedded_ray
+
+
+@pytest.mark.parametrize(("env", "value", "expected"), [
+    ("TESSERA_RAY_ADDRESS", "ray://head:10001", "TESSERA_RAY_ADDRESS must be the Ray dashboard"),
+    ("TESSERA_DATABASE_URL", "mysql://root:hunter2@db/tessera", "TESSERA_DATABASE_URL must be a sqlite"),
+    ("TESSERA_PORT", "70000", "TESSERA_PORT: Input should be less than or equal to 65535"),
+    ("TESSERA_DISPATCH_INTERVAL_S", "0", "TESSERA_DISPATCH_INTERVAL_S: Input should be greater than 0"),
+])
+def test_invalid_settings_name_the_variable_and_hide_secrets(monkeypatch, env, value, expected):
+    monkeypatch.setenv(env, value)
+    monkeypatch.setenv("TESSERA_STORAGE_URL", "s3://key:s3cret@bucket/prefix")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert expected in str(info.value)
+    assert "hunter2" not in str(info.value) and "s3cret" not in str(info.value)
+
+
+def test_repr_and_redacted_view_never_show_passwords():
+    settings = Settings(database_url="postgresql+psycopg://tessera:hunter2@db:5432/tessera")
+    for text in (repr(settings), str(settings), str(settings.redacted())):
+        assert "hunter2" not in text and "postgresql+psycopg://tessera:***@db:5432/tessera" in text
+    assert settings.database_url.endswith("hunter2@db:5432/tessera")  # the real value is intact
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_in_memory_sqlite_is_refused_because_it_would_lose_runs(url):
+    with pytest.raises(SettingsError, match="^invalid Tessera settings:\n  TESSERA_DATABASE_URL: an in-memory"):
+        load_settings(database_url=url)

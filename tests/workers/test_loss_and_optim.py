@@ -1,0 +1,69 @@
+"""Soft cross-entropy, optimizers and learning-rate schedules."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from api.specs import AdamWSpec, SchedulerSpec, SGDSpec
+from workers.loss import soft_cross_entropy
+from workers.optim import build_optimizer, build_scheduler, lr_multiplier
+
+
+def test_index_targets_and_their_one_hot_rows_give_the_same_loss():
+    logits, targets = torch.randn(16, 5), torch.randint(5, (16,))
+    dense = F.one_hot(targets, 5).float()
+    assert torch.allclose(soft_cross_entropy(logits, targets), soft_cross_entropy(logits, dense))
+    assert torch.allclose(soft_cross_entropy(logits, targets), F.cross_entropy(logits, targets))
+
+
+def test_dense_targets_weight_each_class_log_probability():
+    logits = torch.randn(4, 3)
+    targets = torch.tensor([[0.5, 0.5, 0.0]] * 4)
+    expected = -(0.5 * F.log_softmax(logits, -1)[:, :2].sum(-1)).mean()
+    assert torch.allclose(soft_cross_entropy(logits, targets), expected)
+
+
+def test_loss_is_float32_under_bf16_autocast():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = torch.nn.Linear(4, 3)(torch.randn(8, 4))
+        loss = soft_cross_entropy(logits, torch.randint(3, (8,)))
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+
+
+def test_dense_targets_of_the_wrong_shape_are_refused():
+    with pytest.raises(ValueError, match="do not match"):
+        soft_cross_entropy(torch.randn(4, 3), torch.rand(4, 5))
+
+
+@pytest.mark.parametrize("spec, cls", [
+    (SGDSpec(name="sgd", lr=0.1, momentum=0.9, nesterov=True), torch.optim.SGD),
+    (AdamWSpec(name="adam", lr=1e-3), torch.optim.Adam),
+    (AdamWSpec(name="adamw", lr=1e-3, weight_decay=0.05), torch.optim.AdamW),
+])
+def test_optimizers_are_built_with_the_spec_hyperparameters(spec, cls):
+    optimizer = build_optimizer(torch.nn.Linear(2, 2).parameters(), spec)
+    assert type(optimizer) is cls and optimizer.defaults["lr"] == spec.lr
+
+
+def test_warmup_rises_linearly_then_cosine_decays_to_alpha_f():
+    f = lambda step: lr_multiplier(step, schedule="cosine", warmup_batches=10, max_batches=110, alpha_f=0.1)  # noqa
+    assert [f(s) for s in (0, 5, 10)] == [0.0, 0.5, 1.0]
+    assert math.isclose(f(60), 0.55) and math.isclose(f(110), 0.1)
+
+
+def test_linear_and_constant_schedules():
+    assert math.isclose(lr_multiplier(50, schedule="linear", warmup_batches=0, max_batches=100, alpha_f=0.0), 0.5)
+    assert lr_multiplier(99, schedule="constant", warmup_batches=0, max_batches=100, alpha_f=0.0) == 1.0
+
+
+def test_scheduler_steps_the_optimizer_lr_per_batch():
+    optimizer = build_optimizer(torch.nn.Linear(2, 2).parameters(), SGDSpec(name="sgd", lr=1.0))
+    scheduler = build_scheduler(optimizer, SchedulerSpec(name="linear"), warmup_batches=2, max_batches=6)
+    lrs = []
+    for _ in range(6):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.0, 0.5, 1.0, 0.75, 0.5, 0.25])

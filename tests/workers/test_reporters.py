@@ -1,0 +1,156 @@
+"""ServiceReporter over a fake HTTP transport, and the console sink."""
+
+import io
+import json
+import logging
+import threading
+
+import httpx
+import pytest
+
+from api.client import Client
+from api.views import RunStatus
+from workers.reporter import ConsoleReporter, ServiceReporter, call_with_retries
+
+TOKEN = "secret-token-123"
+RUN_VIEW = {"id": "r1", "name": "n", "status": "RUNNING", "attempt": 1, "spec": {},
+            "created_at": "2026-01-01T00:00:00Z"}
+
+
+class FakeService:
+    """Answers report requests; ``failures`` lists what to do before succeeding."""
+
+    def __init__(self, failures=()):
+        self.failures = list(failures)
+        self.requests = []
+        self.lock = threading.Lock()
+        self.metrics_stored = threading.Event()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.requests.append(request)
+            failure = self.failures.pop(0) if self.failures else None
+        if failure == "connect":
+            raise httpx.ConnectError("connection refused", request=request)
+        if failure is not None:
+            return httpx.Response(failure, json={"detail": f"status {failure}"})
+        if request.url.path.endswith("/report/metrics"):
+            self.metrics_stored.set()
+            return httpx.Response(200, json={"stored": len(json.loads(request.content)["points"])})
+        return httpx.Response(200, json=RUN_VIEW)
+
+
+
+def reporter(service, **kwargs):
+    client = Client("http://tessera.test", transport=httpx.MockTransport(service))
+    return ServiceReporter(client, "r1", TOKEN, interval_s=kwargs.pop("interval_s", 60.0), first_delay_s=0.01,
+                           **kwargs)
+
+
+def metric_bodies(service):
+    return [json.loads(r.content)["points"] for r in service.requests if r.url.path.endswith("/report/metrics")]
+
+
+def test_close_delivers_every_buffered_point_in_order_with_the_token():
+    service = FakeService()
+    sink = reporter(service)
+    for step in range(1, 1001):
+        sink.add(step, "train/loss", 1.0 / step)
+    sink.close()
+    points = [p for body in metric_bodies(service) for p in body]
+    assert [p["step"] for p in points] == list(range(1, 1001))
+    assert sink.posted == 1000 and sink.dropped == 0
+    assert all(r.headers["Authorization"] == f"Bearer {TOKEN}" for r in service.requests)
+
+
+def test_connection_errors_and_5xx_are_retried_until_the_service_answers():
+    service = FakeService(failures=["connect", 503, 502, "connect"])
+    sink = reporter(service)
+    sink.add(1, "train/loss", 0.5)
+    sink.close()
+    bodies = metric_bodies(service)
+    assert len(bodies) == 5 and bodies[-1][0]["value"] == 0.5
+    assert sink.posted == 1 and sink.dropped == 0
+
+
+def test_a_4xx_answer_is_not_retried_and_is_logged_without_the_token(caplog):
+    service = FakeService(failures=[422])
+    sink = reporter(service)
+    sink.add(1, "train/loss", 0.5)
+    with caplog.at_level(logging.WARNING):
+        sink.close()
+    assert len(metric_bodies(service)) == 1
+    assert sink.dropped == 1
+    assert "dropped 1 metric points" in caplog.text and TOKEN not in caplog.text
+
+
+def test_retries_stop_after_the_budget_and_the_points_are_dropped():
+    service = FakeService(failures=[503] * 1000)
+    sink = reporter(service, budget_s=0.05)
+    sink.add(1, "train/loss", 0.5)
+    sink.close()
+    assert sink.dropped == 1 and 1 < len(service.requests) < 1000
+
+
+def test_the_background_thread_posts_without_close():
+    service = FakeService()
+    sink = reporter(service, interval_s=0.01)
+    sink.add(1, "eval/accuracy", 0.9)
+    sink.flush()
+    assert service.metrics_stored.wait(timeout=10)
+    assert metric_bodies(service)[0][0]["key"] == "eval/accuracy"
+    sink.close()
+
+
+def test_status_reports_are_posted_after_pending_metrics():
+    service = FakeService()
+    sink = reporter(service)
+    sink.add(3, "train/loss", 0.1)
+    sink.status(RunStatus.RUNNING, message="training on 2 worker(s)")
+    sink.close()
+    paths = [r.url.path for r in service.requests]
+    assert paths == ["/api/v1/runs/r1/report/metrics", "/api/v1/runs/r1/report/status"]
+    assert json.loads(service.requests[1].content)["status"] == "RUNNING"
+
+
+def test_a_refused_status_report_is_logged_and_training_goes_on(caplog):
+    service = FakeService(failures=[409])
+    sink = reporter(service)
+    with caplog.at_level(logging.ERROR):
+        sink.status(RunStatus.RUNNING)
+    sink.close()
+    assert len(service.requests) == 1 and "could not report status RUNNING" in caplog.text
+
+
+def test_non_finite_values_are_skipped_not_posted():
+    service = FakeService()
+    sink = reporter(service)
+    sink.add(1, "train/loss", float("nan"))
+    sink.add(1, "lr", 0.1)
+    sink.close()
+    assert [p["key"] for body in metric_bodies(service) for p in body] == ["lr"]
+
+
+def test_call_with_retries_raises_non_retryable_errors_at_once():
+    calls = []
+
+    def fail():
+        calls.append(1)
+        raise ValueError("bad spec")
+
+    with pytest.raises(ValueError):
+        call_with_retries(fail, what="test", first_delay_s=0.01)
+    assert len(calls) == 1
+
+
+def test_console_reporter_prints_one_line_per_flush_with_new_values():
+    out = io.StringIO()
+    sink = ConsoleReporter(stream=out)
+    sink.add(22, "train/loss", 0.5)
+    sink.add(22, "eval/accuracy", 0.875)
+    sink.add(22, "time/epoch", 1)
+    sink.add(22, "time/progress", 0.5)
+    sink.flush()
+    sink.flush()  # nothing new: no second line
+    lines = out.getvalue().splitlines()
+    assert lines == ["step 22 | epoch 1 | 50% | train/loss 0.5 | eval/accuracy 0.875"]

@@ -1,0 +1,117 @@
+"""The in-process training loop: learning, metrics, microbatches, precision, determinism, events."""
+
+import math
+
+import pytest
+import torch
+
+from tests.workers.helpers_specs import digits_spec, tiny_spec
+from workers.events import Event
+from workers.reporter import MemorySink
+from workers.trainer import Trainer, train
+
+
+class EventLog:
+    """A callback recording each event and a value read from the state."""
+
+    def __init__(self, read=lambda state: None):
+        self.read, self.events, self.values = read, [], []
+
+    def run_event(self, event, state):
+        self.events.append(event)
+        self.values.append((event, self.read(state)))
+
+
+def test_a_short_run_on_digits_learns_well_above_chance_and_reports_every_metric():
+    sink = MemorySink()
+    final = train(digits_spec(), sink=sink)
+    assert final["eval/accuracy"] > 0.6  # chance is 0.1
+    assert [step for step, _ in sink.values("train/loss")] == list(range(1, 45))
+    assert [step for step, _ in sink.values("eval/accuracy")] == [22, 44]
+    assert sink.values("time/batch")[-1] == (44, 44)
+    assert sink.values("time/epoch")[-1] == (44, 2)
+    assert sink.values("time/progress")[-1] == (44, 1.0)
+    assert len(sink.values("lr")) == 44 and sink.values("lr")[0][1] == 0.0  # warmup starts at 0
+    assert all(value > 0 for _, value in sink.values("throughput/samples_per_sec"))
+    assert final["eval/loss"] == sink.values("eval/loss")[-1][1]
+
+
+def first_batch_gradients(microbatch_size):
+    trainer = Trainer(tiny_spec(microbatch_size=microbatch_size))
+    inputs, targets = next(iter(trainer.train_loader))
+    trainer.train_batch(inputs, targets)
+    (_, loss, _), = trainer._pending
+    return [p.grad.clone() for p in trainer.state.model.parameters()], loss
+
+
+def test_microbatches_accumulate_the_same_gradients_as_the_full_batch():
+    full_grads, full_loss = first_batch_gradients(None)
+    micro_grads, micro_loss = first_batch_gradients(5)  # 16 = 5 + 5 + 5 + 1: uneven on purpose
+    for full, micro in zip(full_grads, micro_grads):
+        assert torch.allclose(full, micro, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(full_loss, micro_loss, atol=1e-6)
+
+
+def test_auto_microbatching_uses_the_full_batch_on_cpu():
+    trainer = Trainer(tiny_spec(microbatch_size="auto"))
+    assert trainer._microbatch_bounds(16) == [(0, 16)]
+
+
+@pytest.mark.parametrize("precision", ["amp_bf16", "amp_fp16"])
+def test_mixed_precision_runs_complete_with_finite_loss(precision):
+    sink = MemorySink()
+    trainer = Trainer(tiny_spec(precision=precision), sink=sink)
+    final = trainer.fit()
+    assert trainer.state.scaler.is_enabled() == (precision == "amp_fp16")
+    assert all(math.isfinite(v) for _, v in sink.values("train/loss"))
+    assert math.isfinite(final["eval/loss"]) and 0.0 <= final["eval/accuracy"] <= 1.0
+
+
+def test_deterministic_runs_with_the_same_seed_report_identical_metrics():
+    def run():
+        sink = MemorySink()
+        spec = tiny_spec(deterministic=True, max_duration="4ba", algorithms=[{"name": "cutmix"}])
+        train(spec, sink=sink)
+        return [p for p in sink.points if p[1] != "throughput/samples_per_sec"]
+
+    assert run() == run()
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the run
+
+
+def test_progress_advances_every_batch_when_max_duration_is_in_epochs():
+    log = EventLog(read=lambda state: state.progress)
+    Trainer(tiny_spec(max_duration="2ep"), callbacks=[log]).fit()
+    progress = [value for event, value in log.values if event is Event.BATCH_END]
+    assert progress == [0.125 * i for i in range(1, 9)]  # 4 batches per epoch, 2 epochs
+
+
+def test_events_fire_in_the_documented_order():
+    log = EventLog()
+    Trainer(tiny_spec(max_duration="1ba", microbatch_size=8), callbacks=[log]).fit()
+    one_microbatch = [Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
+                      Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD]
+    assert log.events == [Event.INIT, Event.FIT_START, Event.EPOCH_START, Event.AFTER_DATALOADER,
+                          *one_microbatch, *one_microbatch, Event.BATCH_END, Event.EVAL_START,
+                          Event.EVAL_END, Event.FIT_END]
+
+
+def test_a_duration_in_batches_can_stop_mid_epoch_and_still_ends_with_an_evaluation():
+    log, sink = EventLog(), MemorySink()
+    final = Trainer(tiny_spec(max_duration="6ba", eval_interval="1ep"), sink=sink, callbacks=[log]).fit()
+    assert log.events.count(Event.EPOCH_END) == 1  # 4 batches per epoch: the second epoch is cut short
+    assert [step for step, _ in sink.values("eval/accuracy")] == [4, 6]
+    assert final["time/batch"] == 6 and final["time/epoch"] == 1
+
+
+def test_a_duration_in_samples_rounds_up_to_whole_batches():
+    trainer = Trainer(tiny_spec(max_duration="40sp"))
+    assert trainer.state.max_batches == 3
+
+
+def test_train_local_runs_a_single_worker_spec_in_process():
+    from workers.local import train_local
+
+    sink = MemorySink()
+    final = train_local(tiny_spec(max_duration="3ba"), sink=sink)
+    assert final["time/batch"] == 3 and sink.values("time/batch")[-1] == (3, 3)
+    assert "eval/accuracy" in final

@@ -1,0 +1,40 @@
+"""Data set registry: ``build_dataset(spec) -> (images, labels)`` and the sharded ``TensorLoader``.
+
+Names equal ``api.catalog.DATASETS``'s keys. Every data set is a pair of in-memory tensors:
+float images ``(N, C, H, W)``, normalized, and int64 labels ``(N,)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from api.catalog import DATASETS
+from workers.data.digits import load_digits
+from workers.data.fashion_mnist import load_fashion_mnist
+from workers.data.loader import TensorLoader
+from workers.data.synthetic import make_synthetic
+
+DATASET_BUILDERS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "digits": load_digits,
+    "fashion_mnist": load_fashion_mnist,
+    "synthetic": make_synthetic,
+}
+
+
+def build_dataset(spec: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(images, labels)`` an ``api.specs.DatasetSpec`` describes."""
+    try:
+        builder = DATASET_BUILDERS[spec.name]
+    except KeyError:
+        raise ValueError(f"unknown data set {spec.name!r}; known: {', '.join(sorted(DATASET_BUILDERS))}") from None
+    return builder(**spec.model_dump(exclude={"name"}))
+
+
+def num_classes_of(spec: Any) -> int:
+    """How many classes ``spec``'s data set has (synthetic data sets choose their own)."""
+    return getattr(spec, "num_classes", None) or DATASETS[spec.name].num_classes
+
+
+__all__ = ["DATASET_BUILDERS", "TensorLoader", "build_dataset", "num_classes_of"]

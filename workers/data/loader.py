@@ -1,0 +1,100 @@
+"""``TensorLoader``: batches of an in-memory tensor data set, sharded across ranks.
+
+Every rank draws the same per-epoch permutation (seeded by ``seed + epoch``) and takes every
+``world_size``-th index starting at its rank, so together the ranks see each example once per
+epoch. Training shards are made equal-length (all ranks must take the same number of steps):
+``drop_last`` drops the final partial global batch, otherwise the permutation is padded by
+wrapping around. Evaluation shards are not padded, so sums all-reduced across ranks count
+every example exactly once.
+
+The loader knows its position (epoch, batch within the epoch); ``state_dict`` and
+``load_state_dict`` will let a resumed run continue mid-epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+
+
+class TensorLoader:
+    """Yields ``(inputs, targets)`` batches of ``batch_size // world_size`` for this rank.
+
+    ``batch_size`` is the global batch size. With ``shuffle=False`` the order is the data
+    set's own (used for evaluation).
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = True, drop_last: bool = True, pad: bool = True,
+                 seed: int = 0, device: torch.device | str = "cpu"):
+        if batch_size % world_size:
+            raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images, self.labels = images, labels
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.per_rank_batch = batch_size // world_size
+        self.shuffle, self.drop_last, self.pad, self.seed = shuffle, drop_last, pad, seed
+        self.device = torch.device(device)
+        self.epoch = 0
+        self.batch_in_epoch = 0  # batches already yielded in the current epoch
+        if len(self) == 0:
+            raise ValueError(f"{len(images)} examples make no full batch of {batch_size}; "
+                             "lower data.batch_size or set data.drop_last: false")
+
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every rank for training shards)."""
+        shard = len(range(self.rank, self._ordered_length(), self.world_size))
+        return shard // self.per_rank_batch if self.drop_last else math.ceil(shard / self.per_rank_batch)
+
+    def _ordered_length(self) -> int:
+        n = len(self.labels)
+        if self.drop_last:
+            return n // self.batch_size * self.batch_size
+        if self.pad:
+            return math.ceil(n / self.world_size) * self.world_size
+        return n
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        n = len(self.labels)
+        if not self.shuffle:
+            return torch.arange(n)
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def _shard_indices(self, epoch: int) -> torch.Tensor:
+        order = self._order(epoch)
+        length = self._ordered_length()
+        if length > len(order):
+            # Wrap around so every rank gets the same number of examples (and of steps).
+            order = torch.cat([order, order[: length - len(order)]])
+        return order[:length][self.rank::self.world_size]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch."""
+        self.epoch, self.batch_in_epoch = epoch, 0
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every batch of the current epoch has been yielded."""
+        return self.batch_in_epoch >= len(self)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The current epoch's remaining batches, on ``device``. Call ``set_epoch`` to start
+        the next epoch: the trainer, not the loader, decides when an epoch begins."""
+        indices = self._shard_indices(self.epoch)
+        while self.batch_in_epoch < len(self):
+            start = self.batch_in_epoch * self.per_rank_batch
+            chosen = indices[start:start + self.per_rank_batch]
+            # Count the batch as consumed when it is handed out, so a loop that stops early
+            # (islice) leaves the position exactly after the last batch it trained on.
+            self.batch_in_epoch += 1
+            yield (self.images[chosen].to(self.device, non_blocking=True),
+                   self.labels[chosen].to(self.device, non_blocking=True))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])

@@ -1,0 +1,56 @@
+"""``State``: what the loop, the algorithms and the callbacks share.
+
+Deliberately small: the model and what optimizes it, the current (micro)batch and what was
+computed from it, where the loop is, and the run's fixed facts. Everything else (data loaders,
+metrics, reporting) belongs to the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from api.specs import Precision
+from workers.timekeeping import Timestamp
+
+if TYPE_CHECKING:
+    from algorithms.base import Algorithm
+
+
+@dataclass
+class State:
+    """Mutable training state; algorithms read and replace its fields at events.
+
+    ``inputs``/``targets`` hold the full per-worker batch at ``AFTER_DATALOADER`` and the
+    current microbatch from ``BEFORE_FORWARD`` to ``AFTER_BACKWARD``. ``loss`` is the current
+    microbatch's unscaled loss.
+    """
+
+    model: torch.nn.Module
+    num_classes: int
+    max_batches: int
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    precision: Precision = Precision.FP32
+    rank: int = 0
+    world_size: int = 1
+    algorithms: list["Algorithm"] = field(default_factory=list)
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    scaler: torch.amp.GradScaler | None = None
+    timestamp: Timestamp = field(default_factory=Timestamp)
+    inputs: Any = None
+    targets: Any = None
+    outputs: Any = None
+    loss: torch.Tensor | None = None
+
+    @property
+    def progress(self) -> float:
+        """Fraction of ``max_batches`` done; advances every batch."""
+        return self.timestamp.progress(self.max_batches)
+
+    @property
+    def done(self) -> bool:
+        return self.timestamp.batch >= self.max_batches

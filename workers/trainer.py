@@ -1,0 +1,268 @@
+"""The training loop. Reads top to bottom: build, surgery, wrap, then
+``while not done: step; evaluate when due; report``.
+
+One ``Trainer`` is one rank. Under Ray Train a process group already exists and every rank
+runs this same code; without one (``workers.local``) it is a single rank. Metrics go to a
+``MetricSink`` from rank 0 only, so the loop runs without a service.
+
+Hot-path rule: no host syncs per step. Losses stay on the device as detached tensors and
+are converted together when metrics are flushed (about once a second, before evaluation and
+at the end); evaluation syncs once per evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from typing import Iterator, Sequence
+
+import torch
+
+from algorithms.registry import build_algorithms
+from api.specs import RunSpec
+from workers.data import TensorLoader, build_dataset, num_classes_of
+from workers.engine import Callback, Engine
+from workers.events import Event
+from workers.loss import soft_cross_entropy
+from workers.models import build_model
+from workers.optim import build_optimizer, build_scheduler
+from workers.parallel import (all_reduce_sum, average_buffers, device_for, no_sync, rank_and_world_size, unwrap,
+                              wrap_model)
+from workers.precision import autocast, grad_scaler
+from workers.reporter import MetricSink, NullSink
+from workers.state import State
+from workers.timekeeping import to_batches
+
+FLUSH_INTERVAL_S = 1.0
+
+
+@contextlib.contextmanager
+def process_settings(spec: RunSpec) -> Iterator[None]:
+    """Threads and determinism for this process, restored afterwards (in-process runs share
+    the interpreter with their caller)."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(spec.parallelism.cpus_per_worker)
+    if spec.deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; harmless on CPU.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+class Trainer:
+    """Builds one rank's model, data, optimizer and algorithms from a ``RunSpec`` and trains."""
+
+    def __init__(self, spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device | None = None,
+                 callbacks: Sequence[Callback] = ()):
+        self.spec = spec
+        self.device = device or device_for(spec.parallelism.use_gpu)
+        self.rank, self.world_size = rank_and_world_size()
+        self.sink: MetricSink = sink if sink is not None and self.rank == 0 else NullSink()
+        self.latest: dict[str, float] = {}
+
+        # Data: every rank loads the whole (small, in-memory) data set and takes its shard.
+        images, labels = build_dataset(spec.data.train)
+        self.train_loader = TensorLoader(images, labels, batch_size=spec.data.batch_size, rank=self.rank,
+                                         world_size=self.world_size, drop_last=spec.data.drop_last,
+                                         seed=spec.seed, device=self.device)
+        self.eval_loader = self._build_eval_loader()
+
+        # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
+        torch.manual_seed(spec.seed)
+        num_classes = num_classes_of(spec.data.train)
+        model = build_model(spec.model, num_classes=num_classes, in_channels=images.shape[1])
+        batches_per_epoch = len(self.train_loader)
+        max_batches = to_batches(spec.max_duration, batches_per_epoch=batches_per_epoch,
+                                 samples_per_batch=spec.data.batch_size)
+        algorithms = build_algorithms(spec.algorithms)
+        self.state = State(model=model, num_classes=num_classes, max_batches=max_batches,
+                           loss_fn=soft_cross_entropy, device=self.device, precision=spec.precision,
+                           rank=self.rank, world_size=self.world_size, algorithms=algorithms)
+        self.engine = Engine(algorithms, callbacks)
+
+        # Surgery before wrapping: DDP/FSDP must see the final modules and parameters.
+        self.engine.run_event(Event.INIT, self.state)
+        self.state.model = wrap_model(self.state.model, strategy=spec.parallelism.strategy, device=self.device)
+        self.state.optimizer = build_optimizer(self.state.model.parameters(), spec.optimizer)
+        warmup = to_batches(spec.scheduler.warmup, batches_per_epoch=batches_per_epoch,
+                            samples_per_batch=spec.data.batch_size, max_batches=max_batches)
+        self.state.scheduler = build_scheduler(self.state.optimizer, spec.scheduler, warmup_batches=warmup,
+                                               max_batches=max_batches)
+        self.state.scaler = grad_scaler(spec.precision, self.device)
+        self.eval_every = None if spec.eval_interval is None else max(1, to_batches(
+            spec.eval_interval, batches_per_epoch=batches_per_epoch, samples_per_batch=spec.data.batch_size,
+            max_batches=max_batches))
+
+        # Augmentations (CutMix boxes, permutations) draw from a per-rank stream.
+        torch.manual_seed(spec.seed + self.rank)
+        self._pending: list[tuple[int, torch.Tensor, float]] = []  # (step, detached loss, lr)
+        self._last_flush = time.monotonic()
+        self._throughput_mark = (time.monotonic(), 0)
+        self._last_eval_batch = -1
+
+    def _build_eval_loader(self) -> TensorLoader | None:
+        if self.spec.data.eval is None:
+            return None
+        images, labels = build_dataset(self.spec.data.eval)
+        global_batch = self.spec.data.eval_batch_size or self.spec.data.batch_size
+        per_rank = -(-global_batch // self.world_size)
+        # No padding and no shuffling: each example is evaluated exactly once across ranks.
+        return TensorLoader(images, labels, batch_size=per_rank * self.world_size, rank=self.rank,
+                            world_size=self.world_size, shuffle=False, drop_last=False, pad=False,
+                            device=self.device)
+
+    # --- the loop -----------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train to ``max_duration``; returns the latest value of every reported metric."""
+        state, engine = self.state, self.engine
+        state.model.train()
+        engine.run_event(Event.FIT_START, state)
+        while not state.done:
+            if state.timestamp.batch_in_epoch == 0:
+                self.train_loader.set_epoch(state.timestamp.epoch)
+                engine.run_event(Event.EPOCH_START, state)
+            remaining = state.max_batches - state.timestamp.batch
+            for inputs, targets in itertools.islice(self.train_loader, remaining):
+                self.train_batch(inputs, targets)
+                if self._eval_due() and not self.train_loader.exhausted:
+                    self.evaluate()
+                elif time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+                    self._flush_metrics()
+            if self.train_loader.exhausted:
+                # An evaluation due on the epoch's last batch runs after EPOCH_END (as in
+                # Composer), so it is labelled with the completed epoch.
+                state.timestamp = state.timestamp.after_epoch()
+                engine.run_event(Event.EPOCH_END, state)
+                self._flush_metrics(epoch_end=True)
+                if self._eval_due():
+                    self.evaluate()
+                self.sink.flush()
+        if self._last_eval_batch != state.timestamp.batch:
+            self.evaluate()  # always end with an evaluation of the final model
+        engine.run_event(Event.FIT_END, state)
+        self._flush_metrics()
+        self.sink.flush()
+        return dict(self.latest)
+
+    def _eval_due(self) -> bool:
+        return bool(self.eval_every) and self.state.timestamp.batch % self.eval_every == 0
+
+    def train_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """One optimizer step on this rank's batch, split into microbatches if asked."""
+        state, engine = self.state, self.engine
+        state.inputs, state.targets = inputs, targets
+        engine.run_event(Event.AFTER_DATALOADER, state)
+        batch_inputs, batch_targets = state.inputs, state.targets
+        batch_size = batch_inputs.shape[0]
+        bounds = self._microbatch_bounds(batch_size)
+        lr = state.optimizer.param_groups[0]["lr"]
+        state.optimizer.zero_grad(set_to_none=True)
+        batch_loss = torch.zeros((), device=self.device)
+        for i, (start, end) in enumerate(bounds):
+            state.inputs, state.targets = batch_inputs[start:end], batch_targets[start:end]
+            # Weighting each microbatch's mean loss by its share of the batch makes the summed
+            # gradients equal the full batch's.
+            weight = (end - start) / batch_size
+            # DDP all-reduces gradients only on the last microbatch.
+            with no_sync(state.model, skip=i < len(bounds) - 1):
+                self._forward_backward(weight)
+            batch_loss += state.loss.detach() * weight
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        state.timestamp = state.timestamp.after_batch(samples=batch_size * self.world_size)
+        engine.run_event(Event.BATCH_END, state)
+        if self.rank == 0:
+            self._pending.append((state.timestamp.batch, batch_loss, lr))
+
+    def _forward_backward(self, weight: float) -> None:
+        state, engine = self.state, self.engine
+        engine.run_event(Event.BEFORE_FORWARD, state)
+        with autocast(state.precision, self.device):
+            state.outputs = state.model(state.inputs)
+        engine.run_event(Event.AFTER_FORWARD, state)
+        engine.run_event(Event.BEFORE_LOSS, state)
+        with autocast(state.precision, self.device):
+            state.loss = state.loss_fn(state.outputs, state.targets)
+        engine.run_event(Event.AFTER_LOSS, state)
+        engine.run_event(Event.BEFORE_BACKWARD, state)
+        state.scaler.scale(state.loss * weight).backward()
+        engine.run_event(Event.AFTER_BACKWARD, state)
+
+    def _microbatch_bounds(self, batch_size: int) -> list[tuple[int, int]]:
+        size = self.spec.microbatch_size
+        # "auto" means the full batch: on CPU memory is not the limit. (No OOM search on GPU yet.)
+        if not isinstance(size, int) or size >= batch_size:
+            return [(0, batch_size)]
+        return [(start, min(start + size, batch_size)) for start in range(0, batch_size, size)]
+
+    # --- evaluation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """``eval/loss`` and ``eval/accuracy`` over the whole eval split, summed across ranks."""
+        state = self.state
+        self._last_eval_batch = state.timestamp.batch
+        if self.eval_loader is None:
+            return {}
+        self._flush_metrics()
+        self.engine.run_event(Event.EVAL_START, state)
+        average_buffers(state.model)  # every rank evaluates the same BatchNorm statistics
+        # The unwrapped module: ranks hold different numbers of eval batches, so no DDP
+        # collectives may run per batch.
+        model = unwrap(state.model)
+        model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        self.eval_loader.set_epoch(0)
+        for inputs, targets in self.eval_loader:
+            with autocast(state.precision, self.device):
+                outputs = model(inputs)
+            sums[0] += soft_cross_entropy(outputs, targets, reduction="sum")
+            sums[1] += (outputs.argmax(dim=1) == targets).sum()
+            sums[2] += targets.shape[0]
+        model.train()
+        loss_sum, correct, count = all_reduce_sum(sums).tolist()  # one host sync per evaluation
+        results = {"eval/loss": loss_sum / count, "eval/accuracy": correct / count}
+        for key, value in results.items():
+            self._record(state.timestamp.batch, key, value)
+        self.engine.run_event(Event.EVAL_END, state)
+        self.sink.flush()
+        self._throughput_mark = (time.monotonic(), state.timestamp.sample)  # eval time is not training
+        return results
+
+    # --- reporting ----------------------------------------------------------------------
+    def _record(self, step: int, key: str, value: float) -> None:
+        self.latest[key] = value
+        self.sink.add(step, key, value)
+
+    def _flush_metrics(self, *, epoch_end: bool = False) -> None:
+        """Turn pending per-step losses into metric points (rank 0; one host sync)."""
+        self._last_flush = time.monotonic()
+        if self.rank != 0 or not (self._pending or epoch_end):
+            return
+        pending, self._pending = self._pending, []
+        losses = torch.stack([loss for _, loss, _ in pending]).tolist() if pending else []
+        for (step, _, lr), loss in zip(pending, losses):
+            self._record(step, "train/loss", loss)
+            self._record(step, "lr", lr)
+        ts, step = self.state.timestamp, self.state.timestamp.batch
+        start, start_sample = self._throughput_mark
+        now = time.monotonic()
+        if now > start and ts.sample > start_sample:
+            self._record(step, "throughput/samples_per_sec", (ts.sample - start_sample) / (now - start))
+        self._throughput_mark = (now, ts.sample)
+        self._record(step, "time/epoch", ts.epoch)
+        self._record(step, "time/batch", ts.batch)
+        self._record(step, "time/progress", self.state.progress)
+
+
+def train(spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device | None = None,
+          callbacks: Sequence[Callback] = ()) -> dict[str, float]:
+    """Build a ``Trainer`` for ``spec`` in this process and fit it; returns the final metrics."""
+    with process_settings(spec):
+        return Trainer(spec, sink=sink, device=device, callbacks=callbacks).fit()
