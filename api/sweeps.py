@@ -1,0 +1,219 @@
+"""SweepSpec: a search over combinations of speedup methods and their hyperparameters.
+
+A sweep is a base ``RunSpec`` plus a search space. The algorithm part of the space is a list
+of algorithm *sets* (given explicitly, or every subset of a pool up to ``max_size``); sets
+that break a compatibility rule are skipped and listed, not run. The param part maps dotted
+paths in the RunSpec (``optimizer.lr``, ``algorithms.cutmix.alpha``) to Tune-style domains.
+Everything here is validated before anything is stored.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from api.algorithm_specs import ALGORITHM_SPECS
+from api.specs import RunSpec
+from api.time import IntervalTime, Time, TimeUnit
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParamDomain(_Spec):
+    """Exactly one of: ``grid`` (every value, crossed with the rest), ``choice`` (sampled),
+    ``uniform: [low, high]`` or ``loguniform: [low, high]`` (sampled, low > 0)."""
+
+    grid: list[Any] | None = Field(None, min_length=1)
+    choice: list[Any] | None = Field(None, min_length=1)
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "ParamDomain":
+        given = [k for k in ("grid", "choice", "uniform", "loguniform") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of grid, choice, uniform, loguniform (got {given or 'none'})")
+        for kind in ("uniform", "loguniform"):
+            bounds = getattr(self, kind)
+            if bounds is not None:
+                low, high = bounds
+                if not low < high:
+                    raise ValueError(f"{kind} bounds [{low}, {high}] must satisfy low < high")
+                if kind == "loguniform" and low <= 0:
+                    raise ValueError(f"loguniform bounds [{low}, {high}] must be positive")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("grid", "choice", "uniform", "loguniform") if getattr(self, k) is not None)
+
+    def extremes(self) -> list[Any]:
+        """Values that bound the domain: every listed value, or both ends of a range."""
+        return list(getattr(self, self.kind))
+
+
+class AlgorithmSearch(_Spec):
+    """``pool`` + ``max_size`` (every subset of the pool with at most max_size methods, the
+    empty baseline included) or ``sets`` (an explicit list of method lists)."""
+
+    pool: list[str] | None = None
+    max_size: int | None = Field(None, ge=0, le=8)
+    sets: list[list[str]] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "AlgorithmSearch":
+        if (self.pool is None) == (self.sets is None):
+            raise ValueError("give either pool (with max_size) or sets, not both or neither")
+        known = sorted(ALGORITHM_SPECS)
+        names = self.pool if self.pool is not None else [n for s in self.sets for n in s]
+        unknown = sorted({n for n in names if n not in ALGORITHM_SPECS})
+        if unknown:
+            raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+        if self.pool is not None and len(set(self.pool)) != len(self.pool):
+            raise ValueError("pool lists a method twice")
+        if self.sets is not None and any(len(set(s)) != len(s) for s in self.sets):
+            raise ValueError("a set lists a method twice")
+        return self
+
+    def candidate_sets(self) -> list[tuple[str, ...]]:
+        if self.sets is not None:
+            return [tuple(s) for s in self.sets]
+        max_size = len(self.pool) if self.max_size is None else min(self.max_size, len(self.pool))
+        return [combo for size in range(max_size + 1) for combo in itertools.combinations(self.pool, size)]
+
+
+class SearchSpec(_Spec):
+    algorithms: AlgorithmSearch | None = None
+    params: dict[str, ParamDomain] = Field(default_factory=dict)
+
+
+class SweepSchedulerSpec(_Spec):
+    name: Literal["fifo", "asha"] = "fifo"
+    grace_period: IntervalTime = Field(default_factory=lambda: Time(1, TimeUnit.EPOCH),
+                                       description="ASHA: no trial is stopped before this much training")
+    reduction_factor: float = Field(3.0, ge=2.0, le=10.0)
+
+
+class SweepSpec(_Spec):
+    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    base: RunSpec
+    search: SearchSpec
+    metric: str = Field("eval/accuracy", min_length=1)
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = Field(1, ge=1, le=1000, description="repeats per grid point / draws for random search")
+    scheduler: SweepSchedulerSpec = Field(default_factory=SweepSchedulerSpec)
+    max_concurrent_trials: int = Field(2, ge=1, le=256)
+    time_budget_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _search_fits_the_base(self) -> "SweepSpec":
+        sets, skipped = algorithm_sets(self)
+        if not sets:
+            reasons = "; ".join(f"{list(s) or '[]'}: {why}" for s, why in skipped[:5])
+            raise ValueError(f"every algorithm set breaks a rule, so nothing would run: {reasons}")
+        searched = {name for s in sets for name in s}
+        for path, domain in self.search.params.items():
+            problem = _param_problem(self, path, domain, searched)
+            if problem:
+                raise ValueError(f"search.params[{path!r}]: {problem}")
+        return self
+
+
+# --- expanding the search ---------------------------------------------------------------
+
+def algorithm_sets(sweep: SweepSpec) -> tuple[list[tuple[str, ...]], list[tuple[tuple[str, ...], str]]]:
+    """(sets that make valid runs, [(skipped set, why)]). Without an algorithm search the only
+    set is the base spec's own list."""
+    if sweep.search.algorithms is None:
+        return [tuple(a.name for a in sweep.base.algorithms)], []
+    valid, skipped = [], []
+    for algorithm_set in sweep.search.algorithms.candidate_sets():
+        try:
+            trial_spec(sweep.base, algorithm_set, {})
+        except ValidationError as exc:
+            skipped.append((algorithm_set, "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())))
+        else:
+            valid.append(algorithm_set)
+    return valid, skipped
+
+
+def trial_spec(base: RunSpec, algorithm_set: tuple[str, ...] | list[str], params: dict[str, Any],
+               *, name: str | None = None) -> RunSpec:
+    """The RunSpec of one trial: the base with ``algorithm_set`` (each method keeps the base's
+    hyperparameters if the base lists it, else its defaults) and ``params`` applied."""
+    body = base.model_dump(mode="json")
+    from_base = {a["name"]: a for a in body["algorithms"]}
+    body["algorithms"] = [copy.deepcopy(from_base.get(n, {"name": n})) for n in algorithm_set]
+    for path, value in params.items():
+        _set_path(body, path, value)
+    if name is not None:
+        body["name"] = name
+    return RunSpec.model_validate(body)
+
+
+def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    if parts[0] == "algorithms":
+        # algorithms.<method>.<field>: applies only when the trial's set has the method.
+        _, method, field = parts
+        for algorithm in body["algorithms"]:
+            if algorithm["name"] == method:
+                algorithm[field] = value
+        return
+    node = body
+    for key in parts[:-1]:
+        node = node[key]
+    node[parts[-1]] = value
+
+
+def _param_problem(sweep: SweepSpec, path: str, domain: ParamDomain, searched: set[str]) -> str | None:
+    parts = path.split(".")
+    if parts[0] == "algorithms":
+        if len(parts) != 3:
+            return "algorithm params are written algorithms.<method>.<field>"
+        method, field = parts[1], parts[2]
+        if method not in searched:
+            return f"method {method!r} is in no algorithm set of this sweep"
+        if field not in ALGORITHM_SPECS[method].model_fields or field == "name":
+            allowed = ", ".join(f for f in ALGORITHM_SPECS[method].model_fields if f != "name") or "none"
+            return f"{method!r} has no hyperparameter {field!r}; allowed: {allowed}"
+        example_set = next(s for s in algorithm_sets(sweep)[0] if method in s)
+    else:
+        node: Any = sweep.base.model_dump(mode="json")
+        for key in parts:
+            if not isinstance(node, dict) or key not in node:
+                return f"{path!r} is not a field of the base RunSpec"
+            node = node[key]
+        if isinstance(node, (dict, list)):
+            return f"{path!r} is a section of the RunSpec; search one of its fields"
+        example_set = tuple(a.name for a in sweep.base.algorithms)
+    for value in domain.extremes():
+        try:
+            trial_spec(sweep.base, example_set, {path: value})
+        except ValidationError as exc:
+            return f"value {value!r} is not allowed: {exc.errors()[0]['msg']}"
+    return None
+
+
+# --- results ----------------------------------------------------------------------------
+
+def pareto_front(points: dict[str, tuple[float, float]], mode: Literal["max", "min"]) -> list[str]:
+    """Ids of the points not dominated on (metric, wall time): no other point has a metric at
+    least as good and a time at least as short, with one of the two strictly better.
+
+    ``points``: id → (metric, wall_time_s). Points with a NaN metric are never on the front.
+    """
+    sign = 1.0 if mode == "max" else -1.0
+    scored = {k: (sign * m, t) for k, (m, t) in points.items() if not math.isnan(m)}
+
+    def dominated(key: str) -> bool:
+        m, t = scored[key]
+        return any(om >= m and ot <= t and (om > m or ot < t) for other, (om, ot) in scored.items() if other != key)
+
+    return sorted((k for k in scored if not dominated(k)), key=lambda k: scored[k][1])

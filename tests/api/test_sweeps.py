@@ -1,0 +1,98 @@
+"""SweepSpec: expanding algorithm sets, skipping invalid combinations, param paths, Pareto front."""
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from api import catalog
+from api.sweeps import SweepSpec, algorithm_sets, pareto_front, trial_spec
+
+BASE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
+
+
+def sweep(**changes):
+    body = {"name": "recipes", "base": copy.deepcopy(BASE),
+            "search": {"algorithms": {"pool": ["channels_last", "label_smoothing", "cutmix"], "max_size": 2}}}
+    body.update(changes)
+    return body
+
+
+def error_text(body) -> str:
+    with pytest.raises(ValidationError) as info:
+        SweepSpec.model_validate(body)
+    return str(info.value)
+
+
+def test_a_pool_expands_to_every_subset_up_to_max_size_including_the_baseline():
+    spec = SweepSpec.model_validate(sweep())
+    sets, skipped = algorithm_sets(spec)
+    assert skipped == []
+    assert sets == [(), ("channels_last",), ("label_smoothing",), ("cutmix",),
+                    ("channels_last", "label_smoothing"), ("channels_last", "cutmix"), ("label_smoothing", "cutmix")]
+
+
+def test_explicit_sets_are_used_as_given():
+    spec = SweepSpec.model_validate(sweep(search={"algorithms": {"sets": [["cutmix"], []]}}))
+    assert algorithm_sets(spec)[0] == [("cutmix",), ()]
+
+
+def test_a_trial_keeps_the_base_hyperparameters_of_methods_the_base_lists_and_applies_params():
+    spec = SweepSpec.model_validate(sweep())
+    trial = trial_spec(spec.base, ("label_smoothing", "cutmix"), {"optimizer.lr": 0.05, "algorithms.cutmix.alpha": 0.2},
+                       name="t1")
+    assert trial.name == "t1" and trial.optimizer.lr == 0.05
+    assert [(a.name, getattr(a, "smoothing", None)) for a in trial.algorithms][0] == ("label_smoothing", 0.1)
+    assert trial.algorithms[1].alpha == 0.2
+
+
+def test_an_unknown_method_in_the_pool_is_refused_with_the_known_ones():
+    message = error_text(sweep(search={"algorithms": {"pool": ["cutmix", "warp_drive"], "max_size": 1}}))
+    assert "'warp_drive'" in message and "channels_last" in message
+
+
+def test_a_param_path_missing_from_the_base_spec_is_refused():
+    message = error_text(sweep(search={"params": {"optimizer.learning_rate": {"grid": [0.1]}}}))
+    assert "optimizer.learning_rate" in message and "not a field of the base RunSpec" in message
+
+
+def test_a_param_for_a_method_outside_every_set_is_refused():
+    body = sweep(search={"algorithms": {"sets": [["cutmix"]]},
+                         "params": {"algorithms.label_smoothing.smoothing": {"choice": [0.1]}}})
+    assert "in no algorithm set" in error_text(body)
+
+
+def test_a_param_value_the_run_spec_would_refuse_is_refused():
+    message = error_text(sweep(search={"params": {"optimizer.lr": {"uniform": [-1.0, 0.5]}}}))
+    assert "value -1.0 is not allowed" in message and "greater than 0" in message
+
+
+def test_a_domain_must_be_exactly_one_kind_with_ordered_positive_bounds():
+    assert "exactly one of" in error_text(sweep(search={"params": {"optimizer.lr": {"grid": [0.1], "choice": [1]}}}))
+    assert "must be positive" in error_text(sweep(search={"params": {"optimizer.lr": {"loguniform": [0.0, 1.0]}}}))
+    assert "low < high" in error_text(sweep(search={"params": {"optimizer.lr": {"uniform": [0.5, 0.1]}}}))
+
+
+def test_sets_that_break_a_rule_are_skipped_and_listed_and_a_sweep_where_all_do_is_refused(monkeypatch):
+    # Declare a conflict between two methods for this test only.
+    monkeypatch.setitem(catalog.ALGORITHMS, "cutmix",
+                        dataclasses.replace(catalog.ALGORITHMS["cutmix"], conflicts=("channels_last",)))
+    base = copy.deepcopy(BASE)
+    base["algorithms"] = []
+    sets, skipped = algorithm_sets(SweepSpec.model_validate(sweep(base=base)))
+    assert ("channels_last", "cutmix") not in sets and len(sets) == 6
+    assert [s for s, _ in skipped] == [("channels_last", "cutmix")]
+    assert "'cutmix' and 'channels_last' do not compose" in skipped[0][1]
+
+    message = error_text(sweep(base=base, search={"algorithms": {"sets": [["cutmix", "channels_last"]]}}))
+    assert "every algorithm set breaks a rule" in message
+
+
+def test_the_pareto_front_keeps_only_undominated_trials():
+    points = {"fast-bad": (0.80, 10.0), "slow-good": (0.95, 60.0), "dominated": (0.79, 20.0),
+              "middle": (0.90, 30.0), "tie-slower": (0.90, 31.0), "nan": (float("nan"), 1.0)}
+    assert pareto_front(points, "max") == ["fast-bad", "middle", "slow-good"]
+    assert pareto_front({"a": (0.5, 10.0), "b": (0.4, 20.0)}, "min") == ["a", "b"]
