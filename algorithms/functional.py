@@ -6,9 +6,22 @@
     y = af.smooth_labels(logits, af.mix_targets(y, y_perm, area, num_classes=10), smoothing=0.1)
 """
 
+from algorithms.alibi import apply_alibi
+from algorithms.blurpool import apply_blurpool
 from algorithms.channels_last import apply_channels_last
 from algorithms.cutmix import cutmix_batch, mix_targets
+from algorithms.factorize import apply_factorization
 from algorithms.label_smoothing import smooth_labels
 from algorithms.targets import to_dense_targets
+from algorithms.augmix import augmix_image
+from algorithms.colout import colout_batch
+from algorithms.cutout import cutout_batch
+from algorithms.ema import compute_ema
+from algorithms.mixup import mixup_batch, mixup_targets
+from algorithms.progressive_resizing import resize_batch
+from algorithms.swa import recompute_bn_stats, update_swa
 
-__all__ = ["apply_channels_last", "cutmix_batch", "mix_targets", "smooth_labels", "to_dense_targets"]
+__all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factorization", "cutmix_batch",
+           "mix_targets", "smooth_labels", "to_dense_targets",
+           "augmix_image", "colout_batch", "compute_ema", "cutout_batch", "mixup_batch", "mixup_targets",
+           "recompute_bn_stats", "resize_batch", "update_swa"]

@@ -8,12 +8,25 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from algorithms.alibi import Alibi
 from algorithms.base import Algorithm
+from algorithms.blurpool import BlurPool
 from algorithms.channels_last import ChannelsLast
 from algorithms.cutmix import CutMix
+from algorithms.factorize import Factorize
 from algorithms.label_smoothing import LabelSmoothing
+from algorithms.augmix import AugMix
+from algorithms.colout import ColOut
+from algorithms.cutout import CutOut
+from algorithms.ema import EMA
+from algorithms.mixup import MixUp
+from algorithms.progressive_resizing import ProgressiveResizing
+from algorithms.swa import SWA
 
-ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix)}
+ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
+                MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA)
+}
 
 
 def build_algorithm(spec: Any) -> Algorithm:

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from api.time import OffsetTime, Time, TimeUnit, time_field
+
+BatchOrEpochTime = time_field(TimeUnit.BATCH, TimeUnit.EPOCH, positive=True, example="1000ba")
+EpochOrDurationTime = time_field(TimeUnit.EPOCH, TimeUnit.DURATION, example="0.7dur")
 
 
 class _AlgorithmSpecBase(BaseModel):
@@ -38,12 +43,201 @@ class CutMixSpec(_AlgorithmSpecBase):
     uniform_sampling: bool = Field(False, description="sample box centres so every pixel is equally likely to be cut")
 
 
+class AlibiSpec(_AlgorithmSpecBase):
+    """Replace position embeddings with per-head linear attention biases; train on shorter sequences."""
+
+    name: Literal["alibi"]
+    max_sequence_length: int = Field(1024, ge=2, le=65536,
+                                     description="longest sequence the converted model accepts (train and eval)")
+    train_sequence_length_scaling: float = Field(
+        0.25, gt=0.0, le=1.0, description="train on rows of this fraction of the data's seq_len (1.0: unchanged)")
+
+
+class BlurPoolSpec(_AlgorithmSpecBase):
+    """Anti-alias strided convolutions and max-pools with a 3x3 binomial blur."""
+
+    name: Literal["blurpool"]
+    replace_convs: bool = Field(True, description="blur strided Conv2d layers")
+    replace_maxpools: bool = Field(True, description="replace MaxPool2d with blurred max-pooling")
+    blur_first: bool = Field(True, description="blur before the strided conv (cheap) rather than after a stride-1 conv")
+    min_channels: int = Field(16, ge=1, description="leave convs with fewer input channels alone (e.g. the stem)")
+
+    @model_validator(mode="after")
+    def _replaces_something(self) -> "BlurPoolSpec":
+        if not (self.replace_convs or self.replace_maxpools):
+            raise ValueError("replace_convs and replace_maxpools are both false: blurpool would change nothing")
+        return self
+
+
+def _check_latent(value: int | float, field: str, max_fraction: float) -> int | float:
+    if isinstance(value, float) and not 0.0 < value < max_fraction:
+        raise ValueError(f"{field} {value}: a fraction must lie in (0, {max_fraction}); "
+                         "or give a number of latent units as an integer >= 1")
+    if isinstance(value, int) and value < 1:
+        raise ValueError(f"{field} {value}: a number of latent units must be >= 1")
+    return value
+
+
+class FactorizeSpec(_AlgorithmSpecBase):
+    """Replace wide Linear and Conv2d layers with two low-rank layers (fewer multiply-adds)."""
+
+    name: Literal["factorize"]
+    factorize_convs: bool = True
+    factorize_linears: bool = True
+    min_channels: int = Field(256, ge=1, description="skip convs with fewer input or output channels")
+    latent_channels: int | float = Field(
+        0.25, description="latent channels: an integer, or a fraction in (0, 1) of min(in, out) channels")
+    min_features: int = Field(256, ge=1, description="skip linears with fewer input or output features")
+    latent_features: int | float = Field(
+        128, description="latent features: an integer, or a fraction in (0, 0.5) of min(in, out) features")
+
+    @field_validator("latent_channels")
+    @classmethod
+    def _latent_channels(cls, value: int | float) -> int | float:
+        return _check_latent(value, "latent_channels", 1.0)
+
+    @field_validator("latent_features")
+    @classmethod
+    def _latent_features(cls, value: int | float) -> int | float:
+        return _check_latent(value, "latent_features", 0.5)
+
+    @model_validator(mode="after")
+    def _factorizes_something(self) -> "FactorizeSpec":
+        if not (self.factorize_convs or self.factorize_linears):
+            raise ValueError("factorize_convs and factorize_linears are both false: factorize would change nothing")
+        return self
+
+
+class MixUpSpec(_AlgorithmSpecBase):
+    """Train on convex combinations of pairs of examples and of their targets."""
+
+    name: Literal["mixup"]
+    alpha: float = Field(0.2, gt=0.0, le=100.0, description="Beta(alpha, alpha) concentration of the mixing weight")
+
+
+class CutOutSpec(_AlgorithmSpecBase):
+    """Zero square holes of every image (the same holes for the whole batch)."""
+
+    name: Literal["cutout"]
+    num_holes: int = Field(1, ge=1, le=64, description="holes per image")
+    length: float = Field(0.5, gt=0.0, le=1.0, description="side of a hole as a fraction of min(H, W)")
+    uniform_sampling: bool = Field(False, description="sample hole centres so every pixel is equally likely to be cut")
+
+
+class ColOutSpec(_AlgorithmSpecBase):
+    """Drop a random fraction of the rows and columns of each image."""
+
+    name: Literal["colout"]
+    p_row: float = Field(0.15, ge=0.0, lt=1.0, description="fraction of rows dropped")
+    p_col: float = Field(0.15, ge=0.0, lt=1.0, description="fraction of columns dropped")
+    batch: bool = Field(True, description="same rows/columns for the whole batch, on the device (else per example)")
+    resize_target: bool | Literal["auto"] = Field(
+        "auto", description="drop the same rows/columns from spatial targets ('auto': when shapes match)")
+
+    @model_validator(mode="after")
+    def _target_needs_batch_mode(self) -> "ColOutSpec":
+        if self.resize_target is True and not self.batch:
+            raise ValueError("colout resize_target: true needs batch: true (per-example mode sees images only)")
+        return self
+
+
+class AugMixSpec(_AlgorithmSpecBase):
+    """Mix each image with a Dirichlet blend of random augmentation chains (per example)."""
+
+    name: Literal["augmix"]
+    severity: int = Field(3, ge=0, le=10, description="strength of each augmentation")
+    depth: int = Field(-1, ge=-1, le=10, description="operations per chain; -1 draws 1 to 3")
+    width: int = Field(3, ge=1, le=16, description="number of chains blended")
+    alpha: float = Field(1.0, gt=0.0, le=100.0, description="Dirichlet/Beta concentration of the mixing weights")
+    augmentation_set: Literal["all", "safe", "original"] = Field(
+        "all", description="'safe' leaves out operations that overlap ImageNet-C/CIFAR-10-C corruptions")
+
+    @field_validator("depth")
+    @classmethod
+    def _depth_not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("depth 0 would apply no augmentation; use -1 (random 1-3) or a positive count")
+        return value
+
+
+class ProgressiveResizingSpec(_AlgorithmSpecBase):
+    """Train on downscaled images early, growing them to full size by the end."""
+
+    name: Literal["progressive_resizing"]
+    mode: Literal["resize", "crop"] = Field("resize", description="nearest-neighbour downscale, or a random crop")
+    initial_scale: float = Field(0.5, gt=0.0, le=1.0, description="image scale at the start")
+    finetune_fraction: float = Field(0.2, ge=0.0, le=1.0, description="final fraction of training at full size")
+    delay_fraction: float = Field(0.5, ge=0.0, le=1.0, description="initial fraction of training at initial_scale")
+    size_increment: int = Field(4, ge=1, le=256, description="image widths are rounded to a multiple of this")
+    resize_targets: bool = Field(False, description="also resize spatial targets (segmentation)")
+
+    @model_validator(mode="after")
+    def _fractions_fit(self) -> "ProgressiveResizingSpec":
+        if self.delay_fraction + self.finetune_fraction > 1.0:
+            raise ValueError(f"delay_fraction {self.delay_fraction} + finetune_fraction {self.finetune_fraction} "
+                             "exceeds 1; they are shares of the same run")
+        return self
+
+
+class EMASpec(_AlgorithmSpecBase):
+    """Evaluate with an exponential moving average of the weights."""
+
+    name: Literal["ema"]
+    half_life: BatchOrEpochTime | None = Field(
+        Time(1000, TimeUnit.BATCH), description="time for an old weight's share to halve ('1000ba'); or give smoothing")
+    smoothing: float | None = Field(None, gt=0.0, lt=1.0,
+                                    description="weight kept per update: ema = s * ema + (1 - s) * w; excludes half_life")
+    ema_start: OffsetTime = Field(Time(0.0, TimeUnit.DURATION), description="when averaging starts, e.g. '0.5dur'")
+    update_interval: BatchOrEpochTime | None = Field(
+        None, description="how often to update; default one unit of half_life ('1ba' or '1ep')")
+
+    @model_validator(mode="after")
+    def _half_life_or_smoothing(self) -> "EMASpec":
+        if self.smoothing is not None and "half_life" not in self.model_fields_set:
+            self.half_life = None  # smoothing given alone replaces the default half-life
+        if self.smoothing is not None and self.half_life is not None:
+            raise ValueError("ema: give half_life or smoothing, not both")
+        if self.smoothing is None and self.half_life is None:
+            raise ValueError("ema: give half_life (e.g. '1000ba') or smoothing (e.g. 0.999)")
+        if (self.half_life is not None and self.update_interval is not None
+                and self.half_life.unit is not self.update_interval.unit):
+            raise ValueError(f"ema: half_life {self.half_life} and update_interval {self.update_interval} "
+                             "must use the same unit")
+        return self
+
+
+class SWASpec(_AlgorithmSpecBase):
+    """Average the weights late in training, then recompute BatchNorm statistics."""
+
+    name: Literal["swa"]
+    swa_start: EpochOrDurationTime = Field(Time(0.7, TimeUnit.DURATION), description="when averaging starts")
+    swa_end: EpochOrDurationTime = Field(Time(0.97, TimeUnit.DURATION),
+                                         description="when the average replaces the weights (same unit as swa_start)")
+    update_interval: BatchOrEpochTime = Field(Time(1, TimeUnit.EPOCH), description="how often a snapshot is averaged")
+    schedule_swa_lr: bool = Field(False, description="anneal the learning rate to swa_lr with SWALR while averaging")
+    anneal_strategy: Literal["linear", "cos"] = "linear"
+    anneal_steps: int = Field(10, ge=1, le=100_000, description="SWALR steps (updates) to reach swa_lr")
+    swa_lr: float | None = Field(None, gt=0.0, le=100.0, description="default: the learning rate when SWA starts")
+    bn_update_batches: int = Field(16, ge=1, le=1024,
+                                   description="recent training batches kept to recompute BatchNorm statistics")
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> "SWASpec":
+        if self.swa_start.unit is not self.swa_end.unit:
+            raise ValueError(f"swa: swa_start {self.swa_start} and swa_end {self.swa_end} must use the same unit")
+        if not self.swa_start.value < self.swa_end.value:
+            raise ValueError(f"swa: swa_end {self.swa_end} must come after swa_start {self.swa_start}")
+        return self
+
+
 AlgorithmSpec = Annotated[
-    Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec],
+    Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
+          MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec],
     Field(discriminator="name"),
 ]
 
 ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     spec.model_fields["name"].annotation.__args__[0]: spec  # type: ignore[union-attr]
-    for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec)
+    for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
+                 MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec)
 }

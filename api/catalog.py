@@ -51,6 +51,8 @@ MODELS: dict[str, ModelInfo] = {
     m.name: m
     for m in (
         ModelInfo("cifar_resnet20", "vision", "cnn", "ResNet-20 for 32x32 images (He et al. 2016), ~0.27M params"),
+        ModelInfo("gpt_small", "text", "transformer",
+                  "small GPT (our attention, learned position embeddings), causal LM; ~0.8M params at defaults"),
         ModelInfo("resnet18", "vision", "cnn", "torchvision ResNet-18 (random init), stem adapted to small images"),
         ModelInfo("simple_cnn", "vision", "cnn", "two conv layers + MLP head; fast enough for unit tests"),
     )
@@ -61,12 +63,18 @@ DATASETS: dict[str, DatasetInfo] = {
     for d in (
         DatasetInfo("digits", "vision", "scikit-learn's bundled 8x8 handwritten digits, upsampled to image_size",
                     num_classes=10, channels=1, image_size=32, num_train=1437, num_test=360),
+        # Text: num_classes is the vocabulary; channels/image_size do not apply (0); counts at seq_len 128.
+        DatasetInfo("shakespeare", "text", "42 plays, character-level (84 characters); 90/10 split of each play",
+                    num_classes=84, channels=0, image_size=0, num_train=35558, num_test=3951),
         DatasetInfo("fashion_mnist", "vision", "Fashion-MNIST from Debian's dataset-fashion-mnist (idx.gz files)",
                     num_classes=10, channels=1, image_size=28, num_train=60000, num_test=10000),
         DatasetInfo("synthetic", "vision", "class-conditional Gaussian images, learnable, any shape",
                     num_classes=10, channels=3, image_size=32, num_train=1024, num_test=256),
     )
 }
+
+_WEIGHT_AVERAGES = ("both replace the weights that are evaluated with an average of past weights: EMA swaps its "
+                    "average in for every evaluation, SWA loads its average into the model at swa_end")
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {
     a.name: a
@@ -82,6 +90,43 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "Pastes a box from another example into each image and mixes targets by area.",
                       "stable", "Yun et al. 2019, https://arxiv.org/abs/1905.04899",
                       needs=("classification",)),
+        AlgorithmInfo("alibi", "ALiBi", "text",
+                      "Replaces position embeddings with per-head linear attention biases and trains on "
+                      "shorter sequences, extrapolating to longer ones at evaluation.",
+                      "beta", "Press et al. 2022, https://arxiv.org/abs/2108.12409",
+                      needs=("transformer",), changes_model=True),
+        AlgorithmInfo("blurpool", "BlurPool", "vision",
+                      "Blurs before strided convolutions and max-pools (anti-aliasing) for shift-invariance.",
+                      "stable", "Zhang 2019, https://arxiv.org/abs/1904.11486", changes_model=True),
+        AlgorithmInfo("factorize", "Factorize", "any",
+                      "Splits wide Linear and Conv2d layers into two low-rank layers with fewer multiply-adds.",
+                      "prototype", "low-rank factorization as in MosaicML Composer; Jaderberg et al. 2014, "
+                      "https://arxiv.org/abs/1405.3866", changes_model=True),
+        AlgorithmInfo("mixup", "MixUp", "vision",
+                      "Trains on convex combinations of pairs of examples and of their targets.",
+                      "stable", "Zhang et al. 2018, https://arxiv.org/abs/1710.09412",
+                      needs=("classification",)),
+        AlgorithmInfo("cutout", "CutOut", "vision",
+                      "Zeroes random square holes of the images.",
+                      "stable", "DeVries & Taylor 2017, https://arxiv.org/abs/1708.04552"),
+        AlgorithmInfo("colout", "ColOut", "vision",
+                      "Drops random rows and columns of the images: smaller inputs, the same content.",
+                      "beta", "MosaicML Composer method card, https://docs.mosaicml.com/projects/composer/"),
+        AlgorithmInfo("augmix", "AugMix", "vision",
+                      "Mixes each image with Dirichlet blends of random augmentation chains, per example.",
+                      "beta", "Hendrycks et al. 2020, https://arxiv.org/abs/1912.02781"),
+        AlgorithmInfo("progressive_resizing", "ProgressiveResizing", "vision",
+                      "Trains on downscaled images early and grows them to full size, per batch.",
+                      "stable", "MosaicML Composer; Touvron et al. 2019, https://arxiv.org/abs/1906.06423",
+                      ),
+        AlgorithmInfo("ema", "EMA", "any",
+                      "Evaluates with an exponential moving average of the weights.",
+                      "stable", "Polyak & Juditsky 1992; Tan & Le 2019, https://arxiv.org/abs/1905.11946",
+                      conflicts=("swa",), extra={"conflict_reasons": {"swa": _WEIGHT_AVERAGES}}),
+        AlgorithmInfo("swa", "SWA", "any",
+                      "Averages the weights visited late in training, then recomputes BatchNorm statistics.",
+                      "beta", "Izmailov et al. 2018, https://arxiv.org/abs/1803.05407",
+                      conflicts=("ema",), extra={"conflict_reasons": {"ema": _WEIGHT_AVERAGES}}),
     )
 }
 

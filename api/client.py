@@ -17,6 +17,9 @@ from api.errors import ApiError
 from api.specs import RunSpec
 from api.views import (
     CatalogPage,
+    CheckpointReport,
+    CheckpointsPage,
+    CheckpointView,
     MetricsPage,
     MetricsReport,
     RunEventsPage,
@@ -83,6 +86,16 @@ class Client:
     def cancel_run(self, run_id: str) -> RunView:
         return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/cancel"))
 
+    def resume_run(self, run_id: str, num_workers: int | None = None) -> RunView:
+        """Re-queue a FAILED or CANCELED run; it resumes from its newest committed checkpoint,
+        optionally on ``num_workers`` workers (409 if the run is not FAILED or CANCELED)."""
+        body = {"num_workers": num_workers} if num_workers is not None else {}
+        return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/resume", json=body))
+
+    def list_checkpoints(self, run_id: str) -> list[CheckpointView]:
+        """The run's checkpoints, oldest first (committed or failed)."""
+        return CheckpointsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/checkpoints")).data
+
     def run_events(self, run_id: str) -> RunEventsPage:
         return RunEventsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/events"))
 
@@ -125,3 +138,9 @@ class Client:
         body = self._request("POST", f"{API}/runs/{run_id}/report/metrics", json=report.model_dump(mode="json"),
                              headers={"Authorization": f"Bearer {token}"})
         return int(body["stored"])
+
+    def report_checkpoint(self, run_id: str, token: str, report: CheckpointReport) -> CheckpointView:
+        """Tell the service about a committed (or failed) checkpoint."""
+        return CheckpointView.model_validate(self._request(
+            "POST", f"{API}/runs/{run_id}/report/checkpoint", json=report.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"}))

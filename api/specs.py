@@ -35,9 +35,28 @@ class SimpleCNNParams(Spec):
     hidden: int = Field(128, ge=8, le=4096)
 
 
+class GPTSmallParams(Spec):
+    n_layer: int = Field(4, ge=1, le=48, description="transformer blocks")
+    n_head: int = Field(4, ge=1, le=64, description="attention heads; must divide d_model")
+    d_model: int = Field(128, ge=8, le=4096, description="embedding width")
+    max_seq_len: int = Field(256, ge=2, le=65536, description="rows of the learned position embedding")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "GPTSmallParams":
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model {self.d_model} must be divisible by n_head {self.n_head}")
+        return self
+
+
 class CifarResNet20Spec(Spec):
     name: Literal["cifar_resnet20"]
     params: CifarResNetParams = Field(default_factory=CifarResNetParams)
+
+
+class GPTSmallSpec(Spec):
+    name: Literal["gpt_small"]
+    params: GPTSmallParams = Field(default_factory=GPTSmallParams)
 
 
 class ResNet18Spec(Spec):
@@ -50,7 +69,8 @@ class SimpleCNNSpec(Spec):
     params: SimpleCNNParams = Field(default_factory=SimpleCNNParams)
 
 
-ModelSpec = Annotated[Union[CifarResNet20Spec, ResNet18Spec, SimpleCNNSpec], Field(discriminator="name")]
+ModelSpec = Annotated[Union[CifarResNet20Spec, GPTSmallSpec, ResNet18Spec, SimpleCNNSpec],
+                      Field(discriminator="name")]
 
 
 # --- data -------------------------------------------------------------------------------
@@ -82,7 +102,15 @@ class SyntheticSpec(Spec):
     noise: float = Field(1.0, ge=0.0, description="std of the Gaussian noise around each class mean")
 
 
-DatasetSpec = Annotated[Union[DigitsSpec, FashionMNISTSpec, SyntheticSpec], Field(discriminator="name")]
+class ShakespeareSpec(Spec):
+    name: Literal["shakespeare"]
+    split: Split = "train"
+    seq_len: int = Field(128, ge=2, le=65536, description="characters per example (targets: shifted by one)")
+    limit: int | None = Field(None, ge=1, description="use only the first N sequences")
+
+
+DatasetSpec = Annotated[Union[DigitsSpec, FashionMNISTSpec, ShakespeareSpec, SyntheticSpec],
+                        Field(discriminator="name")]
 
 
 class DataSpec(Spec):
@@ -147,7 +175,8 @@ class Precision(str, enum.Enum):
 
 
 class ParallelismSpec(Spec):
-    strategy: Literal["none", "ddp"] = "none"
+    strategy: Literal["none", "ddp", "fsdp"] = Field(
+        "none", description="none: one worker; ddp: replicated model; fsdp: FSDP2 fully_shard per block + root")
     num_workers: int = Field(1, ge=1, le=1024)
     use_gpu: bool = False
     cpus_per_worker: int = Field(1, ge=1, le=256)
@@ -157,9 +186,26 @@ class ParallelismSpec(Spec):
         if self.strategy == "none" and self.num_workers != 1:
             raise ValueError(
                 f"strategy 'none' runs exactly one worker but num_workers is {self.num_workers}; "
-                "use strategy 'ddp' for more"
+                "use strategy 'ddp' or 'fsdp' for more"
             )
         return self
+
+
+class CheckpointSpec(Spec):
+    """Sharded checkpoints (torch.distributed.checkpoint) under ``{storage}/runs/{id}/checkpoints``."""
+
+    interval: IntervalTime | None = Field(
+        None, description="save every interval (e.g. '1ep', '500ba', '0.25dur'); always saved at the end")
+    keep_last: int = Field(3, ge=1, le=1000, description="committed checkpoints to keep (at least 2)")
+    async_save: bool = Field(False, description="write in the background while training continues")
+
+    @field_validator("keep_last")
+    @classmethod
+    def _keep_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(f"keep_last {value}: keep at least 2 checkpoints, as the last one may still be "
+                             "being written")
+        return value
 
 
 class RunSpec(Spec):
@@ -177,6 +223,7 @@ class RunSpec(Spec):
         None, description="split each per-worker batch into microbatches of this size (gradient accumulation)")
     algorithms: list[AlgorithmSpec] = Field(default_factory=list)
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     max_restarts: int = Field(0, ge=0, le=100, description="worker-group restarts Ray Train may make")
     seed: int = Field(42, ge=0, le=2**31 - 1)
     deterministic: bool = False
@@ -220,9 +267,16 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         if info.domain not in ("any", data_info.domain):
             problems.append(f"algorithm {algorithm.name!r} is for {info.domain} data but data set "
                             f"{spec.data.train.name!r} is {data_info.domain}")
+        if "transformer" in info.needs and model_info.architecture != "transformer":
+            problems.append(f"algorithm {algorithm.name!r} needs a transformer model but model "
+                            f"{spec.model.name!r} is a {model_info.architecture}")
         for other in spec.algorithms:
             if other.name in info.conflicts:
-                problems.append(f"algorithms {algorithm.name!r} and {other.name!r} do not compose; remove one")
+                reason = info.extra.get("conflict_reasons", {}).get(other.name)
+                because = f" ({reason})" if reason else ""
+                problems.append(f"algorithms {algorithm.name!r} and {other.name!r} do not compose{because}; "
+                                "remove one")
+    problems.extend(_sequence_length_problems(spec))
     per_worker = spec.data.batch_size // spec.parallelism.num_workers
     if spec.data.batch_size % spec.parallelism.num_workers:
         problems.append(f"data.batch_size {spec.data.batch_size} must be divisible by parallelism.num_workers "
@@ -232,6 +286,26 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
                         f"(data.batch_size / parallelism.num_workers)")
     if spec.scheduler.warmup.unit is TimeUnit.DURATION and spec.scheduler.warmup.value >= 1.0:
         problems.append("scheduler.warmup must end before max_duration (use a fraction < 1dur)")
+    return problems
+
+
+def _sequence_length_problems(spec: RunSpec) -> list[str]:
+    """Text data must fit the model's positions: its max_seq_len, or ALiBi's max_sequence_length."""
+    max_len = getattr(spec.model.params, "max_seq_len", None)
+    if max_len is None:
+        return []
+    limit, source = max_len, f"model.params.max_seq_len {max_len}"
+    for algorithm in spec.algorithms:
+        if algorithm.name == "alibi":
+            limit = algorithm.max_sequence_length  # type: ignore[union-attr]
+            source = f"algorithm 'alibi' max_sequence_length {limit}"
+    problems = []
+    for field_name in ("train", "eval"):
+        data = getattr(spec.data, field_name)
+        seq_len = getattr(data, "seq_len", None)
+        if seq_len is not None and seq_len > limit:
+            problems.append(f"data.{field_name}.seq_len {seq_len} exceeds {source}; shorten the sequences or "
+                            f"raise the limit")
     return problems
 
 

@@ -73,6 +73,32 @@ class MetricsPage(BaseModel):
     last_seq: int
 
 
+class CheckpointView(BaseModel):
+    """One checkpoint of a run. ``url`` is the fsspec URL of its folder (``file:///...`` or
+    ``s3://...``), loadable with ``torch.distributed.checkpoint``; only committed ones are usable."""
+
+    step: int
+    epoch: int
+    attempt: int
+    time: datetime
+    bytes: int
+    committed: bool
+    url: str
+    world_size: int
+    error: str | None = None
+
+
+class CheckpointsPage(BaseModel):
+    data: list[CheckpointView]
+
+
+class ResumeRequest(BaseModel):
+    """``POST /runs/{id}/resume``: optionally run the resumed attempt on a different number of workers."""
+
+    model_config = ConfigDict(extra="forbid")
+    num_workers: int | None = Field(None, ge=1, le=1024)
+
+
 class CatalogEntry(BaseModel):
     """A model, data set or algorithm: its metadata plus the JSON schema of its spec."""
 
@@ -108,3 +134,17 @@ class StatusReport(BaseModel):
     status: RunStatus
     error: str | None = Field(None, max_length=20_000)
     message: str | None = Field(None, max_length=2_000)
+
+
+class CheckpointReport(BaseModel):
+    """A worker's word on one checkpoint: committed (its marker is written), or failed with why."""
+
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(..., ge=0)
+    epoch: int = Field(..., ge=0)
+    time: datetime
+    bytes: int = Field(0, ge=0)
+    committed: bool
+    url: str = Field(..., min_length=1, max_length=2_000)
+    world_size: int = Field(..., ge=1)
+    error: str | None = Field(None, max_length=20_000)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
@@ -80,4 +81,5 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     install_error_handlers(app)
     for module in (runs, reports, catalog, health):
         app.include_router(module.router)
+    mount_dashboard(app)
     return app

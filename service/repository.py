@@ -25,10 +25,11 @@ from sqlalchemy import Engine, and_, func, insert, or_, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.specs import RunSpec
-from api.views import MetricPoint, ReportedMetric, RunEventView, RunStatus, RunView
+from api.views import (CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView, RunStatus,
+                       RunView)
 from service.db.engine import WRITE_OPTIONS
-from service.db.models import Metric, Run, RunEvent, utcnow
-from service.state_machine import IllegalTransition, decide, is_terminal, starts_new_attempt
+from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
+from service.state_machine import IllegalTransition, decide, is_terminal, starts_new_attempt, starts_new_job
 
 
 class RunNotFound(LookupError):
@@ -105,6 +106,11 @@ def _add_event(session: Session, run: Run, from_status: RunStatus | None, to_sta
                message: str | None, now: datetime) -> None:
     session.add(RunEvent(run_id=run.id, from_status=from_status.value if from_status else None,
                          to_status=to_status.value, attempt=run.attempt, time=now, message=message))
+
+
+def _checkpoint_view(row: Checkpoint) -> CheckpointView:
+    return CheckpointView(step=row.step, epoch=row.epoch, attempt=row.attempt, time=row.time, bytes=row.bytes,
+                          committed=row.committed, url=row.url, world_size=row.world_size, error=row.error)
 
 
 def _encode_cursor(run: Run) -> str:
@@ -257,9 +263,11 @@ class Repository:
             return
         now = utcnow()
         message, error = _clean_text(message), _clean_text(error)
+        # The one place attempts are counted: a re-queue, a resume, or a worker-group restart.
         if starts_new_attempt(current, target):
             run.attempt += 1
-            run.token_hash = None  # the old attempt's worker may no longer report
+        if starts_new_job(current, target):
+            run.token_hash = None  # the old job's worker may no longer report
             run.finished_at = None
             run.error = None
         if target is RunStatus.RUNNING and run.started_at is None:
@@ -273,6 +281,63 @@ class Repository:
         if message is None and error is not None:
             message = error.strip().splitlines()[0][:500] if error.strip() else None
         _add_event(session, run, current, target, message, now)
+
+    def resume_run(self, run_id: str, *, num_workers: int | None = None) -> RunRecord:
+        """FAILED or CANCELED → QUEUED as a new attempt, which resumes from the newest committed
+        checkpoint; with ``num_workers`` the spec's ``parallelism.num_workers`` is rewritten
+        first (validated: raises pydantic's ``ValidationError`` for a spec that no longer holds)."""
+        with self._write() as session:
+            run = self._locked_run(session, run_id)
+            current = RunStatus(run.status)
+            if current not in (RunStatus.FAILED, RunStatus.CANCELED):
+                raise IllegalTransition(run_id, current, RunStatus.QUEUED,
+                                        f"run {run_id} is {current.value}; only FAILED or CANCELED runs can be resumed")
+            message = "resumed by user"
+            if num_workers is not None and num_workers != run.spec["parallelism"]["num_workers"]:
+                spec = dict(run.spec)
+                spec["parallelism"] = {**spec["parallelism"], "num_workers": num_workers}
+                run.spec = RunSpec.model_validate(spec).model_dump(mode="json")
+                message += f" on {num_workers} worker(s)"
+            self._apply(session, run, RunStatus.QUEUED, message=message, error=None)
+            session.flush()
+            return RunRecord.from_row(run)
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def add_checkpoint(self, run_id: str, report: CheckpointReport) -> CheckpointView:
+        """Record a worker's checkpoint report (idempotent per URL: a retried report updates
+        the row). A failed save becomes a run event saying why. Committed rows beyond the
+        spec's ``checkpoint.keep_last`` are dropped, as the worker's retention deletes them."""
+        with self._write() as session:
+            run = self._locked_run(session, run_id)
+            row = session.execute(select(Checkpoint).where(Checkpoint.run_id == run_id,
+                                                           Checkpoint.url == report.url)).scalar_one_or_none()
+            if row is None:
+                row = Checkpoint(run_id=run_id, url=report.url)
+                session.add(row)
+            row.attempt, row.step, row.epoch, row.time = run.attempt, report.step, report.epoch, report.time
+            row.bytes, row.committed, row.world_size = report.bytes, report.committed, report.world_size
+            row.error = _clean_text(report.error)
+            if not report.committed:
+                status = RunStatus(run.status)
+                reason = (row.error or "unknown error").strip().splitlines()[0][:400]
+                _add_event(session, run, status, status,
+                           f"checkpoint at batch {report.step} not committed: {reason}", utcnow())
+            session.flush()
+            keep_last = int(run.spec.get("checkpoint", {}).get("keep_last", 3))
+            committed = session.execute(select(Checkpoint).where(Checkpoint.run_id == run_id, Checkpoint.committed)
+                                        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())).scalars().all()
+            for old in committed[keep_last:]:
+                session.delete(old)
+            session.flush()
+            return _checkpoint_view(row)
+
+    def checkpoints(self, run_id: str) -> list[CheckpointView]:
+        """The run's checkpoints, oldest first."""
+        with self._read() as session:
+            self._require_run(session, run_id)
+            rows = session.execute(select(Checkpoint).where(Checkpoint.run_id == run_id)
+                                   .order_by(Checkpoint.step, Checkpoint.id)).scalars()
+            return [_checkpoint_view(row) for row in rows]
 
     def events(self, run_id: str) -> list[RunEventView]:
         """Every status change of the run, oldest first."""

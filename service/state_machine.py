@@ -71,7 +71,13 @@ def decide(run_id: str, current: RunStatus, target: RunStatus) -> bool:
 
 
 def starts_new_attempt(current: RunStatus, target: RunStatus) -> bool:
-    """Going back to QUEUED (re-queue or resume) makes the next run of it a new attempt."""
+    """A new attempt begins when the run goes back to QUEUED (re-queue or resume: a new Ray job)
+    or when Ray Train restarts its worker group (RESTARTING: the same job, new workers)."""
+    return current is not target and target in (S.QUEUED, S.RESTARTING)
+
+
+def starts_new_job(current: RunStatus, target: RunStatus) -> bool:
+    """Going back to QUEUED means a new Ray job, whose worker gets a new token."""
     return target is S.QUEUED and current is not S.QUEUED
 
 

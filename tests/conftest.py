@@ -85,9 +85,57 @@ class RayHead:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+class S3Server:
+    """moto's S3 over real HTTP on loopback, reachable from Ray workers (in-process mocks are not).
+
+    ``stop()``/``start()`` simulate an outage: moto keeps its buckets across restarts of the
+    server in this process, and the port stays the same."""
+
+    def __init__(self, bucket: str = "tessera-test"):
+        self.bucket = bucket
+        self.port = free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self._server = None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix.strip('/')}"
+
+
 @pytest.fixture(scope="session")
-def ray_head():
-    """One Ray head (4 logical CPUs on a 2-core machine, see ENVIRONMENT.md) for the session."""
+def s3_server():
+    """moto's S3 server for the session, with a bucket. Its address and fake credentials go into
+    the environment (``AWS_ENDPOINT_URL``, ...) before any Ray process starts: workers inherit it."""
+    server = S3Server()
+    server.start()
+    os.environ.update(AWS_ENDPOINT_URL=server.endpoint_url, AWS_ACCESS_KEY_ID="testing",
+                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    import boto3
+
+    boto3.client("s3", endpoint_url=server.endpoint_url).create_bucket(Bucket=server.bucket)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_head(s3_server):
+    """One Ray head (4 logical CPUs on a 2-core machine, see ENVIRONMENT.md) for the session.
+    Started after the S3 server, so its workers inherit the S3 environment."""
     head = RayHead(num_cpus=4)
     try:
         yield head

@@ -5,7 +5,9 @@ The service's dispatcher submits this as a Ray job with the environment:
 - ``TESSERA_SERVICE_URL``: where to fetch the run and report to (required);
 - ``TESSERA_RUN_TOKEN``: this attempt's bearer token (required; never printed);
 - ``TESSERA_ATTEMPT``: the attempt number (default 1);
-- ``TESSERA_STORAGE_URL``: ``file://`` or ``s3://`` root for Ray Train's storage (optional).
+- ``TESSERA_STORAGE_URL``: ``file://`` or ``s3://`` root for checkpoints (under
+  ``runs/{run_id}/checkpoints``; every attempt resumes from the newest committed one) and Ray
+  Train's storage (optional).
 
 It fetches and validates the spec, trains with ``fit_with_ray``, and reports COMPLETED, or
 FAILED with the root cause as ``"Type: message"`` and exit code 1. Status reports retry
@@ -57,7 +59,8 @@ def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, stor
         if not ray.is_initialized():
             ray.init()  # inside a Ray job this connects to the job's cluster
         metrics = fit_with_ray(spec, run_id=run_id, service_url=service_url, token=token,
-                               storage_path=storage_path_for(storage_url, attempt=attempt))
+                               storage_path=storage_path_for(storage_url, attempt=attempt),
+                               storage_url=storage_url, attempt=attempt)
     except Exception as exc:
         error = describe(exc)
         log.error("run %s attempt %d failed: %s", run_id, attempt, error)

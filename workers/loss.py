@@ -1,10 +1,16 @@
 """Soft cross-entropy: one loss for class-index targets and dense (probability) targets.
 
 CutMix and label smoothing turn index targets into distributions; the loss must accept both,
-and must give the same value for index targets and their one-hot rows.
+and must give the same value for index targets and their one-hot rows. Language models give
+logits ``(B, T, V)`` for targets ``(B, T)``: every position counts as one example (token).
+
+``eval_sums``/``eval_metrics`` are the evaluation side: per-example (or per-token) sums that
+ranks all-reduce, then the reported metrics, with perplexity for text.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -13,10 +19,14 @@ import torch.nn.functional as F
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of ``logits`` (N, C) against indices (N,) or distributions (N, C).
 
+    Sequence logits (B, T, C) with targets (B, T) or (B, T, C) are flattened to B*T rows.
     Computed in float32 even under autocast: log-softmax in bf16/fp16 loses the small
     probabilities that dense targets put weight on.
     """
     logits = logits.float()
+    if logits.dim() > 2:
+        logits = logits.reshape(-1, logits.shape[-1])
+        targets = targets.reshape(-1, logits.shape[-1]) if targets.is_floating_point() else targets.reshape(-1)
     if not targets.is_floating_point():
         return F.cross_entropy(logits, targets.long(), reduction=reduction)
     if targets.shape != logits.shape:
@@ -29,3 +39,20 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, *, reduction
     if reduction == "none":
         return per_example
     raise ValueError(f"reduction {reduction!r} must be 'mean', 'sum' or 'none'")
+
+
+def eval_sums(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``[loss sum, correct, count]`` (float64) of one eval batch of index targets; for sequences
+    every token is one example (next-token accuracy)."""
+    loss_sum = soft_cross_entropy(outputs, targets, reduction="sum")
+    correct = (outputs.argmax(dim=-1) == targets).sum()
+    return torch.stack([loss_sum.double(), correct.double(), torch.tensor(targets.numel(), dtype=torch.float64,
+                                                                          device=loss_sum.device)])
+
+
+def eval_metrics(loss_sum: float, correct: float, count: float, *, domain: str) -> dict[str, float]:
+    """``eval/loss`` and ``eval/accuracy``; for text also ``eval/perplexity`` (exp of the per-token loss)."""
+    results = {"eval/loss": loss_sum / count, "eval/accuracy": correct / count}
+    if domain == "text":
+        results["eval/perplexity"] = math.exp(min(results["eval/loss"], 700.0))  # exp overflows past ~709
+    return results

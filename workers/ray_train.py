@@ -18,6 +18,7 @@ import torch
 from api.client import Client
 from api.specs import RunSpec
 from api.views import RunStatus
+from workers.checkpoint import join, normalize_url, storage_for
 from workers.errors import TrainingError, describe
 from workers.reporter import ConsoleReporter, MetricSink, NullSink, ServiceReporter
 from workers.trainer import Trainer, process_settings
@@ -31,13 +32,22 @@ def default_storage_path() -> str:
     return str(Path(os.environ.get("TESSERA_HOME", ".tessera")).resolve() / "ray")
 
 
+def run_url_for(storage_url: str, run_id: str) -> str:
+    """``{storage}/runs/{run_id}``: the run's checkpoints and attempt markers live under it."""
+    return join(normalize_url(storage_url), "runs", run_id)
+
+
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
-                 storage_path: str | None = None) -> dict[str, float]:
+                 storage_path: str | None = None, storage_url: str | None = None,
+                 attempt: int = 1) -> dict[str, float]:
     """Train ``spec`` on ``spec.parallelism.num_workers`` Ray Train workers; returns rank 0's
     final metrics. Needs a connected Ray (``ray.init``).
 
     With ``service_url`` and ``token``, rank 0 reports status and metrics to the service;
-    otherwise it prints progress. Raises ``TrainingError("Type: message")`` carrying the root
+    otherwise it prints progress. With ``storage_url`` (``file://``/``s3://``), checkpoints go to
+    ``{storage_url}/runs/{run_id}/checkpoints`` and the run resumes from the newest committed
+    one; a worker-group restart by Ray Train (``max_restarts``) resumes the same way and is
+    reported as RESTARTING, then RUNNING. Raises ``TrainingError("Type: message")`` carrying the root
     cause when any worker fails (after ``spec.max_restarts`` restarts).
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -49,7 +59,11 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         storage_path = os.path.abspath(storage_path)  # workers run in Ray's session folder
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"spec": spec.model_dump_json(), "run_id": run_id,
+        train_loop_config={"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
+                           "run_url": run_url_for(storage_url, run_id) if storage_url else None,
+                           # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) reach the workers this way
+                           # whether the driver is a Ray job or a test process.
+                           "test_env": {k: v for k, v in os.environ.items() if k.startswith("TESSERA_TEST_")},
                            "service_url": service_url, "token": token},
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
@@ -72,18 +86,39 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     import ray.train.torch
 
     spec = RunSpec.model_validate_json(config["spec"])
+    os.environ.update(config.get("test_env") or {})
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     device = ray.train.torch.get_device() if spec.parallelism.use_gpu else torch.device("cpu")
     sink = _sink_for(config) if rank == 0 else NullSink()
+    run_url = config.get("run_url")
     try:
+        restarted = rank == 0 and run_url is not None and _is_restart(run_url, config.get("attempt", 1))
         with process_settings(spec):
-            trainer = Trainer(spec, sink=sink, device=device)
-            sink.status(RunStatus.RUNNING, message=f"training on {world_size} worker(s), {device.type}")
+            trainer = Trainer(spec, sink=sink, device=device,
+                              checkpoint_url=join(run_url, "checkpoints") if run_url else None)
+            message = f"training on {world_size} worker(s), {device.type}"
+            latest = trainer.checkpointer.latest_committed() if rank == 0 and trainer.checkpointer else None
+            if latest is not None:
+                message += f"; resuming from {latest.url}"
+            if restarted:
+                sink.status(RunStatus.RESTARTING, message="Ray Train restarted the worker group")
+            sink.status(RunStatus.RUNNING, message=message)
             metrics = trainer.fit()
     finally:
         sink.close()
     return metrics if rank == 0 else None
+
+
+def _is_restart(run_url: str, attempt: int) -> bool:
+    """Whether this job attempt already started the train function once: Ray Train v2 re-runs
+    it on a worker-group restart. Rank 0 leaves a marker the first time."""
+    storage = storage_for(run_url)
+    marker = join(run_url, "attempts", f"{attempt}.started")
+    if storage.isfile(marker):
+        return True
+    storage.write_bytes(marker, b"")
+    return False
 
 
 def _sink_for(config: dict[str, Any]) -> MetricSink:

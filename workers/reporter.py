@@ -21,7 +21,7 @@ import httpx
 
 from api.client import Client
 from api.errors import ApiError
-from api.views import MetricsReport, ReportedMetric, RunStatus, StatusReport
+from api.views import CheckpointReport, MetricsReport, ReportedMetric, RunStatus, StatusReport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,6 +109,17 @@ class ServiceReporter:
             log.error("could not report status %s for run %s: %s: %s",
                       status.value, self.run_id, type(exc).__name__, exc)
 
+    def checkpoint(self, report: dict[str, Any]) -> None:
+        """Tell the service about a committed or failed checkpoint (with retries; called from the
+        checkpoint writer's thread with ``async_save``). Failures are logged, never raised."""
+        body = CheckpointReport.model_validate(report)
+        try:
+            self._retry(lambda: self.client.report_checkpoint(self.run_id, self._token, body),
+                        f"reporting checkpoint {body.url}")
+        except Exception as exc:
+            log.error("could not report checkpoint %s for run %s: %s: %s",
+                      body.url, self.run_id, type(exc).__name__, exc)
+
     def flush(self) -> None:
         self._wake.set()
 
@@ -166,6 +177,10 @@ class ConsoleReporter:
         detail = error or message
         print(f"{self.prefix}status {status.value}" + (f": {detail}" if detail else ""), file=self.stream, flush=True)
 
+    def checkpoint(self, report: dict[str, Any]) -> None:
+        outcome = "committed" if report["committed"] else f"NOT committed: {report.get('error')}"
+        print(f"{self.prefix}checkpoint {report['url']} {outcome}", file=self.stream, flush=True)
+
     def flush(self) -> None:
         if not self._fresh:
             return
@@ -188,6 +203,7 @@ class MemorySink:
     def __init__(self) -> None:
         self.points: list[tuple[int, str, float]] = []
         self.statuses: list[dict[str, Any]] = []
+        self.checkpoints: list[dict[str, Any]] = []
         self.flushes = 0
         self.closed = False
 
@@ -196,6 +212,9 @@ class MemorySink:
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
         self.statuses.append({"status": status, "error": error, "message": message})
+
+    def checkpoint(self, report: dict[str, Any]) -> None:
+        self.checkpoints.append(dict(report))
 
     def flush(self) -> None:
         self.flushes += 1
@@ -215,6 +234,9 @@ class NullSink:
         pass
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+        pass
+
+    def checkpoint(self, report: dict[str, Any]) -> None:
         pass
 
     def flush(self) -> None:

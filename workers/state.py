@@ -45,6 +45,9 @@ class State:
     targets: Any = None
     outputs: Any = None
     loss: torch.Tensor | None = None
+    # Per-sample transforms the train loader applies (installed at FIT_START by AugMix and
+    # ColOut's sample mode); the trainer hands this same list to its TensorLoader.
+    sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=list)
 
     @property
     def progress(self) -> float:

@@ -78,9 +78,10 @@ def mix_targets(target: torch.Tensor, permuted_target: torch.Tensor, area: float
 
 def _sample_kept_fraction(alpha: float) -> float:
     # Host-side scalar from torch's global CPU generator, so torch.manual_seed reproduces it
-    # and no device sync is needed.
-    beta = torch.distributions.Beta(torch.tensor(float(alpha)), torch.tensor(float(alpha)))
-    return float(beta.sample())
+    # and no device sync is needed. Beta(a, a) as g1 / (g1 + g2) of two Gamma(a) draws: one
+    # kernel, where torch.distributions.Beta costs ~0.15 ms of Python per batch.
+    gammas = torch._standard_gamma(torch.full((2,), float(alpha), dtype=torch.float64))
+    return float(gammas[0] / gammas.sum())
 
 
 def _random_int(low: int, high: int) -> int:

@@ -26,7 +26,7 @@ def smooth_labels(logits: torch.Tensor, target: torch.Tensor, smoothing: float =
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing {smoothing} must lie in [0, 1)")
-    num_classes = logits.shape[1]
+    num_classes = logits.shape[-1]  # the class dimension is last: (N, C) or per token (B, T, V)
     dense = to_dense_targets(target, num_classes)
     return dense * (1.0 - smoothing) + smoothing / num_classes
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+                        TypeDecorator)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -101,3 +102,21 @@ class Metric(Base):
     time: Mapped[datetime] = mapped_column(UTCDateTime)
 
     __table_args__ = (Index("ix_metrics_run_id_seq", "run_id", "seq"),)
+
+
+class Checkpoint(Base):
+    """A checkpoint a worker reported: committed (its marker is written) or failed (``error``)."""
+
+    __tablename__ = "checkpoints"
+
+    id: Mapped[int] = mapped_column(BigSeq, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(BigInteger)
+    epoch: Mapped[int] = mapped_column(Integer)
+    time: Mapped[datetime] = mapped_column(UTCDateTime)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    committed: Mapped[bool] = mapped_column(Boolean, default=False)
+    url: Mapped[str] = mapped_column(Text)
+    world_size: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

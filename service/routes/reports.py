@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from api.views import MetricsReport, RunStatus, RunView, StatusReport
+from api.views import CheckpointReport, CheckpointView, MetricsReport, RunStatus, RunView, StatusReport
 from service.deps import RepoDep, RunTokenDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 
@@ -54,3 +54,10 @@ def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep):
             return validation_response([field_error(f"points[{index}].key", ["body", "points", index, "key"],
                                                     "metric keys must not contain NUL characters", point.key)])
     return MetricsStored(stored=repo.add_metrics(run_id, report.points))
+
+
+@router.post("/{run_id}/report/checkpoint", response_model=CheckpointView, operation_id="report_checkpoint")
+def report_checkpoint(run_id: RunTokenDep, report: CheckpointReport, repo: RepoDep):
+    """A committed checkpoint (listed by ``GET /runs/{id}/checkpoints``), or a save that failed
+    (recorded as a run event saying why; training went on)."""
+    return repo.add_checkpoint(run_id, report)

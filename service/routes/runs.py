@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel
+from fastapi import APIRouter, Body, Query, Request, Response
+from pydantic import BaseModel, ValidationError
 
 from api.specs import RunSpec
-from api.views import MetricsPage, RunEventsPage, RunsPage, RunStatus, RunView
+from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.deps import RepoDep
-from service.errors import VALIDATION_RESPONSES, ErrorBody
+from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
 
@@ -79,3 +79,25 @@ def list_run_metrics(run_id: str, repo: RepoDep,
     """Metric points with ``seq > after``; poll again with ``after=last_seq`` for new ones."""
     points, last_seq = repo.metrics_after(run_id, after=after, limit=limit)
     return MetricsPage(data=points, last_seq=last_seq)
+
+
+@router.post("/{run_id}/resume", response_model=RunView, operation_id="resume_run",
+             responses={**NOT_FOUND, 409: {"model": ErrorBody}})
+def resume_run(run_id: str, repo: RepoDep,
+               request: Annotated[ResumeRequest | None, Body()] = None) -> RunView:
+    """Restart a FAILED or CANCELED run as a new attempt that resumes from its newest committed
+    checkpoint, optionally on ``num_workers`` workers (the checkpoint reshards). 409 otherwise."""
+    num_workers = request.num_workers if request is not None else None
+    try:
+        return repo.resume_run(run_id, num_workers=num_workers).to_view()
+    except ValidationError as exc:
+        message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        return validation_response([field_error("num_workers", ["body", "num_workers"], message, num_workers)])
+
+
+@router.get("/{run_id}/checkpoints", response_model=CheckpointsPage, operation_id="list_run_checkpoints",
+            responses=NOT_FOUND)
+def list_run_checkpoints(run_id: str, repo: RepoDep) -> CheckpointsPage:
+    """The run's checkpoints, oldest first: step, time, bytes, committed, and ``url``, the
+    fsspec URL of the folder (loadable with ``torch.distributed.checkpoint``)."""
+    return CheckpointsPage(data=repo.checkpoints(run_id))

@@ -17,6 +17,9 @@ from algorithms.registry import ALGORITHM_CLASSES, build_algorithm
 from api.algorithm_specs import ALGORITHM_SPECS
 from api.catalog import ALGORITHMS
 from api.specs import RunSpec
+from tests.algorithms.surgery_event_checks import SURGERY_EVENT_CHECKS
+from tests.algorithms import checks_augmentations as augmentations
+from tests.algorithms import checks_weight_averaging as weight_averaging
 from workers.parallel import unwrap
 from workers.trainer import Trainer
 
@@ -121,6 +124,9 @@ EVENT_CHECKS = {
     "label_smoothing": [label_smoothing_smooths_targets_for_the_loss_and_restores_them_after,
                         cutmix_and_label_smoothing_compose_on_dense_targets],
     "cutmix": [cutmix_mixes_inputs_and_targets_by_the_pasted_area],
+    **SURGERY_EVENT_CHECKS,
+    **augmentations.EVENT_CHECKS,
+    **weight_averaging.EVENT_CHECKS,
 }
 
 

@@ -14,6 +14,9 @@ import torch.nn.functional as F
 import algorithms.functional as af
 from algorithms.base import NoEffectWarning
 from algorithms.registry import ALGORITHM_CLASSES
+from tests.algorithms import checks_augmentations as augmentations
+from tests.algorithms import checks_weight_averaging as weight_averaging
+from tests.algorithms.surgery_checks import SURGERY_FUNCTIONAL_NAMES, SURGERY_PROPERTY_CHECKS
 
 # --- channels_last ------------------------------------------------------------------------
 
@@ -127,10 +130,14 @@ PROPERTY_CHECKS = {
                cutmix_target_weights_equal_the_pasted_area_fraction,
                cutmix_mixes_dense_targets_and_keeps_memory_format,
                cutmix_with_length_cuts_a_box_of_that_side],
+    **SURGERY_PROPERTY_CHECKS,
+    **augmentations.PROPERTY_CHECKS,
+    **weight_averaging.PROPERTY_CHECKS,
 }
 
 FUNCTIONAL_NAMES = {"channels_last": "apply_channels_last", "label_smoothing": "smooth_labels",
-                    "cutmix": "cutmix_batch"}
+                    "cutmix": "cutmix_batch", **SURGERY_FUNCTIONAL_NAMES,
+                    **augmentations.FUNCTIONAL_NAMES, **weight_averaging.FUNCTIONAL_NAMES}
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHM_CLASSES))

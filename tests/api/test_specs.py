@@ -49,7 +49,8 @@ def test_defaults_fill_in_params_the_user_left_out():
     [
         (patched(max_duration="3 epochs"), "max_duration", "3 epochs", "ep, ba, sp or tok"),
         (patched(optimizer__lr=-0.1), "optimizer.lr", -0.1, "greater than 0"),
-        (patched(model={"name": "vit"}), "model", {"name": "vit"}, "'cifar_resnet20', 'resnet18', 'simple_cnn'"),
+        (patched(model={"name": "vit"}), "model", {"name": "vit"},
+         "'cifar_resnet20', 'gpt_small', 'resnet18', 'simple_cnn'"),
         (patched(parallelism__num_workers=0), "parallelism.num_workers", 0, "greater than or equal to 1"),
         (patched(algorithms=[{"name": "warp_drive"}]), "algorithms[0]", {"name": "warp_drive"}, "'cutmix'"),
         (patched(algorithms=[{"name": "label_smoothing", "smoothing": 1.5}]), "algorithms[0].smoothing", 1.5,
@@ -90,3 +91,80 @@ def test_a_microbatch_larger_than_the_per_worker_batch_is_refused():
 def test_train_and_eval_from_different_data_sets_are_refused():
     errors = errors_of(patched(data__eval={"name": "synthetic", "split": "test"}))
     assert any("differs from data.train.name" in msg for _, msg, _ in errors)
+
+
+# --- algorithm rules across the spec (issue 3) --------------------------------------------
+
+TEXT_RUN = {
+    "name": "text",
+    "model": {"name": "gpt_small", "params": {"max_seq_len": 128}},
+    "data": {"train": {"name": "shakespeare", "seq_len": 128}, "batch_size": 16},
+    "optimizer": {"name": "adamw", "lr": 0.001},
+    "max_duration": "10ba",
+}
+
+
+def text_run(**changes):
+    body = copy.deepcopy(TEXT_RUN)
+    body.update(changes)
+    return body
+
+
+def test_a_language_model_run_with_alibi_is_valid():
+    spec = RunSpec.model_validate(text_run(algorithms=[{"name": "alibi", "max_sequence_length": 512}]))
+    assert spec.algorithms[0].train_sequence_length_scaling == 0.25
+    assert spec.model.params.n_head == 4 and spec.data.train.seq_len == 128
+
+
+def test_alibi_on_a_non_transformer_model_is_refused_naming_the_rule():
+    errors = errors_of(patched(algorithms=[{"name": "alibi"}]))
+    assert any("algorithm 'alibi' needs a transformer model but model 'cifar_resnet20' is a cnn" in msg
+               for _, msg, _ in errors)
+
+
+@pytest.mark.parametrize("method", ["blurpool", "channels_last", "cutmix"])
+def test_vision_methods_on_text_data_are_refused_naming_the_method(method):
+    errors = errors_of(text_run(algorithms=[{"name": method}]))
+    assert any(f"algorithm {method!r} is for vision data but data set 'shakespeare' is text" in msg
+               for _, msg, _ in errors)
+
+
+def test_surgery_methods_listed_twice_are_refused():
+    errors = errors_of(text_run(algorithms=[{"name": "alibi"}, {"name": "alibi", "max_sequence_length": 64}]))
+    assert any("'alibi' is listed twice" in msg for _, msg, _ in errors)
+
+
+def test_sequences_longer_than_the_model_or_alibi_allow_are_refused():
+    errors = errors_of(text_run(data={"train": {"name": "shakespeare", "seq_len": 256}, "batch_size": 16}))
+    assert any("data.train.seq_len 256 exceeds model.params.max_seq_len 128" in msg for _, msg, _ in errors)
+    longer = text_run(data={"train": {"name": "shakespeare", "seq_len": 256}, "batch_size": 16},
+                      algorithms=[{"name": "alibi", "max_sequence_length": 1024}])
+    assert RunSpec.model_validate(longer).data.train.seq_len == 256  # ALiBi's positions extend the model's
+    errors = errors_of(text_run(algorithms=[{"name": "alibi", "max_sequence_length": 64}]))
+    assert any("data.train.seq_len 128 exceeds algorithm 'alibi' max_sequence_length 64" in msg
+               for _, msg, _ in errors)
+
+
+@pytest.mark.parametrize("algorithm, field, allowed", [
+    ({"name": "alibi", "train_sequence_length_scaling": 0.0}, "algorithms[0].train_sequence_length_scaling",
+     "greater than 0"),
+    ({"name": "alibi", "max_sequence_length": 1}, "algorithms[0].max_sequence_length", "greater than or equal to 2"),
+    ({"name": "blurpool", "replace_convs": False, "replace_maxpools": False}, "algorithms[0]", "change nothing"),
+    ({"name": "blurpool", "min_channels": 0}, "algorithms[0].min_channels", "greater than or equal to 1"),
+    ({"name": "factorize", "latent_features": 0.5}, "algorithms[0].latent_features", "(0, 0.5)"),
+    ({"name": "factorize", "latent_channels": 0}, "algorithms[0].latent_channels", ">= 1"),
+])
+def test_surgery_method_params_are_range_checked(algorithm, field, allowed):
+    errors = errors_of(patched(algorithms=[algorithm]))
+    assert any(path == field and allowed in msg for path, msg, _ in errors), errors
+
+
+def test_gpt_heads_must_divide_the_width():
+    errors = errors_of(text_run(model={"name": "gpt_small", "params": {"d_model": 100, "n_head": 8}}))
+    assert any("d_model 100 must be divisible by n_head 8" in msg for _, msg, _ in errors)
+
+
+def test_the_shakespeare_alibi_example_is_a_valid_spec():
+    body = yaml.safe_load((Path(__file__).parents[2] / "examples" / "shakespeare_gpt_alibi.yaml").read_text())
+    spec = RunSpec.model_validate(body)
+    assert spec.model.name == "gpt_small" and [a.name for a in spec.algorithms] == ["alibi"]

@@ -46,8 +46,8 @@ def test_example_spec_is_accepted_and_queued(client, example_body):
 
 
 INVALID_SPECS = {
-    "unknown_algorithm": (lambda b: b["algorithms"].append({"name": "blurpool"}),
-                          "algorithms[3].name", "blurpool", "'channels_last', 'label_smoothing', 'cutmix'"),
+    "unknown_algorithm": (lambda b: b["algorithms"].append({"name": "warp_drive"}),
+                          "algorithms[3].name", "warp_drive", "'channels_last', 'label_smoothing', 'cutmix'"),
     "negative_lr": (lambda b: b["optimizer"].update(lr=-0.1), "optimizer.lr", -0.1, "greater than 0"),
     "duration_in_words": (lambda b: b.update(max_duration="3 epochs"), "max_duration", "3 epochs", "'3ep'"),
     "unknown_model": (lambda b: b.update(model={"name": "vit_b16"}), "model.name", "vit_b16", "'cifar_resnet20'"),
@@ -207,7 +207,7 @@ def test_openapi_is_published_with_stable_operation_ids(client):
     operation_ids = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
     assert operation_ids == {"create_run", "list_runs", "get_run", "cancel_run", "list_run_events", "list_run_metrics",
                              "report_status", "report_metrics", "list_algorithms", "get_algorithm_card", "list_models",
-                             "list_datasets", "healthz"}
+                             "list_datasets", "healthz", "resume_run", "list_run_checkpoints", "report_checkpoint"}
     assert client.get(f"{API}/docs").status_code == 200
     assert RunStatus.QUEUED.value in spec["components"]["schemas"]["RunStatus"]["enum"]
 
@@ -255,7 +255,7 @@ def test_unknown_nested_field_lists_the_fields_allowed_at_that_level(client, exa
     example_body["model"] = {}
     items = {i["field"]: i for i in client.post(f"{API}/runs", json=example_body).json()["detail"]}
     assert items["algorithms[2].beta"]["msg"].endswith("allowed fields here: name, alpha, uniform_sampling")
-    assert items["model.name"]["msg"] == "Field required: 'name' must be one of 'cifar_resnet20', 'resnet18', 'simple_cnn'"
+    assert items["model.name"]["msg"] == "Field required: 'name' must be one of 'cifar_resnet20', 'gpt_small', 'resnet18', 'simple_cnn'"
 
 
 @pytest.mark.parametrize("status", ["FAILED", "COMPLETED", "RUNNING"])

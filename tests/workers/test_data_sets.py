@@ -116,3 +116,30 @@ def test_loader_position_resumes_mid_epoch():
 def test_a_batch_larger_than_the_data_set_with_drop_last_is_refused():
     with pytest.raises(ValueError, match="no full batch"):
         loaders(10, world_size=1, batch_size=16)
+
+
+def test_shakespeare_windows_are_next_character_pairs_over_84_characters():
+    from api.specs import ShakespeareSpec
+    from workers.data.shakespeare import shakespeare_vocabulary
+
+    inputs, targets = build_dataset(ShakespeareSpec(name="shakespeare", seq_len=64, limit=100))
+    assert inputs.shape == targets.shape == (100, 64) and inputs.dtype == targets.dtype == torch.int64
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets: the same text one character later
+    assert torch.equal(inputs[1:, 0], targets[:-1, -1])  # windows are contiguous
+    vocab = shakespeare_vocabulary()
+    assert len(vocab) == 84 == num_classes_of(ShakespeareSpec(name="shakespeare")) and inputs.max() < 84
+    assert "".join(vocab[i] for i in inputs[0, :25].tolist()).startswith("ALL'S WELL THAT ENDS WELL")
+
+
+def test_shakespeare_split_is_fixed_disjoint_and_matches_the_catalog():
+    from api.catalog import DATASETS
+    from api.specs import ShakespeareSpec
+
+    train, _ = build_dataset(ShakespeareSpec(name="shakespeare", split="train"))
+    test, _ = build_dataset(ShakespeareSpec(name="shakespeare", split="test"))
+    info = DATASETS["shakespeare"]
+    assert (len(train), len(test)) == (info.num_train, info.num_test)
+    again, _ = build_dataset(ShakespeareSpec(name="shakespeare", split="test"))
+    assert torch.equal(test, again)
+    # The test split is the last 10% of each play: its first window is not in the training text.
+    assert not (train == test[0]).all(dim=1).any()

@@ -67,3 +67,18 @@ def test_scheduler_steps_the_optimizer_lr_per_batch():
         optimizer.step()
         scheduler.step()
     assert lrs == pytest.approx([0.0, 0.5, 1.0, 0.75, 0.5, 0.25])
+
+
+def test_sequence_logits_count_every_token_as_one_example():
+    from workers.loss import eval_metrics, eval_sums
+
+    logits, targets = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    flat = torch.nn.functional.cross_entropy(logits.reshape(10, 7), targets.reshape(10))
+    assert torch.allclose(soft_cross_entropy(logits, targets), flat)
+    one_hot = torch.nn.functional.one_hot(targets, 7).float()
+    assert torch.allclose(soft_cross_entropy(logits, one_hot), flat)
+    loss_sum, correct, count = eval_sums(logits, targets).tolist()
+    assert count == 10 and correct == (logits.argmax(-1) == targets).sum().item()
+    metrics = eval_metrics(loss_sum, correct, count, domain="text")
+    assert metrics["eval/perplexity"] == pytest.approx(math.exp(flat.item()), rel=1e-5)
+    assert "eval/perplexity" not in eval_metrics(loss_sum, correct, count, domain="vision")

@@ -22,7 +22,7 @@ class RecordingService:
     """A real HTTP server on 127.0.0.1 that accepts worker reports and records them."""
 
     def __init__(self):
-        self.metrics, self.statuses, self.auth = [], [], set()
+        self.metrics, self.statuses, self.checkpoints, self.auth = [], [], [], set()
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -32,6 +32,9 @@ class RecordingService:
                 if self.path.endswith("/report/metrics"):
                     recorder.metrics += body["points"]
                     answer = {"stored": len(body["points"])}
+                elif self.path.endswith("/report/checkpoint"):
+                    recorder.checkpoints.append(body)
+                    answer = {**body, "attempt": 1}
                 else:
                     recorder.statuses.append(body)
                     answer = {"id": "r", "name": "n", "status": body["status"], "attempt": 1, "spec": {},

@@ -1,7 +1,8 @@
 """Data set registry: ``build_dataset(spec) -> (images, labels)`` and the sharded ``TensorLoader``.
 
 Names equal ``api.catalog.DATASETS``'s keys. Every data set is a pair of in-memory tensors:
-float images ``(N, C, H, W)``, normalized, and int64 labels ``(N,)``.
+float images ``(N, C, H, W)``, normalized, and int64 labels ``(N,)``; or, for text, int64 token
+ids ``(N, T)`` and the next tokens ``(N, T)``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from api.catalog import DATASETS
 from workers.data.digits import load_digits
 from workers.data.fashion_mnist import load_fashion_mnist
 from workers.data.loader import TensorLoader
+from workers.data.shakespeare import load_shakespeare
 from workers.data.synthetic import make_synthetic
 
 DATASET_BUILDERS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "digits": load_digits,
     "fashion_mnist": load_fashion_mnist,
+    "shakespeare": load_shakespeare,
     "synthetic": make_synthetic,
 }
 

@@ -14,7 +14,7 @@ The loader knows its position (epoch, batch within the epoch); ``state_dict`` an
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -40,6 +40,9 @@ class TensorLoader:
         self.device = torch.device(device)
         self.epoch = 0
         self.batch_in_epoch = 0  # batches already yielded in the current epoch
+        # Per-sample transforms (torchvision-style callables on one (C, H, W) image), applied in
+        # order on the host before the batch moves to the device. Empty: batches are sliced as is.
+        self.sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = []
         if len(self) == 0:
             raise ValueError(f"{len(images)} examples make no full batch of {batch_size}; "
                              "lower data.batch_size or set data.drop_last: false")
@@ -90,8 +93,16 @@ class TensorLoader:
             # Count the batch as consumed when it is handed out, so a loop that stops early
             # (islice) leaves the position exactly after the last batch it trained on.
             self.batch_in_epoch += 1
-            yield (self.images[chosen].to(self.device, non_blocking=True),
+            images = self.images[chosen]
+            if self.sample_transforms:
+                images = torch.stack([self._transform(image) for image in images])
+            yield (images.to(self.device, non_blocking=True),
                    self.labels[chosen].to(self.device, non_blocking=True))
+
+    def _transform(self, image: torch.Tensor) -> torch.Tensor:
+        for transform in self.sample_transforms:
+            image = transform(image)
+        return image
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}

@@ -1,0 +1,5 @@
+"""BlurPool: anti-aliased strided convolutions and max-pools. See README.md for the method card."""
+
+from algorithms.blurpool.blurpool import BlurConv2d, BlurMaxPool2d, BlurPool, apply_blurpool, binomial_filter, blur_2d
+
+__all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool", "apply_blurpool", "binomial_filter", "blur_2d"]

@@ -1,0 +1,5 @@
+"""CutOut: zero square holes of the images. See README.md."""
+
+from algorithms.cutout.cutout import CutOut, cutout_batch, cutout_boxes
+
+__all__ = ["CutOut", "cutout_batch", "cutout_boxes"]

@@ -1,0 +1,5 @@
+"""EMA: evaluate with an exponential moving average of the weights. See README.md."""
+
+from algorithms.ema.ema import EMA, compute_ema
+
+__all__ = ["EMA", "compute_ema"]

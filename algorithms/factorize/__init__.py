@@ -1,0 +1,6 @@
+"""Factorize: low-rank Linear and Conv2d layers. See README.md for the method card."""
+
+from algorithms.factorize.factorize import (Factorize, FactorizedConv2d, FactorizedLinear, apply_factorization,
+                                            max_rank_with_speedup)
+
+__all__ = ["Factorize", "FactorizedConv2d", "FactorizedLinear", "apply_factorization", "max_rank_with_speedup"]

@@ -1,0 +1,5 @@
+"""SWA: average late-training weights, then recompute BatchNorm statistics. See README.md."""
+
+from algorithms.swa.swa import SWA, recompute_bn_stats, update_swa
+
+__all__ = ["SWA", "recompute_bn_stats", "update_swa"]

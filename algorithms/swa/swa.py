@@ -1,0 +1,157 @@
+"""SWA: average the weights visited late in training, then recompute BatchNorm statistics.
+
+From ``swa_start`` on, every ``update_interval`` the current weights join an equal-weight
+running average (``torch.optim.swa_utils.AveragedModel``'s rule). At ``swa_end`` the model's
+weights are replaced by the average and its BatchNorm running statistics are recomputed
+(``torch.optim.swa_utils.update_bn``) on the last training batches seen, because the averaged
+weights never produced the statistics the model holds. Optionally the learning rate is annealed
+to ``swa_lr`` with ``torch.optim.swa_utils.SWALR`` while averaging.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import torch
+from torch.optim.swa_utils import SWALR, update_bn
+
+from algorithms.base import Algorithm, AlgorithmState
+from algorithms.events import Event
+from api.time import Time, TimeUnit
+
+
+def update_swa(averaged: torch.nn.Module | dict[str, torch.Tensor], model: torch.nn.Module,
+               num_averaged: int) -> int:
+    """Add ``model``'s parameters to the equal-weight average of ``num_averaged`` snapshots held in
+    ``averaged`` (a module or ``{name: tensor}``), in place; returns the new count.
+
+    ``avg += (p - avg) / (n + 1)`` (one fused lerp per dtype/device group), which after ``k``
+    calls from ``num_averaged=0`` is the mean of the ``k`` snapshots. Buffers are not averaged:
+    BatchNorm statistics are recomputed afterwards with ``recompute_bn_stats``.
+    """
+    held = dict(averaged.named_parameters()) if isinstance(averaged, torch.nn.Module) else averaged
+    pairs = [(held[name], p.detach()) for name, p in model.named_parameters() if name in held]
+    with torch.no_grad():
+        if num_averaged == 0:
+            for avg, p in pairs:
+                avg.copy_(p)
+        elif pairs:
+            torch._foreach_lerp_([a for a, _ in pairs], [p for _, p in pairs], 1.0 / (num_averaged + 1))
+    return num_averaged + 1
+
+
+def recompute_bn_stats(model: torch.nn.Module, batches) -> None:
+    """Reset and recompute ``model``'s BatchNorm running statistics as the plain average over
+    ``batches`` (an iterable of input tensors): ``torch.optim.swa_utils.update_bn``."""
+    update_bn(batches, model)
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+class SWA(Algorithm):
+    """Averages weights at BATCH_END or EPOCH_END between ``swa_start`` and ``swa_end``, then
+    loads the average into the model and recomputes its BatchNorm statistics."""
+
+    name = "swa"
+    events = frozenset({Event.AFTER_DATALOADER, Event.BATCH_END, Event.EPOCH_END})
+
+    def __init__(self, swa_start: str | Time = "0.7dur", swa_end: str | Time = "0.97dur",
+                 update_interval: str | Time = "1ep", schedule_swa_lr: bool = False,
+                 anneal_strategy: str = "linear", anneal_steps: int = 10, swa_lr: float | None = None,
+                 bn_update_batches: int = 16):
+        self.swa_start, self.swa_end = Time.parse(swa_start), Time.parse(swa_end)
+        self.update_interval = Time.parse(update_interval)
+        if self.swa_start.unit is not self.swa_end.unit or self.swa_start.unit not in (TimeUnit.DURATION,
+                                                                                       TimeUnit.EPOCH):
+            raise ValueError(f"swa_start {self.swa_start} and swa_end {self.swa_end} must both be in 'dur' or 'ep'")
+        if not self.swa_start < self.swa_end:
+            raise ValueError(f"swa_end {self.swa_end} must come after swa_start {self.swa_start}")
+        if self.update_interval.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH) or self.update_interval.value < 1:
+            raise ValueError(f"update_interval {self.update_interval} must be a positive number of 'ba' or 'ep'")
+        anneal_strategy = {"lin": "linear", "linear": "linear", "cos": "cos", "cosine": "cos"}.get(anneal_strategy)
+        if anneal_strategy is None:
+            raise ValueError("anneal_strategy must be 'linear' or 'cos'")
+        if anneal_steps < 1 or bn_update_batches < 1:
+            raise ValueError("anneal_steps and bn_update_batches must be >= 1")
+        self.schedule_swa_lr, self.anneal_strategy, self.anneal_steps = schedule_swa_lr, anneal_strategy, anneal_steps
+        self.swa_lr, self.bn_update_batches = swa_lr, bn_update_batches
+        self._update_event = Event.BATCH_END if self.update_interval.unit is TimeUnit.BATCH else Event.EPOCH_END
+        self._averaged: dict[str, torch.Tensor] | None = None  # the running average, by parameter name
+        self.num_averaged = 0
+        self.step_counter = 0
+        self.completed = False
+        self._scheduler: SWALR | None = None
+        self._scheduler_state: dict[str, Any] | None = None  # loaded before the optimizer is known
+        self._recent: collections.deque[torch.Tensor] = collections.deque(maxlen=bn_update_batches)
+
+    @property
+    def averaged(self) -> dict[str, torch.Tensor] | None:
+        """The averaged parameters by name (None before ``swa_start`` and after ``swa_end``)."""
+        return self._averaged
+
+    def _time(self, state: AlgorithmState) -> float:
+        return state.progress if self.swa_start.unit is TimeUnit.DURATION else state.timestamp.epoch
+
+    def apply(self, event: Event, state: AlgorithmState) -> None:
+        if self.completed:
+            return
+        if event is Event.AFTER_DATALOADER:
+            # Inputs for the BatchNorm recomputation at swa_end, kept only while averaging.
+            if self._averaged is not None and isinstance(state.inputs, torch.Tensor):
+                self._recent.append(state.inputs)
+            return
+        if event is not self._update_event or self._time(state) < self.swa_start.value:
+            return
+        model = _unwrapped(state.model)
+        if self._averaged is None:
+            self._averaged = {name: p.detach().clone() for name, p in model.named_parameters()}
+        if self.schedule_swa_lr and self._scheduler is None:
+            self._build_scheduler(state)
+        if self.step_counter % int(self.update_interval.value) == 0:
+            self.num_averaged = update_swa(self._averaged, model, self.num_averaged)
+            if self._scheduler is not None:
+                self._scheduler.step()
+        self.step_counter += 1
+        if self._time(state) >= self.swa_end.value:
+            self._finish(model)
+
+    def _build_scheduler(self, state: AlgorithmState) -> None:
+        if self.swa_lr is None:
+            self.swa_lr = state.optimizer.param_groups[0]["lr"]
+        self._scheduler = SWALR(state.optimizer, swa_lr=self.swa_lr, anneal_epochs=self.anneal_steps,
+                                anneal_strategy=self.anneal_strategy)
+        if self._scheduler_state is not None:
+            self._scheduler.load_state_dict(self._scheduler_state)
+            self._scheduler_state = None
+
+    def _finish(self, model: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(self._averaged[name])
+        if self._recent:
+            recompute_bn_stats(model, list(self._recent))
+        self.completed = True
+        self._recent.clear()
+        self._averaged = None  # the model now holds the average
+
+    def state_dict(self) -> dict[str, Any]:
+        scheduler = self._scheduler_state
+        if self._scheduler is not None:
+            # SWALR keeps its anneal function as an attribute; it is rebuilt from anneal_strategy.
+            scheduler = {k: v for k, v in self._scheduler.state_dict().items() if k != "anneal_func"}
+        return {"averaged": None if self._averaged is None else dict(self._averaged),
+                "num_averaged": self.num_averaged, "step_counter": self.step_counter,
+                "completed": self.completed, "swa_lr": self.swa_lr, "swa_scheduler": scheduler,
+                "recent_inputs": {str(i): t for i, t in enumerate(self._recent)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        averaged = state["averaged"]
+        self._averaged = None if averaged is None else {k: v.clone() for k, v in averaged.items()}
+        self.num_averaged, self.step_counter = int(state["num_averaged"]), int(state["step_counter"])
+        self.completed, self.swa_lr = bool(state["completed"]), state["swa_lr"]
+        self._scheduler, self._scheduler_state = None, state["swa_scheduler"]
+        self._recent.clear()
+        self._recent.extend(state["recent_inputs"][k] for k in sorted(state["recent_inputs"], key=int))

@@ -1,0 +1,269 @@
+"""Functional ops, ours against Composer 0.32.1's, on identical inputs in one process.
+
+    make bench-algorithms        # = .venv-composer/bin/python bench/algorithms.py
+
+Prints the median milliseconds per call of each op (interleaved blocks of calls, so drift
+affects both sides alike) and the ratio ours/Composer (< 1: ours is faster). Where both are
+deterministic given the same box, permutation or mixing weight, the outputs are asserted equal
+first. Composer lives only in the bench virtualenv (never a dependency of Tessera).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pathlib
+import statistics
+import sys
+import time
+import warnings
+from typing import Any, Callable
+
+# This script is named like the package it measures: drop bench/ from the import path so that
+# `import algorithms` finds Tessera's package, not this file.
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
+
+import torch  # noqa: E402
+
+import algorithms.functional as af  # noqa: E402
+
+try:
+    import composer.functional as cf
+except ImportError as error:  # pragma: no cover - a hint for the wrong interpreter
+    raise SystemExit("Composer is not installed here; run `make bench-algorithms` "
+                     "(it uses .venv-composer/bin/python)") from error
+
+BATCH = (128, 1, 32, 32)  # ENVIRONMENT.md's reference batch
+
+
+def median_ms(fn: Callable[[], Any], *, block: int, rounds: int) -> list[float]:
+    """Per-call milliseconds of ``rounds`` blocks of ``block`` calls each."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(block):
+            fn()
+        times.append((time.perf_counter() - start) * 1000 / block)
+    return times
+
+
+def compare(ours: Callable[[], Any], theirs: Callable[[], Any], *, block: int = 50,
+            rounds: int = 30) -> tuple[float, float]:
+    for _ in range(3):  # warm-up (allocator, lazy inits)
+        ours(), theirs()
+    our_times, their_times = [], []
+    for _ in range(rounds):  # interleaved: both see the same machine load
+        our_times += median_ms(ours, block=block, rounds=1)
+        their_times += median_ms(theirs, block=block, rounds=1)
+    return statistics.median(our_times), statistics.median(their_times)
+
+
+def equal(a: torch.Tensor, b: torch.Tensor, *, atol: float = 0.0) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    if atol:
+        assert torch.allclose(a, b, atol=atol, rtol=0), (a - b).abs().max()
+    else:
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
+# --- the ops ------------------------------------------------------------------------------
+# Each returns (ours, theirs, check): check asserts equal outputs where the op is deterministic
+# given the same inputs and describes what was checked.
+
+
+def cutmix():
+    x, y = torch.randn(BATCH), torch.randint(0, 10, (BATCH[0],))
+    indices, bbox = torch.randperm(BATCH[0]), (4, 6, 20, 22)
+
+    def check():
+        ours = af.cutmix_batch(x, y, bbox=bbox, indices=indices)
+        theirs = cf.cutmix_batch(x, y, bbox=bbox, indices=indices)
+        equal(ours[0], theirs[0]), equal(ours[1], theirs[1])
+        assert abs(ours[2] - theirs[2]) < 1e-12 and tuple(ours[3]) == tuple(theirs[3])
+        return "equal (same box, permutation)"
+
+    return (lambda: af.cutmix_batch(x, y, alpha=1.0), lambda: cf.cutmix_batch(x, y, alpha=1.0), check)
+
+
+def mixup():
+    x, y = torch.randn(BATCH), torch.randint(0, 10, (BATCH[0],))
+    indices = torch.randperm(BATCH[0])
+
+    def check():
+        ours = af.mixup_batch(x, y, mixing=0.3, indices=indices)
+        theirs = cf.mixup_batch(x, y, mixing=0.3, indices=indices)
+        equal(ours[0], theirs[0], atol=1e-6), equal(ours[1], theirs[1])
+        return "allclose 1e-6 (lerp vs a*x+b*y; same mixing, permutation)"
+
+    return (lambda: af.mixup_batch(x, y, alpha=0.2), lambda: cf.mixup_batch(x, y, alpha=0.2), check)
+
+
+def cutout():
+    x = torch.randn(BATCH)
+
+    def check():
+        ours, theirs = af.cutout_batch(x), cf.cutout_batch(x)
+        assert ours.shape == theirs.shape and ((ours == 0).sum() > 0) and ((theirs == 0).sum() > 0)
+        return "shape, holes present (random positions: torch vs numpy RNG)"
+
+    return (lambda: af.cutout_batch(x, num_holes=1, length=0.5), lambda: cf.cutout_batch(x, num_holes=1, length=0.5),
+            check)
+
+
+def colout():
+    x, y = torch.randn(BATCH), torch.randint(0, 10, (BATCH[0],))
+
+    def check():
+        ours, theirs = af.colout_batch((x, y)), cf.colout_batch((x, y))
+        assert ours.shape == theirs.shape == (128, 1, 27, 27)
+        return "shape (random rows/cols)"
+
+    return (lambda: af.colout_batch((x, y), p_row=0.15, p_col=0.15),
+            lambda: cf.colout_batch((x, y), p_row=0.15, p_col=0.15), check)
+
+
+def resize():
+    x, y = torch.randn(BATCH), torch.randint(0, 10, (BATCH[0],))
+
+    def check():
+        ours, theirs = af.resize_batch(x, y, 0.5), cf.resize_batch(x, y, 0.5)
+        equal(ours[0], theirs[0]), equal(ours[1], theirs[1])
+        return "equal"
+
+    return (lambda: af.resize_batch(x, y, 0.5), lambda: cf.resize_batch(x, y, 0.5), check)
+
+
+def smooth_labels():
+    logits, y = torch.randn(BATCH[0], 10), torch.randint(0, 10, (BATCH[0],))
+
+    def check():
+        equal(af.smooth_labels(logits, y, 0.1), cf.smooth_labels(logits, y, 0.1), atol=1e-7)
+        return "allclose 1e-7"
+
+    return (lambda: af.smooth_labels(logits, y, 0.1), lambda: cf.smooth_labels(logits, y, 0.1), check)
+
+
+def compute_ema():
+    from workers.models.cifar_resnet import cifar_resnet20
+    torch.manual_seed(0)
+    model = cifar_resnet20(num_classes=10, in_channels=1)
+    ours_ema, theirs_ema = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+
+    def check():
+        a, b = copy.deepcopy(ours_ema), copy.deepcopy(theirs_ema)
+        af.compute_ema(model, a, 0.99), cf.compute_ema(model, b, 0.99)
+        for (name, u), (_, v) in zip(a.state_dict().items(), b.state_dict().items()):
+            if u.is_floating_point():
+                equal(u, v, atol=1e-6)
+        return "allclose 1e-6 (float tensors; Composer truncates int counters)"
+
+    return (lambda: af.compute_ema(model, ours_ema, 0.99), lambda: cf.compute_ema(model, theirs_ema, 0.99), check)
+
+
+def augmix():
+    torch.manual_seed(0)
+    image = torch.rand(3, 32, 32)
+
+    def check():
+        ours, theirs = af.augmix_image(image), cf.augmix_image(image)
+        assert ours.shape == theirs.shape == image.shape
+        return "shape (random chains; ours on tensors, Composer via PIL)"
+
+    return (lambda: af.augmix_image(image), lambda: cf.augmix_image(image), check)
+
+
+def surgery(name: str, build: Callable[[], torch.nn.Module], x: torch.Tensor, exact: bool = True, **kwargs):
+    """Surgery ops change a model in place: each call gets a fresh copy (copying is not timed
+    separately, it costs the same on both sides)."""
+    ours_fn, theirs_fn = getattr(af, name), getattr(cf, name)
+    base = build()
+
+    def run(fn):
+        model = copy.deepcopy(base)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn(model, **kwargs)
+        return model
+
+    def check():
+        ours, theirs = run(ours_fn).eval(), run(theirs_fn).eval()
+        with torch.no_grad():
+            a, b = ours(x), theirs(x)
+        diff = (a - b).abs().max().item()
+        if not exact:  # both approximate the layers; the approximations differ
+            return f"model outputs differ by up to {diff:.2g} (not asserted: different low-rank solutions)"
+        assert diff < 1e-4, diff
+        return f"model outputs allclose (max diff {diff:.1e})"
+
+    return (lambda: run(ours_fn), lambda: run(theirs_fn), check)
+
+
+def cifar_resnet20():
+    from workers.models.cifar_resnet import cifar_resnet20 as build
+    torch.manual_seed(0)
+    return build(num_classes=10, in_channels=1).eval()
+
+
+def resnet18():
+    from workers.models.resnet import resnet18 as build
+    torch.manual_seed(0)
+    return build(num_classes=10, in_channels=3).eval()
+
+
+OPS: dict[str, tuple[Callable[[], tuple], dict[str, int]]] = {
+    "cutmix_batch": (cutmix, {}),
+    "mixup_batch": (mixup, {}),
+    "cutout_batch": (cutout, {}),
+    "colout_batch": (colout, {}),
+    "resize_batch(0.5)": (resize, {}),
+    "smooth_labels": (smooth_labels, {}),
+    "compute_ema(resnet20)": (compute_ema, {}),
+    "augmix_image(3x32x32)": (augmix, {"block": 5, "rounds": 20}),
+    "apply_channels_last(resnet20)": (
+        lambda: surgery("apply_channels_last", cifar_resnet20, torch.randn(4, 1, 32, 32)), {"block": 5, "rounds": 10}),
+    "apply_blurpool(resnet20)": (
+        lambda: surgery("apply_blurpool", cifar_resnet20, torch.randn(4, 1, 32, 32)), {"block": 5, "rounds": 10}),
+    "apply_factorization(resnet18)": (
+        lambda: surgery("apply_factorization", resnet18, torch.randn(2, 3, 32, 32), exact=False, min_channels=256,
+                        min_features=256), {"block": 1, "rounds": 5}),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", nargs="*", help="op names to run (default: all)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import composer
+    print(f"torch {torch.__version__}, composer {composer.__version__}, {args.threads} threads, "
+          f"batch {BATCH} unless noted; median ms per call")
+    print(f"{'op':32} {'ours':>9} {'composer':>9} {'ours/composer':>14}  outputs")
+    slower = []
+    for name, (make, timing) in OPS.items():
+        if args.only and name not in args.only:
+            continue
+        if name.startswith("apply_") and not hasattr(af, name.split("(")[0]):
+            print(f"{name:32} {'-':>9} {'-':>9} {'-':>14}  not implemented here yet")
+            continue
+        try:
+            ours, theirs, check = make()
+            checked = check()
+        except Exception as error:  # a surgery op that Composer cannot apply to this model, etc.
+            print(f"{name:32} {'-':>9} {'-':>9} {'-':>14}  skipped: {type(error).__name__}: {error}")
+            continue
+        ours_ms, theirs_ms = compare(ours, theirs, **timing)
+        ratio = ours_ms / theirs_ms
+        if ratio > 1.0:
+            slower.append(name)
+        print(f"{name:32} {ours_ms:9.3f} {theirs_ms:9.3f} {ratio:14.2f}  {checked}")
+    print("apply_alibi: not compared (Composer's needs a HuggingFace GPT-2/BERT model; ours targets gpt_small)")
+    print("slower than Composer: " + (", ".join(slower) if slower else "none"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+// Live metric charts: a thin wrapper over the vendored uPlot. A chart holds every point it
+// was given (key -> step -> value) and redraws from that when new points arrive, so the run
+// page only ever asks the API for points after its cursor.
+
+import uPlot from "../vendor/uPlot.esm.js";
+import { el, formatNumber, setText } from "./ui.js";
+
+/** The run page's panels: which metric keys each one plots. Unmatched keys are not charted. */
+export const PANELS = [
+  { id: "loss", title: "Loss", match: (key) => /(^|\/)loss$/.test(key) },
+  { id: "quality", title: "Accuracy / perplexity", match: (key) => /(accuracy|perplexity)$/.test(key) },
+  { id: "throughput", title: "Throughput (samples/s)", match: (key) => key.startsWith("throughput/") },
+  { id: "lr", title: "Learning rate", match: (key) => key === "lr" || key.startsWith("lr/") },
+];
+
+const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"];
+const HEIGHT = 220;
+
+export class MetricChart {
+  constructor({ id, title }) {
+    this.series = new Map(); // key -> Map(step -> value)
+    this.lastStep = new Map(); // key -> largest step seen
+    this.numPoints = 0;
+    this.dirty = false;
+    this.plot = null;
+    this.plotKeys = "";
+    this.plotBox = el("div", { class: "chart-plot" });
+    this.emptyNote = el("p", { class: "muted chart-empty" }, "No points yet.");
+    this.latest = el("p", { class: "chart-latest small" });
+    this.figure = el("figure", { class: "chart", id: `chart-${id}`, dataset: { points: "0" } },
+      el("figcaption", {}, title), this.emptyNote, this.plotBox, this.latest);
+    this._resizeObserver = new ResizeObserver(() => this._fit());
+    this._resizeObserver.observe(this.figure);
+  }
+
+  add(key, step, value) {
+    let points = this.series.get(key);
+    if (!points) this.series.set(key, (points = new Map()));
+    if (!points.has(step)) this.numPoints += 1;
+    points.set(step, value); // a re-reported step (after a restart) replaces the old value
+    if (!(this.lastStep.get(key) >= step)) this.lastStep.set(key, step);
+    this.dirty = true;
+  }
+
+  /** Redraw if points were added since the last call. */
+  flush() {
+    if (!this.dirty) return;
+    this.dirty = false;
+    const keys = [...this.series.keys()]; // first-seen order: a series keeps its colour
+    const steps = [...new Set(keys.flatMap((k) => [...this.series.get(k).keys()]))].sort((a, b) => a - b);
+    const data = [steps, ...keys.map((k) => {
+      const points = this.series.get(k);
+      return steps.map((s) => (points.has(s) ? points.get(s) : null));
+    })];
+    this.figure.dataset.points = String(this.numPoints);
+    this.emptyNote.hidden = steps.length > 0;
+    if (this.plot && this.plotKeys === keys.join(",")) {
+      const x = this.plot.scales.x;
+      const zoomed = x.min !== null && (x.min > this.lastSteps[0] || x.max < this.lastSteps[this.lastSteps.length - 1]);
+      this.plot.setData(data, !zoomed); // keep a user's zoom; double-click resets it
+    } else {
+      this._create(keys, data);
+    }
+    this.lastSteps = steps;
+    setText(this.latest, keys.map((k) => {
+      const last = this.lastStep.get(k);
+      return `${k} ${formatNumber(this.series.get(k).get(last))} @ step ${last}`;
+    }).join(" · "));
+  }
+
+  _create(keys, data) {
+    if (this.plot) this.plot.destroy();
+    const perplexity = keys.some((k) => k.endsWith("perplexity"));
+    const series = [{ label: "step" }, ...keys.map((key, i) => {
+      const sparse = key.startsWith("eval/"); // evaluated every interval: draw its points
+      return {
+        label: key,
+        stroke: COLORS[i % COLORS.length],
+        width: 1.5,
+        dash: sparse ? [6, 4] : undefined,
+        spanGaps: true,
+        points: { show: sparse, size: 6 },
+        scale: key.endsWith("perplexity") ? "ppl" : "y",
+        value: (_u, v) => (v === null || v === undefined ? "–" : formatNumber(v)),
+      };
+    })];
+    const axes = [{ label: "step" }, { scale: "y", size: 64, values: (_u, ticks) => ticks.map(formatNumber) }];
+    if (perplexity) axes.push({ scale: "ppl", side: 1, size: 64, grid: { show: false }, label: "perplexity" });
+    this.plotKeys = keys.join(",");
+    this.plot = new uPlot({
+      width: this._width(), height: HEIGHT,
+      scales: { x: { time: false } },
+      cursor: { drag: { x: true, y: false } },
+      series, axes,
+    }, data, this.plotBox);
+  }
+
+  _width() {
+    return Math.max(200, Math.floor(this.figure.clientWidth || 600) - 2);
+  }
+
+  _fit() {
+    if (this.plot) this.plot.setSize({ width: this._width(), height: HEIGHT });
+  }
+
+  destroy() {
+    this._resizeObserver.disconnect();
+    if (this.plot) this.plot.destroy();
+  }
+}
+
+/** One chart per panel; `add(points)` routes API metric points to the panels that match. */
+export class ChartGrid {
+  constructor() {
+    this.charts = PANELS.map((panel) => ({ panel, chart: new MetricChart(panel) }));
+    this.element = el("div", { class: "chart-grid" }, this.charts.map((c) => c.chart.figure));
+  }
+
+  add(points) {
+    for (const point of points) {
+      for (const { panel, chart } of this.charts) {
+        if (panel.match(point.key)) chart.add(point.key, point.step, point.value);
+      }
+    }
+    for (const { chart } of this.charts) chart.flush();
+  }
+
+  destroy() {
+    for (const { chart } of this.charts) chart.destroy();
+  }
+}

@@ -1,0 +1,205 @@
+// Run: status, progress, live charts, the events timeline, the spec, and cancel.
+//
+// Per poll: one conditional GET /runs/{id} (ETag) and one GET /runs/{id}/metrics?after=CURSOR
+// (only new points; more pages only while catching up). Events change only with the status,
+// so they are fetched when status or attempt changed, and otherwise every 5th poll (a
+// RUNNING -> RESTARTING -> RUNNING blip can fall between two polls); checkpoints likewise.
+
+import { dump } from "../vendor/js-yaml.mjs";
+import { ApiError, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
+import { ChartGrid } from "./charts.js";
+import {
+  algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, runDuration,
+  runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
+} from "./ui.js";
+
+const METRICS_PAGE = 10_000;
+const MAX_PAGES_PER_POLL = 10;
+const EVENTS_EVERY = 5;
+const FINISHED_SLOWDOWN = 5; // a finished run may still get a late metrics flush; poll it slower
+
+export function mount(root, ctx) {
+  const [runId] = ctx.params;
+  const path = `/runs/${encodeURIComponent(runId)}`;
+  const charts = new ChartGrid();
+  let cursor = 0;
+  let polls = 0;
+  let lastRun = null;
+  let eventsDue = true;
+
+  // --- layout -------------------------------------------------------------------------
+  const title = el("h1", {}, "Run ", el("span", { class: "mono" }, runId));
+  const badgeSlot = el("span", {}, statusBadge("QUEUED"));
+  badgeSlot.hidden = true;
+  const progress = progressBar(undefined);
+  const facts = el("dl", { class: "facts" });
+  const errorSlot = el("div");
+  const cancelButton = el("button", { type: "button", class: "danger", id: "cancel-run", hidden: true,
+                                      onclick: () => dialog.showModal() }, "Cancel run…");
+  const resubmit = el("button", { type: "button", id: "edit-resubmit", hidden: true, onclick: () => {
+    sessionStorage.setItem(DRAFT_KEY, dump(lastRun.spec));
+    window.location.hash = "#/submit";
+  } }, "Edit & resubmit");
+  const dialogMessage = el("p");
+  const dialogError = el("p", { class: "field-error", hidden: true });
+  const dialog = el("dialog", { id: "cancel-dialog", "aria-labelledby": "cancel-dialog-title" },
+    el("h2", { id: "cancel-dialog-title" }, "Cancel this run?"), dialogMessage, dialogError,
+    el("form", { method: "dialog", class: "actions" },
+      el("button", { value: "keep", autofocus: true }, "Keep running"),
+      el("button", { value: "cancel", class: "danger", id: "confirm-cancel" }, "Cancel run")));
+  dialog.addEventListener("close", async () => {
+    if (dialog.returnValue !== "cancel") return;
+    try {
+      render(await postJSON(`${path}/cancel`, undefined));
+      eventsDue = true; // the CANCELING event, even if the next poll still reads CANCELING
+      poller.poke();
+    } catch (error) {
+      dialogError.textContent = `Could not cancel: ${error.message}`;
+      dialogError.hidden = false;
+      errorSlot.replaceChildren(errorBox(`Could not cancel: ${error.message}`));
+    }
+  });
+  const summaryTable = el("tbody");
+  const events = el("ol", { class: "timeline", id: "events" });
+  const restarts = el("span", { class: "muted" });
+  const specBlock = el("pre", { class: "spec mono" });
+  const checkpoints = el("div", { id: "checkpoints" }, el("p", { class: "muted" }, "Loading…"));
+
+  root.append(
+    el("p", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")),
+    el("div", { class: "page-head" }, title, badgeSlot,
+      el("div", { class: "actions" }, resubmit, cancelButton)),
+    el("section", { class: "run-overview", "aria-label": "overview" }, progress, facts),
+    errorSlot,
+    el("section", { "aria-labelledby": "charts-h" }, el("h2", { id: "charts-h" }, "Metrics"), charts.element),
+    el("div", { class: "two-col" },
+      el("section", { "aria-labelledby": "events-h" },
+        el("h2", { id: "events-h" }, "Events ", restarts), events),
+      el("section", { "aria-labelledby": "latest-h" },
+        el("h2", { id: "latest-h" }, "Latest values"),
+        el("table", { class: "summary-table" },
+          el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "metric"), el("th", { scope: "col" }, "value"))),
+          summaryTable))),
+    el("section", { "aria-labelledby": "checkpoints-h" },
+      el("h2", { id: "checkpoints-h" }, "Checkpoints"), checkpoints),
+    el("section", { "aria-labelledby": "spec-h" },
+      el("details", { open: true }, el("summary", {}, el("h2", { id: "spec-h" }, "Spec")), specBlock)),
+    dialog,
+  );
+
+  // --- rendering ----------------------------------------------------------------------
+  function render(run) {
+    const first = lastRun === null;
+    lastRun = run;
+    document.title = `${run.name} · Tessera`;
+    title.replaceChildren(run.name, " ", el("span", { class: "muted mono small" }, run.id));
+    badgeSlot.hidden = false;
+    updateStatusBadge(badgeSlot.firstChild, run.status);
+    const { fraction, detail } = runProgress(run);
+    updateProgressBar(progress, fraction, detail);
+    facts.replaceChildren(...[
+      ["Attempt", String(run.attempt)],
+      ["Duration", runDuration(run)],
+      ["Created", formatTime(run.created_at)],
+      ["Started", formatTime(run.started_at)],
+      ["Finished", formatTime(run.finished_at)],
+      ["Algorithms", algorithmChips(run.spec)],
+    ].flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase() } }, v)]));
+    errorSlot.replaceChildren(run.error ? el("details", { class: "error-box", open: true },
+      el("summary", {}, `Error: ${run.error.split("\n")[0].slice(0, 200)}`), el("pre", {}, run.error)) : "");
+    const active = !TERMINAL.has(run.status);
+    cancelButton.hidden = !active || run.status === "CANCELING";
+    resubmit.hidden = false;
+    dialogMessage.textContent = `“${run.name}” is ${run.status}. Its Ray job is stopped and the run ends as CANCELED. ` +
+      "This cannot be undone.";
+    summaryTable.replaceChildren(...Object.keys(run.summary).sort().map((key) =>
+      el("tr", {}, el("td", { class: "mono" }, key), el("td", { class: "num" }, formatNumber(run.summary[key])))));
+    if (first) specBlock.textContent = dump(run.spec);
+  }
+
+  function renderEvents(list) {
+    const numRestarts = list.filter((e) => e.to_status === "RESTARTING").length;
+    const numRequeues = list.filter((e) => e.to_status === "QUEUED" && e.from_status).length;
+    setText(restarts, `(${numRestarts} restart${numRestarts === 1 ? "" : "s"}` +
+      (numRequeues ? `, ${numRequeues} re-queue${numRequeues === 1 ? "" : "s"}` : "") + ")");
+    events.replaceChildren(...list.map((e) => el("li", {
+      class: e.to_status === "RESTARTING" || (e.to_status === "QUEUED" && e.from_status) ? "restart" : "",
+      dataset: { to: e.to_status } },
+    el("time", { datetime: e.time }, formatTime(e.time)),
+    " ", e.from_status ? el("span", { class: "muted" }, `${e.from_status} → `) : "", statusBadge(e.to_status),
+    el("span", { class: "muted" }, ` attempt ${e.attempt}`),
+    e.message ? el("div", { class: "event-message" }, e.message) : "")));
+  }
+
+  function renderCheckpoints(list) {
+    if (!list.length) {
+      checkpoints.replaceChildren(el("p", { class: "muted" }, "None yet."));
+      return;
+    }
+    checkpoints.replaceChildren(el("div", { class: "table-wrap" }, el("table", { class: "checkpoints-table" },
+      el("thead", {}, el("tr", {}, ["step", "epoch", "attempt", "workers", "saved", "size", "state", "location"]
+        .map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, list.map((c) => el("tr", { dataset: { step: String(c.step), committed: String(c.committed) } },
+        el("td", { class: "num" }, String(c.step)),
+        el("td", { class: "num" }, String(c.epoch)),
+        el("td", { class: "num" }, String(c.attempt)),
+        el("td", { class: "num" }, String(c.world_size)),
+        el("td", {}, formatTime(c.time)),
+        el("td", { class: "num" }, formatBytes(c.bytes)),
+        el("td", {}, c.committed ? "✓ committed" : el("span", { class: "failed", title: c.error || "" },
+          `✕ failed${c.error ? `: ${c.error.split("\n")[0].slice(0, 80)}` : ""}`)),
+        el("td", {}, el("code", { class: "small url" }, c.url))))))));
+  }
+
+  async function pollCheckpoints() {
+    try {
+      renderCheckpoints((await getJSON(`${path}/checkpoints`)).data);
+    } catch (error) {
+      // Not worth marking the whole page stale: keep the last list and try again next time.
+      if (error instanceof ApiError && error.status === 404) {
+        checkpoints.replaceChildren(el("p", { class: "muted" }, "This service does not list checkpoints."));
+      }
+    }
+  }
+
+  async function pollMetrics() {
+    for (let page = 0; page < MAX_PAGES_PER_POLL; page += 1) {
+      const result = await getJSON(`${path}/metrics?after=${cursor}&limit=${METRICS_PAGE}`);
+      charts.add(result.data);
+      cursor = result.last_seq;
+      if (result.data.length < METRICS_PAGE) return;
+    }
+  }
+
+  // --- polling ------------------------------------------------------------------------
+  const poller = new Poller(async () => {
+    let run;
+    try {
+      const before = lastRun;
+      const answer = await getIfChanged(path);
+      run = answer.data;
+      if (answer.changed || !before) render(run);
+      else setText(facts.querySelector('[data-fact="duration"]'), runDuration(run));
+      if (eventsDue || before.status !== run.status || before.attempt !== run.attempt || polls % EVENTS_EVERY === 0) {
+        renderEvents((await getJSON(`${path}/events`)).data);
+        await pollCheckpoints();
+        eventsDue = false;
+      }
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404) {
+        root.replaceChildren(el("h1", {}, "Run not found"), errorBox(`No run with id ${runId}.`),
+          el("p", {}, el("a", { href: "#/runs" }, "Back to the runs")));
+      }
+      throw error;
+    }
+    await pollMetrics();
+    polls += 1;
+    return TERMINAL.has(run.status) ? ctx.pollMs * FINISHED_SLOWDOWN : ctx.pollMs;
+  }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();
+
+  return () => {
+    poller.stop();
+    charts.destroy();
+    if (dialog.open) dialog.close();
+  };
+}

@@ -1,0 +1,156 @@
+// Small DOM and formatting helpers shared by the views.
+
+/** sessionStorage key of the submit form's text ("Edit & resubmit" puts a run's spec there). */
+export const DRAFT_KEY = "tessera.submit.draft";
+
+/** `el("a", {href: "#/runs", class: "x"}, "text", child)`: create an element. */
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+/** Set an element's text only when it differs (keeps selection and avoids layout work). */
+export function setText(node, text) {
+  const value = String(text);
+  if (node.textContent !== value) node.textContent = value;
+}
+
+// Status is always written out; the symbol and colour only repeat it.
+const STATUS_SYMBOL = {
+  QUEUED: "◷", STARTING: "…", RUNNING: "▶", RESTARTING: "↻",
+  COMPLETED: "✓", FAILED: "✕", CANCELING: "■", CANCELED: "■",
+};
+export const STATUSES = Object.keys(STATUS_SYMBOL);
+export const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELED"]);
+
+export function statusBadge(status) {
+  return el("span", { class: `badge status-${status.toLowerCase()}`, dataset: { status } },
+    el("span", { class: "badge-symbol", "aria-hidden": "true" }, STATUS_SYMBOL[status] || "?"), ` ${status}`);
+}
+
+export function updateStatusBadge(badge, status) {
+  if (badge.dataset.status === status) return;
+  badge.replaceWith(statusBadge(status));
+}
+
+/** A progress bar with its percentage as text; `fraction` may be undefined (unknown). */
+export function progressBar(fraction, detail = "") {
+  const wrap = el("div", { class: "progress" });
+  updateProgressBar(wrap, fraction, detail);
+  return wrap;
+}
+
+export function updateProgressBar(wrap, fraction, detail = "") {
+  const known = typeof fraction === "number" && Number.isFinite(fraction);
+  const pct = known ? Math.max(0, Math.min(1, fraction)) * 100 : 0;
+  const label = known ? `${pct.toFixed(pct < 10 && pct > 0 ? 1 : 0)}%` : "–";
+  const key = `${label}|${detail}`;
+  if (wrap.dataset.key === key) return;
+  wrap.dataset.key = key;
+  wrap.replaceChildren(...[
+    el("div", { class: "progress-track", role: "progressbar", "aria-valuemin": "0", "aria-valuemax": "100",
+                "aria-valuenow": known ? pct.toFixed(0) : undefined, "aria-label": "progress" },
+      el("div", { class: "progress-fill", style: `width: ${pct}%` })),
+    el("span", { class: "progress-label" }, label),
+    detail ? el("span", { class: "progress-detail" }, detail) : null,
+  ].filter(Boolean));
+}
+
+/** Progress of a run from its summary: `time/progress` (0..1) and the batch/epoch counters. */
+export function runProgress(run) {
+  const s = run.summary || {};
+  let fraction = s["time/progress"];
+  if (run.status === "COMPLETED") fraction = 1;
+  const unit = String(run.spec?.max_duration || "").replace(/^[\d.]+/, "");
+  const counter = unit === "ep" ? s["time/epoch"] : unit === "ba" ? s["time/batch"] : undefined;
+  const detail = counter !== undefined ? `${counter}/${run.spec.max_duration}` : "";
+  return { fraction, detail };
+}
+
+/** Server times are ISO 8601 in UTC; a missing zone would be read as local time, so add one. */
+export function parseTime(value) {
+  if (!value) return null;
+  const text = /[zZ]|[+-]\d\d:?\d\d$/.test(value) ? value : `${value}Z`;
+  const date = new Date(text);
+  return Number.isNaN(date.getTime()) ? null : date;
+}
+
+export function formatDuration(ms) {
+  if (ms === null || ms === undefined || !Number.isFinite(ms) || ms < 0) return "–";
+  const s = Math.floor(ms / 1000);
+  if (s < 60) return `${s}s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m ${String(s % 60).padStart(2, "0")}s`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return `${h}h ${String(m % 60).padStart(2, "0")}m`;
+  return `${Math.floor(h / 24)}d ${h % 24}h`;
+}
+
+/** How long a run has run (or has been waiting, if it has not started). */
+export function runDuration(run, now = Date.now()) {
+  const started = parseTime(run.started_at);
+  const finished = parseTime(run.finished_at);
+  if (started) return formatDuration((finished ? finished.getTime() : now) - started.getTime());
+  if (finished) return "–";
+  const created = parseTime(run.created_at);
+  return created ? `waiting ${formatDuration(now - created.getTime())}` : "–";
+}
+
+export function formatClock(date) {
+  return date.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+}
+
+/** Local time: "14:03:07" today, "Nov 28 14:03" this year, else with the year. */
+export function formatTime(value) {
+  const date = value instanceof Date ? value : parseTime(value);
+  if (!date) return "–";
+  const now = new Date();
+  const clock = formatClock(date);
+  if (date.toDateString() === now.toDateString()) return clock;
+  const day = date.toLocaleDateString(undefined, { month: "short", day: "numeric",
+    year: date.getFullYear() === now.getFullYear() ? undefined : "numeric" });
+  return `${day} ${clock.slice(0, 5)}`;
+}
+
+export function formatNumber(value) {
+  if (typeof value !== "number" || !Number.isFinite(value)) return "–";
+  if (value !== 0 && (Math.abs(value) >= 1e5 || Math.abs(value) < 1e-3)) return value.toExponential(2);
+  return Number(value.toPrecision(4)).toString();
+}
+
+export function formatBytes(n) {
+  if (typeof n !== "number" || !Number.isFinite(n)) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
+/** The metric a run is judged by, as `[label, value]`: eval accuracy, else eval loss, else train loss. */
+export function headlineMetric(summary = {}) {
+  for (const key of ["eval/accuracy", "eval/perplexity", "eval/loss", "train/loss"]) {
+    if (typeof summary[key] === "number") return [key, summary[key]];
+  }
+  return null;
+}
+
+export function algorithmChips(spec) {
+  const names = (spec?.algorithms || []).map((a) => a.name);
+  if (!names.length) return el("span", { class: "muted" }, "none");
+  return el("ul", { class: "chips", "aria-label": "algorithms" }, names.map((n) => el("li", { class: "chip" }, n)));
+}
+
+export function errorBox(message) {
+  return el("div", { class: "error-box", role: "alert" }, message);
+}

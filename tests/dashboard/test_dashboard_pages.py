@@ -1,0 +1,264 @@
+"""The dashboard in a real browser (Debian's chromium) against the real app over SQLite, with
+runs, events and metrics written straight into its repository: polling, ETags, cursors,
+backoff, restarts in the timeline, the catalog page, keyboard use and both widths. The
+tests that need real training are in test_dashboard_live.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from playwright.sync_api import expect
+
+from api import catalog as api_catalog
+from api.specs import RunSpec
+from api.views import ReportedMetric, RunStatus
+from service.routes.catalog import ALGORITHMS_DIR
+from tests.dashboard.conftest import NARROW, POLL_MS, WIDE, assert_fits_width, dashboard_url, save_screenshot
+
+EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
+
+
+def make_run(repo, name: str, *, status: RunStatus = RunStatus.RUNNING, **spec_changes):
+    spec = copy.deepcopy(EXAMPLE)
+    spec.update(name=name, **spec_changes)
+    run = repo.create_run(RunSpec.model_validate(spec))
+    if status is not RunStatus.QUEUED:
+        repo.begin_attempt(run.id, token="test-token")
+        if status is not RunStatus.STARTING:
+            repo.transition(run.id, RunStatus.RUNNING)
+            if status is not RunStatus.RUNNING:
+                repo.transition(run.id, status)
+    return repo.get_run(run.id)
+
+
+def add_losses(repo, run_id: str, steps: range) -> None:
+    now = datetime.now(timezone.utc)
+    repo.add_metrics(run_id, [ReportedMetric(step=s, key="train/loss", value=2.0 / (1 + s), time=now) for s in steps])
+
+
+def api_requests(page, fragment: str) -> list[str]:
+    """Record the URLs of API requests containing ``fragment`` (the list fills as they happen)."""
+    seen: list[str] = []
+    page.on("request", lambda request: seen.append(request.url) if fragment in request.url else None)
+    return seen
+
+
+def test_run_page_charts_exactly_the_points_reported_and_asks_only_for_new_ones(page, local_service):
+    run = make_run(local_service.repo, "cursor-check")
+    add_losses(local_service.repo, run.id, range(1, 51))
+    metric_requests = api_requests(page, "/metrics")
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    loss = page.locator("#chart-loss")
+    expect(loss).to_have_attribute("data-points", "50")
+    expect(loss.locator("canvas")).to_have_count(1)  # uPlot drew it
+
+    add_losses(local_service.repo, run.id, range(51, 81))
+    expect(loss).to_have_attribute("data-points", "80")
+    expect(page.locator("#chart-loss .chart-latest")).to_contain_text("train/loss 0.02469 @ step 80")
+
+    cursors = [int(re.search(r"after=(\d+)", url).group(1)) for url in metric_requests]
+    assert cursors[0] == 0 and cursors.count(0) == 1, "the whole history was requested more than once"
+    assert cursors == sorted(cursors) and cursors[-1] >= 50
+
+
+def test_events_timeline_shows_restarts_even_between_two_polls(page, local_service):
+    repo = local_service.repo
+    run = make_run(repo, "restarts")
+    repo.transition(run.id, RunStatus.RESTARTING, message="worker 1 died; Ray restarts the worker group")
+    repo.transition(run.id, RunStatus.RUNNING)
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+
+    restart = page.locator('#events li[data-to="RESTARTING"]')
+    expect(restart).to_have_count(1)
+    expect(restart).to_have_class(re.compile(r"\brestart\b"))
+    expect(restart).to_contain_text("RUNNING → ↻ RESTARTING")
+    expect(restart).to_contain_text("worker 1 died")
+    expect(page.locator("#events-h")).to_contain_text("(1 restart)")
+
+    # RUNNING -> RESTARTING -> RUNNING while the page is open: the status polled is RUNNING
+    # before and after, yet the timeline must catch up.
+    repo.transition(run.id, RunStatus.RESTARTING, message="second restart")
+    repo.transition(run.id, RunStatus.RUNNING)
+    expect(page.locator("#events-h")).to_contain_text("(2 restarts)", timeout=15_000)
+    expect(restart).to_have_count(2)
+
+
+def test_run_page_lists_committed_and_failed_checkpoints(page, local_service):
+    from api.views import CheckpointReport
+
+    repo = local_service.repo
+    run = make_run(repo, "checkpointed")
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    expect(page.locator("#checkpoints")).to_contain_text("None yet.")
+
+    now = datetime.now(timezone.utc)
+    repo.add_checkpoint(run.id, CheckpointReport(step=100, epoch=1, time=now, bytes=3 * 2**20, committed=True,
+                                                 url="file:///tmp/ckpt/ba100", world_size=2))
+    repo.add_checkpoint(run.id, CheckpointReport(step=200, epoch=2, time=now, committed=False, world_size=2,
+                                                 url="file:///tmp/ckpt/ba200", error="OSError: disk full"))
+    rows = page.locator("#checkpoints tbody tr")
+    expect(rows).to_have_count(2, timeout=15_000)  # on the events' cadence
+    expect(rows.nth(0)).to_contain_text("✓ committed")
+    expect(rows.nth(0)).to_contain_text("3.0 MB")
+    expect(rows.nth(0)).to_contain_text("file:///tmp/ckpt/ba100")
+    expect(rows.nth(1)).to_contain_text("✕ failed: OSError: disk full")
+
+
+def test_runs_page_sends_one_conditional_request_per_poll_and_filters_by_status(page, local_service):
+    repo = local_service.repo
+    done = make_run(repo, "filter-done", status=RunStatus.COMPLETED)
+    make_run(repo, "filter-queued", status=RunStatus.QUEUED)
+    page.goto(dashboard_url(local_service.url, "runs"))
+    expect(page.locator(f'tr[data-run-id="{done.id}"]')).to_be_visible()
+
+    page.select_option("#status-filter", "COMPLETED")
+    expect(page).to_have_url(re.compile(r"#/runs\?status=COMPLETED$"))
+    rows = page.locator("#runs-table tbody tr")
+    expect(rows.first).to_have_attribute("data-status", "COMPLETED")
+    assert set(rows.evaluate_all("rows => rows.map(r => r.dataset.status)")) == {"COMPLETED"}
+    expect(page.locator(f'tr[data-run-id="{done.id}"] .badge')).to_have_text("✓ COMPLETED")
+
+    statuses: list[tuple[str, int]] = []
+    page.on("response", lambda r: statuses.append((r.url, r.status)) if "/api/" in r.url else None)
+    window_s = 3.0
+    page.wait_for_timeout(window_s * 1000)
+    assert statuses, "the page stopped polling"
+    assert all("/api/v1/runs?limit=100&status=COMPLETED" in url for url, _ in statuses)
+    assert len(statuses) <= window_s * 1000 / POLL_MS + 1, f"{len(statuses)} requests in {window_s}s"
+    assert {code for _, code in statuses} == {304}, "an unchanged list must be answered 304"
+
+
+def test_a_failing_api_turns_the_badge_stale_backs_off_and_recovers(page, local_service):
+    run = make_run(local_service.repo, "outage")
+    page.goto(dashboard_url(local_service.url, "runs"))
+    live = page.locator("#live")
+    expect(live).to_have_attribute("data-state", "live")
+    row = page.locator(f'tr[data-run-id="{run.id}"]')
+    expect(row).to_be_visible()
+
+    failures: list[float] = []
+
+    def fail(route):
+        failures.append(time.monotonic())
+        route.fulfill(status=503, body='{"detail": "down for a moment"}', content_type="application/json")
+
+    page.route(re.compile(r"/api/v1/runs\?"), fail)
+    expect(live).to_have_attribute("data-state", "stale")
+    expect(live).to_contain_text("Stale")
+    expect(row).to_be_visible()  # the last good data stays on screen
+    page.wait_for_function("() => true")  # let queued route events reach Python
+    deadline = time.monotonic() + 20
+    while len(failures) < 4 and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert len(failures) >= 4, f"only {len(failures)} retries in 20 s"
+    gaps = [b - a for a, b in zip(failures, failures[1:])]
+    assert gaps[1] > 1.5 * gaps[0] and gaps[2] > 1.5 * gaps[1], f"no backoff between retries: {gaps}"
+    save_screenshot(page, "runs-stale-1280", full_page=False)
+
+    page.unroute(re.compile(r"/api/v1/runs\?"))
+    expect(live).to_have_attribute("data-state", "live", timeout=20_000)
+    expect(live).to_contain_text("Live")
+
+
+def test_algorithms_page_renders_every_method_card_and_is_reached_by_keyboard(page, local_service):
+    page.goto(dashboard_url(local_service.url, "runs"))
+    expect(page.locator("h1")).to_have_text("Runs")
+    for _ in range(8):  # Tab through the skip link and the navigation to "Algorithms"
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.textContent") == "Algorithms":
+            break
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"#/algorithms$"))
+    expect(page.locator('[data-nav="algorithms"]')).to_have_attribute("aria-current", "page")
+
+    for name, info in api_catalog.ALGORITHMS.items():
+        article = page.locator(f"#algorithm-{name}")
+        expect(article.locator("h2")).to_contain_text(info.title)
+        expect(article).to_contain_text(f"maturity: {info.maturity}")
+        card = article.locator(f'[data-card="{name}"]')
+        expect(card).not_to_have_attribute("aria-busy", "true")
+        readme = ALGORITHMS_DIR / name / "README.md"
+        if readme.is_file():
+            sections = re.findall(r"^## (.+)$", readme.read_text(), flags=re.M)
+            assert sections, f"{readme} has no sections"
+            # The markdown became headings, not text with '##' in it.
+            expect(card.locator("h4").first).to_have_text(sections[0].strip())
+            assert "##" not in card.inner_text()
+        else:
+            expect(card).to_contain_text("No method card yet.")
+    params = page.locator("#algorithm-cutmix dl.params")
+    expect(params).to_contain_text("alpha")
+    save_screenshot(page, "algorithms-1280")
+    assert_fits_width(page, NARROW)
+    save_screenshot(page, "algorithms-800")
+
+
+def test_submit_form_places_errors_on_their_lines_for_json_and_yaml_syntax(page, local_service):
+    page.goto(dashboard_url(local_service.url, "submit"))
+    body = {**EXAMPLE, "name": "json-spec", "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 1.5}}
+    text = json.dumps(body, indent=2)
+    momentum_line = next(i for i, line in enumerate(text.splitlines(), 1) if '"momentum"' in line)
+    page.fill("#spec-text", text)
+    page.click("#submit-run")
+    note = page.locator('.field-error[data-field="optimizer.momentum"]')
+    expect(note).to_contain_text("optimizer.momentum: Input should be less than 1 (got 1.5)")
+    expect(note).to_have_attribute("data-line", str(momentum_line))
+    expect(page.locator("#spec-text")).to_have_attribute("aria-invalid", "true")
+
+    page.fill("#spec-text", "name: broken\nmodel: {name: simple_cnn\ndata: {}\n")
+    page.click("#submit-run")
+    syntax = page.locator("#problems .field-error").first
+    expect(syntax).to_contain_text("not valid YAML")
+    expect(page.locator("#problems h2")).to_have_text("The spec could not be read: 1 problem")
+
+    # "edit line N" puts the caret on the line the error is about.
+    page.fill("#spec-text", "name: x\nmodel: {name: simple_cnn}\nbogus: 1\n")
+    page.click("#submit-run")
+    page.locator('.field-error[data-field="bogus"] button').click()
+    selected = page.evaluate("(() => { const t = document.querySelector('#spec-text');"
+                             " return t.value.slice(t.selectionStart, t.selectionEnd); })()")
+    assert selected == "bogus: 1"
+
+
+def test_edit_and_resubmit_opens_the_submit_form_with_the_runs_spec(page, local_service):
+    run = make_run(local_service.repo, "resubmit-me", status=RunStatus.COMPLETED)
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    expect(page.locator("#cancel-run")).to_be_hidden()  # a finished run cannot be cancelled
+    page.click("#edit-resubmit")
+    expect(page).to_have_url(re.compile(r"#/submit$"))
+    assert yaml.safe_load(page.input_value("#spec-text")) == run.spec
+
+
+@pytest.mark.parametrize("width", [WIDE, NARROW])
+def test_every_page_fits_the_window_without_horizontal_scrolling(page, local_service, width):
+    run = make_run(local_service.repo, f"fits-{width}", algorithms=EXAMPLE["algorithms"])
+    add_losses(local_service.repo, run.id, range(1, 21))
+    page.set_viewport_size({"width": width, "height": 900})
+    ready = {  # what shows once each page has its data
+        "runs": page.locator(f'tr[data-run-id="{run.id}"]'),
+        f"runs/{run.id}": page.locator('#chart-loss[data-points="20"]'),
+        "algorithms": page.locator('[data-card="cutmix"]:not([aria-busy])'),
+        "submit": page.locator(".catalog-names h2"),
+    }
+    for route, shown in ready.items():
+        page.goto(dashboard_url(local_service.url, route))
+        expect(shown).to_be_visible()
+        assert_fits_width(page, width)
+        # No JavaScript value leaked into the page as a text of its own (the spec's YAML may say null).
+        leaked = page.evaluate("""(() => {
+            const walker = document.createTreeWalker(document.querySelector('main'), NodeFilter.SHOW_TEXT);
+            const bad = [];
+            for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+              if (node.parentElement.closest('pre, textarea, code')) continue;
+              const text = node.textContent;
+              if (/^\\s*(null|undefined|NaN)\\s*$|\\[object Object\\]/.test(text)) bad.push(text);
+            }
+            return bad; })()""")
+        assert leaked == [], f"{route}: {leaked}"

@@ -1,0 +1,33 @@
+"""Algorithm rules that span the spec are refused at submit time: 422, the rule named, nothing stored."""
+
+import pytest
+
+API = "/api/v1"
+
+TEXT_DATA = {"train": {"name": "shakespeare", "seq_len": 64}, "batch_size": 16}
+
+
+def alibi_on_a_cnn(body):
+    body["algorithms"] = [{"name": "alibi"}]
+
+
+def blurpool_on_text(body):
+    body.update(model={"name": "gpt_small"}, data=TEXT_DATA, optimizer={"name": "adamw", "lr": 0.001},
+                algorithms=[{"name": "blurpool"}])
+
+
+def factorize_twice(body):
+    body["algorithms"] = [{"name": "factorize"}, {"name": "factorize", "latent_features": 64}]
+
+
+@pytest.mark.parametrize("mutate, rule", [
+    (alibi_on_a_cnn, "algorithm 'alibi' needs a transformer model but model 'cifar_resnet20' is a cnn"),
+    (blurpool_on_text, "algorithm 'blurpool' is for vision data but data set 'shakespeare' is text"),
+    (factorize_twice, "algorithm 'factorize' is listed twice; list each method once"),
+])
+def test_a_run_breaking_an_algorithm_rule_is_refused_and_not_stored(client, example_body, mutate, rule):
+    mutate(example_body)
+    response = client.post(f"{API}/runs", json=example_body)
+    assert response.status_code == 422
+    assert any(rule in item["msg"] for item in response.json()["detail"]), response.json()
+    assert client.get(f"{API}/runs").json() == {"data": [], "next_cursor": None}

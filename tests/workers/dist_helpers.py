@@ -1,0 +1,60 @@
+"""Run a ``Trainer`` on N ranks of a real gloo process group in spawned processes (no Ray):
+the cheapest way to exercise DDP/FSDP checkpoints across world sizes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Any
+
+from api.specs import RunSpec
+
+
+def _rank_main(rank: int, world_size: int, init_file: str, spec_json: str, checkpoint_url: str,
+               result_path: str) -> None:
+    import torch.distributed as dist
+
+    from workers.reporter import MemorySink
+    from workers.trainer import Trainer, process_settings
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        spec = RunSpec.model_validate_json(spec_json)
+        sink = MemorySink()
+        with process_settings(spec):
+            trainer = Trainer(spec, sink=sink, checkpoint_url=checkpoint_url)
+            metrics = trainer.fit()
+        if rank == 0:
+            Path(result_path).write_text(json.dumps({
+                "metrics": metrics, "checkpoints": sink.checkpoints, "resumed_from": trainer.resumed_from,
+                "loss_steps": [step for step, _ in sink.values("train/loss")]}))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_ranks(spec: RunSpec, *, world_size: int, checkpoint_url: str, work_dir: Path,
+                 timeout_s: float = 240) -> dict[str, Any]:
+    """Train ``spec`` on ``world_size`` spawned ranks; returns rank 0's metrics, checkpoint
+    reports, the checkpoint it resumed from and the steps it reported losses for."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tag = os.urandom(4).hex()
+    init_file, result_path = work_dir / f"pg-{tag}", work_dir / f"result-{tag}.json"
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=_rank_main, args=(rank, world_size, str(init_file), spec.model_dump_json(),
+                                                      checkpoint_url, str(result_path)))
+             for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    try:
+        for proc in procs:
+            proc.join(timeout_s)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    codes = [proc.exitcode for proc in procs]
+    assert codes == [0] * world_size, f"ranks exited with {codes}"
+    return json.loads(result_path.read_text())

@@ -1,0 +1,178 @@
+"""Sharded checkpoints in one process: exact resume, retention, torn writes, incompatible
+specs, S3 over real HTTP (moto) with an outage during a save, and microbatch 'auto'."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.workers.checkpoint_helpers import assert_bitwise_equal, forget_after, latest_url
+from tests.workers.helpers_specs import tiny_spec
+from workers.checkpoint import MARKER, Checkpointer, IncompatibleCheckpoint, join, storage_for, with_retries
+from workers.events import Event
+from workers.reporter import MemorySink
+from workers.trainer import Trainer, train
+
+
+def spec_with_checkpoints(**overrides):
+    body = dict(max_duration="3ep", deterministic=True, algorithms=[{"name": "cutmix"}],
+                checkpoint={"interval": "2ba", "keep_last": 10})
+    body.update(overrides)
+    return tiny_spec(**body)
+
+
+def test_a_resumed_run_ends_bitwise_equal_to_the_uninterrupted_run(tmp_path):
+    spec = spec_with_checkpoints()
+    whole, interrupted = f"file://{tmp_path}/whole", f"file://{tmp_path}/interrupted"
+    train(spec, checkpoint_url=whole, sink=MemorySink())
+    train(spec, checkpoint_url=interrupted, sink=MemorySink())
+    forget_after(interrupted, 4)  # as if the run had died after batch 5, with batch 4 committed
+
+    sink = MemorySink()
+    with torch.random.fork_rng():
+        torch.manual_seed(12345)  # the resumed run must not depend on the process's RNG
+        train(spec, checkpoint_url=interrupted, sink=sink)
+    assert [step for step, _ in sink.values("train/loss")] == list(range(5, 13))
+    assert latest_url(whole).endswith("ep2-ba12") and latest_url(interrupted).endswith("ep2-ba12")
+    assert assert_bitwise_equal(latest_url(whole), latest_url(interrupted)) > 10
+
+
+def test_checkpoints_are_saved_every_interval_and_at_the_end_and_only_the_last_are_kept(tmp_path):
+    spec = spec_with_checkpoints(max_duration="11ba", checkpoint={"interval": "3ba", "keep_last": 2})
+    sink = MemorySink()
+    train(spec, checkpoint_url=str(tmp_path), sink=sink)
+    assert [c["step"] for c in sink.checkpoints] == [3, 6, 9, 11]
+    assert all(c["committed"] and c["bytes"] > 0 and c["world_size"] == 1 for c in sink.checkpoints)
+    assert sink.checkpoints[-1]["url"] == f"file://{tmp_path}/ep2-ba11"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep2-ba11", "ep2-ba9"]
+    marker = json.loads((tmp_path / "ep2-ba11" / MARKER).read_text())
+    assert marker["step"] == 11 and marker["world_size"] == 1 and marker["fingerprint"]["optimizer"] == "sgd"
+    assert {"rank0.pt", "trainer.pt", ".metadata", MARKER} <= {p.name for p in (tmp_path / "ep2-ba11").iterdir()}
+
+
+def test_a_checkpoint_without_its_commit_marker_is_never_loaded_and_is_cleaned_up(tmp_path):
+    spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    url = f"file://{tmp_path}"
+    train(spec, checkpoint_url=url, sink=MemorySink())
+    (tmp_path / "ep0-ba4" / MARKER).unlink()  # a torn write: rank 0 died before committing
+    checkpointer = Checkpointer(url, fingerprint={})
+    assert checkpointer.latest_committed().name == "ep0-ba2"
+
+    longer = spec_with_checkpoints(max_duration="6ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    sink = MemorySink()
+    train(longer, checkpoint_url=url, sink=sink)
+    assert [step for step, _ in sink.values("train/loss")][0] == 3  # resumed after batch 2, not 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba4", "ep1-ba6"]
+    assert (tmp_path / "ep0-ba4" / MARKER).exists()  # rewritten by the resumed run, and committed
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_a_clear_error(tmp_path):
+    train(spec_with_checkpoints(max_duration="2ba"), checkpoint_url=str(tmp_path), sink=MemorySink())
+    other = spec_with_checkpoints(max_duration="4ba", model={"name": "simple_cnn", "params": {"width": 16, "hidden": 16}})
+    with pytest.raises(IncompatibleCheckpoint) as info:
+        train(other, checkpoint_url=str(tmp_path), sink=MemorySink())
+    message = str(info.value)
+    assert "incompatible run" in message and "model: checkpoint has" in message and "'width': 8" in message
+    surgery = spec_with_checkpoints(max_duration="4ba", algorithms=[{"name": "cutmix"}, {"name": "channels_last"}])
+    with pytest.raises(IncompatibleCheckpoint, match="surgery"):
+        train(surgery, checkpoint_url=str(tmp_path), sink=MemorySink())
+
+
+def test_retries_back_off_and_give_up_with_the_last_error():
+    calls, sleeps = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("refused")
+        return "ok"
+
+    assert with_retries(flaky, what="x", attempts=3, first_delay_s=0.5, sleep=sleeps.append) == "ok"
+    assert sleeps == [0.5, 1.0]
+    with pytest.raises(ConnectionError):
+        with_retries(lambda: (_ for _ in ()).throw(ConnectionError("down")), what="x", attempts=2, sleep=sleeps.append)
+
+
+def test_microbatch_auto_halves_the_batch_after_an_out_of_memory_error_and_matches_the_full_batch():
+    spec = tiny_spec(max_duration="3ba", microbatch_size="auto", deterministic=True)
+    reference = Trainer(tiny_spec(max_duration="3ba", microbatch_size=4, deterministic=True), sink=MemorySink())
+    reference.fit()
+
+    trainer = Trainer(spec, sink=MemorySink())
+    model, sizes = trainer.state.model, []
+    forward = model.forward
+
+    def forward_that_runs_out_of_memory(x):
+        sizes.append(x.shape[0])
+        if model.training and x.shape[0] > 4:  # evaluation is not microbatched
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return forward(x)
+
+    model.forward = forward_that_runs_out_of_memory
+    trainer.fit()
+    assert sizes[:4] == [16, 8, 4, 4]  # full batch, half, quarter: then four microbatches of 4
+    assert trainer._microbatch_size == 4
+    for a, b in zip(reference.state.model.parameters(), trainer.state.model.parameters()):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(torch.OutOfMemoryError):  # without 'auto' the error stands
+        fixed = Trainer(tiny_spec(max_duration="1ba"), sink=MemorySink())
+        fixed.state.model.forward = lambda x: (_ for _ in ()).throw(torch.OutOfMemoryError("injected"))
+        fixed.fit()
+
+
+@pytest.mark.integration
+def test_checkpoints_round_trip_through_s3_over_http(s3_server):
+    url = s3_server.url("runs/s3-roundtrip/checkpoints")
+    spec = spec_with_checkpoints(max_duration="6ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    sink = MemorySink()
+    train(spec, checkpoint_url=url, sink=sink)
+    assert [c["url"] for c in sink.checkpoints][-1] == f"{url}/ep1-ba6"
+    assert storage_for(url).listdir(url) == ["ep0-ba4", "ep1-ba6"]
+
+    local = f"file:///tmp/tessera-s3-compare-{id(sink)}"
+    storage_for(local).remove(local)
+    train(spec, checkpoint_url=local, sink=MemorySink())
+    assert_bitwise_equal(f"{url}/ep1-ba6", f"{local}/ep1-ba6")
+    storage_for(local).remove(local)
+
+    longer = spec_with_checkpoints(max_duration="8ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    resumed = MemorySink()
+    train(longer, checkpoint_url=url, sink=resumed)
+    assert resumed.values("train/loss")[0][0] == 7
+
+
+class Outage:
+    """A callback that takes the object store down after one batch and brings it back later."""
+
+    def __init__(self, server, *, down_at: int, up_at: int):
+        self.server, self.down_at, self.up_at = server, down_at, up_at
+
+    def run_event(self, event, state):
+        if event is Event.BATCH_END and state.timestamp.batch == self.down_at:
+            self.server.stop()
+        if event is Event.BATCH_END and state.timestamp.batch == self.up_at:
+            self.server.start()
+
+
+@pytest.mark.integration
+def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s3_server):
+    url = s3_server.url("runs/s3-outage/checkpoints")
+    spec = spec_with_checkpoints(max_duration="8ba", checkpoint={"interval": "2ba", "keep_last": 3})
+    sink = MemorySink()
+    trainer = Trainer(spec, sink=sink, checkpoint_url=url, callbacks=[Outage(s3_server, down_at=3, up_at=5)])
+    trainer.checkpointer.first_delay_s = 0.1
+    try:
+        trainer.fit()
+    finally:
+        if s3_server._server is None:
+            s3_server.start()
+    outcome = [(c["step"], c["committed"]) for c in sink.checkpoints]
+    assert outcome == [(2, True), (4, False), (6, True), (8, True)]
+    failed = sink.checkpoints[1]
+    assert "Error" in failed["error"] and failed["url"] == f"{url}/ep0-ba4"
+    assert [step for step, _ in sink.values("train/loss")] == list(range(1, 9))
+    committed = Checkpointer(url, fingerprint={}).checkpoints()
+    assert [(c.step, c.committed) for c in committed] == [(2, True), (6, True), (8, True)]  # torn ba4 removed
+    assert not storage_for(url).isfile(join(url, "ep0-ba4", MARKER))

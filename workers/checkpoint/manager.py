@@ -1,0 +1,261 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP): save, commit, retain, load.
+
+Layout under ``{storage}/runs/{run_id}/checkpoints/``::
+
+    ep{E}-ba{B}/            one checkpoint (B = global batches done, E = epochs done)
+        .metadata, __*.distcp   DCP: model and optimizer, sharded as the run holds them
+        trainer.pt          rank 0: LR scheduler, grad scaler, algorithm state, time, data position
+        rank{r}.pt          every rank: its RNG states
+        COMMITTED           JSON, written last by rank 0: step, epoch, time, bytes, world size, fingerprint
+
+A checkpoint counts only once ``COMMITTED`` exists. DCP's final step gathers every rank's write
+result on rank 0 and broadcasts the outcome, so when ``dcp.save`` returns on rank 0 every rank
+has finished writing (the barrier); only then is the marker written. A folder without the
+marker is a torn write: never loaded, deleted by retention once a newer one is committed.
+
+Every save is collective: all ranks call ``save`` at the same step. Failures are collective
+too (DCP raises on every rank if any rank failed; the per-rank files are agreed on with an
+all-reduce), so all ranks retry together and agree on the outcome. ``async_save`` stages a
+copy of the state in memory and writes it from a background thread, over a separate gloo
+process group so its collectives never interleave with training's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from workers.checkpoint.contents import check_compatible, spec_hash
+from workers.checkpoint.storage import FsspecStorage, join, with_retries
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMMITTED"
+# Files each rank writes in parallel. One file per rank uploads one part at a time and reached
+# ~0.3x a boto3 multipart upload of the same bytes to S3; 8 files reach parity (bench/checkpoint.py).
+WRITE_THREADS = 8
+NAME_RE = re.compile(r"^ep(\d+)-ba(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    name: str
+    url: str
+    epoch: int
+    step: int
+    committed: bool
+
+
+def checkpoint_name(*, epoch: int, step: int) -> str:
+    return f"ep{epoch}-ba{step}"
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _staged_copy(value: Any) -> Any:
+    """A copy of a state dict whose tensors training will not change under a background write."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _staged_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_staged_copy(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_staged_copy(v) for v in value)
+    return value
+
+
+def _to_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)  # our own files: RNG states hold numpy arrays
+
+
+class Checkpointer:
+    """One rank's handle on a run's checkpoint folder; see the module docstring.
+
+    ``on_report(report: dict)`` is called on rank 0 (from a background thread with
+    ``async_save``) for every commit and every save that failed, with the fields of
+    ``api.views.CheckpointReport``.
+    """
+
+    def __init__(self, root_url: str, *, fingerprint: dict[str, Any], keep_last: int = 3, async_save: bool = False,
+                 rank: int = 0, world_size: int = 1, on_report: Callable[[dict[str, Any]], None] | None = None,
+                 attempts: int = 3, first_delay_s: float = 1.0):
+        self.storage = FsspecStorage(root_url)
+        self.root_url = self.storage.root
+        self.fingerprint = fingerprint
+        self.keep_last, self.async_save = keep_last, async_save
+        self.rank, self.world_size = rank, world_size
+        self.on_report = on_report
+        self.attempts, self.first_delay_s = attempts, first_delay_s
+        self._thread: threading.Thread | None = None
+        # Async writes run collectives from a background thread: give them their own group.
+        self._group = dist.new_group(backend="gloo") if async_save and _distributed() else None
+
+    # --- listing ------------------------------------------------------------------------
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Every checkpoint folder, oldest first."""
+        infos = []
+        for name in self.storage.listdir(self.root_url):
+            match = NAME_RE.match(name)
+            if match:
+                url = join(self.root_url, name)
+                infos.append(CheckpointInfo(name, url, int(match[1]), int(match[2]),
+                                            self.storage.isfile(join(url, MARKER))))
+        return sorted(infos, key=lambda i: (i.step, i.epoch))
+
+    def latest_committed(self) -> CheckpointInfo | None:
+        """The newest checkpoint with its commit marker; torn writes are skipped."""
+        committed = [info for info in self.checkpoints() if info.committed]
+        return committed[-1] if committed else None
+
+    def marker(self, info: CheckpointInfo) -> dict[str, Any]:
+        return json.loads(self.storage.read_bytes(join(info.url, MARKER)))
+
+    # --- saving -------------------------------------------------------------------------
+    def save(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any],
+             rank_state: dict[str, Any], epoch: int, step: int) -> None:
+        """Save collectively (every rank calls this at the same step). Returns once written, or
+        with ``async_save`` once staged; a failed save is reported and training goes on."""
+        self.wait()  # one write in flight at a time
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        name = checkpoint_name(epoch=epoch, step=step)
+        if self.async_save:
+            staged = _staged_copy(state)
+            trainer_state, rank_state = _staged_copy(trainer_state), _staged_copy(rank_state)
+            self._thread = threading.Thread(target=self._write, name=f"tessera-ckpt-{name}", daemon=True,
+                                            args=(name, staged, trainer_state, rank_state, epoch, step, self._group))
+            self._thread.start()
+        else:
+            self._write(name, state, trainer_state, rank_state, epoch, step, None)
+
+    def wait(self) -> None:
+        """Block until the in-flight async write (if any) has finished."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _write(self, name: str, state: dict[str, Any], trainer_state: dict[str, Any], rank_state: dict[str, Any],
+               epoch: int, step: int, group: Any) -> None:
+        url = join(self.root_url, name)
+        started = time.monotonic()
+
+        def attempt() -> None:
+            ok = True
+            try:
+                self.storage.write_bytes(join(url, f"rank{self.rank}.pt"), _to_bytes(rank_state))
+                if self.rank == 0:
+                    self.storage.write_bytes(join(url, "trainer.pt"), _to_bytes(trainer_state))
+            except Exception:
+                ok = False
+                if not _distributed():
+                    raise
+                log.exception("rank %d could not write its files of %s", self.rank, url)
+            if _distributed():  # every rank must agree before the collective DCP write
+                flag = torch.tensor([0 if ok else 1])
+                dist.all_reduce(flag, group=group)
+                if flag.item():
+                    raise OSError(f"a rank could not write its files of checkpoint {url}")
+            dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
+                     no_dist=not _distributed())
+
+        try:
+            with_retries(attempt, what=f"saving checkpoint {name}", attempts=self.attempts,
+                         first_delay_s=self.first_delay_s)
+            if self.rank != 0:
+                return
+            size = self.storage.size(url)
+            meta = {"step": step, "epoch": epoch, "time": datetime.now(timezone.utc).isoformat(),
+                    "bytes": size, "world_size": self.world_size, "fingerprint": self.fingerprint,
+                    "spec_hash": spec_hash(self.fingerprint)}
+            with_retries(lambda: self.storage.write_bytes(join(url, MARKER), json.dumps(meta).encode()),
+                         what=f"committing checkpoint {name}", attempts=self.attempts,
+                         first_delay_s=self.first_delay_s)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("checkpoint %s not committed: %s", url, error)
+            if self.rank == 0:
+                self._report(step=step, epoch=epoch, url=url, committed=False, error=error[:20_000])
+            return
+        log.info("checkpoint %s committed (%d bytes, %.2fs)", url, size, time.monotonic() - started)
+        self._report(step=step, epoch=epoch, url=url, committed=True, bytes=size, time=meta["time"])
+        try:
+            self.retain()
+        except Exception:  # retention can wait for the next commit
+            log.exception("retention of %s failed", self.root_url)
+
+    def _report(self, **fields: Any) -> None:
+        if self.on_report is None:
+            return
+        fields.setdefault("time", datetime.now(timezone.utc).isoformat())
+        fields.setdefault("bytes", 0)
+        try:
+            self.on_report({"world_size": self.world_size, **fields})
+        except Exception:
+            log.exception("reporting checkpoint %s failed", fields.get("url"))
+
+    def retain(self) -> list[str]:
+        """Keep the newest ``keep_last`` committed checkpoints; delete older ones and torn
+        writes older than the newest commit (a newer uncommitted one may still be in flight)."""
+        infos = self.checkpoints()
+        committed = [info for info in infos if info.committed]
+        doomed = committed[:-self.keep_last] if len(committed) > self.keep_last else []
+        if committed:
+            doomed += [info for info in infos if not info.committed and info.step < committed[-1].step]
+        for info in doomed:
+            self.storage.remove(info.url)
+        return [info.name for info in doomed]
+
+    # --- loading ------------------------------------------------------------------------
+    def load(self, info: CheckpointInfo, *, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Load model and optimizer in place (resharded to this world size); return the trainer
+        state and this rank's own state (None when the checkpoint had another world size)."""
+        meta = self.marker(info)
+        check_compatible(meta["fingerprint"], self.fingerprint, url=info.url)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, storage_reader=FsspecReader(info.url), no_dist=not _distributed())
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        trainer_state = _from_bytes(self.storage.read_bytes(join(info.url, "trainer.pt")))
+        rank_state = None
+        if meta["world_size"] == self.world_size:
+            rank_state = _from_bytes(self.storage.read_bytes(join(info.url, f"rank{self.rank}.pt")))
+        return trainer_state, rank_state
+
+    def agreed_latest(self) -> CheckpointInfo | None:
+        """``latest_committed`` as rank 0 sees it, the same on every rank."""
+        choice = [with_retries(self.latest_committed, what=f"listing {self.root_url}", attempts=self.attempts,
+                               first_delay_s=self.first_delay_s) if self.rank == 0 else None]
+        if _distributed():
+            dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+
+def read_checkpoint(url: str) -> dict[str, Any]:
+    """The whole model and optimizer state of a checkpoint folder as plain (unsharded) tensors,
+    in this process, whatever world size wrote it: ``{"model": {...}, "optim": {...}}``."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    return _load_state_dict_from_keys(storage_reader=FsspecReader(url))
