@@ -92,27 +92,11 @@ def assert_fits_width(page, width: int) -> None:
 
 @pytest.fixture(scope="module")
 def live_service(tmp_path_factory, ray_head, postgres_url):
-    from api.views import TERMINAL_STATUSES
-    from tests.e2e.conftest import ServiceProcess
+    from tests.e2e.conftest import cluster_service
 
-    home = tmp_path_factory.mktemp("tessera-dashboard")
-    service = ServiceProcess(home=home, env={"TESSERA_DATABASE_URL": postgres_url,
-                                             "TESSERA_RAY_ADDRESS": ray_head.dashboard_url})
-    service.start()
-    try:
+    with cluster_service(tmp_path_factory.mktemp("tessera-dashboard"), ray_head=ray_head,
+                         postgres_url=postgres_url) as service:
         yield service
-    finally:
-        client = service.client()
-        for run in client.iter_runs():  # leave no training job behind on the shared Ray head
-            if run.status not in TERMINAL_STATUSES:
-                try:
-                    client.cancel_run(run.id)
-                except Exception:
-                    pass
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(r.status not in TERMINAL_STATUSES for r in client.iter_runs()):
-            time.sleep(0.5)
-        service.stop()
 
 
 # --- an in-process service over SQLite with a do-nothing Ray client ---------------------

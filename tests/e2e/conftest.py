@@ -3,6 +3,7 @@ Ray head and a real PostgreSQL database. It can be killed and restarted around r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,7 +15,8 @@ import httpx
 import pytest
 
 from api.client import Client
-from api.views import RunStatus, RunView
+from api.errors import ApiError
+from api.views import TERMINAL_STATUSES, RunStatus, RunView
 from tests.conftest import REPO_ROOT, free_port
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
@@ -75,17 +77,40 @@ class ServiceProcess:
         return Client(self.url)
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory, ray_head, postgres_url):
-    """The cluster shape: PostgreSQL + an external Ray head + a local storage folder."""
-    home = tmp_path_factory.mktemp("tessera-home")
+@contextlib.contextmanager
+def cluster_service(home: Path, *, ray_head, postgres_url: str):
+    """A started service in the cluster shape (PostgreSQL + an external Ray head + a local
+    storage folder). On exit it cancels whatever still runs, so nothing is left training on the
+    shared Ray head, then stops."""
     svc = ServiceProcess(home=home, env={"TESSERA_DATABASE_URL": postgres_url,
                                          "TESSERA_RAY_ADDRESS": ray_head.dashboard_url})
     svc.start()
     try:
         yield svc
     finally:
+        try:
+            _cancel_unfinished(svc.client())
+        except (httpx.HTTPError, AssertionError) as exc:  # teardown must still stop the service
+            print(f"warning: could not cancel unfinished runs: {exc}")
         svc.stop()
+
+
+def _cancel_unfinished(client: Client) -> None:
+    for run in client.iter_runs():
+        if run.status not in TERMINAL_STATUSES:
+            try:
+                client.cancel_run(run.id)
+            except ApiError:  # it ended meanwhile
+                pass
+    wait_until(lambda: all(r.status in TERMINAL_STATUSES for r in client.iter_runs()), timeout=60,
+               what="every run to end after cancel")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, ray_head, postgres_url):
+    with cluster_service(tmp_path_factory.mktemp("tessera-home"), ray_head=ray_head,
+                         postgres_url=postgres_url) as svc:
+        yield svc
 
 
 def wait_for_status(client: Client, run_id: str, statuses: set[RunStatus], timeout: float) -> RunView:
