@@ -102,23 +102,22 @@ class ServiceReporter:
         the final status itself."""
         self._post_pending()
         report = StatusReport(status=status, error=error, message=message)
-        try:
-            self._retry(lambda: self.client.report_status(self.run_id, self._token, report),
-                        f"reporting status {status.value}")
-        except Exception as exc:
-            log.error("could not report status %s for run %s: %s: %s",
-                      status.value, self.run_id, type(exc).__name__, exc)
+        self._deliver(lambda: self.client.report_status(self.run_id, self._token, report),
+                      f"status {status.value}")
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         """Tell the service about a committed or failed checkpoint (with retries; called from the
         checkpoint writer's thread with ``async_save``). Failures are logged, never raised."""
         body = CheckpointReport.model_validate(report)
+        self._deliver(lambda: self.client.report_checkpoint(self.run_id, self._token, body),
+                      f"checkpoint {body.url}")
+
+    def _deliver(self, call, what: str) -> None:
+        """Run one report call with retries; log (never raise) if it still fails."""
         try:
-            self._retry(lambda: self.client.report_checkpoint(self.run_id, self._token, body),
-                        f"reporting checkpoint {body.url}")
+            self._retry(call, f"reporting {what}")
         except Exception as exc:
-            log.error("could not report checkpoint %s for run %s: %s: %s",
-                      body.url, self.run_id, type(exc).__name__, exc)
+            log.error("could not report %s for run %s: %s: %s", what, self.run_id, type(exc).__name__, exc)
 
     def flush(self) -> None:
         self._wake.set()
