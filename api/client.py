@@ -27,6 +27,12 @@ from api.views import (
     RunStatus,
     RunView,
     StatusReport,
+    SweepsPage,
+    SweepStatusReport,
+    SweepView,
+    TrialEnd,
+    TrialRegistration,
+    TrialTicket,
 )
 
 API = "/api/v1"
@@ -65,19 +71,22 @@ class Client:
     def get_run(self, run_id: str) -> RunView:
         return RunView.model_validate(self._request("GET", f"{API}/runs/{run_id}"))
 
-    def list_runs(self, *, status: RunStatus | str | None = None, limit: int = 50,
+    def list_runs(self, *, status: RunStatus | str | None = None, sweep_id: str | None = None, limit: int = 50,
                   cursor: str | None = None) -> RunsPage:
+        """Runs newest first; ``sweep_id`` keeps only that sweep's trials."""
         params: dict[str, Any] = {"limit": limit}
         if status is not None:
             params["status"] = RunStatus(status).value
+        if sweep_id is not None:
+            params["sweep_id"] = sweep_id
         if cursor is not None:
             params["cursor"] = cursor
         return RunsPage.model_validate(self._request("GET", f"{API}/runs", params=params))
 
-    def iter_runs(self, *, status: RunStatus | str | None = None) -> Iterator[RunView]:
+    def iter_runs(self, *, status: RunStatus | str | None = None, sweep_id: str | None = None) -> Iterator[RunView]:
         cursor = None
         while True:
-            page = self.list_runs(status=status, cursor=cursor)
+            page = self.list_runs(status=status, sweep_id=sweep_id, cursor=cursor)
             yield from page.data
             if page.next_cursor is None:
                 return
@@ -113,6 +122,55 @@ class Client:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run {run_id} still {run.status.value} after {timeout:.0f}s")
             time.sleep(poll_interval)
+
+    # --- sweeps --------------------------------------------------------------------------
+    def create_sweep(self, spec: Any, *, driver: str = "service") -> SweepView:
+        """Store a sweep (a ``SweepSpec`` or its dict). ``driver="service"``: the service runs
+        its Ray Tune driver as a Ray job. ``driver="external"``: the caller drives it (see
+        ``workers.tune.run_sweep``); the answer then carries ``driver_token``."""
+        body = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else spec
+        return SweepView.model_validate(self._request("POST", f"{API}/sweeps", json=body, params={"driver": driver}))
+
+    def get_sweep(self, sweep_id: str) -> SweepView:
+        return SweepView.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}"))
+
+    def list_sweeps(self, *, limit: int = 50) -> SweepsPage:
+        return SweepsPage.model_validate(self._request("GET", f"{API}/sweeps", params={"limit": limit}))
+
+    def cancel_sweep(self, sweep_id: str) -> SweepView:
+        return SweepView.model_validate(self._request("POST", f"{API}/sweeps/{sweep_id}/cancel"))
+
+    def wait_sweep(self, sweep_id: str, *, timeout: float = 3600.0, poll_interval: float = 1.0,
+                   on_poll: Any = None) -> SweepView:
+        """Poll until the sweep ends; ``on_poll(view)`` sees every answer (a progress bar)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sweep = self.get_sweep(sweep_id)
+            if on_poll is not None:
+                on_poll(sweep)
+            if sweep.status.is_terminal:
+                return sweep
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sweep {sweep_id} still {sweep.status.value} after {timeout:.0f}s")
+            time.sleep(poll_interval)
+
+    # --- sweep driver reports (per-attempt sweep token) ----------------------------------
+    def report_sweep_status(self, sweep_id: str, token: str, report: SweepStatusReport) -> SweepView:
+        return SweepView.model_validate(self._request(
+            "POST", f"{API}/sweeps/{sweep_id}/report/status", json=report.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"}))
+
+    def register_trial(self, sweep_id: str, token: str, registration: TrialRegistration) -> TrialTicket:
+        """Create the trial's run (or start its next attempt); returns its run id and run token."""
+        return TrialTicket.model_validate(self._request(
+            "POST", f"{API}/sweeps/{sweep_id}/trials", json=registration.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"}))
+
+    def end_trial(self, sweep_id: str, token: str, trial_id: str, end: TrialEnd) -> RunView:
+        """Tell the service that Tune stopped (``stopped``) or lost (``failed``) a trial."""
+        return RunView.model_validate(self._request(
+            "POST", f"{API}/sweeps/{sweep_id}/trials/{trial_id}/end", json=end.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"}))
 
     # --- catalog -------------------------------------------------------------------------
     def algorithms(self) -> CatalogPage:

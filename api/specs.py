@@ -262,6 +262,7 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     if data_info.domain != model_info.domain:
         problems.append(f"model {spec.model.name!r} is a {model_info.domain} model but data set "
                         f"{spec.data.train.name!r} is {data_info.domain} data")
+    reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once
     for algorithm in spec.algorithms:
         info = ALGORITHMS[algorithm.name]
         if info.domain not in ("any", data_info.domain):
@@ -271,7 +272,8 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
             problems.append(f"algorithm {algorithm.name!r} needs a transformer model but model "
                             f"{spec.model.name!r} is a {model_info.architecture}")
         for other in spec.algorithms:
-            if other.name in info.conflicts:
+            if other.name in info.conflicts and frozenset((algorithm.name, other.name)) not in reported_pairs:
+                reported_pairs.add(frozenset((algorithm.name, other.name)))
                 reason = info.extra.get("conflict_reasons", {}).get(other.name)
                 because = f" ({reason})" if reason else ""
                 problems.append(f"algorithms {algorithm.name!r} and {other.name!r} do not compose{because}; "

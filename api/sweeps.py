@@ -116,13 +116,39 @@ class SweepSpec(_Spec):
         sets, skipped = algorithm_sets(self)
         if not sets:
             reasons = "; ".join(f"{list(s) or '[]'}: {why}" for s, why in skipped[:5])
-            raise ValueError(f"every algorithm set breaks a rule, so nothing would run: {reasons}")
+            raise ValueError(f"search.algorithms: every algorithm set breaks a rule, so nothing would run: {reasons}")
+        if self.scheduler.name == "asha":
+            problem = _asha_problem(self)
+            if problem:
+                raise ValueError(problem)
         searched = {name for s in sets for name in s}
         for path, domain in self.search.params.items():
             problem = _param_problem(self, path, domain, searched)
             if problem:
                 raise ValueError(f"search.params[{path!r}]: {problem}")
         return self
+
+
+def grace_fraction(sweep: SweepSpec) -> float:
+    """The ASHA grace period as a fraction of the base run's ``max_duration`` (Tune's time
+    attribute is the reported ``time/progress``, 0..1)."""
+    grace, total = sweep.scheduler.grace_period, sweep.base.max_duration
+    if grace.unit is TimeUnit.DURATION:
+        return float(grace.value)
+    return float(grace.value) / float(total.value)
+
+
+def _asha_problem(sweep: SweepSpec) -> str | None:
+    grace, total = sweep.scheduler.grace_period, sweep.base.max_duration
+    if grace.unit is not TimeUnit.DURATION and grace.unit is not total.unit:
+        return (f"scheduler.grace_period {grace} must be in the unit of base.max_duration ({total}) "
+                f"or a fraction like '0.25dur'")
+    if not 0 < grace_fraction(sweep) < 1:
+        return f"scheduler.grace_period {grace} must be more than 0 and less than base.max_duration ({total})"
+    if sweep.base.eval_interval is None:
+        return ("base.eval_interval is not set, but scheduler asha decides on evaluations; "
+                "set it to at most the grace period (e.g. '1ep')")
+    return None
 
 
 # --- expanding the search ---------------------------------------------------------------

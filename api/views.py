@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,13 +18,14 @@ class RunStatus(str, enum.Enum):
     FAILED = "FAILED"
     CANCELING = "CANCELING"
     CANCELED = "CANCELED"
+    STOPPED = "STOPPED"  # a sweep trial that the scheduler (ASHA) ended early: not a failure
 
     @property
     def is_terminal(self) -> bool:
         return self in TERMINAL_STATUSES
 
 
-TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
+TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.STOPPED})
 ACTIVE_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RESTARTING, RunStatus.CANCELING})
 
 
@@ -37,9 +38,25 @@ class RunView(BaseModel):
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    summary: dict[str, float] = Field(default_factory=dict)
+    summary: dict[str, float] = Field(default_factory=dict, description="last reported value of each metric")
+    best: dict[str, float] = Field(default_factory=dict,
+                                   description="best reported value of each metric (see api.views.metric_mode)")
     error: str | None = None
     tags: list[str] = Field(default_factory=list)
+    sweep_id: str | None = Field(None, description="the sweep this run is a trial of")
+    trial_id: str | None = Field(None, description="the trial's id within its sweep (Ray Tune's)")
+
+    @property
+    def restarts(self) -> int:
+        """Attempts after the first: re-queues, resumes and worker-group restarts."""
+        return self.attempt - 1
+
+
+def metric_mode(key: str) -> Literal["min", "max"]:
+    """Which way is better for a metric key: losses, perplexities, errors and durations (``*_s``)
+    go down; everything else (accuracy, throughput) goes up."""
+    lowered = key.lower()
+    return "min" if any(w in lowered for w in ("loss", "perplexity", "error")) or lowered.endswith("_s") else "max"
 
 
 class RunsPage(BaseModel):
@@ -147,4 +164,112 @@ class CheckpointReport(BaseModel):
     committed: bool
     url: str = Field(..., min_length=1, max_length=2_000)
     world_size: int = Field(..., ge=1)
+    error: str | None = Field(None, max_length=20_000)
+
+
+# --- sweeps ---------------------------------------------------------------------------------
+
+class SweepStatus(str, enum.Enum):
+    """QUEUED → STARTING → RUNNING → COMPLETED | FAILED; CANCELING → CANCELED. A sweep whose
+    driver job dies is re-queued (``attempt`` + 1) and its driver restores the Tune experiment."""
+
+    QUEUED = "QUEUED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELING = "CANCELING"
+    CANCELED = "CANCELED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (SweepStatus.COMPLETED, SweepStatus.FAILED, SweepStatus.CANCELED)
+
+
+class SkippedSet(BaseModel):
+    """An algorithm set of the search that breaks a compatibility rule, with why; never run."""
+
+    algorithms: list[str]
+    reason: str
+
+
+class TrialView(BaseModel):
+    """One trial of a sweep: a Tessera run with the searched values that made it."""
+
+    run_id: str
+    trial_id: str
+    name: str
+    status: RunStatus  # STOPPED: ended early by the scheduler
+    attempt: int
+    algorithms: list[str]
+    params: dict[str, Any] = Field(default_factory=dict)
+    metric: float | None = Field(None, description="best value of the sweep's metric (by its mode)")
+    last_metric: float | None = None
+    wall_time_s: float | None = Field(None, description="from the first RUNNING to the end (or now)")
+    progress: float | None = Field(None, description="fraction of max_duration trained (time/progress)")
+
+
+class SweepView(BaseModel):
+    id: str
+    name: str
+    status: SweepStatus
+    attempt: int
+    driver: Literal["service", "external"]
+    spec: dict[str, Any]
+    metric: str
+    mode: Literal["max", "min"]
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error: str | None = None
+    message: str | None = None
+    trials: list[TrialView] = Field(default_factory=list)
+    skipped: list[SkippedSet] = Field(default_factory=list)
+    pareto: list[str] = Field(default_factory=list,
+                              description="run ids of the COMPLETED trials not dominated on (metric, wall time), "
+                                          "fastest first")
+    best_run_id: str | None = None
+    counts: dict[str, int] = Field(default_factory=dict, description="trials per status")
+    driver_token: str | None = Field(None, description="only in the answer to creating an external-driver sweep")
+
+
+class SweepsPage(BaseModel):
+    data: list[SweepView]
+
+
+class SweepStatusReport(BaseModel):
+    """The sweep driver's word: RUNNING once Tune starts, COMPLETED or FAILED at the end."""
+
+    model_config = ConfigDict(extra="forbid")
+    status: SweepStatus
+    message: str | None = Field(None, max_length=2_000)
+    error: str | None = Field(None, max_length=20_000)
+
+
+class TrialRegistration(BaseModel):
+    """The driver registers a trial before training it: the first time this creates the trial's
+    run; again (Tune restarted it) it starts a new attempt of the same run, which resumes from
+    the run's newest committed checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+    trial_id: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    spec: dict[str, Any]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrialTicket(BaseModel):
+    """What a registered trial trains as: its run, that attempt's bearer token, the attempt."""
+
+    run_id: str
+    token: str
+    attempt: int
+
+
+class TrialEnd(BaseModel):
+    """The driver's word on a trial Tune has finished with. ``stopped``: the scheduler ended it
+    early (run → STOPPED); ``failed``: it errored (run → FAILED). Ignored if the run already ended."""
+
+    model_config = ConfigDict(extra="forbid")
+    outcome: Literal["stopped", "failed"]
+    message: str | None = Field(None, max_length=2_000)
     error: str | None = Field(None, max_length=20_000)

@@ -1,7 +1,7 @@
 """The FastAPI application: routes under ``/api/v1``, and a lifespan that owns the moving parts.
 
 Startup, in order: migrate the database, connect to Ray (or start an embedded head),
-reconcile every active run with Ray, then start the dispatcher thread. Shutdown reverses it.
+reconcile every active run and sweep with Ray, then start the dispatcher thread. Shutdown reverses it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from service.errors import install_error_handlers
 from service.ray_jobs import JobsClient, RayJobsClient, start_embedded_ray, stop_embedded_ray
 from service.reconciler import reconcile
 from service.repository import Repository
-from service.routes import catalog, health, reports, runs
+from service.routes import catalog, health, reports, runs, sweeps
 from service.settings import Settings, load_settings
+from service.sweep_dispatch import reconcile_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
             client = RayJobsClient(address)
         dispatcher = Dispatcher(repo, client, settings)
         app.state.repo, app.state.jobs, app.state.dispatcher = repo, client, dispatcher
-        for fix in reconcile(repo, client):
+        app.state.sweeps = dispatcher.sweeps
+        for fix in [*reconcile(repo, client), *reconcile_sweeps(dispatcher.sweeps, client, settings)]:
             log.info("reconciled %s", fix)
         if run_dispatcher:
             dispatcher.start()
@@ -79,7 +81,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     )
     app.state.settings = settings
     install_error_handlers(app)
-    for module in (runs, reports, catalog, health):
+    for module in (runs, reports, sweeps, catalog, health):
         app.include_router(module.router)
     mount_dashboard(app)
     return app

@@ -1,8 +1,10 @@
-"""The dispatcher: submits queued runs to Ray and follows active runs until they end.
+"""The dispatcher: submits queued runs and sweeps to Ray and follows them until they end.
 
 ``tick()`` does one pass and is what the tests drive; ``start()`` runs it every
 ``dispatch_interval_s`` on a background thread for the app's lifetime. Each run is handled on
-its own, so one run's problem is logged and never stops the loop.
+its own, so one run's problem is logged and never stops the loop. Sweep trials are runs whose
+jobs belong to their sweep's driver: they are neither submitted nor synced here
+(``service.sweep_dispatch`` follows the driver job instead).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from service.reconciler import SYNCED_STATUSES, sync_run
 from service.repository import Repository, RunRecord
 from service.settings import Settings
 from service.state_machine import IllegalTransition
+from service.sweep_dispatch import tick_sweeps
+from service.sweep_repository import SweepRepository
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +53,15 @@ class Dispatcher:
 
     def __init__(self, repo: Repository, jobs: JobsClient, settings: Settings):
         self.repo = repo
+        self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def tick(self) -> None:
-        """One pass: submit every QUEUED run, then sync every active or canceling run with Ray."""
+        """One pass: submit every QUEUED run, sync every active or canceling run with Ray, then
+        do the same for sweep driver jobs."""
         queued = self.repo.runs_with_status([RunStatus.QUEUED])
         for run in queued:
             self._guarded(self._submit, run)
@@ -63,8 +69,9 @@ class Dispatcher:
         # answer was lost may not be visible in Ray yet, and must not read as "job gone".
         just_submitted = {run.id for run in queued}
         for run in self.repo.runs_with_status(SYNCED_STATUSES):
-            if run.id not in just_submitted:
+            if run.id not in just_submitted and not run.driven_by_sweep:
                 self._guarded(sync_run, self.repo, self.jobs, run)
+        tick_sweeps(self.sweeps, self.jobs, self.settings)
 
     def _guarded(self, action, *args) -> None:
         run = args[-1]

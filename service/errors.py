@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 import typing
 from typing import Any
 
@@ -22,6 +23,7 @@ from pydantic_settings import BaseSettings
 
 from api.errors import field_path
 from service.repository import InvalidCursor, RunNotFound
+from service.sweep_repository import SweepNotFound
 from service.state_machine import IllegalTransition
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,31 @@ def _trim_loc(loc: list[Any], body: Any) -> list[Any]:
     return loc
 
 
+# A message of a whole-object rule that starts with the path it is about:
+# "scheduler.grace_period 2ep must ...", "search.params['optimizer.lr']: value ...".
+_LEADING_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])+(?=[:\s])")
+_PATH_PART = re.compile(r"\.?([A-Za-z_]\w*)|\['([^']*)'\]|\[(\d+)\]")
+
+
+def _field_named_in(msg: str, body: Any) -> tuple[str, Any] | None:
+    """(path, value) when a whole-object rule's message begins with a path into ``body``; the
+    value is None for a field the body leaves out. None if the message names no such path."""
+    match = _LEADING_PATH.match(msg)
+    if match is None:
+        return None
+    parts = [(name or key, int(index) if index else None) for name, key, index in _PATH_PART.findall(match[0])]
+    node = body
+    for position, (key, index) in enumerate(parts):
+        last = position == len(parts) - 1
+        if index is not None and isinstance(node, list) and index < len(node):
+            node = node[index]
+        elif index is None and isinstance(node, dict) and (key in node or last):
+            node = node.get(key)
+        else:
+            return None
+    return match[0], node
+
+
 def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None) -> dict[str, Any]:
     loc = list(error.get("loc", ()))
     source, inner = (loc[0], loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else ("body", loc)
@@ -147,7 +174,9 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
     else:
         field = ".".join(str(part) for part in inner)
 
-    if kind == "missing" or (kind == "value_error" and source == "body" and not inner and value == body):
+    if kind == "value_error" and source == "body" and not inner and (named := _field_named_in(msg, body)):
+        field, value = named  # a rule over the whole body that says which field it is about
+    elif kind == "missing" or (kind == "value_error" and source == "body" and not inner and value == body):
         value = None  # pydantic echoes the enclosing object here, which is not the bad value
     elif kind == "json_invalid" and ctx.get("error"):
         msg = f"{msg}: {ctx['error']} at position {inner[0] if inner else '?'}; send a JSON object"
@@ -197,6 +226,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RunNotFound)
     async def _not_found(_request: Request, exc: RunNotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": exc.detail})
+
+    @app.exception_handler(SweepNotFound)
+    async def _sweep_not_found(_request: Request, exc: SweepNotFound) -> JSONResponse:
         return JSONResponse(status_code=404, content={"detail": exc.detail})
 
     @app.exception_handler(IllegalTransition)

@@ -88,6 +88,8 @@ def reconcile(repo: Repository, jobs: JobsClient) -> list[str]:
     """
     fixes: list[str] = []
     for run in repo.runs_with_status(SYNCED_STATUSES):
+        if run.driven_by_sweep:
+            continue  # its job is the sweep driver's; see service.sweep_dispatch
         try:
             fix = sync_run(repo, jobs, run, context="reconciler")
         except IllegalTransition as exc:

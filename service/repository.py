@@ -25,8 +25,8 @@ from sqlalchemy import Engine, and_, func, insert, or_, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.specs import RunSpec
-from api.views import (CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView, RunStatus,
-                       RunView)
+from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView,
+                       RunStatus, RunView, metric_mode)
 from service.db.engine import WRITE_OPTIONS
 from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
 from service.state_machine import IllegalTransition, decide, is_terminal, starts_new_attempt, starts_new_job
@@ -59,6 +59,9 @@ class RunRecord:
     tags: list[str]
     ray_job_id: str | None
     sweep_id: str | None
+    trial_id: str | None
+    trial_params: dict[str, Any] | None
+    extrema: dict[str, list[float]]
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -68,13 +71,39 @@ class RunRecord:
     def from_row(cls, row: Run) -> "RunRecord":
         return cls(id=row.id, name=row.name, status=RunStatus(row.status), attempt=row.attempt,
                    spec=row.spec, summary=dict(row.summary or {}), error=row.error, tags=list(row.tags or []),
-                   ray_job_id=row.ray_job_id, sweep_id=row.sweep_id, created_at=row.created_at,
+                   ray_job_id=row.ray_job_id, sweep_id=row.sweep_id, trial_id=row.trial_id,
+                   trial_params=row.trial_params, extrema=dict(row.extrema or {}), created_at=row.created_at,
                    started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at)
+
+    @property
+    def driven_by_sweep(self) -> bool:
+        """A trial whose attempts belong to its sweep's Tune driver, not to the run dispatcher:
+        its job is the driver's (``sweep-...``) or an external driver's (none). A trial resumed
+        by hand is QUEUED for the dispatcher, gets its own ``run-...`` job, and is an ordinary
+        run from then on (a driver's trial is never QUEUED outside a transaction)."""
+        return (self.sweep_id is not None and self.status is not RunStatus.QUEUED
+                and (self.ray_job_id is None or self.ray_job_id.startswith("sweep-")))
 
     def to_view(self) -> RunView:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
                        created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
-                       summary=self.summary, error=self.error, tags=self.tags)
+                       summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
+                       sweep_id=self.sweep_id, trial_id=self.trial_id)
+
+
+def best_values(extrema: dict[str, list[float]]) -> dict[str, float]:
+    """The best reported value of each key, by ``api.views.metric_mode``."""
+    return {key: (low if metric_mode(key) == "min" else high) for key, (low, high) in extrema.items()}
+
+
+def with_extrema(extrema: dict[str, list[float]], points: Iterable[tuple[str, float]]) -> dict[str, list[float]]:
+    """A new ``{key: [min, max]}`` that also covers ``points`` (a fresh object, so the JSON column
+    sees the change)."""
+    updated = {key: list(bounds) for key, bounds in extrema.items()}
+    for key, value in points:
+        low, high = updated.get(key, (value, value))
+        updated[key] = [min(low, value), max(high, value)]
+    return updated
 
 
 def job_submission_id(run_id: str, attempt: int) -> str:
@@ -190,12 +219,15 @@ class Repository:
                 raise RunNotFound(run_id)
             return RunRecord.from_row(run)
 
-    def list_runs(self, *, status: RunStatus | None = None, limit: int = 50,
+    def list_runs(self, *, status: RunStatus | None = None, sweep_id: str | None = None, limit: int = 50,
                   cursor: str | None = None) -> tuple[list[RunRecord], str | None]:
-        """Newest first. Returns the page and the cursor of the next page (None on the last)."""
+        """Newest first, optionally only one sweep's trials. Returns the page and the cursor of
+        the next page (None on the last)."""
         query = select(Run).order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)
         if status is not None:
             query = query.where(Run.status == status.value)
+        if sweep_id is not None:
+            query = query.where(Run.sweep_id == sweep_id)
         if cursor is not None:
             created_at, run_id = _decode_cursor(cursor)
             query = query.where(or_(Run.created_at < created_at,
@@ -231,6 +263,20 @@ class Repository:
                 raise IllegalTransition(run_id, current, to_status,
                                         f"run {run_id} is on attempt {run.attempt}, not {attempt}")
             self._apply(session, run, to_status, message=message, error=error)
+            session.flush()
+            return RunRecord.from_row(run)
+
+    def cancel_run(self, run_id: str) -> RunRecord:
+        """A user's cancel: → CANCELING (the dispatcher stops the job). An active trial of a sweep
+        is refused: its driver owns it, and only canceling the sweep stops it."""
+        with self._write() as session:
+            run = self._locked_run(session, run_id)
+            record = RunRecord.from_row(run)
+            if record.driven_by_sweep and record.status in ACTIVE_STATUSES:
+                raise IllegalTransition(run_id, record.status, RunStatus.CANCELING,
+                                        f"run {run_id} is a trial of sweep {record.sweep_id}; a trial cannot be "
+                                        f"canceled on its own, cancel its sweep instead")
+            self._apply(session, run, RunStatus.CANCELING, message="canceled by user", error=None)
             session.flush()
             return RunRecord.from_row(run)
 
@@ -283,15 +329,17 @@ class Repository:
         _add_event(session, run, current, target, message, now)
 
     def resume_run(self, run_id: str, *, num_workers: int | None = None) -> RunRecord:
-        """FAILED or CANCELED → QUEUED as a new attempt, which resumes from the newest committed
-        checkpoint; with ``num_workers`` the spec's ``parallelism.num_workers`` is rewritten
-        first (validated: raises pydantic's ``ValidationError`` for a spec that no longer holds)."""
+        """FAILED, CANCELED or STOPPED (a trial ended early) → QUEUED as a new attempt, which
+        resumes from the newest committed checkpoint (a trial goes on as a standalone run); with
+        ``num_workers`` the spec's ``parallelism.num_workers`` is rewritten first (validated:
+        raises pydantic's ``ValidationError`` for a spec that no longer holds)."""
         with self._write() as session:
             run = self._locked_run(session, run_id)
             current = RunStatus(run.status)
-            if current not in (RunStatus.FAILED, RunStatus.CANCELED):
+            if current not in (RunStatus.FAILED, RunStatus.CANCELED, RunStatus.STOPPED):
                 raise IllegalTransition(run_id, current, RunStatus.QUEUED,
-                                        f"run {run_id} is {current.value}; only FAILED or CANCELED runs can be resumed")
+                                        f"run {run_id} is {current.value}; only FAILED, CANCELED or STOPPED runs "
+                                        f"can be resumed")
             message = "resumed by user"
             if num_workers is not None and num_workers != run.spec["parallelism"]["num_workers"]:
                 spec = dict(run.spec)
@@ -366,7 +414,8 @@ class Repository:
 
     # --- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, points: list[ReportedMetric]) -> int:
-        """Store a batch of points and update the run's summary; returns how many were stored.
+        """Store a batch of points and update the run's summary (last value per key) and extrema
+        (min and max per key); returns how many were stored.
 
         Non-finite values (a diverged loss) cannot travel as JSON numbers, so they are left out.
         """
@@ -383,6 +432,7 @@ class Repository:
             for row in rows:  # reporting order: the last value reported for a key wins
                 summary[row["key"]] = row["value"]
             run.summary = summary
+            run.extrema = with_extrema(run.extrema or {}, ((row["key"], row["value"]) for row in rows))
             run.updated_at = utcnow()
             return len(rows)
 

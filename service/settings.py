@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     public_url: str | None = Field(None, description="URL workers use to reach the service; default http://{host}:{port}")
     dispatch_interval_s: float = Field(0.5, gt=0.0, le=60.0)
     ray_num_cpus: int | None = Field(None, ge=1, le=4096, description="logical CPUs of the embedded head")
+    sweep_driver_restarts: int = Field(2, ge=0, le=100,
+                                       description="times a sweep whose driver job died is re-queued before it fails")
     worker_python: str = Field(default_factory=lambda: sys.executable,
                                description="Python that runs `-m workers.launch` on the Ray nodes")
 

@@ -6,6 +6,8 @@
     QUEUED | STARTING | RUNNING | RESTARTING → CANCELING → CANCELED
     any non-terminal → FAILED
     FAILED | CANCELED → QUEUED                         (resume: next attempt)
+    STARTING | RUNNING | RESTARTING → STOPPED          (a sweep trial ended early by its scheduler)
+    STOPPED → QUEUED                                   (resume a stopped trial: next attempt)
 
 Reports that repeat the current status (RUNNING, RESTARTING, CANCELING) change nothing and
 are accepted, because workers and users retry requests whose answers they did not see.
@@ -20,13 +22,14 @@ S = RunStatus
 
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.QUEUED: frozenset({S.STARTING, S.CANCELING, S.FAILED}),
-    S.STARTING: frozenset({S.RUNNING, S.QUEUED, S.CANCELING, S.FAILED}),
-    S.RUNNING: frozenset({S.COMPLETED, S.RESTARTING, S.QUEUED, S.CANCELING, S.FAILED}),
-    S.RESTARTING: frozenset({S.RUNNING, S.QUEUED, S.CANCELING, S.FAILED}),
+    S.STARTING: frozenset({S.RUNNING, S.QUEUED, S.CANCELING, S.FAILED, S.STOPPED}),
+    S.RUNNING: frozenset({S.COMPLETED, S.RESTARTING, S.QUEUED, S.CANCELING, S.FAILED, S.STOPPED}),
+    S.RESTARTING: frozenset({S.RUNNING, S.QUEUED, S.CANCELING, S.FAILED, S.STOPPED}),
     S.CANCELING: frozenset({S.CANCELED, S.FAILED}),
     S.COMPLETED: frozenset(),
     S.FAILED: frozenset({S.QUEUED}),
     S.CANCELED: frozenset({S.QUEUED}),
+    S.STOPPED: frozenset({S.QUEUED}),
 }
 
 # Repeating these is an idempotent no-op: no event, no change.
@@ -42,6 +45,7 @@ _VERBS = {
     S.FAILED: "fail",
     S.CANCELING: "cancel",
     S.CANCELED: "mark it CANCELED",
+    S.STOPPED: "stop it early",
 }
 
 

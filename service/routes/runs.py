@@ -43,10 +43,11 @@ def create_run(spec: RunSpec, repo: RepoDep) -> RunView:
 
 @router.get("", response_model=RunsPage, operation_id="list_runs", responses=NOT_MODIFIED)
 def list_runs(request: Request, repo: RepoDep, status: RunStatus | None = None,
+              sweep_id: Annotated[str | None, Query(max_length=64, description="only this sweep's trials")] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               cursor: Annotated[str | None, Query(max_length=512)] = None) -> RunsPage:
     """Runs newest first; pass ``next_cursor`` back as ``cursor`` for the next page. ETag / If-None-Match → 304."""
-    runs, next_cursor = repo.list_runs(status=status, limit=limit, cursor=cursor)
+    runs, next_cursor = repo.list_runs(status=status, sweep_id=sweep_id, limit=limit, cursor=cursor)
     return conditional_json(request, RunsPage(data=[run.to_view() for run in runs], next_cursor=next_cursor))
 
 
@@ -61,9 +62,9 @@ def get_run(run_id: str, request: Request, repo: RepoDep) -> RunView:
 def cancel_run(run_id: str, repo: RepoDep) -> RunView:
     """Ask for a run to stop. It becomes CANCELING; the dispatcher stops its Ray job, then CANCELED.
 
-    409 if the run has already ended.
+    409 if the run has already ended, or if it is an active trial of a sweep (cancel the sweep).
     """
-    return repo.transition(run_id, RunStatus.CANCELING, message="canceled by user").to_view()
+    return repo.cancel_run(run_id).to_view()
 
 
 @router.get("/{run_id}/events", response_model=RunEventsPage, operation_id="list_run_events", responses=NOT_FOUND)

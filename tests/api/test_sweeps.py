@@ -96,3 +96,46 @@ def test_the_pareto_front_keeps_only_undominated_trials():
               "middle": (0.90, 30.0), "tie-slower": (0.90, 31.0), "nan": (float("nan"), 1.0)}
     assert pareto_front(points, "max") == ["fast-bad", "middle", "slow-good"]
     assert pareto_front({"a": (0.5, 10.0), "b": (0.4, 20.0)}, "min") == ["a", "b"]
+
+
+# --- ASHA's grace period and what it decides on ----------------------------------------
+
+def test_asha_grace_period_is_a_fraction_of_the_base_duration():
+    from api.sweeps import grace_fraction
+
+    spec = SweepSpec.model_validate(sweep(scheduler={"name": "asha", "grace_period": "1ep"}))
+    assert grace_fraction(spec) == pytest.approx(1 / int(BASE["max_duration"].removesuffix("ep")))
+    spec = SweepSpec.model_validate(sweep(scheduler={"name": "asha", "grace_period": "0.25dur"}))
+    assert grace_fraction(spec) == 0.25
+
+
+def test_asha_grace_period_in_another_unit_than_the_duration_is_refused():
+    message = error_text(sweep(scheduler={"name": "asha", "grace_period": "10ba"}))
+    assert "scheduler.grace_period 10ba" in message and "unit of base.max_duration" in message
+
+
+def test_asha_grace_period_as_long_as_the_run_is_refused():
+    message = error_text(sweep(scheduler={"name": "asha", "grace_period": BASE["max_duration"]}))
+    assert "less than base.max_duration" in message
+
+
+def test_asha_without_evaluations_is_refused_because_it_has_nothing_to_decide_on():
+    body = sweep(scheduler={"name": "asha", "grace_period": "1ep"})
+    body["base"].pop("eval_interval", None)
+    message = error_text(body)
+    assert "base.eval_interval is not set" in message
+
+
+def test_fifo_needs_no_evaluation_interval():
+    body = sweep()
+    body["base"].pop("eval_interval", None)
+    assert SweepSpec.model_validate(body).scheduler.name == "fifo"
+
+
+@pytest.mark.parametrize(("key", "mode"), [("eval/accuracy", "max"), ("eval/loss", "min"), ("train/loss", "min"),
+                                           ("eval/perplexity", "min"), ("throughput/samples_per_sec", "max"),
+                                           ("time/wall_s", "min")])
+def test_metric_mode_says_which_way_is_better(key, mode):
+    from api.views import metric_mode
+
+    assert metric_mode(key) == mode

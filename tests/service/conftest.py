@@ -61,7 +61,7 @@ def repo(request, tmp_path) -> Repository:
     else:
         engine = request.getfixturevalue("_postgres_engine")
         with engine.begin() as conn:  # the database lives for the session; each test starts empty
-            conn.execute(text("TRUNCATE metrics, run_events, runs RESTART IDENTITY CASCADE"))
+            conn.execute(text("TRUNCATE metrics, run_events, runs, sweeps RESTART IDENTITY CASCADE"))
         yield Repository(engine)
 
 
@@ -147,7 +147,7 @@ def pg_client(tmp_path, fake_jobs, postgres_url, _postgres_engine):
     from service.app import create_app
 
     with _postgres_engine.begin() as conn:
-        conn.execute(text("TRUNCATE metrics, run_events, runs RESTART IDENTITY CASCADE"))
+        conn.execute(text("TRUNCATE metrics, run_events, runs, sweeps RESTART IDENTITY CASCADE"))
     settings = Settings(home=tmp_path / "home", database_url=postgres_url, public_url="http://tessera.test:8000")
     with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), raise_server_exceptions=False) as test_client:
         yield test_client

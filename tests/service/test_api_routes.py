@@ -207,7 +207,9 @@ def test_openapi_is_published_with_stable_operation_ids(client):
     operation_ids = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
     assert operation_ids == {"create_run", "list_runs", "get_run", "cancel_run", "list_run_events", "list_run_metrics",
                              "report_status", "report_metrics", "list_algorithms", "get_algorithm_card", "list_models",
-                             "list_datasets", "healthz", "resume_run", "list_run_checkpoints", "report_checkpoint"}
+                             "list_datasets", "healthz", "resume_run", "list_run_checkpoints", "report_checkpoint",
+                             "create_sweep", "list_sweeps", "get_sweep", "cancel_sweep", "report_sweep_status",
+                             "register_trial", "end_trial"}
     assert client.get(f"{API}/docs").status_code == 200
     assert RunStatus.QUEUED.value in spec["components"]["schemas"]["RunStatus"]["enum"]
 

@@ -86,7 +86,8 @@ def test_resume_of_a_run_that_has_not_ended_badly_is_a_conflict(client, fake_job
     run, _ = _start(client, fake_jobs, example_body)
     response = client.post(f"{API}/runs/{run['id']}/resume")
     assert response.status_code == 409
-    assert response.json()["detail"] == f"run {run['id']} is STARTING; only FAILED or CANCELED runs can be resumed"
+    assert response.json()["detail"] == (f"run {run['id']} is STARTING; only FAILED, CANCELED or STOPPED runs "
+                                         "can be resumed")
 
 
 def test_resume_with_a_number_of_workers_that_breaks_the_spec_is_refused(client, fake_jobs, example_body):

@@ -21,6 +21,8 @@ LEGAL = {
     (S.QUEUED, S.FAILED), (S.STARTING, S.FAILED), (S.RUNNING, S.FAILED), (S.RESTARTING, S.FAILED),
     (S.CANCELING, S.FAILED),
     (S.FAILED, S.QUEUED), (S.CANCELED, S.QUEUED),
+    # a sweep trial that its scheduler ended early, and resuming it
+    (S.STARTING, S.STOPPED), (S.RUNNING, S.STOPPED), (S.RESTARTING, S.STOPPED), (S.STOPPED, S.QUEUED),
 }
 # Repeats that workers and users may retry without harm: accepted, but change nothing.
 IDEMPOTENT = {(S.RUNNING, S.RUNNING), (S.RESTARTING, S.RESTARTING), (S.CANCELING, S.CANCELING)}

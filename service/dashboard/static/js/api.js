@@ -15,6 +15,14 @@ export class ApiError extends Error {
   }
 }
 
+/** An error as one line for the user; a 422's field errors as `field: message; ...`. */
+export function errorText(error) {
+  if (error instanceof ApiError && Array.isArray(error.detail)) {
+    return error.detail.map((d) => (d && d.field ? `${d.field}: ${d.msg}` : JSON.stringify(d))).join("; ");
+  }
+  return error.message;
+}
+
 /** Whether trying again later may help: the network, a timeout, a 5xx, 408 or 429. */
 export function isTransient(error) {
   if (!(error instanceof ApiError)) return true;

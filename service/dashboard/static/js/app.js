@@ -1,18 +1,22 @@
 // The dashboard's shell: a hash router over one module per view, the navigation, and the
 // "Live / Stale" badge that every polling view reports to.
 //
-// Adding a view (e.g. sweeps, once the API has them): write `sweeps.js` exporting
-// `mount(root, ctx) -> cleanup`, add its routes below and a link to index.html's <nav>.
+// Adding a view: write `<view>.js` exporting `mount(root, ctx) -> cleanup`, add its routes
+// below and a link to index.html's <nav>.
 
 import * as algorithmsView from "./algorithms.js";
 import * as runView from "./run.js";
 import * as runsView from "./runs.js";
 import * as submitView from "./submit.js";
+import * as sweepView from "./sweep.js";
+import * as sweepsView from "./sweeps.js";
 import { formatClock, formatDuration } from "./ui.js";
 
 const ROUTES = [
   { pattern: /^\/runs$/, nav: "runs", view: runsView },
   { pattern: /^\/runs\/([^/]+)$/, nav: "runs", view: runView },
+  { pattern: /^\/sweeps$/, nav: "sweeps", view: sweepsView },
+  { pattern: /^\/sweeps\/([^/]+)$/, nav: "sweeps", view: sweepView },
   { pattern: /^\/algorithms$/, nav: "algorithms", view: algorithmsView },
   { pattern: /^\/submit$/, nav: "submit", view: submitView },
 ];

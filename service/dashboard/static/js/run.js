@@ -1,4 +1,5 @@
-// Run: status, progress, live charts, the events timeline, the spec, and cancel.
+// Run: status, progress, live charts, the events timeline, the spec, cancel and resume.
+// A sweep trial links to its sweep.
 //
 // Per poll: one conditional GET /runs/{id} (ETag) and one GET /runs/{id}/metrics?after=CURSOR
 // (only new points; more pages only while catching up). Events change only with the status,
@@ -6,11 +7,11 @@
 // RUNNING -> RESTARTING -> RUNNING blip can fall between two polls); checkpoints likewise.
 
 import { dump } from "../vendor/js-yaml.mjs";
-import { ApiError, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
+import { ApiError, errorText, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
 import { ChartGrid } from "./charts.js";
 import {
-  algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, runDuration,
-  runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
+  algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, RESUMABLE,
+  runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
 } from "./ui.js";
 
 const METRICS_PAGE = 10_000;
@@ -59,6 +60,14 @@ export function mount(root, ctx) {
       errorSlot.replaceChildren(errorBox(`Could not cancel: ${error.message}`));
     }
   });
+  const resume = resumeDialog(path, (run) => {
+    render(run);
+    eventsDue = true; // the new attempt's QUEUED event
+    poller.poke();
+  });
+  const resumeButton = el("button", { type: "button", class: "primary", id: "resume-run", hidden: true,
+                                      onclick: () => resume.open(lastRun) }, "Resume…");
+  const crumbs = el("p", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs"));
   const summaryTable = el("tbody");
   const events = el("ol", { class: "timeline", id: "events" });
   const restarts = el("span", { class: "muted" });
@@ -66,9 +75,9 @@ export function mount(root, ctx) {
   const checkpoints = el("div", { id: "checkpoints" }, el("p", { class: "muted" }, "Loading…"));
 
   root.append(
-    el("p", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")),
+    crumbs,
     el("div", { class: "page-head" }, title, badgeSlot,
-      el("div", { class: "actions" }, resubmit, cancelButton)),
+      el("div", { class: "actions" }, resubmit, resumeButton, cancelButton)),
     el("section", { class: "run-overview", "aria-label": "overview" }, progress, facts),
     errorSlot,
     el("section", { "aria-labelledby": "charts-h" }, el("h2", { id: "charts-h" }, "Metrics"), charts.element),
@@ -85,6 +94,7 @@ export function mount(root, ctx) {
     el("section", { "aria-labelledby": "spec-h" },
       el("details", { open: true }, el("summary", {}, el("h2", { id: "spec-h" }, "Spec")), specBlock)),
     dialog,
+    resume.dialog,
   );
 
   // --- rendering ----------------------------------------------------------------------
@@ -104,11 +114,17 @@ export function mount(root, ctx) {
       ["Started", formatTime(run.started_at)],
       ["Finished", formatTime(run.finished_at)],
       ["Algorithms", algorithmChips(run.spec)],
-    ].flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase() } }, v)]));
+      run.sweep_id ? ["Sweep", sweepLink(run)] : null,
+    ].filter(Boolean).flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase() } }, v)]));
     errorSlot.replaceChildren(run.error ? el("details", { class: "error-box", open: true },
       el("summary", {}, `Error: ${run.error.split("\n")[0].slice(0, 200)}`), el("pre", {}, run.error)) : "");
     const active = !TERMINAL.has(run.status);
     cancelButton.hidden = !active || run.status === "CANCELING";
+    resumeButton.hidden = !RESUMABLE.has(run.status);
+    if (run.sweep_id && crumbs.childElementCount === 1) {
+      crumbs.append(" · ", el("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}`, id: "run-sweep-crumb" },
+        "← its sweep"));
+    }
     resubmit.hidden = false;
     dialogMessage.textContent = `“${run.name}” is ${run.status}. Its Ray job is stopped and the run ends as CANCELED. ` +
       "This cannot be undone.";
@@ -201,5 +217,63 @@ export function mount(root, ctx) {
     poller.stop();
     charts.destroy();
     if (dialog.open) dialog.close();
+    resume.close();
+  };
+}
+
+function sweepLink(run) {
+  return el("span", {}, el("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}`, class: "sweep-link" },
+    `sweep ${run.sweep_id}`), el("span", { class: "muted" }, ` · trial ${run.trial_id || "?"}`));
+}
+
+/**
+ * The "Resume this run?" dialog: an optional number of workers, then POST /runs/{id}/resume.
+ * It stays open and shows the API's answer when the API refuses (409, 422).
+ */
+function resumeDialog(path, onResumed) {
+  const message = el("p");
+  const workers = el("input", { type: "number", id: "resume-workers", name: "num_workers", min: "1", max: "1024",
+                                step: "1", inputmode: "numeric", "aria-describedby": "resume-workers-help" });
+  const help = el("p", { id: "resume-workers-help", class: "muted small" });
+  const problem = el("p", { class: "field-error", id: "resume-error", role: "alert", hidden: true });
+  const confirm = el("button", { type: "submit", class: "primary", id: "confirm-resume" }, "Resume run");
+  const form = el("form", { id: "resume-form" },
+    el("label", { for: "resume-workers" }, "Workers (optional)"), " ", workers, help, problem,
+    el("div", { class: "actions" },
+      el("button", { type: "button", autofocus: true, onclick: () => dialog.close() }, "Keep as is"), confirm));
+  const dialog = el("dialog", { id: "resume-dialog", "aria-labelledby": "resume-dialog-title" },
+    el("h2", { id: "resume-dialog-title" }, "Resume this run?"), message, form);
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = workers.value.trim() ? { num_workers: Number(workers.value) } : {};
+    problem.hidden = true;
+    confirm.disabled = true;
+    try {
+      const run = await postJSON(`${path}/resume`, body);
+      dialog.close();
+      onResumed(run);
+    } catch (error) {
+      problem.textContent = `Could not resume: ${errorText(error)}`;
+      problem.hidden = false;
+    } finally {
+      confirm.disabled = false;
+    }
+  });
+
+  return {
+    dialog,
+    open(run) {
+      const current = run.spec?.parallelism?.num_workers;
+      message.textContent = `“${run.name}” is ${run.status}. Attempt ${run.attempt + 1} starts from its newest ` +
+        "committed checkpoint (from the beginning if it has none)" +
+        (run.sweep_id ? " and continues as a standalone run to its full duration." : ".");
+      help.textContent = `Empty: keep ${current ?? "the spec's"} worker${current === 1 ? "" : "s"}. ` +
+        "Another number reshards the checkpoint.";
+      workers.value = "";
+      problem.hidden = true;
+      dialog.showModal();
+    },
+    close() { if (dialog.open) dialog.close(); },
   };
 }

@@ -27,16 +27,23 @@ export function setText(node, text) {
 }
 
 // Status is always written out; the symbol and colour only repeat it.
+// Sweeps use the same words (QUEUED … CANCELED), so they share the badges.
 const STATUS_SYMBOL = {
   QUEUED: "◷", STARTING: "…", RUNNING: "▶", RESTARTING: "↻",
-  COMPLETED: "✓", FAILED: "✕", CANCELING: "■", CANCELED: "■",
+  COMPLETED: "✓", FAILED: "✕", CANCELING: "■", CANCELED: "■", STOPPED: "⇥",
 };
+// STOPPED is a sweep trial its scheduler (ASHA) ended early: not a failure, so say so.
+const STATUS_LABEL = { STOPPED: "STOPPED early" };
+const STATUS_TITLE = { STOPPED: "stopped early by the sweep's scheduler (not a failure)" };
 export const STATUSES = Object.keys(STATUS_SYMBOL);
-export const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELED"]);
+export const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELED", "STOPPED"]);
+/** Statuses from which POST /runs/{id}/resume starts a new attempt. */
+export const RESUMABLE = new Set(["FAILED", "CANCELED", "STOPPED"]);
 
 export function statusBadge(status) {
-  return el("span", { class: `badge status-${status.toLowerCase()}`, dataset: { status } },
-    el("span", { class: "badge-symbol", "aria-hidden": "true" }, STATUS_SYMBOL[status] || "?"), ` ${status}`);
+  return el("span", { class: `badge status-${status.toLowerCase()}`, dataset: { status }, title: STATUS_TITLE[status] },
+    el("span", { class: "badge-symbol", "aria-hidden": "true" }, STATUS_SYMBOL[status] || "?"),
+    ` ${STATUS_LABEL[status] || status}`);
 }
 
 export function updateStatusBadge(badge, status) {
@@ -97,6 +104,12 @@ export function formatDuration(ms) {
   return `${Math.floor(h / 24)}d ${h % 24}h`;
 }
 
+/** A duration given in seconds (sweeps' wall times); tenths below 10 s, where they matter. */
+export function formatSeconds(seconds) {
+  if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "–";
+  return seconds < 10 ? `${seconds.toFixed(1)}s` : formatDuration(seconds * 1000);
+}
+
 /** How long a run has run (or has been waiting, if it has not started). */
 export function runDuration(run, now = Date.now()) {
   const started = parseTime(run.started_at);
@@ -145,8 +158,18 @@ export function headlineMetric(summary = {}) {
   return null;
 }
 
+/** A run's best value (RunView.best, by each key's mode) as `[label, value]`: eval accuracy,
+ *  else eval perplexity, else train loss. */
+export function bestMetric(best = {}) {
+  for (const key of ["eval/accuracy", "eval/perplexity", "train/loss"]) {
+    if (typeof best[key] === "number") return [key, best[key]];
+  }
+  return null;
+}
+
+/** Chips for a spec's algorithms (or a plain list of names). */
 export function algorithmChips(spec) {
-  const names = (spec?.algorithms || []).map((a) => a.name);
+  const names = Array.isArray(spec) ? spec : (spec?.algorithms || []).map((a) => a.name);
   if (!names.length) return el("span", { class: "muted" }, "none");
   return el("ul", { class: "chips", "aria-label": "algorithms" }, names.map((n) => el("li", { class: "chip" }, n)));
 }

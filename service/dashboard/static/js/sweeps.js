@@ -1,0 +1,131 @@
+// Sweeps: every sweep, newest first (one conditional GET /sweeps per poll), and the numbers
+// the sweep pages share: how many trials are done out of how many, and the best so far.
+
+import { getIfChanged, Poller } from "./api.js";
+import {
+  el, formatNumber, formatTime, runDuration, setText, statusBadge, TERMINAL, updateStatusBadge,
+} from "./ui.js";
+
+const PAGE_SIZE = 100;
+
+/** How many trials the search asks for: valid algorithm sets × grid points × num_samples
+ *  (null when the spec is not readable). ASHA-stopped trials count as done. */
+export function expectedTrials(sweep) {
+  const search = sweep.spec?.search;
+  if (!search) return null;
+  let sets = 1;
+  const algorithms = search.algorithms;
+  if (algorithms?.sets) sets = algorithms.sets.length;
+  else if (algorithms?.pool) {
+    const n = algorithms.pool.length;
+    const maxSize = algorithms.max_size ?? n;
+    sets = 0;
+    for (let k = 0; k <= Math.min(maxSize, n); k += 1) sets += binomial(n, k);
+  }
+  if (algorithms) sets -= (sweep.skipped || []).length;
+  const grid = Object.values(search.params || {}).reduce((product, d) => product * (d.grid ? d.grid.length : 1), 1);
+  return Math.max(0, sets) * grid * (sweep.spec.num_samples || 1);
+}
+
+function binomial(n, k) {
+  let value = 1;
+  for (let i = 1; i <= k; i += 1) value = (value * (n - k + i)) / i;
+  return Math.round(value);
+}
+
+/** `{done, total}`: finished trials (any end) out of the search's size, or of those seen if larger. */
+export function trialCounts(sweep) {
+  const done = sweep.trials.filter((t) => TERMINAL.has(t.status)).length;
+  const expected = expectedTrials(sweep);
+  return { done, total: Math.max(expected ?? 0, sweep.trials.length) };
+}
+
+/** The best trial: `best_run_id` (COMPLETED trials), else the best metric of any trial so far. */
+export function bestTrial(sweep) {
+  const byId = sweep.trials.find((t) => t.run_id === sweep.best_run_id);
+  if (byId) return byId;
+  const scored = sweep.trials.filter((t) => typeof t.metric === "number");
+  if (!scored.length) return null;
+  return scored.reduce((a, b) => ((sweep.mode === "min" ? b.metric < a.metric : b.metric > a.metric) ? b : a));
+}
+
+export function mount(root, ctx) {
+  const count = el("p", { class: "muted", id: "sweeps-count", "aria-live": "polite" });
+  const tbody = el("tbody");
+  const table = el("table", { class: "runs-table sweeps-table", id: "sweeps-table" },
+    el("caption", { class: "visually-hidden" }, "Sweeps, newest first"),
+    el("thead", {}, el("tr", {}, ["Sweep", "Status", "Trials done", "Best", "Started", "Duration"]
+      .map((h) => el("th", { scope: "col", class: `col-${h.split(" ")[0].toLowerCase()}` }, h)))),
+    tbody);
+  const empty = el("p", { class: "empty", hidden: true }, "No sweeps yet. Start one with ",
+    el("code", {}, "POST /api/v1/sweeps"), " or ", el("code", {}, "workers.tune.run_sweep"), " (see docs/sweeps.md).");
+  root.append(
+    el("div", { class: "page-head" }, el("h1", {}, "Sweeps")),
+    count,
+    el("div", { class: "table-wrap" }, table),
+    empty,
+  );
+
+  const rows = new Map(); // sweep id -> {tr, cells}
+  let latest = [];
+
+  function render(sweeps) {
+    latest = sweeps;
+    const seen = new Set();
+    sweeps.forEach((sweep, index) => {
+      seen.add(sweep.id);
+      let row = rows.get(sweep.id);
+      if (!row) rows.set(sweep.id, (row = createRow(sweep)));
+      updateRow(row, sweep);
+      if (tbody.children[index] !== row.tr) tbody.insertBefore(row.tr, tbody.children[index] || null);
+    });
+    for (const [id, row] of rows) {
+      if (!seen.has(id)) { row.tr.remove(); rows.delete(id); }
+    }
+    empty.hidden = sweeps.length > 0;
+    table.hidden = sweeps.length === 0;
+    const active = sweeps.filter((s) => !TERMINAL.has(s.status)).length;
+    setText(count, `${sweeps.length} sweep${sweeps.length === 1 ? "" : "s"}` + (active ? `, ${active} not finished` : ""));
+  }
+
+  const poller = new Poller(async () => {
+    const { data, changed } = await getIfChanged(`/sweeps?limit=${PAGE_SIZE}`);
+    if (changed) render(data.data);
+    else {
+      const now = Date.now();
+      for (const sweep of latest) {
+        if (!TERMINAL.has(sweep.status)) setText(rows.get(sweep.id).cells.duration, runDuration(sweep, now));
+      }
+    }
+  }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();
+
+  return () => poller.stop();
+}
+
+function createRow(sweep) {
+  const cells = {
+    name: el("td", { class: "col-sweep" }),
+    status: el("td", { class: "col-status" }),
+    trials: el("td", { class: "col-trials num" }),
+    best: el("td", { class: "col-best num" }),
+    started: el("td", { class: "col-started" }),
+    duration: el("td", { class: "col-duration num" }),
+  };
+  cells.name.append(el("a", { href: `#/sweeps/${encodeURIComponent(sweep.id)}` }, sweep.name),
+    el("div", { class: "muted mono small" }, sweep.id));
+  cells.status.append(statusBadge(sweep.status));
+  return { tr: el("tr", { dataset: { sweepId: sweep.id } }, Object.values(cells)), cells };
+}
+
+function updateRow(row, sweep) {
+  row.tr.dataset.status = sweep.status;
+  updateStatusBadge(row.cells.status.firstChild, sweep.status);
+  const { done, total } = trialCounts(sweep);
+  setText(row.cells.trials, `${done}/${total}`);
+  const best = bestTrial(sweep);
+  row.cells.best.replaceChildren(...(best
+    ? [formatNumber(best.metric), el("span", { class: "metric-key" }, `${sweep.metric} (${sweep.mode})`)]
+    : ["–"]));
+  setText(row.cells.started, formatTime(sweep.started_at));
+  setText(row.cells.duration, runDuration(sweep));
+}

@@ -1,0 +1,115 @@
+"""Sweeps: create, list, read, cancel; and the reports of a sweep's driver (docs/sweeps.md).
+
+Driver endpoints take the driver attempt's bearer token (``TESSERA_SWEEP_TOKEN``, or the
+``driver_token`` of an external sweep); trial runs then report with their own run tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import ValidationError
+
+from api.specs import RunSpec
+from api.sweeps import SweepSpec
+from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
+                       TrialTicket)
+from service.deps import SweepsDep, SweepTokenDep
+from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
+                            validation_response)
+from service.routes.runs import NOT_MODIFIED, conditional_json
+
+router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
+
+NOT_FOUND = {404: {"model": ErrorBody}}
+CONFLICT = {409: {"model": ErrorBody}}
+DRIVER = {401: {"model": ErrorBody}, **NOT_FOUND}
+REPORTABLE = (SweepStatus.RUNNING, SweepStatus.COMPLETED, SweepStatus.FAILED)
+
+
+@router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
+def create_sweep(spec: SweepSpec, sweeps: SweepsDep,
+                 driver: Literal["service", "external"] = "service") -> SweepView:
+    """Validate a sweep and store it: ``service`` queues it for the dispatcher, which runs its
+    Ray Tune driver as a Ray job; ``external`` stores it RUNNING for a driver the caller runs,
+    and the answer carries that driver's ``driver_token`` (shown only here)."""
+    token = secrets.token_urlsafe(32) if driver == "external" else None
+    record = sweeps.create_sweep(spec, driver=driver, token=token)
+    return sweeps.sweep_view(record.id).model_copy(update={"driver_token": token})
+
+
+@router.get("", response_model=SweepsPage, operation_id="list_sweeps", responses=NOT_MODIFIED)
+def list_sweeps(request: Request, sweeps: SweepsDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SweepsPage:
+    """The newest ``limit`` sweeps, newest first, with their trials. ETag / If-None-Match → 304."""
+    return conditional_json(request, SweepsPage(data=sweeps.list_sweep_views(limit=limit)))
+
+
+@router.get("/{sweep_id}", response_model=SweepView, operation_id="get_sweep", responses={**NOT_FOUND, **NOT_MODIFIED})
+def get_sweep(sweep_id: str, request: Request, sweeps: SweepsDep) -> SweepView:
+    """One sweep: status, trials, skipped sets, Pareto front and best trial. ETag / If-None-Match → 304."""
+    return conditional_json(request, sweeps.sweep_view(sweep_id))
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepView, operation_id="cancel_sweep",
+             responses={**NOT_FOUND, **CONFLICT})
+def cancel_sweep(sweep_id: str, sweeps: SweepsDep) -> SweepView:
+    """Stop a sweep and its trials: CANCELING until the dispatcher has stopped the driver job
+    (an external sweep is CANCELED at once; its driver stops Tune). 409 if it already ended."""
+    sweeps.cancel(sweep_id)
+    return sweeps.sweep_view(sweep_id)
+
+
+# --- driver reports ------------------------------------------------------------------------
+
+@router.post("/{sweep_id}/report/status", response_model=SweepView, operation_id="report_sweep_status",
+             responses={**DRIVER, **CONFLICT})
+def report_sweep_status(sweep_id: SweepTokenDep, report: SweepStatusReport, sweeps: SweepsDep):
+    """The driver's word: RUNNING once Tune starts, COMPLETED or FAILED at the end. During a
+    cancel it is acknowledged and changes nothing."""
+    if report.status not in REPORTABLE:
+        return validation_response([field_error("status", ["body", "status"], "drivers may report RUNNING, "
+                                                "COMPLETED or FAILED", report.status.value)])
+    error = report.error
+    if report.status is SweepStatus.FAILED and not error:
+        error = "the sweep driver reported FAILED without an error message"
+    message = report.message or f"driver reported {report.status.value}"
+    sweeps.apply_driver_report(sweep_id, report.status, message=message, error=error)
+    return sweeps.sweep_view(sweep_id)
+
+
+@router.post("/{sweep_id}/trials", response_model=TrialTicket, operation_id="register_trial",
+             responses={**DRIVER, **CONFLICT})
+def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, sweeps: SweepsDep):
+    """Start a trial: creates its run the first time, else a new attempt of the same run (which
+    resumes from its newest committed checkpoint). Returns the run id and the attempt's run
+    token. 409 for a COMPLETED trial; 422 if ``spec`` is not a valid RunSpec."""
+    try:
+        spec = RunSpec.model_validate(registration.spec)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", "spec", *e["loc"])} for e in exc.errors()]
+        return validation_response(format_validation_errors(errors, registration.model_dump(mode="json"),
+                                                            _registration_schema()))
+    token = secrets.token_urlsafe(32)
+    run = sweeps.register_trial(sweep_id, trial_id=registration.trial_id, spec=spec,
+                                params=registration.params, token=token)
+    return TrialTicket(run_id=run.id, token=token, attempt=run.attempt)
+
+
+@router.post("/{sweep_id}/trials/{trial_id}/end", response_model=RunView, operation_id="end_trial",
+             responses=DRIVER)
+def end_trial(sweep_id: SweepTokenDep, trial_id: str, end: TrialEnd, sweeps: SweepsDep):
+    """Tune is done with a trial: ``stopped`` (its scheduler ended it early) → STOPPED,
+    ``failed`` → FAILED. A trial that already ended (it completed) is left as it is."""
+    return sweeps.end_trial(sweep_id, trial_id, outcome=end.outcome, message=end.message,
+                            error=end.error).to_view()
+
+
+@functools.lru_cache(maxsize=1)
+def _registration_schema() -> dict[str, Any]:
+    # A registration's spec is a free-form dict on the wire; name its fields as a RunSpec's.
+    run_spec = RunSpec.model_json_schema()
+    return {"type": "object", "properties": {"spec": {k: v for k, v in run_spec.items() if k != "$defs"}},
+            "$defs": run_spec.get("$defs", {})}
