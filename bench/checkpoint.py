@@ -1,7 +1,7 @@
 """Checkpoint benchmark: DCP to S3 (moto over HTTP) vs a raw boto3 multipart transfer of the same
 bytes, and the training-step stall of async vs sync saves.
 
-    .venv/bin/python bench/checkpoint.py [--model resnet18] [--repeats 3]
+    .venv/bin/python bench/checkpoint.py [--model resnet18] [--repeats 3] [--only transfer|stall]
 
 Prints a JSON report. S3 is moto's server on loopback (real HTTP, in this process), so the
 ratios measure client-side overheads (DCP planning, per-file requests, serialization), not a
@@ -72,6 +72,7 @@ def bench_transfer(args, client, bucket: str) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from workers.checkpoint.manager import WRITE_THREADS  # what the trainer uses
+    from workers.checkpoint.reader import ParallelFsspecReader  # what the trainer loads with
 
     model, optimizer = model_and_optimizer(args.model)
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -81,7 +82,8 @@ def bench_transfer(args, client, bucket: str) -> dict:
     payload = buffer.getvalue()
     config = boto3.s3.transfer.TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20,
                                               max_concurrency=4)
-    rows = {"dcp_save": [], "dcp_load": [], "raw_upload": [], "raw_download": []}
+    # dcp_load: our reader; dcp_load_stock: torch's FsspecReader, interleaved for comparison.
+    rows = {"dcp_save": [], "dcp_load": [], "dcp_load_stock": [], "raw_upload": [], "raw_download": []}
     dcp_bytes = 0
     for i in range(args.repeats):
         url = f"s3://{bucket}/dcp/{i}"
@@ -89,10 +91,12 @@ def bench_transfer(args, client, bucket: str) -> dict:
         dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), no_dist=True)
         rows["dcp_save"].append(time.perf_counter() - start)
         dcp_bytes = sum(obj["Size"] for obj in client.list_objects_v2(Bucket=bucket, Prefix=f"dcp/{i}/")["Contents"])
-        target_sd, target_osd = get_state_dict(model, optimizer)
-        start = time.perf_counter()
-        dcp.load({"model": target_sd, "optim": target_osd}, storage_reader=FsspecReader(url), no_dist=True)
-        rows["dcp_load"].append(time.perf_counter() - start)
+        readers = [("dcp_load", ParallelFsspecReader), ("dcp_load_stock", FsspecReader)]
+        for key, reader in readers if i % 2 == 0 else readers[::-1]:  # alternate who goes first
+            target_sd, target_osd = get_state_dict(model, optimizer)
+            start = time.perf_counter()
+            dcp.load({"model": target_sd, "optim": target_osd}, storage_reader=reader(url), no_dist=True)
+            rows[key].append(time.perf_counter() - start)
 
         start = time.perf_counter()
         client.upload_fileobj(io.BytesIO(payload), bucket, f"raw/{i}.pt", Config=config)
@@ -107,9 +111,12 @@ def bench_transfer(args, client, bucket: str) -> dict:
         "model": args.model, "payload_mb": round(mb, 1), "dcp_mb": round(dcp_bytes / 1e6, 1), "repeats": args.repeats,
         "median_s": {k: round(v, 3) for k, v in median.items()},
         "save_mb_per_s": {"dcp": round(mb / median["dcp_save"], 1), "raw": round(mb / median["raw_upload"], 1)},
-        "load_mb_per_s": {"dcp": round(mb / median["dcp_load"], 1), "raw": round(mb / median["raw_download"], 1)},
+        "load_mb_per_s": {"dcp": round(mb / median["dcp_load"], 1),
+                          "dcp_stock": round(mb / median["dcp_load_stock"], 1),
+                          "raw": round(mb / median["raw_download"], 1)},
         "ratio_dcp_over_raw": {"save": round(median["raw_upload"] / median["dcp_save"], 2),
-                               "load": round(median["raw_download"] / median["dcp_load"], 2)},
+                               "load": round(median["raw_download"] / median["dcp_load"], 2),
+                               "load_stock_reader": round(median["raw_download"] / median["dcp_load_stock"], 2)},
     }
 
 
@@ -164,6 +171,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--interval", type=int, default=20)
+    parser.add_argument("--only", choices=["transfer", "stall"], help="run one of the two benchmarks")
     args = parser.parse_args()
     import torch
 
@@ -171,9 +179,12 @@ def main() -> None:
     bucket = "tessera-bench"
     server, client = start_s3(bucket)
     try:
-        report = {"transfer": bench_transfer(args, client, bucket), "stall": bench_stall(args, bucket),
-                  "torch": torch.__version__, "cpus": os.cpu_count(),
-                  "load_average": os.getloadavg()}
+        report = {}
+        if args.only in (None, "transfer"):
+            report["transfer"] = bench_transfer(args, client, bucket)
+        if args.only in (None, "stall"):
+            report["stall"] = bench_stall(args, bucket)
+        report.update(torch=torch.__version__, cpus=os.cpu_count(), load_average=os.getloadavg())
     finally:
         server.stop()
     print(json.dumps(report, indent=2))

@@ -126,15 +126,34 @@ def cancel(run_id: str, url: UrlOption = DEFAULT_URL) -> None:
 
 
 @app.command()
-def train(file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")]) -> None:
-    """Run one spec locally without the service (for debugging); prints metrics as it goes."""
+def train(
+    file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
+    checkpoint_dir: Annotated[Optional[str], typer.Option(
+        "--checkpoint-dir", help="where checkpoints go, as DIR/runs/{name}/checkpoints; a re-run of the same spec "
+        "resumes from the newest one (default: $TESSERA_HOME/local, i.e. .tessera/local); s3:// works too")] = None,
+    no_checkpoints: Annotated[bool, typer.Option("--no-checkpoints", help="neither save nor resume")] = False,
+) -> None:
+    """Run one spec locally without the service (for debugging); prints metrics as it goes.
+    Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
     try:
         spec = load_spec(file)
     except SpecFileError as exc:
         _fail(str(exc))
-    from workers.local import train_local
+    from workers.checkpoint import IncompatibleCheckpoint
+    from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
 
-    result = train_local(spec)
+    checkpoint_dir = None if no_checkpoints else checkpoint_dir or default_checkpoint_dir()
+    if checkpoint_dir is not None:
+        latest = latest_local_checkpoint(spec, checkpoint_dir)
+        if latest is None:
+            console.print(f"checkpoints go to {local_run_url(spec, checkpoint_dir)}/checkpoints", highlight=False,
+                          soft_wrap=True)
+        else:
+            console.print(f"resuming from {latest.url} (batch {latest.step})", highlight=False, soft_wrap=True)
+    try:
+        result = train_local(spec, checkpoint_dir=checkpoint_dir)
+    except IncompatibleCheckpoint as exc:
+        _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
     console.print_json(json.dumps(result, default=float))
 
 

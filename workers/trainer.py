@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -33,8 +33,9 @@ from workers.events import Event
 from workers.loss import eval_metrics, eval_sums, soft_cross_entropy
 from workers.models import build_model
 from workers.optim import build_optimizer, build_scheduler
-from workers.parallel import (all_reduce_max, all_reduce_sum, average_buffers, device_for, is_fsdp, no_sync,
-                              rank_and_world_size, unwrap, wrap_model)
+from workers.parallel import (OomAgreement, all_reduce_max, all_reduce_sum, average_buffers, average_gradients,
+                              device_for, is_fsdp, no_sync, rank_and_world_size, reset_after_failed_step, unwrap,
+                              wrap_model)
 from workers.precision import autocast, grad_scaler
 from workers.reporter import MetricSink, NullSink
 from workers.state import State
@@ -65,11 +66,15 @@ class Trainer:
     """Builds one rank's model, data, optimizer and algorithms from a ``RunSpec`` and trains."""
 
     def __init__(self, spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device | None = None,
-                 callbacks: Sequence[Callback] = (), checkpoint_url: str | None = None):
+                 callbacks: Sequence[Callback] = (), checkpoint_url: str | None = None,
+                 on_eval: Callable[[dict[str, float]], None] | None = None):
         """``checkpoint_url``: the run's checkpoint folder (``{storage}/runs/{id}/checkpoints``);
         with one, the trainer resumes from its newest committed checkpoint and saves every
-        ``spec.checkpoint.interval`` and at the end."""
+        ``spec.checkpoint.interval`` and at the end. ``on_eval``: called on every rank after
+        each evaluation with its results plus ``time/batch``, ``time/epoch`` and
+        ``time/progress`` (how a Tune trial reports to its scheduler)."""
         self.spec = spec
+        self.on_eval = on_eval
         self.device = device or device_for(spec.parallelism.use_gpu)
         self.rank, self.world_size = rank_and_world_size()
         self.sink: MetricSink = sink if sink is not None and self.rank == 0 else NullSink()
@@ -116,6 +121,12 @@ class Trainer:
         self._throughput_mark = (time.monotonic(), 0)
         self._last_eval_batch = -1
         self._microbatch_size = spec.microbatch_size if isinstance(spec.microbatch_size, int) else None
+        # "auto" on several ranks: every rank must halve together (see _try_batch).
+        self._oom_agreement = OomAgreement(self.state.model, self.device) if (
+            spec.microbatch_size == "auto" and self.world_size > 1) else None
+        # Under DDP the gradient all-reduce waits until all ranks agree that the batch fit (FSDP
+        # has sync points before its reduce-scatters instead).
+        self._defer_gradient_sync = self._oom_agreement is not None and not is_fsdp(self.state.model)
 
         self.resumed_from: str | None = None
         self.checkpointer = None if checkpoint_url is None else Checkpointer(
@@ -192,12 +203,12 @@ class Trainer:
         batch_size = batch_inputs.shape[0]
         lr = state.optimizer.param_groups[0]["lr"]
         while True:
-            try:
-                batch_loss = self._accumulate_gradients(batch_inputs, batch_targets)
+            batch_loss = self._try_batch(batch_inputs, batch_targets)
+            if batch_loss is not None:
                 break
-            except torch.OutOfMemoryError:
-                if not self._halve_microbatch(batch_size):
-                    raise
+            if not self._halve_microbatch(batch_size):
+                raise torch.OutOfMemoryError(f"out of memory on this batch with microbatches of "
+                                             f"{self._microbatch_size or batch_size}, on this rank or another")
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()
@@ -206,18 +217,34 @@ class Trainer:
         if self.rank == 0:
             self._pending.append((state.timestamp.batch, batch_loss, lr))
 
+    def _try_batch(self, batch_inputs: torch.Tensor, batch_targets: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward over the batch; its mean loss, or None when ``microbatch_size:
+        auto`` and this rank or (on several ranks) any rank ran out of memory. Every rank gets
+        the same answer, so all retry the batch together and their collectives stay matched."""
+        agreement = self._oom_agreement
+        batch_loss = None
+        try:
+            with agreement.attempt() if agreement is not None else contextlib.nullcontext():
+                batch_loss = self._accumulate_gradients(batch_inputs, batch_targets)
+        except torch.OutOfMemoryError:
+            if self.spec.microbatch_size != "auto":
+                raise
+        if agreement is not None and agreement.agree(batch_loss is None):  # one small all-reduce per batch
+            batch_loss = None
+        if batch_loss is not None and self._defer_gradient_sync:
+            average_gradients(self.state.model)
+        return batch_loss
+
     def _halve_microbatch(self, batch_size: int) -> bool:
         """``microbatch_size: auto`` after an out-of-memory error: retry the batch in microbatches
-        half the size. False when not ``auto`` or already at 1 (the error then stands).
-
-        Single-rank decision: with several workers, an OOM on one rank inside DDP's gradient
-        all-reduce is not coordinated with the others (a known limitation)."""
+        half the size. False when already at 1 (the error then stands)."""
         current = self._microbatch_size or batch_size
-        if self.spec.microbatch_size != "auto" or current <= 1:
+        if current <= 1:
             return False
         self._microbatch_size = current // 2
         self.state.optimizer.zero_grad(set_to_none=True)
         self.state.outputs = self.state.loss = None
+        reset_after_failed_step(self.state.model)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         log.warning("out of memory with microbatches of %d; retrying the batch with %d", current,
@@ -236,8 +263,8 @@ class Trainer:
             # Weighting each microbatch's mean loss by its share of the batch makes the summed
             # gradients equal the full batch's.
             weight = (end - start) / batch_size
-            # DDP all-reduces gradients only on the last microbatch.
-            with no_sync(state.model, skip=i < len(bounds) - 1):
+            # DDP all-reduces gradients only on the last microbatch (or, deferred, after the batch).
+            with no_sync(state.model, skip=self._defer_gradient_sync or i < len(bounds) - 1):
                 self._forward_backward(weight)
             batch_loss += state.loss.detach() * weight
         return batch_loss
@@ -299,6 +326,9 @@ class Trainer:
             self._record(state.timestamp.batch, key, value)
         self.engine.run_event(Event.EVAL_END, state)
         self.sink.flush()
+        if self.on_eval is not None:
+            self.on_eval({**results, "time/batch": float(state.timestamp.batch),
+                          "time/epoch": float(state.timestamp.epoch), "time/progress": float(state.progress)})
         self._throughput_mark = (time.monotonic(), state.timestamp.sample)  # eval time is not training
         return results
 

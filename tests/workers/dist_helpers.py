@@ -7,7 +7,7 @@ import json
 import multiprocessing
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from api.specs import RunSpec
 
@@ -30,6 +30,9 @@ def _rank_main(rank: int, world_size: int, init_file: str, spec_json: str, check
             Path(result_path).write_text(json.dumps({
                 "metrics": metrics, "checkpoints": sink.checkpoints, "resumed_from": trainer.resumed_from,
                 "loss_steps": [step for step, _ in sink.values("train/loss")]}))
+        # Tear down together: a rank that destroys the group while its peer still uses it can
+        # abort that peer's process at exit (gloo: "terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -41,10 +44,16 @@ def run_on_ranks(spec: RunSpec, *, world_size: int, checkpoint_url: str, work_di
     work_dir.mkdir(parents=True, exist_ok=True)
     tag = os.urandom(4).hex()
     init_file, result_path = work_dir / f"pg-{tag}", work_dir / f"result-{tag}.json"
+    spawn_ranks(_rank_main, [(rank, world_size, str(init_file), spec.model_dump_json(), checkpoint_url,
+                              str(result_path)) for rank in range(world_size)], timeout_s=timeout_s)
+    return json.loads(result_path.read_text())
+
+
+def spawn_ranks(target: Callable[..., None], args_per_rank: list[tuple], *, timeout_s: float) -> None:
+    """Run ``target(*args)`` for each rank's args in spawned processes; assert every rank exits 0
+    within ``timeout_s`` (a rank still alive then is killed: collectives out of step hang)."""
     context = multiprocessing.get_context("spawn")
-    procs = [context.Process(target=_rank_main, args=(rank, world_size, str(init_file), spec.model_dump_json(),
-                                                      checkpoint_url, str(result_path)))
-             for rank in range(world_size)]
+    procs = [context.Process(target=target, args=args) for args in args_per_rank]
     for proc in procs:
         proc.start()
     try:
@@ -56,5 +65,4 @@ def run_on_ranks(spec: RunSpec, *, world_size: int, checkpoint_url: str, work_di
                 proc.kill()
                 proc.join()
     codes = [proc.exitcode for proc in procs]
-    assert codes == [0] * world_size, f"ranks exited with {codes}"
-    return json.loads(result_path.read_text())
+    assert codes == [0] * len(procs), f"ranks exited with {codes} (a rank failed or hung)"

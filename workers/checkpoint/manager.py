@@ -5,6 +5,7 @@ Layout under ``{storage}/runs/{run_id}/checkpoints/``::
     ep{E}-ba{B}/            one checkpoint (B = global batches done, E = epochs done)
         .metadata, __*.distcp   DCP: model and optimizer, sharded as the run holds them
         trainer.pt          rank 0: LR scheduler, grad scaler, algorithm state, time, data position
+                            (sharded tensors in it, e.g. EMA/SWA averages under FSDP, stored whole)
         rank{r}.pt          every rank: its RNG states
         COMMITTED           JSON, written last by rank 0: step, epoch, time, bytes, world size, fingerprint
 
@@ -17,7 +18,8 @@ Every save is collective: all ranks call ``save`` at the same step. Failures are
 too (DCP raises on every rank if any rank failed; the per-rank files are agreed on with an
 all-reduce), so all ranks retry together and agree on the outcome. ``async_save`` stages a
 copy of the state in memory and writes it from a background thread, over a separate gloo
-process group so its collectives never interleave with training's.
+process group so its collectives never interleave with training's. Loads fetch each needed
+byte range once, several at a time (``workers.checkpoint.reader``).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from workers.checkpoint.contents import check_compatible, spec_hash
+from workers.checkpoint.reader import ParallelFsspecReader
 from workers.checkpoint.storage import FsspecStorage, join, with_retries
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,8 @@ def _staged_copy(value: Any) -> Any:
     """A copy of a state dict whose tensors training will not change under a background write."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
+    if isinstance(value, _FullTensor):  # on one rank, full_tensor() may be the live tensor itself
+        return _FullTensor(value.tensor.detach().clone(), value.placements)
     if isinstance(value, dict):
         return {k: _staged_copy(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -78,6 +83,57 @@ def _staged_copy(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_staged_copy(v) for v in value)
     return value
+
+
+@dataclass
+class _FullTensor:
+    """A DTensor of the trainer state (EMA/SWA averages of FSDP parameters), stored whole.
+
+    ``trainer.pt`` is written by rank 0 alone, so a sharded tensor in it would keep rank 0's
+    shard only; stored whole it reshards onto any world size on load."""
+
+    tensor: torch.Tensor
+    placements: tuple[Any, ...]
+
+
+def _gather_dtensors(value: Any) -> Any:
+    """``value`` with every DTensor replaced by a ``_FullTensor`` (collective: all-gathers, in
+    the same order on every rank)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return _FullTensor(value.full_tensor().cpu(), tuple(value.placements))
+    if isinstance(value, dict):
+        return {k: _gather_dtensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_gather_dtensors(v) for v in value)
+    return value
+
+
+def _redistribute(value: Any, mesh: Any, device: torch.device) -> Any:
+    """Undo ``_gather_dtensors`` for a model sharded over ``mesh`` (None: keep tensors whole).
+    Every rank holds the whole tensor, so each takes its shard without communication."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if isinstance(value, _FullTensor):
+        if mesh is None:
+            return value.tensor.to(device)
+        return distribute_tensor(value.tensor.to(device), mesh, list(value.placements), src_data_rank=None)
+    if isinstance(value, dict):
+        return {k: _redistribute(v, mesh, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_redistribute(v, mesh, device) for v in value)
+    return value
+
+
+def _mesh_and_device(model: torch.nn.Module) -> tuple[Any, torch.device]:
+    from torch.distributed.tensor import DTensor
+
+    for param in model.parameters():
+        if isinstance(param, DTensor):
+            return param.device_mesh, param.device
+        return None, param.device
+    return None, torch.device("cpu")
 
 
 def _to_bytes(obj: Any) -> bytes:
@@ -138,6 +194,7 @@ class Checkpointer:
         """Save collectively (every rank calls this at the same step). Returns once written, or
         with ``async_save`` once staged; a failed save is reported and training goes on."""
         self.wait()  # one write in flight at a time
+        trainer_state = _gather_dtensors(trainer_state)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         name = checkpoint_name(epoch=epoch, step=step)
@@ -236,9 +293,10 @@ class Checkpointer:
         check_compatible(meta["fingerprint"], self.fingerprint, url=info.url)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=FsspecReader(info.url), no_dist=not _distributed())
+        dcp.load(state, storage_reader=ParallelFsspecReader(info.url), no_dist=not _distributed())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        trainer_state = _from_bytes(self.storage.read_bytes(join(info.url, "trainer.pt")))
+        trainer_state = _redistribute(_from_bytes(self.storage.read_bytes(join(info.url, "trainer.pt"))),
+                                      *_mesh_and_device(model))
         rank_state = None
         if meta["world_size"] == self.world_size:
             rank_state = _from_bytes(self.storage.read_bytes(join(info.url, f"rank{self.rank}.pt")))
@@ -258,4 +316,4 @@ def read_checkpoint(url: str) -> dict[str, Any]:
     in this process, whatever world size wrote it: ``{"model": {...}, "optim": {...}}``."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    return _load_state_dict_from_keys(storage_reader=FsspecReader(url))
+    return _load_state_dict_from_keys(storage_reader=ParallelFsspecReader(url))

@@ -1,0 +1,53 @@
+"""FSDP2 with fp16 autocast and a GradScaler, plus EMA and SWA, on two gloo ranks: a run resumed
+from a checkpoint ends bitwise equal to the uninterrupted run, averages and scaler included."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tests.workers.checkpoint_helpers import assert_bitwise_equal, latest_url
+from tests.workers.dist_helpers import run_on_ranks
+from tests.workers.helpers_specs import tiny_spec
+from workers.checkpoint import read_checkpoint, storage_for
+from workers.checkpoint.manager import _from_bytes
+
+pytestmark = pytest.mark.integration
+
+
+def trainer_state(url: str) -> dict:
+    return _from_bytes(storage_for(url).read_bytes(f"{url}/trainer.pt"))
+
+
+ALGORITHMS = {"ema": {"name": "ema", "half_life": "2ba"},  # EMA and SWA do not compose: one run each
+              "swa": {"name": "swa", "swa_start": "0.25dur", "swa_end": "0.97dur", "update_interval": "1ba"}}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_fsdp_with_fp16_and_a_grad_scaler_resumes_exactly_with_its_weight_average(algorithm, tmp_path):
+    spec = tiny_spec(max_duration="8ba", deterministic=True, precision="amp_fp16",
+                     parallelism={"strategy": "fsdp", "num_workers": 2}, algorithms=[ALGORITHMS[algorithm]],
+                     checkpoint={"interval": "2ba", "keep_last": 10})
+    whole = f"file://{tmp_path}/whole"
+    run_on_ranks(spec, world_size=2, checkpoint_url=whole, work_dir=tmp_path)
+    shutil.copytree(tmp_path / "whole" / "ep0-ba4", tmp_path / "cut" / "ep0-ba4")
+    cut = f"file://{tmp_path}/cut"
+    resumed = run_on_ranks(spec, world_size=2, checkpoint_url=cut, work_dir=tmp_path)
+    assert resumed["resumed_from"] == f"{cut}/ep0-ba4" and resumed["loss_steps"] == [5, 6, 7, 8]
+
+    assert_bitwise_equal(latest_url(whole), latest_url(cut))  # SWA's average is loaded into the final model
+    a, b = trainer_state(latest_url(whole)), trainer_state(latest_url(cut))
+    assert a["scaler"] == b["scaler"] and a["scaler"]["scale"] > 0
+    if algorithm == "swa":
+        assert b["algorithms"]["swa"]["completed"] and b["algorithms"]["swa"]["num_averaged"] == 7
+        return
+    ema_a, ema_b = a["algorithms"]["ema"]["averaged"], b["algorithms"]["ema"]["averaged"]
+    assert ema_a.keys() == ema_b.keys() and ema_a
+    for name in ema_a:
+        assert torch.equal(ema_a[name].tensor, ema_b[name].tensor), name
+    # Stored whole, with both ranks' shards (trainer.pt is written by rank 0 alone).
+    model_at_4 = read_checkpoint(f"{whole}/ep0-ba4")["model"]
+    ema_at_4 = trainer_state(f"{whole}/ep0-ba4")["algorithms"]["ema"]["averaged"]
+    assert {name: t.tensor.shape for name, t in ema_at_4.items()} == {name: t.shape for name, t in model_at_4.items()}

@@ -1,0 +1,88 @@
+"""``tessera train`` without the service checkpoints as it goes, and running the same spec again
+resumes from the newest committed checkpoint: in process, and across a killed CLI process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.workers.checkpoint_helpers import assert_bitwise_equal, latest_url
+from tests.workers.helpers_specs import tiny_spec
+from workers.checkpoint import IncompatibleCheckpoint
+from workers.local import latest_local_checkpoint, local_run_url, train_local
+from workers.reporter import MemorySink
+
+
+def spec_of(max_duration: str, **overrides):
+    body = dict(name="local-resume", max_duration=max_duration, deterministic=True,
+                checkpoint={"interval": "2ba", "keep_last": 3})
+    body.update(overrides)
+    return tiny_spec(**body)
+
+
+def test_running_a_spec_again_resumes_where_the_last_local_run_ended(tmp_path):
+    first = MemorySink()
+    train_local(spec_of("4ba"), sink=first, checkpoint_dir=str(tmp_path))
+    assert [step for step, _ in first.values("train/loss")] == [1, 2, 3, 4]
+    assert latest_local_checkpoint(spec_of("4ba"), str(tmp_path)).step == 4
+    assert local_run_url(spec_of("4ba"), str(tmp_path)) == f"file://{tmp_path}/runs/local-resume"
+
+    longer = MemorySink()
+    train_local(spec_of("6ba"), sink=longer, checkpoint_dir=str(tmp_path))
+    assert [step for step, _ in longer.values("train/loss")] == [5, 6]
+
+    fresh = MemorySink()  # without a checkpoint_dir (tessera train --no-checkpoints): from scratch, nothing saved
+    train_local(spec_of("2ba"), sink=fresh)
+    assert [step for step, _ in fresh.values("train/loss")] == [1, 2]
+    assert latest_local_checkpoint(spec_of("2ba"), str(tmp_path)).step == 6
+
+
+def test_a_spec_with_another_model_under_the_same_name_is_refused(tmp_path):
+    train_local(spec_of("2ba"), sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    other = spec_of("4ba", model={"name": "simple_cnn", "params": {"width": 16, "hidden": 16}})
+    try:
+        train_local(other, sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    except IncompatibleCheckpoint as exc:
+        assert "incompatible run" in str(exc)
+    else:
+        raise AssertionError("the checkpoint of another model was loaded")
+
+
+def test_the_cli_resumes_a_killed_run_and_ends_bitwise_equal_to_an_uninterrupted_one(tmp_path):
+    spec = spec_of("8ba")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    command = [sys.executable, "-m", "cli.main", "train", str(spec_file), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    env = {**os.environ, "TESSERA_TEST_KILL_AT_BATCH": "5", "TESSERA_TEST_KILL_MARKER": str(tmp_path / "killed")}
+
+    killed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILLed after batch 5; 2 and 4 committed
+    assert "checkpoints go to" in killed.stdout
+    resumed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from file://{tmp_path}/ckpt/runs/local-resume/checkpoints/ep0-ba4 (batch 4)" in resumed.stdout
+    metrics = json.loads(resumed.stdout[resumed.stdout.rindex("\n{"):])
+    assert metrics["time/batch"] == 8
+
+    train_local(spec, sink=MemorySink(), checkpoint_dir=str(tmp_path / "whole"))
+    resumed_url = f"file://{tmp_path}/ckpt/runs/local-resume/checkpoints"
+    whole_url = f"file://{tmp_path}/whole/runs/local-resume/checkpoints"
+    assert latest_url(resumed_url).endswith("ba8") and latest_url(whole_url).endswith("ba8")
+    assert_bitwise_equal(latest_url(resumed_url), latest_url(whole_url))
+
+
+@pytest.mark.integration
+def test_a_ddp_spec_run_again_resumes_through_ray_without_reporting_a_restart(ray_client, tmp_path):
+    body = dict(parallelism={"strategy": "ddp", "num_workers": 2})
+    train_local(spec_of("4ba", **body), sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    assert latest_local_checkpoint(spec_of("4ba", **body), str(tmp_path)).step == 4
+    final = train_local(spec_of("6ba", **body), sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    assert final["time/batch"] == 6
+    assert latest_local_checkpoint(spec_of("6ba", **body), str(tmp_path)).name == "ep1-ba6"
+    # Each invocation is its own attempt: the second is not a Ray Train restart of the first.
+    assert sorted(os.listdir(tmp_path / "runs" / "local-resume" / "attempts")) == ["1.started", "2.started"]
