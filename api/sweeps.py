@@ -104,7 +104,8 @@ class SweepSpec(_Spec):
     name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     base: RunSpec
     search: SearchSpec
-    metric: str = Field("eval/accuracy", min_length=1)
+    metric: Literal["eval/accuracy", "eval/loss", "eval/perplexity"] = Field(
+        "eval/accuracy", description="what the scheduler decides on: an evaluation metric (reported after each eval)")
     mode: Literal["max", "min"] = "max"
     num_samples: int = Field(1, ge=1, le=1000, description="repeats per grid point / draws for random search")
     scheduler: SweepSchedulerSpec = Field(default_factory=SweepSchedulerSpec)

@@ -52,10 +52,19 @@ def _kill_processes_mentioning(marker: str) -> None:
     import psutil
 
     me = os.getpid()
+    doomed: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             if proc.pid != me and marker in " ".join(proc.info["cmdline"] or []):
-                proc.kill()
+                doomed[proc.pid] = proc
+                # Ray's agents retitle themselves (`ray::DashboardAgent`), so their command
+                # lines no longer name the temp dir: take the whole tree of each match.
+                doomed.update({child.pid: child for child in proc.children(recursive=True)})
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    for proc in doomed.values():
+        try:
+            proc.kill()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
 

@@ -39,7 +39,7 @@ def run_url_for(storage_url: str, run_id: str) -> str:
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                  storage_path: str | None = None, storage_url: str | None = None,
-                 attempt: int = 1) -> dict[str, float]:
+                 attempt: int = 1, tune: bool = False) -> dict[str, float]:
     """Train ``spec`` on ``spec.parallelism.num_workers`` Ray Train workers; returns rank 0's
     final metrics. Needs a connected Ray (``ray.init``).
 
@@ -49,10 +49,21 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     one; a worker-group restart by Ray Train (``max_restarts``) resumes the same way and is
     reported as RESTARTING, then RUNNING. Raises ``TrainingError("Type: message")`` carrying the root
     cause when any worker fails (after ``spec.max_restarts`` restarts).
+
+    ``tune=True`` (inside a Ray Tune function trainable, see ``workers.tune``): every worker
+    reports each evaluation with ``ray.train.report`` and ``TuneReportCallback`` forwards rank 0's
+    to Tune's scheduler; a worker group that cannot start fails the trial at once
+    (``controller_failure_limit=0``) so that Tune can retry it instead of waiting forever.
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    callbacks, failure = [], FailureConfig(max_failures=spec.max_restarts)
+    if tune:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        callbacks = [TuneReportCallback()]
+        failure = FailureConfig(max_failures=spec.max_restarts, controller_failure_limit=0)
     parallelism = spec.parallelism
     storage_path = storage_path or default_storage_path()
     if "://" not in storage_path:
@@ -64,11 +75,11 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
                            # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) reach the workers this way
                            # whether the driver is a Ray job or a test process.
                            "test_env": {k: v for k, v in os.environ.items() if k.startswith("TESSERA_TEST_")},
-                           "service_url": service_url, "token": token},
+                           "service_url": service_url, "token": token, "tune": tune},
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
-        run_config=RunConfig(name=f"tessera-{run_id}", storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=spec.max_restarts)),
+        run_config=RunConfig(name=f"tessera-{run_id}", storage_path=storage_path, failure_config=failure,
+                             callbacks=callbacks),
         torch_config=TorchConfig(backend="nccl" if parallelism.use_gpu else "gloo"),
     )
     try:
@@ -96,7 +107,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
         restarted = rank == 0 and run_url is not None and _is_restart(run_url, config.get("attempt", 1))
         with process_settings(spec):
             trainer = Trainer(spec, sink=sink, device=device,
-                              checkpoint_url=join(run_url, "checkpoints") if run_url else None)
+                              checkpoint_url=join(run_url, "checkpoints") if run_url else None,
+                              on_eval=_report_to_tune if config.get("tune") else None)
             message = f"training on {world_size} worker(s), {device.type}"
             latest = trainer.checkpointer.latest_committed() if rank == 0 and trainer.checkpointer else None
             if latest is not None:
@@ -108,6 +120,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     finally:
         sink.close()
     return metrics if rank == 0 else None
+
+
+def _report_to_tune(results: dict[str, float]) -> None:
+    """Every rank reports (Ray Train waits for all of them); Tune gets rank 0's copy."""
+    import ray.train
+
+    ray.train.report(dict(results))
 
 
 def _is_restart(run_url: str, attempt: int) -> bool:

@@ -139,3 +139,8 @@ def test_metric_mode_says_which_way_is_better(key, mode):
     from api.views import metric_mode
 
     assert metric_mode(key) == mode
+
+
+def test_a_metric_the_scheduler_never_sees_is_refused_with_the_allowed_ones():
+    message = error_text(sweep(metric="train/loss"))
+    assert "train/loss" in message and "eval/accuracy" in message and "eval/loss" in message

@@ -96,6 +96,13 @@ def cluster_service(home: Path, *, ray_head, postgres_url: str):
 
 
 def _cancel_unfinished(client: Client) -> None:
+    # Sweeps first: their active trials refuse a run cancel (409) and end with their sweep.
+    for sweep in client.list_sweeps(limit=500).data:
+        if not sweep.status.is_terminal:
+            try:
+                client.cancel_sweep(sweep.id)
+            except ApiError:  # it ended meanwhile
+                pass
     for run in client.iter_runs():
         if run.status not in TERMINAL_STATUSES:
             try:

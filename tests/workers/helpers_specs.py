@@ -39,3 +39,16 @@ def digits_spec(**overrides: Any) -> RunSpec:
     }
     body.update(overrides)
     return RunSpec.model_validate(body)
+
+
+# The base RunSpec (a dict) of the sweep tests: a tiny simple_cnn on 8x8 digits, 2 epochs with an
+# evaluation after each, so ASHA has a rung to decide on; a trial trains in seconds.
+SWEEP_BASE: dict[str, Any] = {
+    "name": "digits",
+    "model": {"name": "simple_cnn", "params": {"width": 8, "hidden": 32}},
+    "data": {"train": {"name": "digits", "image_size": 8},
+             "eval": {"name": "digits", "split": "test", "image_size": 8}, "batch_size": 64},
+    "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+    "max_duration": "2ep",
+    "eval_interval": "1ep",
+}
