@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve test data browser clean composer-venv bench-algorithms
+.PHONY: venv serve test data browser clean composer-venv bench-algorithms bench-recipes
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,3 +64,8 @@ composer-venv: $(COMPOSER_VENV)/.installed
 # Our functional ops against Composer's on identical inputs (median ms, ratio, equal outputs).
 bench-algorithms: composer-venv
 	$(COMPOSER_VENV)/bin/python bench/algorithms.py
+
+# The science behind sweeps: baseline vs the best recipe (time to the baseline's accuracy, 3
+# seeds) and ASHA vs the full grid on Fashion-MNIST (~25 min on 2 cores; --quick for a smoke run).
+bench-recipes: venv data
+	$(PY) bench/recipes.py --out bench/results/recipes.json
