@@ -118,26 +118,35 @@ def algorithm_list(names: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
     return [{"name": n, **METHOD_PARAMS.get(n, {})} for n in ordered]
 
 
-def run_spec(scale: Scale, *, methods: tuple[str, ...] = (), seed: int, fraction: float = 1.0) -> RunSpec:
-    """The part-A run: ``fraction`` of the baseline's batches, evaluated ``evals_per_epoch`` times
-    an epoch on the first ``eval_limit`` test images."""
-    batches_per_epoch = scale.train_limit // scale.batch_size
-    batches = max(1, round(fraction * scale.epochs * batches_per_epoch))
-    eval_every = max(1, batches_per_epoch // scale.evals_per_epoch)
-    return RunSpec.model_validate({
-        "name": "recipe-" + ("-".join(methods) or "baseline").replace("_", "") + f"-s{seed}",
-        "model": scale.model,
-        "data": {"train": {"name": "fashion_mnist", "limit": scale.train_limit, "image_size": scale.image_size},
-                 "eval": {"name": "fashion_mnist", "split": "test", "limit": scale.eval_limit,
+def fashion_mnist_base(scale: Scale, *, name: str, model: dict[str, Any], train_limit: int, eval_limit: int,
+                       batches: int, eval_every: int, algorithms: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+    """The RunSpec (a dict) both parts train: Fashion-MNIST subsets, SGD + cosine, ``batches`` long."""
+    return {
+        "name": name,
+        "model": model,
+        "data": {"train": {"name": "fashion_mnist", "limit": train_limit, "image_size": scale.image_size},
+                 "eval": {"name": "fashion_mnist", "split": "test", "limit": eval_limit,
                           "image_size": scale.image_size},
                  "batch_size": scale.batch_size, "eval_batch_size": 500},
         "optimizer": {"name": "sgd", "lr": scale.lr, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True},
         "scheduler": {"name": "cosine", "warmup": "0.05dur"},
         "max_duration": f"{batches}ba",
         "eval_interval": f"{eval_every}ba",
-        "algorithms": algorithm_list(methods),
+        "algorithms": algorithms,
         "seed": seed,
-    })
+    }
+
+
+def run_spec(scale: Scale, *, methods: tuple[str, ...] = (), seed: int, fraction: float = 1.0) -> RunSpec:
+    """The part-A run: ``fraction`` of the baseline's batches, evaluated ``evals_per_epoch`` times
+    an epoch on the first ``eval_limit`` test images."""
+    batches_per_epoch = scale.train_limit // scale.batch_size
+    batches = max(1, round(fraction * scale.epochs * batches_per_epoch))
+    eval_every = max(1, batches_per_epoch // scale.evals_per_epoch)
+    return RunSpec.model_validate(fashion_mnist_base(
+        scale, name="recipe-" + ("-".join(methods) or "baseline").replace("_", "") + f"-s{seed}",
+        model=scale.model, train_limit=scale.train_limit, eval_limit=scale.eval_limit, batches=batches,
+        eval_every=eval_every, algorithms=algorithm_list(methods), seed=seed))
 
 
 class TrainClock:
@@ -285,21 +294,11 @@ def part_a(scale: Scale, log) -> dict[str, Any]:
 
 def sweep_spec(scale: Scale, scheduler: str) -> dict[str, Any]:
     batches_per_epoch = scale.sweep_train_limit // scale.batch_size
-    base = {
-        "name": f"asha-vs-grid-{scheduler}",
-        "model": scale.sweep_model,
-        "data": {"train": {"name": "fashion_mnist", "limit": scale.sweep_train_limit, "image_size": scale.image_size},
-                 "eval": {"name": "fashion_mnist", "split": "test", "limit": scale.sweep_eval_limit,
-                          "image_size": scale.image_size},
-                 "batch_size": scale.batch_size, "eval_batch_size": 500},
-        "optimizer": {"name": "sgd", "lr": scale.lr, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True},
-        "scheduler": {"name": "cosine", "warmup": "0.05dur"},
-        "max_duration": f"{scale.sweep_epochs * batches_per_epoch}ba",
-        "eval_interval": f"{batches_per_epoch}ba",
-        # Hyperparameters for every pool method; each trial keeps only its set's.
-        "algorithms": algorithm_list(scale.sweep_pool),
-        "seed": 0,
-    }
+    # Hyperparameters for every pool method; each trial keeps only its set's.
+    base = fashion_mnist_base(
+        scale, name=f"asha-vs-grid-{scheduler}", model=scale.sweep_model, train_limit=scale.sweep_train_limit,
+        eval_limit=scale.sweep_eval_limit, batches=scale.sweep_epochs * batches_per_epoch,
+        eval_every=batches_per_epoch, algorithms=algorithm_list(scale.sweep_pool), seed=0)
     return {
         "name": base["name"], "base": base,
         "search": {"algorithms": {"pool": list(scale.sweep_pool), "max_size": scale.sweep_max_size}},

@@ -10,13 +10,12 @@ jobs belong to their sweep's driver: they are neither submitted nor synced here
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import shlex
 import threading
 
 from api.views import RunStatus
-from service.ray_jobs import JobsClient
+from service.ray_jobs import JobsClient, forwarded_env
 from service.reconciler import SYNCED_STATUSES, sync_run
 from service.repository import Repository, RunRecord
 from service.settings import Settings
@@ -26,9 +25,6 @@ from service.sweep_repository import SweepRepository
 
 log = logging.getLogger(__name__)
 
-# Forwarded from the service's environment to every job, so a deployment (or a test) can tune
-# Ray Train and reach object storage without code changes.
-FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_")
 
 
 def worker_entrypoint(settings: Settings, run_id: str) -> str:
@@ -37,7 +33,7 @@ def worker_entrypoint(settings: Settings, run_id: str) -> str:
 
 def job_env(settings: Settings, run: RunRecord, token: str) -> dict[str, str]:
     """Environment of one attempt's Ray job: where to report, with which token, where to store."""
-    env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_ENV_PREFIXES)}
+    env = forwarded_env()
     env.update({
         "TESSERA_SERVICE_URL": settings.public_url,
         "TESSERA_RUN_TOKEN": token,

@@ -28,6 +28,10 @@ JobState = Literal["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"]
 FINISHED_JOB_STATES: frozenset[str] = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
 LIVE_JOB_STATES: frozenset[str] = frozenset({"PENDING", "RUNNING"})
 
+# Forwarded from the service's environment to every job it submits (runs and sweep drivers),
+# so a deployment (or a test) can tune Ray Train and reach object storage without code changes.
+FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_")
+
 # The folder that holds `service/` and `workers/`: embedded Ray workers import from it.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +51,30 @@ class JobsClient(Protocol):
 
     def logs_tail(self, submission_id: str, lines: int = 40) -> str:
         """The last ``lines`` lines of the job's driver log ("" if there is none)."""
+
+
+def forwarded_env() -> dict[str, str]:
+    """The service's ``FORWARDED_ENV_PREFIXES`` variables, as the base of a job's environment."""
+    return {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_ENV_PREFIXES)}
+
+
+def stop_and_check(jobs: JobsClient, job_id: str | None) -> tuple[bool, str | None]:
+    """Ask Ray to stop ``job_id`` (idempotent: callers repeat it every tick) and return
+    (still live, its state or None if Ray has no such job)."""
+    if job_id is None:
+        return False, None
+    jobs.stop(job_id)
+    state = jobs.status(job_id)
+    return state in LIVE_JOB_STATES, state
+
+
+def failure_from_logs(jobs: JobsClient, job_id: str) -> str:
+    """"Ray job X failed" with the last lines of its log (or why they could not be read)."""
+    try:
+        tail = jobs.logs_tail(job_id)
+    except Exception as exc:  # the failure matters more than its logs
+        tail = f"(could not read the job's logs: {exc})"
+    return f"Ray job {job_id} failed; last lines of its log:\n{tail}" if tail else f"Ray job {job_id} failed"
 
 
 def _is_not_found(exc: Exception) -> bool:

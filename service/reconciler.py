@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from api.views import RunStatus
-from service.ray_jobs import FINISHED_JOB_STATES, LIVE_JOB_STATES, JobsClient
+from service.ray_jobs import FINISHED_JOB_STATES, LIVE_JOB_STATES, JobsClient, failure_from_logs, stop_and_check
 from service.repository import Repository, RunRecord
 from service.state_machine import IllegalTransition
 
@@ -34,10 +34,8 @@ def sync_run(repo: Repository, jobs: JobsClient, run: RunRecord, *, context: str
     """
     job_id = run.ray_job_id
     if run.status is S.CANCELING:
-        if job_id is not None:
-            jobs.stop(job_id)  # idempotent: repeated each tick until Ray says the job is over
-        state = jobs.status(job_id) if job_id else None
-        if state in LIVE_JOB_STATES:
+        live, state = stop_and_check(jobs, job_id)
+        if live:
             return None
         message = f"{context}: Ray job {job_id} is {state or 'gone'}; cancel complete"
         _change(repo, run, S.CANCELED, message=message)
@@ -54,7 +52,7 @@ def sync_run(repo: Repository, jobs: JobsClient, run: RunRecord, *, context: str
         _change(repo, run, S.QUEUED, message=message)
         return message
     if state == "FAILED":
-        error = run.error or _failure_from_logs(jobs, job_id)
+        error = run.error or failure_from_logs(jobs, job_id)
         _change(repo, run, S.FAILED, message=f"{context}: Ray job {job_id} failed", error=error)
         return error
     if state == "STOPPED":
@@ -64,14 +62,6 @@ def sync_run(repo: Repository, jobs: JobsClient, run: RunRecord, *, context: str
     _change(repo, run, S.FAILED, message=f"{context}: Ray job {job_id} succeeded without a result",
             error=ENDED_WITHOUT_RESULT)
     return ENDED_WITHOUT_RESULT
-
-
-def _failure_from_logs(jobs: JobsClient, job_id: str) -> str:
-    try:
-        tail = jobs.logs_tail(job_id)
-    except Exception as exc:  # the failure matters more than its logs
-        tail = f"(could not read the job's logs: {exc})"
-    return f"Ray job {job_id} failed; last lines of its log:\n{tail}" if tail else f"Ray job {job_id} failed"
 
 
 def _change(repo: Repository, run: RunRecord, target: RunStatus, *, message: str, error: str | None = None) -> None:

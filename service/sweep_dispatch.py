@@ -10,13 +10,11 @@ Trials are runs, but their jobs are the driver's: the run dispatcher leaves them
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import shlex
 
 from api.views import SweepStatus
-from service.ray_jobs import LIVE_JOB_STATES, JobsClient
-from service.reconciler import _failure_from_logs
+from service.ray_jobs import LIVE_JOB_STATES, JobsClient, failure_from_logs, forwarded_env, stop_and_check
 from service.settings import Settings
 from service.state_machine import IllegalTransition
 from service.sweep_repository import SweepRecord, SweepRepository
@@ -24,8 +22,6 @@ from service.sweep_repository import SweepRecord, SweepRepository
 log = logging.getLogger(__name__)
 
 SS = SweepStatus
-# Forwarded from the service's environment, as for run jobs (see service.dispatcher).
-FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_")
 # A trainer that cannot get its workers must fail fast so Tune retries it, not wait forever.
 DEFAULT_WORKER_GROUP_START_TIMEOUT_S = "30"
 DRIVER_ENDED_WITHOUT_RESULT = "the sweep driver's Ray job ended without reporting a result"
@@ -37,7 +33,7 @@ def sweep_entrypoint(settings: Settings, sweep_id: str) -> str:
 
 def sweep_job_env(settings: Settings, sweep: SweepRecord, token: str) -> dict[str, str]:
     """Environment of one driver attempt: where to report, with which token, where to store."""
-    env = {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_ENV_PREFIXES)}
+    env = forwarded_env()
     env.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", DEFAULT_WORKER_GROUP_START_TIMEOUT_S)
     env.update({
         "TESSERA_SERVICE_URL": settings.public_url,
@@ -107,10 +103,8 @@ def sync_sweep(sweeps: SweepRepository, jobs: JobsClient, settings: Settings, sw
     """Apply the fix that Ray's view of the sweep's driver job calls for; return its message."""
     job_id = sweep.ray_job_id
     if sweep.status is SS.CANCELING:
-        if job_id is not None:
-            jobs.stop(job_id)  # idempotent: repeated each tick until Ray says the job is over
-        state = jobs.status(job_id) if job_id else None
-        if state in LIVE_JOB_STATES:
+        live, state = stop_and_check(jobs, job_id)
+        if live:
             return None
         message = f"{context}: driver job {job_id} is {state or 'gone'}; cancel complete"
         _change(sweeps, sweep, SS.CANCELED, message=message)
@@ -128,7 +122,7 @@ def sync_sweep(sweeps: SweepRepository, jobs: JobsClient, settings: Settings, sw
         message = f"{context}: driver job {job_id} {what}; re-queued as attempt {sweep.attempt + 1}"
         _change(sweeps, sweep, SS.QUEUED, message=message)
         return message
-    tail = _failure_from_logs(jobs, job_id) if state is not None else f"driver job {job_id} {what}"
+    tail = failure_from_logs(jobs, job_id) if state is not None else f"driver job {job_id} {what}"
     error = (f"the sweep driver died {sweep.attempt} time(s), more than sweep_driver_restarts="
              f"{settings.sweep_driver_restarts} allows; last: {tail}")
     _change(sweeps, sweep, SS.FAILED, message=f"{context}: driver job {job_id} {what}; giving up", error=error)
