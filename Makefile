@@ -47,7 +47,8 @@ clean:
 	rm -rf $(VENV) .tessera
 
 # Composer 0.32.1 as a peer for bench/ only (never a dependency). Its numpy<2.3 pin conflicts
-# with ours, so it lives in its own virtualenv (ENVIRONMENT.md lists the working recipe).
+# with ours, so it lives in its own virtualenv. The recipe that works: mosaicml with --no-deps
+# beside our torch, then its small dependencies with torch pinned so pip cannot replace it.
 COMPOSER_VENV := .venv-composer
 $(COMPOSER_VENV)/.installed:
 	test -x $(COMPOSER_VENV)/bin/python || $(PYTHON) -m venv $(COMPOSER_VENV)

@@ -34,7 +34,7 @@ except ImportError as error:  # pragma: no cover - a hint for the wrong interpre
     raise SystemExit("Composer is not installed here; run `make bench-algorithms` "
                      "(it uses .venv-composer/bin/python)") from error
 
-BATCH = (128, 1, 32, 32)  # ENVIRONMENT.md's reference batch
+BATCH = (128, 1, 32, 32)  # the batch Composer's functional ops were first timed on, on this CPU
 
 
 def median_ms(fn: Callable[[], Any], *, block: int, rounds: int) -> list[float]:

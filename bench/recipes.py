@@ -381,7 +381,8 @@ def part_b(scale: Scale, log, storage: str, sweeps: tuple[str, ...] = ("fifo", "
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     started_ray = False
     if not ray.is_initialized():
-        # More logical CPUs than cores, or trials that start trainers starve (ENVIRONMENT.md).
+        # More logical CPUs than cores: on 2 cores with num_cpus=2, trials that start trainers
+        # wait for each other's workers and hang (WorkerGroupStartupTimeoutError, forever).
         # The dashboard must run: Ray Train's PlacementGroupCleaner asks the State API (served by
         # the dashboard) whether a trial's Train controller is dead before it frees the trial's
         # placement group. Without it every trial ASHA stops keeps its workers' CPUs reserved

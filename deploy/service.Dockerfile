@@ -1,4 +1,7 @@
-# The control plane image: API, dispatcher, dashboard. No torch (DESIGN.md: service never imports it).
+# The control plane image: API, dispatcher, dashboard. No torch: `service` never imports torch,
+# `workers` or `algorithms` (tests/test_layers.py), so neither is copied here. What the service
+# serves must ship inside the packages copied below: the method cards are package data of `api`
+# (api/method_cards/<name>.md); tests/test_deploy.py installs exactly these files and reads them.
 FROM python:3.11-slim
 WORKDIR /app
 COPY deploy/requirements-service.txt /tmp/requirements-service.txt

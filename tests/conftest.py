@@ -143,7 +143,8 @@ def s3_server():
 
 @pytest.fixture(scope="session")
 def ray_head(s3_server):
-    """One Ray head (4 logical CPUs on a 2-core machine, see ENVIRONMENT.md) for the session.
+    """One Ray head (4 logical CPUs even on a 2-core machine: with only as many CPUs as cores, Tune
+    trials that start trainers wait for each other's workers and starve) for the session.
     Started after the S3 server, so its workers inherit the S3 environment."""
     head = RayHead(num_cpus=4)
     try:

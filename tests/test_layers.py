@@ -1,4 +1,14 @@
-"""The dependency rules of DESIGN.md, enforced: who may import whom."""
+"""The layers' import rules, enforced: who may import whom.
+
+    api/         pydantic, httpx only (no torch, no ray): the contract and the SDK
+    algorithms/  torch, torchvision, numpy, api
+    workers/     anything but service and cli
+    service/     never torch, workers, algorithms or cli: the control plane runs without torch
+    cli/         torch, workers, algorithms and service only lazily, inside the commands that use them
+
+docs/architecture.md ("Layers") explains why; a new package or dependency belongs in the tables
+below, not in an exception.
+"""
 
 import ast
 import subprocess

@@ -1,4 +1,4 @@
-"""AugMix: mix each image with blended chains of augmentations. See README.md."""
+"""AugMix: mix each image with blended chains of augmentations. Method card: api/method_cards/augmix.md."""
 
 from algorithms.augmix.augmix import AugMix, AugmentAndMixTransform, augmix_image
 from algorithms.augmix.primitives import augmentation_sets

@@ -1,4 +1,4 @@
-"""ChannelsLast: NHWC weights and activations. See README.md for the method card."""
+"""ChannelsLast: NHWC weights and activations. Method card: api/method_cards/channels_last.md."""
 
 from algorithms.channels_last.channels_last import ChannelsLast, apply_channels_last
 

@@ -1,4 +1,4 @@
-"""ColOut: drop random rows and columns of the images. See README.md."""
+"""ColOut: drop random rows and columns of the images. Method card: api/method_cards/colout.md."""
 
 from algorithms.colout.colout import ColOut, ColOutTransform, colout_batch
 

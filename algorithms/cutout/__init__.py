@@ -1,4 +1,4 @@
-"""CutOut: zero square holes of the images. See README.md."""
+"""CutOut: zero square holes of the images. Method card: api/method_cards/cutout.md."""
 
 from algorithms.cutout.cutout import CutOut, cutout_batch, cutout_boxes
 

@@ -1,4 +1,4 @@
-"""EMA: evaluate with an exponential moving average of the weights. See README.md."""
+"""EMA: evaluate with an exponential moving average of the weights. Method card: api/method_cards/ema.md."""
 
 from algorithms.ema.ema import EMA, compute_ema
 

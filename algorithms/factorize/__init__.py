@@ -1,4 +1,4 @@
-"""Factorize: low-rank Linear and Conv2d layers. See README.md for the method card."""
+"""Factorize: low-rank Linear and Conv2d layers. Method card: api/method_cards/factorize.md."""
 
 from algorithms.factorize.factorize import (Factorize, FactorizedConv2d, FactorizedLinear, apply_factorization,
                                             max_rank_with_speedup)

@@ -1,4 +1,4 @@
-"""LabelSmoothing: blend targets with the uniform distribution. See README.md."""
+"""LabelSmoothing: blend targets with the uniform distribution. Method card: api/method_cards/label_smoothing.md."""
 
 from algorithms.label_smoothing.label_smoothing import LabelSmoothing, smooth_labels
 

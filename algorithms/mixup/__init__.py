@@ -1,4 +1,4 @@
-"""MixUp: convex combinations of pairs of examples and their targets. See README.md."""
+"""MixUp: convex combinations of pairs of examples and their targets. Method card: api/method_cards/mixup.md."""
 
 from algorithms.mixup.mixup import MixUp, mixup_batch, mixup_targets
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import typing
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
-from api import catalog
+from api import catalog, method_cards
 from api.algorithm_specs import ALGORITHM_SPECS
 from api.specs import DatasetSpec, ModelSpec
 from api.views import CatalogEntry, CatalogPage
@@ -19,9 +19,9 @@ from service.errors import ErrorBody
 
 router = APIRouter(prefix="/api/v1", tags=["catalog"])
 
-# Method cards are read as files next to the service's own package (the repository root, or
-# site-packages when installed): the control plane never imports `algorithms` (it needs torch).
-ALGORITHMS_DIR = Path(__file__).resolve().parents[2] / "algorithms"
+# Method cards are package data of `api` (api/method_cards/<name>.md), which the service image
+# installs; `algorithms` (torch) is not there. A module attribute so tests can point it elsewhere.
+CARDS: Traversable = method_cards.CARDS
 
 
 def _union_members_by_name(union: Any) -> dict[str, type[BaseModel]]:
@@ -66,14 +66,12 @@ def list_algorithms() -> CatalogPage:
 @router.get("/algorithms/{name}/card", response_class=PlainTextResponse, operation_id="get_algorithm_card",
             responses={200: {"content": {"text/markdown": {}}}, 404: {"model": ErrorBody}})
 def get_algorithm_card(name: str) -> PlainTextResponse:
-    """The method card (``algorithms/<name>/README.md``) as markdown; 404 for unknown names or a missing card."""
+    """The method card (``api/method_cards/<name>.md``) as markdown; 404 for unknown names or a missing card."""
     if name not in catalog.ALGORITHMS:  # only catalog names reach the file system
         raise HTTPException(status_code=404, detail=f"algorithm {name!r} not found")
-    path = ALGORITHMS_DIR / name / "README.md"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HTTPException(status_code=404, detail=f"algorithm {name!r} has no method card yet") from None
+    text = method_cards.read_card(name, CARDS)
+    if text is None:
+        raise HTTPException(status_code=404, detail=f"algorithm {name!r} has no method card yet")
     return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
 
 

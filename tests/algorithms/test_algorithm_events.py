@@ -4,18 +4,16 @@ Parametrized from the registry: a method registered without an entry in ``EVENT_
 fails ``test_algorithm_does_its_work_at_its_events_in_a_training_run``.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 
-import algorithms
 from algorithms.base import Algorithm
 from algorithms.events import Event
 from algorithms.functional import smooth_labels
 from algorithms.registry import ALGORITHM_CLASSES, build_algorithm
 from api.algorithm_specs import ALGORITHM_SPECS
 from api.catalog import ALGORITHMS
+from api.method_cards import CARDS, card_file_name
 from api.specs import RunSpec
 from tests.algorithms.surgery_event_checks import SURGERY_EVENT_CHECKS
 from tests.algorithms import checks_augmentations as augmentations
@@ -169,8 +167,8 @@ def test_match_never_changes_the_state_or_the_algorithm(name):
 
 @pytest.mark.parametrize("name", sorted(ALGORITHM_CLASSES))
 def test_method_card_covers_use_hyperparameters_caveats_and_attribution(name):
-    card = Path(algorithms.__file__).parent / name / "README.md"
-    assert card.is_file(), f"algorithms/{name}/README.md is missing"
+    card = CARDS.joinpath(card_file_name(name))
+    assert card.is_file(), f"api/method_cards/{card_file_name(name)} is missing"
     text = card.read_text()
     for section in ("## What it does", "## When it helps", "## Hyperparameters", "## Caveats", "## Attribution"):
         assert section in text, f"{card} lacks {section!r}"

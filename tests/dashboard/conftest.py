@@ -20,8 +20,8 @@ from tests.conftest import REPO_ROOT, free_port
 SCREENSHOTS = REPO_ROOT / "artifacts" / "screenshots"
 DOC_SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
 CHROMIUM = os.environ.get("TESSERA_CHROMIUM", "/usr/bin/chromium")
-# ENVIRONMENT.md: without the background-networking flags chromium's outbound connections
-# are refused many at a time; --no-sandbox because tests run as root.
+# Without the background-networking flags headless chromium's outbound connections (to the
+# service on loopback, too) are refused many at a time; --no-sandbox because tests run as root.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WIDE, NARROW = 1280, 800

@@ -17,9 +17,9 @@ import yaml
 from playwright.sync_api import expect
 
 from api import catalog as api_catalog
+from api.method_cards import CARDS, card_file_name
 from api.specs import RunSpec
 from api.views import ReportedMetric, RunStatus
-from service.routes.catalog import ALGORITHMS_DIR
 from tests.dashboard.conftest import NARROW, POLL_MS, WIDE, assert_fits_width, dashboard_url, save_screenshot
 
 EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
@@ -184,7 +184,7 @@ def test_algorithms_page_renders_every_method_card_and_is_reached_by_keyboard(pa
         expect(article).to_contain_text(f"maturity: {info.maturity}")
         card = article.locator(f'[data-card="{name}"]')
         expect(card).not_to_have_attribute("aria-busy", "true")
-        readme = ALGORITHMS_DIR / name / "README.md"
+        readme = CARDS.joinpath(card_file_name(name))
         if readme.is_file():
             sections = re.findall(r"^## (.+)$", readme.read_text(), flags=re.M)
             assert sections, f"{readme} has no sections"

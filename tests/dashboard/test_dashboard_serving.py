@@ -11,6 +11,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from api import catalog as api_catalog
+from api.method_cards import card_file_name
 from service.dashboard import STATIC_DIR
 from service.routes import catalog as catalog_routes
 from tests.dashboard.conftest import IdleJobs
@@ -81,10 +82,10 @@ def test_vendored_libraries_are_the_recorded_versions_with_their_licenses():
 
 # --- method cards --------------------------------------------------------------------------
 
-def test_method_cards_are_the_algorithms_readme_files(client):
+def test_method_cards_are_the_api_packages_card_files(client):
     served = 0
     for name in api_catalog.ALGORITHMS:
-        readme = catalog_routes.ALGORITHMS_DIR / name / "README.md"
+        readme = catalog_routes.CARDS.joinpath(card_file_name(name))
         response = client.get(f"{API}/algorithms/{name}/card")
         if readme.is_file():
             assert response.status_code == 200, name
@@ -98,7 +99,7 @@ def test_method_cards_are_the_algorithms_readme_files(client):
 
 def test_a_missing_method_card_is_a_clean_404(client, tmp_path, monkeypatch):
     name = next(iter(api_catalog.ALGORITHMS))
-    monkeypatch.setattr(catalog_routes, "ALGORITHMS_DIR", tmp_path / "no-algorithms-here")
+    monkeypatch.setattr(catalog_routes, "CARDS", tmp_path / "no-cards-here")
     response = client.get(f"{API}/algorithms/{name}/card")
     assert response.status_code == 404
     assert response.json() == {"detail": f"algorithm {name!r} has no method card yet"}

@@ -23,7 +23,7 @@ export function mount(root, ctx) {
     el("div", { class: "page-head" }, el("h1", {}, "Algorithms")),
     el("p", { class: "muted" }, "Speedup methods a RunSpec can list under ",
       el("code", {}, "algorithms"), ". Parameters come from each method's spec; the method card from ",
-      el("code", {}, "algorithms/<name>/README.md"), "."),
+      el("code", {}, "api/method_cards/<name>.md"), "."),
     jump,
     list,
   );
