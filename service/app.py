@@ -17,12 +17,11 @@ from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
-from service.ray_jobs import JobsClient, RayJobsClient, start_embedded_ray, stop_embedded_ray
-from service.reconciler import reconcile
+from service.ray_client import JobsClient, RayJobsClient
+from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
 from service.routes import catalog, health, reports, runs, sweeps
 from service.settings import Settings, load_settings
-from service.sweep_dispatch import reconcile_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
         dispatcher = Dispatcher(repo, client, settings)
         app.state.repo, app.state.jobs, app.state.dispatcher = repo, client, dispatcher
         app.state.sweeps = dispatcher.sweeps
-        for fix in [*reconcile(repo, client), *reconcile_sweeps(dispatcher.sweeps, client, settings)]:
+        for fix in dispatcher.reconcile():
             log.info("reconciled %s", fix)
         if run_dispatcher:
             dispatcher.start()

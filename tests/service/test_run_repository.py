@@ -49,7 +49,7 @@ def test_a_create_that_fails_midway_leaves_nothing_behind(repo, example_spec, mo
     def broken_event(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(repository_module, "_add_event", broken_event)
+    monkeypatch.setattr(repository_module, "add_run_event", broken_event)
     with pytest.raises(RuntimeError, match="disk full"):
         repo.create_run(example_spec)
     assert repo.list_runs() == ([], None)
