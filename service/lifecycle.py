@@ -16,7 +16,7 @@ The tables and policies of each kind live in ``service.state_machine`` and
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -63,6 +63,17 @@ class TransitionTable(Generic[Status]):
         if not self.is_allowed(current, target):
             raise self.refusal(record_id, current, target)
         return True
+
+    def require_snapshot(self, record_id: str, current: Status, target: Status, *, stored_attempt: int,
+                         only_from: Iterable[Status] | None, attempt: int | None) -> None:
+        """The compare-and-set of a loop that decided on an older snapshot: raise
+        ``IllegalTransition`` if the record has left ``only_from`` or moved past ``attempt``."""
+        if only_from is not None and current not in set(only_from):
+            raise self.refusal(record_id, current, target,
+                               f"{self.noun} {record_id} is {current.value}; it changed before it could be updated")
+        if attempt is not None and stored_attempt != attempt:
+            raise self.refusal(record_id, current, target,
+                               f"{self.noun} {record_id} is on attempt {stored_attempt}, not {attempt}")
 
     def refusal(self, record_id: str, current: Status, target: Status, reason: str | None = None
                 ) -> IllegalTransition:

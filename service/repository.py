@@ -23,7 +23,7 @@ from api.specs import RunSpec
 from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView,
                        RunStatus, RunView, metric_mode)
 from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
-from service.db.session import Database, clean_text, is_possible_id, lock_row, new_id
+from service.db.session import Database, clean_text, is_possible_id, new_id
 from service.run_writes import add_run_event, apply_run_status, first_line
 from service.state_machine import RUN_TRANSITIONS
 from service.tokens import hash_token, token_matches
@@ -139,13 +139,6 @@ class Repository:
         self.db = Database(engine)
 
     @staticmethod
-    def _locked_run(session: Session, run_id: str) -> Run:
-        run = lock_row(session, Run, run_id)
-        if run is None:
-            raise RunNotFound(run_id)
-        return run
-
-    @staticmethod
     def _require_run(session: Session, run_id: str) -> None:
         if not is_possible_id(run_id) or session.execute(select(Run.id).where(Run.id == run_id)).first() is None:
             raise RunNotFound(run_id)
@@ -210,15 +203,10 @@ class Repository:
         ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
         older snapshot: if the run has moved on since, ``IllegalTransition`` is raised instead.
         """
-        with self.db.write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             current = RunStatus(run.status)
-            if only_from is not None and current not in set(only_from):
-                raise RUN_TRANSITIONS.refusal(run_id, current, to_status,
-                                              f"run {run_id} is {current.value}; it changed before it could be updated")
-            if attempt is not None and run.attempt != attempt:
-                raise RUN_TRANSITIONS.refusal(run_id, current, to_status,
-                                              f"run {run_id} is on attempt {run.attempt}, not {attempt}")
+            RUN_TRANSITIONS.require_snapshot(run_id, current, to_status, stored_attempt=run.attempt,
+                                             only_from=only_from, attempt=attempt)
             apply_run_status(session, run, to_status, message=message, error=error)
             session.flush()
             return RunRecord.from_row(run)
@@ -226,8 +214,7 @@ class Repository:
     def cancel_run(self, run_id: str) -> RunRecord:
         """A user's cancel: → CANCELING (the dispatcher stops the job). An active trial of a sweep
         is refused: its driver owns it, and only canceling the sweep stops it."""
-        with self.db.write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             record = RunRecord.from_row(run)
             if record.driven_by_sweep and record.status in ACTIVE_STATUSES:
                 raise RUN_TRANSITIONS.refusal(run_id, record.status, RunStatus.CANCELING,
@@ -242,8 +229,7 @@ class Repository:
         """A worker's status report, through the state machine; while the run is CANCELING it
         changes nothing: stopping the job is what makes its worker fail or stop, and the
         dispatcher ends the run as CANCELED once Ray confirms."""
-        with self.db.write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             if RunStatus(run.status) is not RunStatus.CANCELING:
                 apply_run_status(session, run, status, message=message, error=error)
                 session.flush()
@@ -251,8 +237,7 @@ class Repository:
 
     def begin_attempt(self, run_id: str, *, token: str, message: str | None = None) -> RunRecord:
         """QUEUED → STARTING for the current attempt: store the token's hash and the Ray job id."""
-        with self.db.write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             apply_run_status(session, run, RunStatus.STARTING, message=message, error=None)
             run.token_hash = hash_token(token)
             run.ray_job_id = job_submission_id(run.id, run.attempt)
@@ -264,8 +249,7 @@ class Repository:
         resumes from the newest committed checkpoint (a trial goes on as a standalone run); with
         ``num_workers`` the spec's ``parallelism.num_workers`` is rewritten first (validated:
         raises pydantic's ``ValidationError`` for a spec that no longer holds)."""
-        with self.db.write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             current = RunStatus(run.status)
             if current not in (RunStatus.FAILED, RunStatus.CANCELED, RunStatus.STOPPED):
                 raise RUN_TRANSITIONS.refusal(run_id, current, RunStatus.QUEUED,
@@ -286,8 +270,7 @@ class Repository:
         """Record a worker's checkpoint report (idempotent per URL: a retried report updates
         the row). A failed save becomes a run event saying why. Committed rows beyond the
         spec's ``checkpoint.keep_last`` are dropped, as the worker's retention deletes them."""
-        with self.db.write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             row = session.execute(select(Checkpoint).where(Checkpoint.run_id == run_id,
                                                            Checkpoint.url == report.url)).scalar_one_or_none()
             if row is None:
@@ -330,8 +313,8 @@ class Repository:
     # --- worker tokens -------------------------------------------------------------------
     def set_token(self, run_id: str, token: str) -> None:
         """Make ``token`` the only one accepted for the run's reports (only its hash is kept)."""
-        with self.db.write() as session:
-            self._locked_run(session, run_id).token_hash = hash_token(token)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (_session, run):
+            run.token_hash = hash_token(token)
 
     def check_token(self, run_id: str, token: str) -> bool:
         """Whether ``token`` is the current attempt's token; False for unknown runs."""
@@ -348,10 +331,9 @@ class Repository:
 
         Non-finite values (a diverged loss) cannot travel as JSON numbers, so they are left out.
         """
-        with self.db.write() as session:
-            # The row lock orders concurrent batches of one run: their seqs are assigned in
-            # commit order, so a reader polling `after=last_seq` never skips a point.
-            run = self._locked_run(session, run_id)
+        # The row lock orders concurrent batches of one run: their seqs are assigned in
+        # commit order, so a reader polling `after=last_seq` never skips a point.
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             rows = [{"run_id": run_id, "step": p.step, "key": p.key, "value": p.value, "time": p.time}
                     for p in points if math.isfinite(p.value)]
             if not rows:

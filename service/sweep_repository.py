@@ -8,7 +8,6 @@ sweep before runs, so two writers never wait on each other in a circle.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,16 +17,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
-from api.sweeps import SweepSpec, algorithm_sets, pareto_front
-from api.views import (TERMINAL_STATUSES, RunStatus, SkippedSet, SweepStatus, SweepView, TrialView)
+from api.sweeps import SweepSpec, algorithm_sets
+from api.views import RunStatus, SweepStatus, SweepView
 from service.db.models import Run, Sweep, utcnow
-from service.db.session import clean_text, is_possible_id, lock_row, new_id
+from service.db.session import is_possible_id, new_id
 from service.repository import Repository, RunRecord
-from service.run_writes import add_run_event, apply_run_status, first_line
+from service.run_writes import add_run_event, apply_run_status
 from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
+from service.sweep_view import build_sweep_view
+from service.sweep_writes import TRIAL_OUTLIVED_SWEEP, apply_sweep_status
 from service.tokens import hash_token, token_matches
 
-TRIAL_OUTLIVED_SWEEP = "the sweep ended before the trial reported"
+__all__ = ["TRIAL_OUTLIVED_SWEEP", "SweepNotFound", "SweepRecord", "SweepRepository", "TrialNotFound"]
+
 
 
 class SweepNotFound(LookupError):
@@ -82,13 +84,6 @@ class SweepRepository:
         self.db = runs.db
 
     @staticmethod
-    def _locked_sweep(session: Session, sweep_id: str) -> Sweep:
-        sweep = lock_row(session, Sweep, sweep_id)
-        if sweep is None:
-            raise SweepNotFound(sweep_id)
-        return sweep
-
-    @staticmethod
     def _trials(session: Session, sweep_ids: list[str]) -> dict[str, list[Run]]:
         found: dict[str, list[Run]] = {sweep_id: [] for sweep_id in sweep_ids}
         if sweep_ids:
@@ -108,8 +103,8 @@ class SweepRepository:
         _, skipped = algorithm_sets(spec)
         now = utcnow()
         with self.db.write() as session:
-            sweep = Sweep(id=new_id(), name=spec.name, status=(SweepStatus.RUNNING if external else SweepStatus.QUEUED).value,
-                          attempt=1, driver=driver, spec=spec.model_dump(mode="json"),
+            status = SweepStatus.RUNNING if external else SweepStatus.QUEUED
+            sweep = Sweep(id=new_id(), name=spec.name, status=status.value, attempt=1, driver=driver, spec=spec.model_dump(mode="json"),
                           skipped=[{"algorithms": list(s), "reason": why} for s, why in skipped],
                           token_hash=hash_token(token) if token else None,
                           message="driven outside the service" if external else "queued",
@@ -154,23 +149,18 @@ class SweepRepository:
                    attempt: int | None = None) -> SweepRecord:
         """Change a sweep's status (a compare-and-set with ``only_from``/``attempt``, for loops
         that decided on an older snapshot); ending it ends its active trials too."""
-        with self.db.write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
             current = SweepStatus(sweep.status)
-            if only_from is not None and current not in set(only_from):
-                raise _illegal(sweep, to_status, f"sweep {sweep_id} is {current.value}; it changed before it "
-                                                 f"could be updated")
-            if attempt is not None and sweep.attempt != attempt:
-                raise _illegal(sweep, to_status, f"sweep {sweep_id} is on attempt {sweep.attempt}, not {attempt}")
-            _apply_sweep(session, sweep, to_status, message=message, error=error)
+            SWEEP_TRANSITIONS.require_snapshot(sweep_id, current, to_status, stored_attempt=sweep.attempt,
+                                               only_from=only_from, attempt=attempt)
+            apply_sweep_status(session, sweep, to_status, message=message, error=error)
             session.flush()
             return SweepRecord.from_row(sweep)
 
     def begin_attempt(self, sweep_id: str, *, token: str, message: str | None = None) -> SweepRecord:
         """QUEUED → STARTING for the current attempt: store the token's hash and the driver job id."""
-        with self.db.write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
-            _apply_sweep(session, sweep, SweepStatus.STARTING, message=message, error=None)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
+            apply_sweep_status(session, sweep, SweepStatus.STARTING, message=message, error=None)
             sweep.token_hash = hash_token(token)
             sweep.ray_job_id = sweep_job_id(sweep.id, sweep.attempt)
             session.flush()
@@ -180,24 +170,24 @@ class SweepRepository:
                             error: str | None = None) -> SweepRecord:
         """The driver's word (RUNNING, COMPLETED or FAILED). A cancel wins: while the sweep is
         CANCELING or CANCELED the report changes nothing; so does repeating the final status."""
-        with self.db.write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
             current = SweepStatus(sweep.status)
-            if current not in (SweepStatus.CANCELING, SweepStatus.CANCELED) and not (current.is_terminal and current is status):
-                _apply_sweep(session, sweep, status, message=message, error=error)
+            canceled = current in (SweepStatus.CANCELING, SweepStatus.CANCELED)
+            if not canceled and not (current.is_terminal and current is status):
+                apply_sweep_status(session, sweep, status, message=message, error=error)
                 session.flush()
             return SweepRecord.from_row(sweep)
 
     def cancel(self, sweep_id: str) -> SweepRecord:
         """A user's cancel: service-driven → CANCELING (the dispatcher stops the driver job);
         external → CANCELED at once (its driver sees that and stops Tune). 409 once ended."""
-        with self.db.write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
             current = SweepStatus(sweep.status)
             if current.is_terminal:
-                raise _illegal(sweep, SweepStatus.CANCELING, f"sweep {sweep_id} is {current.value}; it has already ended")
+                raise _illegal(sweep, SweepStatus.CANCELING,
+                               f"sweep {sweep_id} is {current.value}; it has already ended")
             target = SweepStatus.CANCELED if sweep.driver == "external" else SweepStatus.CANCELING
-            _apply_sweep(session, sweep, target, message="canceled by user", error=None)
+            apply_sweep_status(session, sweep, target, message="canceled by user", error=None)
             session.flush()
             return SweepRecord.from_row(sweep)
 
@@ -216,11 +206,11 @@ class SweepRepository:
         """Start a trial as ``token``'s attempt: the first time, create its run (QUEUED then
         STARTING in this one transaction, so the run dispatcher never sees it queued); again, a
         new attempt of the same run. 409 for a COMPLETED trial or a sweep that takes no trials."""
-        with self.db.write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
             sweep_status = SweepStatus(sweep.status)
             if sweep_status not in (SweepStatus.STARTING, SweepStatus.RUNNING):
-                raise _illegal(sweep, sweep_status, f"sweep {sweep_id} is {sweep_status.value}; it takes no new trials")
+                raise _illegal(sweep, sweep_status,
+                               f"sweep {sweep_id} is {sweep_status.value}; it takes no new trials")
             run = session.execute(select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id)
                                   .with_for_update()).scalar_one_or_none()
             now = utcnow()
@@ -233,11 +223,11 @@ class SweepRepository:
                 add_run_event(session, run, None, RunStatus.QUEUED, f"trial {trial_id} of sweep {sweep_id}", now)
             else:
                 _check_can_restart(RunRecord.from_row(run), sweep_id, trial_id)
-                apply_run_status(session, run, RunStatus.QUEUED, message=f"trial {trial_id} restarted by the sweep's driver",
-                                  error=None)
+                apply_run_status(session, run, RunStatus.QUEUED,
+                                 message=f"trial {trial_id} restarted by the sweep's driver", error=None)
             apply_run_status(session, run, RunStatus.STARTING,
-                              message=f"attempt {run.attempt} started by the sweep's driver (attempt {sweep.attempt})",
-                              error=None)
+                             message=f"attempt {run.attempt} started by the sweep's driver (attempt {sweep.attempt})",
+                             error=None)
             run.token_hash = hash_token(token)
             run.ray_job_id = sweep.ray_job_id  # None for an external driver
             session.flush()
@@ -247,8 +237,7 @@ class SweepRepository:
                   message: str | None = None, error: str | None = None) -> RunRecord:
         """Tune is done with a trial: ``stopped`` → STOPPED, ``failed`` → FAILED. Nothing changes
         if the run already ended (it completed normally) or no longer belongs to the driver."""
-        with self.db.write() as session:
-            self._locked_sweep(session, sweep_id)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, _sweep):
             run = session.execute(select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id)
                                   .with_for_update()).scalar_one_or_none()
             if run is None:
@@ -257,11 +246,11 @@ class SweepRepository:
             if record.status.is_terminal or record.status is RunStatus.CANCELING or not record.driven_by_sweep:
                 return record
             if outcome == "stopped":
-                apply_run_status(session, run, RunStatus.STOPPED, message=message or "stopped early by the sweep's scheduler",
-                                  error=None)
+                apply_run_status(session, run, RunStatus.STOPPED,
+                                 message=message or "stopped early by the sweep's scheduler", error=None)
             else:
                 apply_run_status(session, run, RunStatus.FAILED, message=message,
-                                  error=error or message or "Ray Tune reported the trial as failed")
+                                 error=error or message or "Ray Tune reported the trial as failed")
             session.flush()
             return RunRecord.from_row(run)
 
@@ -279,78 +268,3 @@ def _check_can_restart(run: RunRecord, sweep_id: str, trial_id: str) -> None:
         raise RUN_TRANSITIONS.refusal(run.id, run.status, RunStatus.QUEUED,
                                       f"trial {trial_id} of sweep {sweep_id} (run {run.id}) was resumed by hand "
                                       f"and is {run.status.value} on its own")
-
-
-def _apply_sweep(session: Session, sweep: Sweep, target: SweepStatus, *, message: str | None,
-                 error: str | None) -> None:
-    if not SWEEP_TRANSITIONS.check(sweep.id, SweepStatus(sweep.status), target):
-        return
-    now = utcnow()
-    message, error = clean_text(message), clean_text(error)
-    if target is SweepStatus.QUEUED:  # a new driver attempt, with a new job and token
-        sweep.attempt += 1
-        sweep.token_hash = None
-        sweep.ray_job_id = None
-    if target is SweepStatus.RUNNING and sweep.started_at is None:
-        sweep.started_at = now
-    if target.is_terminal:
-        sweep.finished_at = now
-    if error is not None:
-        sweep.error = error
-    if message is None:
-        message = first_line(error)
-    if message is not None:
-        sweep.message = message
-    sweep.status = target.value
-    sweep.updated_at = now
-    if target.is_terminal:
-        _end_active_trials(session, sweep, canceled=target is SweepStatus.CANCELED)
-
-
-def _end_active_trials(session: Session, sweep: Sweep, *, canceled: bool) -> None:
-    """A sweep that ended takes its driver's unfinished trials with it."""
-    query = (select(Run).where(Run.sweep_id == sweep.id, Run.status.not_in([s.value for s in TERMINAL_STATUSES]))
-             .order_by(Run.created_at, Run.id).with_for_update())
-    for run in session.execute(query).scalars():
-        if not RunRecord.from_row(run).driven_by_sweep:
-            continue  # resumed by hand: an ordinary run now
-        if canceled:
-            apply_run_status(session, run, RunStatus.CANCELING, message="its sweep was canceled", error=None)
-            apply_run_status(session, run, RunStatus.CANCELED, message="its sweep was canceled", error=None)
-        else:
-            apply_run_status(session, run, RunStatus.FAILED, message=f"sweep {sweep.status.lower()}",
-                              error=TRIAL_OUTLIVED_SWEEP)
-
-
-# --- the view ----------------------------------------------------------------------------
-
-def build_sweep_view(sweep: Sweep, trials: list[Run], now: datetime) -> SweepView:
-    """``SweepView`` of a sweep row and its trial runs (oldest first), as of ``now``."""
-    metric, mode = sweep.spec.get("metric", "eval/accuracy"), sweep.spec.get("mode", "max")
-    views = [_trial_view(run, metric, mode, now) for run in trials if run.trial_id is not None]
-    finished = {t.run_id: t for t in views if t.status is RunStatus.COMPLETED and t.metric is not None}
-    points = {run_id: (t.metric, t.wall_time_s) for run_id, t in finished.items() if t.wall_time_s is not None}
-    pick = max if mode == "max" else min
-    best = pick(finished.values(), key=lambda t: t.metric, default=None)
-    return SweepView(
-        id=sweep.id, name=sweep.name, status=SweepStatus(sweep.status), attempt=sweep.attempt, driver=sweep.driver,
-        spec=sweep.spec, metric=metric, mode=mode, created_at=sweep.created_at, started_at=sweep.started_at,
-        finished_at=sweep.finished_at, error=sweep.error, message=sweep.message, trials=views,
-        skipped=[SkippedSet(**s) for s in sweep.skipped or []], pareto=pareto_front(points, mode),
-        best_run_id=best.run_id if best is not None else None,
-        counts=dict(Counter(t.status.value for t in views)))
-
-
-def _trial_view(run: Run, metric: str, mode: str, now: datetime) -> TrialView:
-    status = RunStatus(run.status)
-    bounds = (run.extrema or {}).get(metric)
-    wall_time_s = None
-    if run.started_at is not None:
-        end = run.finished_at if status.is_terminal and run.finished_at is not None else now
-        wall_time_s = max(0.0, (end - run.started_at).total_seconds())
-    return TrialView(run_id=run.id, trial_id=run.trial_id, name=run.name, status=status, attempt=run.attempt,
-                     algorithms=[a["name"] for a in run.spec.get("algorithms", [])],
-                     params=dict(run.trial_params or {}),
-                     metric=(bounds[0] if mode == "min" else bounds[1]) if bounds else None,
-                     last_metric=(run.summary or {}).get(metric), wall_time_s=wall_time_s,
-                     progress=(run.summary or {}).get("time/progress"))

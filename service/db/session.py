@@ -10,7 +10,7 @@ on the status that is really stored.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -43,6 +43,17 @@ class Database:
             session.connection(execution_options=WRITE_OPTIONS)
             yield session
             session.commit()
+
+    @contextmanager
+    def locked_write(self, model: type[Row], row_id: str,
+                     not_found: Callable[[str], Exception]) -> Iterator[tuple[Session, Row]]:
+        """A ``write`` session and ``model``'s row ``row_id``, locked until it commits; raises
+        ``not_found(row_id)`` when there is no such row."""
+        with self.write() as session:
+            row = lock_row(session, model, row_id)
+            if row is None:
+                raise not_found(row_id)
+            yield session, row
 
 
 def lock_row(session: Session, model: type[Row], row_id: str) -> Row | None:
