@@ -30,8 +30,8 @@ class Dispatcher:
         self.jobs = jobs
         self.settings = settings
         self.followers = (
-            JobFollower(RUN_JOBS, repo, repo.runs_with_status, jobs, settings),
-            JobFollower(sweep_driver_jobs(settings), self.sweeps, self.sweeps.sweeps_with_status, jobs, settings),
+            JobFollower(RUN_JOBS, repo, jobs, settings),
+            JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
         )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

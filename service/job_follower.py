@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
+from service.attempt_store import AttemptStore
 from service.job_kinds import JobKind
 from service.lifecycle import Fix, IllegalTransition, Verdict, decide
 from service.ray_client import JobsClient, failure_from_logs, stop_and_check
@@ -26,29 +27,18 @@ WHAT_HAPPENED = {None: "not found", "FAILED": "failed", "STOPPED": "was stopped"
                  "SUCCEEDED": "succeeded without a result"}
 
 
-class AttemptStore(Protocol):
-    """What the follower needs from a repository (``Repository`` or ``SweepRepository``)."""
-
-    def begin_attempt(self, record_id: str, *, token: str, message: str | None = None) -> Any: ...
-
-    def transition(self, record_id: str, to_status: Any, *, message: str | None = None, error: str | None = None,
-                   only_from: Iterable[Any] | None = None, attempt: int | None = None) -> Any: ...
-
-
 class JobFollower:
     """Submits and follows the jobs of one ``JobKind``; ``tick`` and ``reconcile`` are its loops."""
 
-    def __init__(self, kind: JobKind, store: AttemptStore, with_status: Callable[[Iterable[Any]], list[Any]],
-                 jobs: JobsClient, settings: Settings):
+    def __init__(self, kind: JobKind, store: AttemptStore, jobs: JobsClient, settings: Settings):
         self.kind = kind
         self.store = store
-        self._with_status = with_status
         self.jobs = jobs
         self.settings = settings
 
     def owned(self, statuses: Iterable[Any]) -> list[Any]:
         """This kind's records in one of ``statuses`` whose jobs it submits and follows, oldest first."""
-        return [record for record in self._with_status(statuses) if self.kind.owns(record)]
+        return [record for record in self.store.with_status(statuses) if self.kind.owns(record)]
 
     def tick(self) -> None:
         """One pass: submit every QUEUED record, then follow every other active one."""

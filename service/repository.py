@@ -22,11 +22,12 @@ from sqlalchemy.orm import Session
 from api.specs import RunSpec
 from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView,
                        RunStatus, RunView, metric_mode)
+from service.attempt_store import AttemptStore
 from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
 from service.db.session import Database, clean_text, is_possible_id, new_id
 from service.run_writes import add_run_event, apply_run_status, first_line
 from service.state_machine import RUN_TRANSITIONS
-from service.tokens import hash_token, token_matches
+from service.tokens import hash_token
 
 
 class RunNotFound(LookupError):
@@ -103,12 +104,6 @@ def with_extrema(extrema: dict[str, list[float]], points: Iterable[tuple[str, fl
     return updated
 
 
-def job_submission_id(run_id: str, attempt: int) -> str:
-    """Ray submission id of one attempt. Ray refuses a second job with the same id, which is
-    what guarantees that an attempt never runs twice."""
-    return f"run-{run_id}-attempt-{attempt}"
-
-
 def _checkpoint_view(row: Checkpoint) -> CheckpointView:
     return CheckpointView(step=row.step, epoch=row.epoch, attempt=row.attempt, time=row.time, bytes=row.bytes,
                           committed=row.committed, url=row.url, world_size=row.world_size, error=row.error)
@@ -131,12 +126,26 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
                             "page, or omit it for the first page") from exc
 
 
-class Repository:
-    """Data access for the control plane over one SQLAlchemy engine (SQLite or PostgreSQL)."""
+class Repository(AttemptStore):
+    """Runs, their events, checkpoints and metrics over one SQLAlchemy engine (SQLite or
+    PostgreSQL); ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
+
+    model = Run
+    status = RunStatus
+    not_found = RunNotFound
+    transitions = RUN_TRANSITIONS
+    job_prefix = "run"
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.db = Database(engine)
+
+    def _apply_status(self, session: Session, row: Run, target: RunStatus, *, message: str | None,
+                      error: str | None) -> None:
+        apply_run_status(session, row, target, message=message, error=error)
+
+    def _to_record(self, row: Run) -> RunRecord:
+        return RunRecord.from_row(row)
 
     @staticmethod
     def _require_run(session: Session, run_id: str) -> None:
@@ -163,11 +172,7 @@ class Repository:
             return RunRecord.from_row(run)
 
     def get_run(self, run_id: str) -> RunRecord:
-        with self.db.read() as session:
-            run = session.get(Run, run_id) if is_possible_id(run_id) else None
-            if run is None:
-                raise RunNotFound(run_id)
-            return RunRecord.from_row(run)
+        return self.get(run_id)
 
     def list_runs(self, *, status: RunStatus | None = None, sweep_id: str | None = None, limit: int = 50,
                   cursor: str | None = None) -> tuple[list[RunRecord], str | None]:
@@ -187,30 +192,7 @@ class Repository:
         next_cursor = _encode_cursor(rows[limit - 1]) if len(rows) > limit else None
         return [RunRecord.from_row(row) for row in rows[:limit]], next_cursor
 
-    def runs_with_status(self, statuses: Iterable[RunStatus]) -> list[RunRecord]:
-        """Every run in one of ``statuses``, oldest first (the dispatcher's fair order)."""
-        values = [s.value for s in statuses]
-        query = select(Run).where(Run.status.in_(values)).order_by(Run.created_at, Run.id)
-        with self.db.read() as session:
-            return [RunRecord.from_row(row) for row in session.execute(query).scalars()]
-
     # --- status --------------------------------------------------------------------------
-    def transition(self, run_id: str, to_status: RunStatus, *, message: str | None = None,
-                   error: str | None = None, only_from: Iterable[RunStatus] | None = None,
-                   attempt: int | None = None) -> RunRecord:
-        """Change a run's status through the state machine and record the event.
-
-        ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
-        older snapshot: if the run has moved on since, ``IllegalTransition`` is raised instead.
-        """
-        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
-            current = RunStatus(run.status)
-            RUN_TRANSITIONS.require_snapshot(run_id, current, to_status, stored_attempt=run.attempt,
-                                             only_from=only_from, attempt=attempt)
-            apply_run_status(session, run, to_status, message=message, error=error)
-            session.flush()
-            return RunRecord.from_row(run)
-
     def cancel_run(self, run_id: str) -> RunRecord:
         """A user's cancel: → CANCELING (the dispatcher stops the job). An active trial of a sweep
         is refused: its driver owns it, and only canceling the sweep stops it."""
@@ -233,15 +215,6 @@ class Repository:
             if RunStatus(run.status) is not RunStatus.CANCELING:
                 apply_run_status(session, run, status, message=message, error=error)
                 session.flush()
-            return RunRecord.from_row(run)
-
-    def begin_attempt(self, run_id: str, *, token: str, message: str | None = None) -> RunRecord:
-        """QUEUED → STARTING for the current attempt: store the token's hash and the Ray job id."""
-        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
-            apply_run_status(session, run, RunStatus.STARTING, message=message, error=None)
-            run.token_hash = hash_token(token)
-            run.ray_job_id = job_submission_id(run.id, run.attempt)
-            session.flush()
             return RunRecord.from_row(run)
 
     def resume_run(self, run_id: str, *, num_workers: int | None = None) -> RunRecord:
@@ -315,14 +288,6 @@ class Repository:
         """Make ``token`` the only one accepted for the run's reports (only its hash is kept)."""
         with self.db.locked_write(Run, run_id, RunNotFound) as (_session, run):
             run.token_hash = hash_token(token)
-
-    def check_token(self, run_id: str, token: str) -> bool:
-        """Whether ``token`` is the current attempt's token; False for unknown runs."""
-        stored = None
-        if is_possible_id(run_id):
-            with self.db.read() as session:
-                stored = session.execute(select(Run.token_hash).where(Run.id == run_id)).scalar_one_or_none()
-        return token_matches(token, stored)
 
     # --- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, points: list[ReportedMetric]) -> int:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from api.specs import RunSpec
 from api.sweeps import SweepSpec, algorithm_sets
 from api.views import RunStatus, SweepStatus, SweepView
+from service.attempt_store import AttemptStore
 from service.db.models import Run, Sweep, utcnow
 from service.db.session import is_possible_id, new_id
 from service.repository import Repository, RunRecord
@@ -26,7 +27,7 @@ from service.run_writes import add_run_event, apply_run_status
 from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
 from service.sweep_view import build_sweep_view
 from service.sweep_writes import TRIAL_OUTLIVED_SWEEP, apply_sweep_status
-from service.tokens import hash_token, token_matches
+from service.tokens import hash_token
 
 __all__ = ["TRIAL_OUTLIVED_SWEEP", "SweepNotFound", "SweepRecord", "SweepRepository", "TrialNotFound"]
 
@@ -71,17 +72,25 @@ class SweepRecord:
                    created_at=row.created_at, updated_at=row.updated_at)
 
 
-def sweep_job_id(sweep_id: str, attempt: int) -> str:
-    """Ray submission id of one driver attempt; trial runs carry it as their ``ray_job_id``."""
-    return f"sweep-{sweep_id}-attempt-{attempt}"
+class SweepRepository(AttemptStore):
+    """Sweeps and trial registration, over the ``Database`` of a run ``Repository``;
+    ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
 
-
-class SweepRepository:
-    """Sweeps and trial registration, over the engine and sessions of a run ``Repository``."""
+    model = Sweep
+    status = SweepStatus
+    not_found = SweepNotFound
+    transitions = SWEEP_TRANSITIONS
+    job_prefix = "sweep"
 
     def __init__(self, runs: Repository):
-        self.runs = runs
         self.db = runs.db
+
+    def _apply_status(self, session: Session, row: Sweep, target: SweepStatus, *, message: str | None,
+                      error: str | None) -> None:
+        apply_sweep_status(session, row, target, message=message, error=error)
+
+    def _to_record(self, row: Sweep) -> SweepRecord:
+        return SweepRecord.from_row(row)
 
     @staticmethod
     def _trials(session: Session, sweep_ids: list[str]) -> dict[str, list[Run]]:
@@ -114,18 +123,10 @@ class SweepRepository:
             return SweepRecord.from_row(sweep)
 
     def get_sweep(self, sweep_id: str) -> SweepRecord:
-        with self.db.read() as session:
-            sweep = session.get(Sweep, sweep_id) if is_possible_id(sweep_id) else None
-            if sweep is None:
-                raise SweepNotFound(sweep_id)
-            return SweepRecord.from_row(sweep)
+        return self.get(sweep_id)
 
     def sweeps_with_status(self, statuses: Iterable[SweepStatus]) -> list[SweepRecord]:
-        """Every sweep in one of ``statuses``, oldest first (the dispatcher's order)."""
-        query = (select(Sweep).where(Sweep.status.in_([s.value for s in statuses]))
-                 .order_by(Sweep.created_at, Sweep.id))
-        with self.db.read() as session:
-            return [SweepRecord.from_row(row) for row in session.execute(query).scalars()]
+        return self.with_status(statuses)
 
     def sweep_view(self, sweep_id: str) -> SweepView:
         with self.db.read() as session:
@@ -144,28 +145,6 @@ class SweepRepository:
             return [build_sweep_view(s, trials[s.id], now) for s in sweeps]
 
     # --- status --------------------------------------------------------------------------
-    def transition(self, sweep_id: str, to_status: SweepStatus, *, message: str | None = None,
-                   error: str | None = None, only_from: Iterable[SweepStatus] | None = None,
-                   attempt: int | None = None) -> SweepRecord:
-        """Change a sweep's status (a compare-and-set with ``only_from``/``attempt``, for loops
-        that decided on an older snapshot); ending it ends its active trials too."""
-        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
-            current = SweepStatus(sweep.status)
-            SWEEP_TRANSITIONS.require_snapshot(sweep_id, current, to_status, stored_attempt=sweep.attempt,
-                                               only_from=only_from, attempt=attempt)
-            apply_sweep_status(session, sweep, to_status, message=message, error=error)
-            session.flush()
-            return SweepRecord.from_row(sweep)
-
-    def begin_attempt(self, sweep_id: str, *, token: str, message: str | None = None) -> SweepRecord:
-        """QUEUED → STARTING for the current attempt: store the token's hash and the driver job id."""
-        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
-            apply_sweep_status(session, sweep, SweepStatus.STARTING, message=message, error=None)
-            sweep.token_hash = hash_token(token)
-            sweep.ray_job_id = sweep_job_id(sweep.id, sweep.attempt)
-            session.flush()
-            return SweepRecord.from_row(sweep)
-
     def apply_driver_report(self, sweep_id: str, status: SweepStatus, *, message: str | None = None,
                             error: str | None = None) -> SweepRecord:
         """The driver's word (RUNNING, COMPLETED or FAILED). A cancel wins: while the sweep is
@@ -190,15 +169,6 @@ class SweepRepository:
             apply_sweep_status(session, sweep, target, message="canceled by user", error=None)
             session.flush()
             return SweepRecord.from_row(sweep)
-
-    # --- driver tokens -------------------------------------------------------------------
-    def check_token(self, sweep_id: str, token: str) -> bool:
-        """Whether ``token`` is the current driver attempt's token; False for unknown sweeps."""
-        stored = None
-        if is_possible_id(sweep_id):
-            with self.db.read() as session:
-                stored = session.execute(select(Sweep.token_hash).where(Sweep.id == sweep_id)).scalar_one_or_none()
-        return token_matches(token, stored)
 
     # --- trials --------------------------------------------------------------------------
     def register_trial(self, sweep_id: str, *, trial_id: str, spec: RunSpec, params: dict[str, Any],

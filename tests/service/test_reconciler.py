@@ -16,7 +16,7 @@ S = RunStatus
 
 def reconcile(repo, jobs):
     """The runs' half of ``Dispatcher.reconcile``, the app's startup reconcile."""
-    return JobFollower(RUN_JOBS, repo, repo.runs_with_status, jobs, Settings()).reconcile()
+    return JobFollower(RUN_JOBS, repo, jobs, Settings()).reconcile()
 
 
 def _submitted(repo, fake_jobs, settings, spec, *, running: bool = True):

@@ -16,7 +16,7 @@ S, SS = RunStatus, SweepStatus
 
 def reconcile_sweeps(sweeps, jobs, settings):
     """The sweeps' half of ``Dispatcher.reconcile``, the app's startup reconcile."""
-    return JobFollower(sweep_driver_jobs(settings), sweeps, sweeps.sweeps_with_status, jobs, settings).reconcile()
+    return JobFollower(sweep_driver_jobs(settings), sweeps, jobs, settings).reconcile()
 
 
 @pytest.fixture
