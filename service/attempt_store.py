@@ -8,48 +8,50 @@ as a compare-and-set) and the token check of the report endpoints, written once 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from service.db.session import Database, is_possible_id
 from service.lifecycle import TransitionTable
 from service.tokens import hash_token, token_matches
 
 
+@dataclass(frozen=True)
+class StoredKind:
+    """How one kind of record is stored: its row, status enum, errors and status writer."""
+
+    model: type  # the ORM row: Run or Sweep
+    status: type[enum.Enum]  # RunStatus or SweepStatus
+    not_found: type[Exception]  # raised with the id of a record that does not exist
+    transitions: TransitionTable
+    job_prefix: str  # "run" | "sweep", the start of each attempt's Ray submission id
+    record: Any  # RunRecord or SweepRecord: ``record.from_row(row)`` is what callers get
+    apply_status: Callable[..., None]  # apply_run_status or apply_sweep_status on a locked row
+
+
 class AttemptStore:
-    """Subclasses set the class attributes and implement ``_apply_status`` and ``_to_record``."""
+    """A repository whose subclass says how its records are stored, in ``stored``."""
 
     db: Database
-    model: ClassVar[type]  # the ORM row: Run or Sweep
-    status: ClassVar[type[enum.Enum]]  # RunStatus or SweepStatus
-    not_found: ClassVar[type[Exception]]  # raised with the id of a record that does not exist
-    transitions: ClassVar[TransitionTable]
-    job_prefix: ClassVar[str]  # "run" | "sweep", the start of each attempt's Ray submission id
-
-    def _apply_status(self, session: Session, row: Any, target: enum.Enum, *, message: str | None,
-                      error: str | None) -> None:
-        raise NotImplementedError
-
-    def _to_record(self, row: Any) -> Any:
-        raise NotImplementedError
+    stored: ClassVar[StoredKind]
 
     def get(self, record_id: str) -> Any:
         """The record with this id; raises ``not_found`` if there is none."""
         with self.db.read() as session:
-            row = session.get(self.model, record_id) if is_possible_id(record_id) else None
+            row = session.get(self.stored.model, record_id) if is_possible_id(record_id) else None
             if row is None:
-                raise self.not_found(record_id)
-            return self._to_record(row)
+                raise self.stored.not_found(record_id)
+            return self.stored.record.from_row(row)
 
     def with_status(self, statuses: Iterable[enum.Enum]) -> list[Any]:
         """Every record in one of ``statuses``, oldest first (the dispatcher's fair order)."""
-        query = (select(self.model).where(self.model.status.in_([s.value for s in statuses]))
-                 .order_by(self.model.created_at, self.model.id))
+        query = (select(self.stored.model).where(self.stored.model.status.in_([s.value for s in statuses]))
+                 .order_by(self.stored.model.created_at, self.stored.model.id))
         with self.db.read() as session:
-            return [self._to_record(row) for row in session.execute(query).scalars()]
+            return [self.stored.record.from_row(row) for row in session.execute(query).scalars()]
 
     def transition(self, record_id: str, to_status: enum.Enum, *, message: str | None = None,
                    error: str | None = None, only_from: Iterable[enum.Enum] | None = None,
@@ -59,29 +61,29 @@ class AttemptStore:
         ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
         older snapshot: if the record has moved on since, ``IllegalTransition`` is raised instead.
         """
-        with self.db.locked_write(self.model, record_id, self.not_found) as (session, row):
-            current = self.status(row.status)
-            self.transitions.require_snapshot(record_id, current, to_status, stored_attempt=row.attempt,
+        with self.db.locked_write(self.stored.model, record_id, self.stored.not_found) as (session, row):
+            current = self.stored.status(row.status)
+            self.stored.transitions.require_snapshot(record_id, current, to_status, stored_attempt=row.attempt,
                                               only_from=only_from, attempt=attempt)
-            self._apply_status(session, row, to_status, message=message, error=error)
+            self.stored.apply_status(session, row, to_status, message=message, error=error)
             session.flush()
-            return self._to_record(row)
+            return self.stored.record.from_row(row)
 
     def begin_attempt(self, record_id: str, *, token: str, message: str | None = None) -> Any:
         """QUEUED → STARTING for the current attempt: store the token's hash and the Ray job id."""
-        with self.db.locked_write(self.model, record_id, self.not_found) as (session, row):
-            self._apply_status(session, row, self.status.STARTING, message=message, error=None)
+        with self.db.locked_write(self.stored.model, record_id, self.stored.not_found) as (session, row):
+            self.stored.apply_status(session, row, self.stored.status.STARTING, message=message, error=None)
             row.token_hash = hash_token(token)
-            row.ray_job_id = attempt_job_id(self.job_prefix, row.id, row.attempt)
+            row.ray_job_id = attempt_job_id(self.stored.job_prefix, row.id, row.attempt)
             session.flush()
-            return self._to_record(row)
+            return self.stored.record.from_row(row)
 
     def check_token(self, record_id: str, token: str) -> bool:
         """Whether ``token`` is the current attempt's token; False for unknown records."""
         stored = None
         if is_possible_id(record_id):
             with self.db.read() as session:
-                query = select(self.model.token_hash).where(self.model.id == record_id)
+                query = select(self.stored.model.token_hash).where(self.stored.model.id == record_id)
                 stored = session.execute(query).scalar_one_or_none()
         return token_matches(token, stored)
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from api.specs import RunSpec
 from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView,
                        RunStatus, RunView, metric_mode)
-from service.attempt_store import AttemptStore
+from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
 from service.db.session import Database, clean_text, is_possible_id, new_id
 from service.run_writes import add_run_event, apply_run_status, first_line
@@ -130,22 +130,12 @@ class Repository(AttemptStore):
     """Runs, their events, checkpoints and metrics over one SQLAlchemy engine (SQLite or
     PostgreSQL); ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
 
-    model = Run
-    status = RunStatus
-    not_found = RunNotFound
-    transitions = RUN_TRANSITIONS
-    job_prefix = "run"
+    stored = StoredKind(model=Run, status=RunStatus, not_found=RunNotFound, transitions=RUN_TRANSITIONS,
+                        job_prefix="run", record=RunRecord, apply_status=apply_run_status)
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.db = Database(engine)
-
-    def _apply_status(self, session: Session, row: Run, target: RunStatus, *, message: str | None,
-                      error: str | None) -> None:
-        apply_run_status(session, row, target, message=message, error=error)
-
-    def _to_record(self, row: Run) -> RunRecord:
-        return RunRecord.from_row(row)
 
     @staticmethod
     def _require_run(session: Session, run_id: str) -> None:

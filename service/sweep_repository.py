@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from api.specs import RunSpec
 from api.sweeps import SweepSpec, algorithm_sets
 from api.views import RunStatus, SweepStatus, SweepView
-from service.attempt_store import AttemptStore
+from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import Run, Sweep, utcnow
 from service.db.session import is_possible_id, new_id
 from service.repository import Repository, RunRecord
@@ -76,21 +76,11 @@ class SweepRepository(AttemptStore):
     """Sweeps and trial registration, over the ``Database`` of a run ``Repository``;
     ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
 
-    model = Sweep
-    status = SweepStatus
-    not_found = SweepNotFound
-    transitions = SWEEP_TRANSITIONS
-    job_prefix = "sweep"
+    stored = StoredKind(model=Sweep, status=SweepStatus, not_found=SweepNotFound, transitions=SWEEP_TRANSITIONS,
+                        job_prefix="sweep", record=SweepRecord, apply_status=apply_sweep_status)
 
     def __init__(self, runs: Repository):
         self.db = runs.db
-
-    def _apply_status(self, session: Session, row: Sweep, target: SweepStatus, *, message: str | None,
-                      error: str | None) -> None:
-        apply_sweep_status(session, row, target, message=message, error=error)
-
-    def _to_record(self, row: Sweep) -> SweepRecord:
-        return SweepRecord.from_row(row)
 
     @staticmethod
     def _trials(session: Session, sweep_ids: list[str]) -> dict[str, list[Run]]:
