@@ -24,8 +24,8 @@ from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, Metric
                        RunStatus, RunView, metric_mode)
 from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
-from service.db.session import Database, clean_text, is_possible_id, new_id
-from service.run_writes import add_run_event, apply_run_status, first_line
+from service.db.session import Database, clean_text, is_possible_id
+from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
 from service.state_machine import RUN_TRANSITIONS
 from service.tokens import hash_token
 
@@ -150,14 +150,8 @@ class Repository(AttemptStore):
     # --- runs ----------------------------------------------------------------------------
     def create_run(self, spec: RunSpec, *, sweep_id: str | None = None) -> RunRecord:
         """Store a validated spec as a QUEUED run with its first event, in one transaction."""
-        now = utcnow()
         with self.db.write() as session:
-            run = Run(id=new_id(), name=spec.name, status=RunStatus.QUEUED.value, attempt=1,
-                      spec=spec.model_dump(mode="json"), summary={}, tags=list(spec.tags), sweep_id=sweep_id,
-                      created_at=now, updated_at=now)
-            session.add(run)
-            session.flush()
-            add_run_event(session, run, None, RunStatus.QUEUED, "created", now)
+            run = insert_run(session, spec, message="created", sweep_id=sweep_id)
             session.flush()
             return RunRecord.from_row(run)
 

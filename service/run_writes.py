@@ -1,4 +1,5 @@
-"""How a run's row changes status, for both repositories (a trial is a run like any other).
+"""How a run's row is created and changes status, for both repositories (a trial is a run like
+any other).
 
 ``apply_run_status`` is the one place that asks the run transition table, counts attempts,
 revokes tokens and writes the run event; callers hold the run's row lock (``lock_row``).
@@ -7,13 +8,28 @@ revokes tokens and writes the run event; callers hold the run's row lock (``lock
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
+from api.specs import RunSpec
 from api.views import RunStatus
 from service.db.models import Run, RunEvent, utcnow
-from service.db.session import clean_text
+from service.db.session import clean_text, new_id
 from service.state_machine import RUN_TRANSITIONS, is_terminal, starts_new_attempt, starts_new_job
+
+
+def insert_run(session: Session, spec: RunSpec, *, message: str, **columns: Any) -> Run:
+    """A new QUEUED run of ``spec`` on attempt 1, with its first event saying ``message``;
+    ``columns`` are the trial's (``sweep_id``, ``trial_id``, ``trial_params``)."""
+    now = utcnow()
+    run = Run(id=new_id(), name=spec.name, status=RunStatus.QUEUED.value, attempt=1,
+              spec=spec.model_dump(mode="json"), summary={}, extrema={}, tags=list(spec.tags),
+              created_at=now, updated_at=now, **columns)
+    session.add(run)
+    session.flush()
+    add_run_event(session, run, None, RunStatus.QUEUED, message, now)
+    return run
 
 
 def add_run_event(session: Session, run: Run, from_status: RunStatus | None, to_status: RunStatus,

@@ -23,7 +23,7 @@ from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import Run, Sweep, utcnow
 from service.db.session import is_possible_id, new_id
 from service.repository import Repository, RunRecord
-from service.run_writes import add_run_event, apply_run_status
+from service.run_writes import apply_run_status, insert_run
 from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
 from service.sweep_view import build_sweep_view
 from service.sweep_writes import TRIAL_OUTLIVED_SWEEP, apply_sweep_status
@@ -103,7 +103,8 @@ class SweepRepository(AttemptStore):
         now = utcnow()
         with self.db.write() as session:
             status = SweepStatus.RUNNING if external else SweepStatus.QUEUED
-            sweep = Sweep(id=new_id(), name=spec.name, status=status.value, attempt=1, driver=driver, spec=spec.model_dump(mode="json"),
+            sweep = Sweep(id=new_id(), name=spec.name, status=status.value, attempt=1, driver=driver,
+                          spec=spec.model_dump(mode="json"),
                           skipped=[{"algorithms": list(s), "reason": why} for s, why in skipped],
                           token_hash=hash_token(token) if token else None,
                           message="driven outside the service" if external else "queued",
@@ -171,16 +172,10 @@ class SweepRepository(AttemptStore):
             if sweep_status not in (SweepStatus.STARTING, SweepStatus.RUNNING):
                 raise _illegal(sweep, sweep_status,
                                f"sweep {sweep_id} is {sweep_status.value}; it takes no new trials")
-            run = session.execute(select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id)
-                                  .with_for_update()).scalar_one_or_none()
-            now = utcnow()
+            run = _locked_trial(session, sweep_id, trial_id)
             if run is None:
-                run = Run(id=new_id(), name=spec.name, status=RunStatus.QUEUED.value, attempt=1,
-                          spec=spec.model_dump(mode="json"), summary={}, extrema={}, tags=list(spec.tags),
-                          sweep_id=sweep_id, trial_id=trial_id, trial_params=params, created_at=now, updated_at=now)
-                session.add(run)
-                session.flush()
-                add_run_event(session, run, None, RunStatus.QUEUED, f"trial {trial_id} of sweep {sweep_id}", now)
+                run = insert_run(session, spec, message=f"trial {trial_id} of sweep {sweep_id}",
+                                 sweep_id=sweep_id, trial_id=trial_id, trial_params=params)
             else:
                 _check_can_restart(RunRecord.from_row(run), sweep_id, trial_id)
                 apply_run_status(session, run, RunStatus.QUEUED,
@@ -198,8 +193,7 @@ class SweepRepository(AttemptStore):
         """Tune is done with a trial: ``stopped`` → STOPPED, ``failed`` → FAILED. Nothing changes
         if the run already ended (it completed normally) or no longer belongs to the driver."""
         with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, _sweep):
-            run = session.execute(select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id)
-                                  .with_for_update()).scalar_one_or_none()
+            run = _locked_trial(session, sweep_id, trial_id)
             if run is None:
                 raise TrialNotFound(sweep_id, trial_id)
             record = RunRecord.from_row(run)
@@ -213,6 +207,11 @@ class SweepRepository(AttemptStore):
                                  error=error or message or "Ray Tune reported the trial as failed")
             session.flush()
             return RunRecord.from_row(run)
+
+
+def _locked_trial(session: Session, sweep_id: str, trial_id: str) -> Run | None:
+    query = select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id).with_for_update()
+    return session.execute(query).scalar_one_or_none()
 
 
 def _illegal(sweep: Sweep, target: SweepStatus, reason: str):
