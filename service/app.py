@@ -7,22 +7,22 @@ reconcile every active run and sweep with Ray, then start the dispatcher thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from sqlalchemy import Engine
 
 from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
-from service.ray_jobs import JobsClient, RayJobsClient, start_embedded_ray, stop_embedded_ray
-from service.reconciler import reconcile
+from service.ray_client import JobsClient, RayJobsClient
+from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
 from service.routes import catalog, health, reports, runs, sweeps
 from service.settings import Settings, load_settings
-from service.sweep_dispatch import reconcile_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -41,35 +41,6 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     settings = settings or load_settings()
     catalog.pages()  # build the catalog now: a name without a spec fails startup, not a request
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        log.info("starting Tessera with settings %s", settings.redacted())
-        engine = make_engine(settings.database_url)
-        migrate(engine)
-        if settings.storage_url.startswith("file://"):
-            Path(settings.storage_url.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-        repo = Repository(engine)
-        client, embedded = jobs, False
-        if client is None:
-            address = settings.ray_address
-            if address is None:
-                address, embedded = start_embedded_ray(settings), True
-            client = RayJobsClient(address)
-        dispatcher = Dispatcher(repo, client, settings)
-        app.state.repo, app.state.jobs, app.state.dispatcher = repo, client, dispatcher
-        app.state.sweeps = dispatcher.sweeps
-        for fix in [*reconcile(repo, client), *reconcile_sweeps(dispatcher.sweeps, client, settings)]:
-            log.info("reconciled %s", fix)
-        if run_dispatcher:
-            dispatcher.start()
-        try:
-            yield
-        finally:
-            dispatcher.stop()
-            if embedded:
-                stop_embedded_ray()
-            engine.dispose()
-
     app = FastAPI(
         title="Tessera",
         summary="Experiment service for PyTorch training with Composer-style speedup algorithms",
@@ -77,7 +48,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
         redoc_url=None,
-        lifespan=lifespan,
+        lifespan=_lifespan(settings, jobs, run_dispatcher),
     )
     app.state.settings = settings
     install_error_handlers(app)
@@ -85,3 +56,55 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
         app.include_router(module.router)
     mount_dashboard(app)
     return app
+
+
+def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool):
+    """The app's lifespan: open the database and Ray, reconcile, run the dispatcher; then close
+    them in reverse order."""
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log.info("starting Tessera with settings %s", settings.redacted())
+        engine = _open_database(settings)
+        try:
+            with _jobs_client(settings, jobs) as client:
+                dispatcher = Dispatcher(Repository(engine), client, settings)
+                app.state.repo, app.state.sweeps = dispatcher.repo, dispatcher.sweeps
+                app.state.jobs, app.state.dispatcher = client, dispatcher
+                for fix in dispatcher.reconcile():
+                    log.info("reconciled %s", fix)
+                if run_dispatcher:
+                    dispatcher.start()
+                try:
+                    yield
+                finally:
+                    dispatcher.stop()
+        finally:
+            engine.dispose()
+
+    return lifespan
+
+
+def _open_database(settings: Settings) -> Engine:
+    """The migrated database, and the local storage folder when storage is a ``file://`` URL."""
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    if settings.storage_url.startswith("file://"):
+        Path(settings.storage_url.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    return engine
+
+
+@contextmanager
+def _jobs_client(settings: Settings, jobs: JobsClient | None) -> Iterator[JobsClient]:
+    """``jobs`` as given; else a client on ``settings.ray_address``, or on an embedded Ray head
+    that lives until the block ends."""
+    if jobs is not None:
+        yield jobs
+        return
+    if settings.ray_address is not None:
+        yield RayJobsClient(settings.ray_address)
+        return
+    address = start_embedded_ray(settings)
+    try:
+        yield RayJobsClient(address)
+    finally:
+        stop_embedded_ray()

@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings
 from api.errors import field_path
 from service.repository import InvalidCursor, RunNotFound
 from service.sweep_repository import SweepNotFound
-from service.state_machine import IllegalTransition
+from service.lifecycle import IllegalTransition
 
 log = logging.getLogger(__name__)
 

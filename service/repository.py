@@ -1,35 +1,33 @@
 """All reads and writes of runs, run events and metrics. Routes and loops never touch sessions.
 
-Every write runs in one transaction that first locks the run's row (``SELECT ... FOR UPDATE``
-on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite), so two writers of the same run — a worker's
-report, a user's cancel, the dispatcher — are serialized and the state machine always decides
-on the status that is really stored.
+Every write is one ``Database.write`` transaction that first locks the run's row
+(``service.db.session``), so two writers of the same run (a worker's report, a user's cancel,
+the dispatcher) are serialized and the state machine always decides on the stored status.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import json
 import math
-import secrets
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, insert, or_, select, text
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
 from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView,
                        RunStatus, RunView, metric_mode)
-from service.db.engine import WRITE_OPTIONS
+from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
-from service.state_machine import IllegalTransition, decide, is_terminal, starts_new_attempt, starts_new_job
+from service.db.session import Database, clean_text, is_possible_id
+from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
+from service.state_machine import RUN_TRANSITIONS
+from service.tokens import hash_token
 
 
 class RunNotFound(LookupError):
@@ -106,37 +104,6 @@ def with_extrema(extrema: dict[str, list[float]], points: Iterable[tuple[str, fl
     return updated
 
 
-def job_submission_id(run_id: str, attempt: int) -> str:
-    """Ray submission id of one attempt. Ray refuses a second job with the same id, which is
-    what guarantees that an attempt never runs twice."""
-    return f"run-{run_id}-attempt-{attempt}"
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def _new_run_id() -> str:
-    return secrets.token_hex(6)
-
-
-def _is_possible_id(run_id: str) -> bool:
-    # PostgreSQL refuses NUL characters in text parameters with an error; such an id (from a
-    # URL or a cursor) names no run, and must read as "not found", not crash the request.
-    return 0 < len(run_id) <= 64 and "\x00" not in run_id
-
-
-def _clean_text(text: str | None) -> str | None:
-    """Worker-supplied text without NUL characters, which PostgreSQL cannot store."""
-    return text.replace("\x00", "") if text is not None else None
-
-
-def _add_event(session: Session, run: Run, from_status: RunStatus | None, to_status: RunStatus,
-               message: str | None, now: datetime) -> None:
-    session.add(RunEvent(run_id=run.id, from_status=from_status.value if from_status else None,
-                         to_status=to_status.value, attempt=run.attempt, time=now, message=message))
-
-
 def _checkpoint_view(row: Checkpoint) -> CheckpointView:
     return CheckpointView(step=row.step, epoch=row.epoch, attempt=row.attempt, time=row.time, bytes=row.bytes,
                           committed=row.committed, url=row.url, world_size=row.world_size, error=row.error)
@@ -151,7 +118,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, run_id = json.loads(raw)
-        if not isinstance(run_id, str) or not _is_possible_id(run_id):
+        if not isinstance(run_id, str) or not is_possible_id(run_id):
             raise ValueError("bad run id in cursor")
         return datetime.fromisoformat(created_at), run_id
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
@@ -159,65 +126,37 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
                             "page, or omit it for the first page") from exc
 
 
-class Repository:
-    """Data access for the control plane over one SQLAlchemy engine (SQLite or PostgreSQL)."""
+class Repository(AttemptStore):
+    """Runs, their events, checkpoints and metrics over one SQLAlchemy engine (SQLite or
+    PostgreSQL); ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
+
+    stored = StoredKind(model=Run, status=RunStatus, not_found=RunNotFound, transitions=RUN_TRANSITIONS,
+                        job_prefix="run", record=RunRecord, apply_status=apply_run_status)
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
-
-    # --- sessions ------------------------------------------------------------------------
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with self._sessions() as session:
-            yield session
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        with self._sessions() as session:
-            session.connection(execution_options=WRITE_OPTIONS)
-            yield session
-            session.commit()
-
-    @staticmethod
-    def _locked_run(session: Session, run_id: str) -> Run:
-        if not _is_possible_id(run_id):
-            raise RunNotFound(run_id)
-        run = session.execute(select(Run).where(Run.id == run_id).with_for_update()).scalar_one_or_none()
-        if run is None:
-            raise RunNotFound(run_id)
-        return run
+        self.db = Database(engine)
 
     @staticmethod
     def _require_run(session: Session, run_id: str) -> None:
-        if not _is_possible_id(run_id) or session.execute(select(Run.id).where(Run.id == run_id)).first() is None:
+        if not is_possible_id(run_id) or session.execute(select(Run.id).where(Run.id == run_id)).first() is None:
             raise RunNotFound(run_id)
 
     def ping(self) -> None:
         """Raise if the database cannot answer a trivial query."""
-        with self._read() as session:
+        with self.db.read() as session:
             session.execute(text("SELECT 1"))
 
     # --- runs ----------------------------------------------------------------------------
     def create_run(self, spec: RunSpec, *, sweep_id: str | None = None) -> RunRecord:
         """Store a validated spec as a QUEUED run with its first event, in one transaction."""
-        now = utcnow()
-        with self._write() as session:
-            run = Run(id=_new_run_id(), name=spec.name, status=RunStatus.QUEUED.value, attempt=1,
-                      spec=spec.model_dump(mode="json"), summary={}, tags=list(spec.tags), sweep_id=sweep_id,
-                      created_at=now, updated_at=now)
-            session.add(run)
-            session.flush()
-            _add_event(session, run, None, RunStatus.QUEUED, "created", now)
+        with self.db.write() as session:
+            run = insert_run(session, spec, message="created", sweep_id=sweep_id)
             session.flush()
             return RunRecord.from_row(run)
 
     def get_run(self, run_id: str) -> RunRecord:
-        with self._read() as session:
-            run = session.get(Run, run_id) if _is_possible_id(run_id) else None
-            if run is None:
-                raise RunNotFound(run_id)
-            return RunRecord.from_row(run)
+        return self.get(run_id)
 
     def list_runs(self, *, status: RunStatus | None = None, sweep_id: str | None = None, limit: int = 50,
                   cursor: str | None = None) -> tuple[list[RunRecord], str | None]:
@@ -232,51 +171,22 @@ class Repository:
             created_at, run_id = _decode_cursor(cursor)
             query = query.where(or_(Run.created_at < created_at,
                                     and_(Run.created_at == created_at, Run.id < run_id)))
-        with self._read() as session:
+        with self.db.read() as session:
             rows = list(session.execute(query).scalars())
         next_cursor = _encode_cursor(rows[limit - 1]) if len(rows) > limit else None
         return [RunRecord.from_row(row) for row in rows[:limit]], next_cursor
 
-    def runs_with_status(self, statuses: Iterable[RunStatus]) -> list[RunRecord]:
-        """Every run in one of ``statuses``, oldest first (the dispatcher's fair order)."""
-        values = [s.value for s in statuses]
-        query = select(Run).where(Run.status.in_(values)).order_by(Run.created_at, Run.id)
-        with self._read() as session:
-            return [RunRecord.from_row(row) for row in session.execute(query).scalars()]
-
     # --- status --------------------------------------------------------------------------
-    def transition(self, run_id: str, to_status: RunStatus, *, message: str | None = None,
-                   error: str | None = None, only_from: Iterable[RunStatus] | None = None,
-                   attempt: int | None = None) -> RunRecord:
-        """Change a run's status through the state machine and record the event.
-
-        ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
-        older snapshot: if the run has moved on since, ``IllegalTransition`` is raised instead.
-        """
-        with self._write() as session:
-            run = self._locked_run(session, run_id)
-            current = RunStatus(run.status)
-            if only_from is not None and current not in set(only_from):
-                raise IllegalTransition(run_id, current, to_status,
-                                        f"run {run_id} is {current.value}; it changed before it could be updated")
-            if attempt is not None and run.attempt != attempt:
-                raise IllegalTransition(run_id, current, to_status,
-                                        f"run {run_id} is on attempt {run.attempt}, not {attempt}")
-            self._apply(session, run, to_status, message=message, error=error)
-            session.flush()
-            return RunRecord.from_row(run)
-
     def cancel_run(self, run_id: str) -> RunRecord:
         """A user's cancel: → CANCELING (the dispatcher stops the job). An active trial of a sweep
         is refused: its driver owns it, and only canceling the sweep stops it."""
-        with self._write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             record = RunRecord.from_row(run)
             if record.driven_by_sweep and record.status in ACTIVE_STATUSES:
-                raise IllegalTransition(run_id, record.status, RunStatus.CANCELING,
-                                        f"run {run_id} is a trial of sweep {record.sweep_id}; a trial cannot be "
-                                        f"canceled on its own, cancel its sweep instead")
-            self._apply(session, run, RunStatus.CANCELING, message="canceled by user", error=None)
+                raise RUN_TRANSITIONS.refusal(run_id, record.status, RunStatus.CANCELING,
+                                              f"run {run_id} is a trial of sweep {record.sweep_id}; a trial cannot "
+                                              f"be canceled on its own, cancel its sweep instead")
+            apply_run_status(session, run, RunStatus.CANCELING, message="canceled by user", error=None)
             session.flush()
             return RunRecord.from_row(run)
 
@@ -285,68 +195,30 @@ class Repository:
         """A worker's status report, through the state machine; while the run is CANCELING it
         changes nothing: stopping the job is what makes its worker fail or stop, and the
         dispatcher ends the run as CANCELED once Ray confirms."""
-        with self._write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             if RunStatus(run.status) is not RunStatus.CANCELING:
-                self._apply(session, run, status, message=message, error=error)
+                apply_run_status(session, run, status, message=message, error=error)
                 session.flush()
             return RunRecord.from_row(run)
-
-    def begin_attempt(self, run_id: str, *, token: str, message: str | None = None) -> RunRecord:
-        """QUEUED → STARTING for the current attempt: store the token's hash and the Ray job id."""
-        with self._write() as session:
-            run = self._locked_run(session, run_id)
-            self._apply(session, run, RunStatus.STARTING, message=message, error=None)
-            run.token_hash = hash_token(token)
-            run.ray_job_id = job_submission_id(run.id, run.attempt)
-            session.flush()
-            return RunRecord.from_row(run)
-
-    @staticmethod
-    def _apply(session: Session, run: Run, target: RunStatus, *, message: str | None, error: str | None) -> None:
-        current = RunStatus(run.status)
-        if not decide(run.id, current, target):
-            return
-        now = utcnow()
-        message, error = _clean_text(message), _clean_text(error)
-        # The one place attempts are counted: a re-queue, a resume, or a worker-group restart.
-        if starts_new_attempt(current, target):
-            run.attempt += 1
-        if starts_new_job(current, target):
-            run.token_hash = None  # the old job's worker may no longer report
-            run.finished_at = None
-            run.error = None
-        if target is RunStatus.RUNNING and run.started_at is None:
-            run.started_at = now
-        if is_terminal(target):
-            run.finished_at = now
-        if error is not None:
-            run.error = error
-        run.status = target.value
-        run.updated_at = now
-        if message is None and error is not None:
-            message = error.strip().splitlines()[0][:500] if error.strip() else None
-        _add_event(session, run, current, target, message, now)
 
     def resume_run(self, run_id: str, *, num_workers: int | None = None) -> RunRecord:
         """FAILED, CANCELED or STOPPED (a trial ended early) → QUEUED as a new attempt, which
         resumes from the newest committed checkpoint (a trial goes on as a standalone run); with
         ``num_workers`` the spec's ``parallelism.num_workers`` is rewritten first (validated:
         raises pydantic's ``ValidationError`` for a spec that no longer holds)."""
-        with self._write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             current = RunStatus(run.status)
             if current not in (RunStatus.FAILED, RunStatus.CANCELED, RunStatus.STOPPED):
-                raise IllegalTransition(run_id, current, RunStatus.QUEUED,
-                                        f"run {run_id} is {current.value}; only FAILED, CANCELED or STOPPED runs "
-                                        f"can be resumed")
+                raise RUN_TRANSITIONS.refusal(run_id, current, RunStatus.QUEUED,
+                                              f"run {run_id} is {current.value}; only FAILED, CANCELED or STOPPED "
+                                              f"runs can be resumed")
             message = "resumed by user"
             if num_workers is not None and num_workers != run.spec["parallelism"]["num_workers"]:
                 spec = dict(run.spec)
                 spec["parallelism"] = {**spec["parallelism"], "num_workers": num_workers}
                 run.spec = RunSpec.model_validate(spec).model_dump(mode="json")
                 message += f" on {num_workers} worker(s)"
-            self._apply(session, run, RunStatus.QUEUED, message=message, error=None)
+            apply_run_status(session, run, RunStatus.QUEUED, message=message, error=None)
             session.flush()
             return RunRecord.from_row(run)
 
@@ -355,8 +227,7 @@ class Repository:
         """Record a worker's checkpoint report (idempotent per URL: a retried report updates
         the row). A failed save becomes a run event saying why. Committed rows beyond the
         spec's ``checkpoint.keep_last`` are dropped, as the worker's retention deletes them."""
-        with self._write() as session:
-            run = self._locked_run(session, run_id)
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             row = session.execute(select(Checkpoint).where(Checkpoint.run_id == run_id,
                                                            Checkpoint.url == report.url)).scalar_one_or_none()
             if row is None:
@@ -364,11 +235,11 @@ class Repository:
                 session.add(row)
             row.attempt, row.step, row.epoch, row.time = run.attempt, report.step, report.epoch, report.time
             row.bytes, row.committed, row.world_size = report.bytes, report.committed, report.world_size
-            row.error = _clean_text(report.error)
+            row.error = clean_text(report.error)
             if not report.committed:
                 status = RunStatus(run.status)
-                reason = (row.error or "unknown error").strip().splitlines()[0][:400]
-                _add_event(session, run, status, status,
+                reason = first_line(row.error, 400) or "unknown error"
+                add_run_event(session, run, status, status,
                            f"checkpoint at batch {report.step} not committed: {reason}", utcnow())
             session.flush()
             keep_last = int(run.spec.get("checkpoint", {}).get("keep_last", 3))
@@ -381,7 +252,7 @@ class Repository:
 
     def checkpoints(self, run_id: str) -> list[CheckpointView]:
         """The run's checkpoints, oldest first."""
-        with self._read() as session:
+        with self.db.read() as session:
             self._require_run(session, run_id)
             rows = session.execute(select(Checkpoint).where(Checkpoint.run_id == run_id)
                                    .order_by(Checkpoint.step, Checkpoint.id)).scalars()
@@ -389,7 +260,7 @@ class Repository:
 
     def events(self, run_id: str) -> list[RunEventView]:
         """Every status change of the run, oldest first."""
-        with self._read() as session:
+        with self.db.read() as session:
             self._require_run(session, run_id)
             rows = session.execute(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.seq)).scalars()
             return [RunEventView(seq=e.seq, from_status=RunStatus(e.from_status) if e.from_status else None,
@@ -399,18 +270,8 @@ class Repository:
     # --- worker tokens -------------------------------------------------------------------
     def set_token(self, run_id: str, token: str) -> None:
         """Make ``token`` the only one accepted for the run's reports (only its hash is kept)."""
-        with self._write() as session:
-            self._locked_run(session, run_id).token_hash = hash_token(token)
-
-    def check_token(self, run_id: str, token: str) -> bool:
-        """Whether ``token`` is the current attempt's token; False for unknown runs."""
-        stored = None
-        if _is_possible_id(run_id):
-            with self._read() as session:
-                stored = session.execute(select(Run.token_hash).where(Run.id == run_id)).scalar_one_or_none()
-        # Compare digests in constant time; hash anyway when nothing is stored, to keep timing flat.
-        candidate = hash_token(token)
-        return hmac.compare_digest(candidate, stored or "") and stored is not None
+        with self.db.locked_write(Run, run_id, RunNotFound) as (_session, run):
+            run.token_hash = hash_token(token)
 
     # --- metrics -------------------------------------------------------------------------
     def add_metrics(self, run_id: str, points: list[ReportedMetric]) -> int:
@@ -419,10 +280,9 @@ class Repository:
 
         Non-finite values (a diverged loss) cannot travel as JSON numbers, so they are left out.
         """
-        with self._write() as session:
-            # The row lock orders concurrent batches of one run: their seqs are assigned in
-            # commit order, so a reader polling `after=last_seq` never skips a point.
-            run = self._locked_run(session, run_id)
+        # The row lock orders concurrent batches of one run: their seqs are assigned in
+        # commit order, so a reader polling `after=last_seq` never skips a point.
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             rows = [{"run_id": run_id, "step": p.step, "key": p.key, "value": p.value, "time": p.time}
                     for p in points if math.isfinite(p.value)]
             if not rows:
@@ -440,12 +300,12 @@ class Repository:
         """Points with ``seq > after`` in seq order, and the largest seq returned (or ``after``)."""
         query = (select(Metric).where(Metric.run_id == run_id, Metric.seq > after)
                  .order_by(Metric.seq).limit(limit))
-        with self._read() as session:
+        with self.db.read() as session:
             self._require_run(session, run_id)
             points = [MetricPoint(seq=m.seq, step=m.step, key=m.key, value=m.value, time=m.time)
                       for m in session.execute(query).scalars()]
         return points, (points[-1].seq if points else after)
 
     def count_metrics(self, run_id: str) -> int:
-        with self._read() as session:
+        with self.db.read() as session:
             return session.execute(select(func.count()).select_from(Metric).where(Metric.run_id == run_id)).scalar_one()

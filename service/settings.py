@@ -66,8 +66,8 @@ class Settings(BaseSettings):
         if self.public_url is None:
             self.public_url = f"http://{self.host}:{self.port}"
         if self.ray_num_cpus is None:
-            # Ray Train workers and their controller each want a CPU; on a 2-core machine a
-            # 2-worker run would starve (ENVIRONMENT.md), so advertise at least 4.
+            # Ray Train workers and their controller each hold a CPU for their whole life, so on a
+            # 2-core machine a 2-worker run would never get its workers scheduled: advertise at least 4.
             self.ray_num_cpus = max(4, os.cpu_count() or 1)
 
         scheme = self.database_url.split(":", 1)[0]

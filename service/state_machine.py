@@ -1,88 +1,99 @@
-"""The one place that decides whether a run may change status.
+"""The transition tables of runs and sweeps: the one place that says which status changes are legal.
+
+Runs::
 
     QUEUED → STARTING → RUNNING → COMPLETED
                         RUNNING ⇄ RESTARTING
-    STARTING | RUNNING | RESTARTING → QUEUED          (re-queue by the reconciler: next attempt)
+    STARTING | RUNNING | RESTARTING → QUEUED          (re-queue by the job follower: next attempt)
     QUEUED | STARTING | RUNNING | RESTARTING → CANCELING → CANCELED
     any non-terminal → FAILED
     FAILED | CANCELED → QUEUED                         (resume: next attempt)
     STARTING | RUNNING | RESTARTING → STOPPED          (a sweep trial ended early by its scheduler)
     STOPPED → QUEUED                                   (resume a stopped trial: next attempt)
 
-Reports that repeat the current status (RUNNING, RESTARTING, CANCELING) change nothing and
-are accepted, because workers and users retry requests whose answers they did not see.
-Everything else raises ``IllegalTransition``, which the API turns into a 409.
+Sweeps::
+
+    QUEUED → STARTING → RUNNING → COMPLETED | FAILED
+    STARTING → COMPLETED | FAILED                      (a driver that ends before reporting RUNNING)
+    STARTING | RUNNING → QUEUED                        (the driver job died: next driver attempt)
+    QUEUED | STARTING | RUNNING → CANCELING → CANCELED
+    RUNNING → CANCELED                                 (an external driver: nothing to stop)
+
+Reports that repeat the current status (a run's RUNNING, RESTARTING, CANCELING; a sweep's
+RUNNING, CANCELING) change nothing and are accepted, because workers, drivers and users retry
+requests whose answers they did not see. Everything else raises ``IllegalTransition`` (a 409).
 """
 
 from __future__ import annotations
 
-from api.views import TERMINAL_STATUSES, RunStatus
+from api.views import TERMINAL_STATUSES, RunStatus, SweepStatus
+from service.lifecycle import IllegalTransition, TransitionTable
 
-S = RunStatus
+__all__ = ["RUN_TRANSITIONS", "SWEEP_TRANSITIONS", "IllegalTransition", "decide", "is_terminal",
+           "starts_new_attempt", "starts_new_job"]
 
-TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    S.QUEUED: frozenset({S.STARTING, S.CANCELING, S.FAILED}),
-    S.STARTING: frozenset({S.RUNNING, S.QUEUED, S.CANCELING, S.FAILED, S.STOPPED}),
-    S.RUNNING: frozenset({S.COMPLETED, S.RESTARTING, S.QUEUED, S.CANCELING, S.FAILED, S.STOPPED}),
-    S.RESTARTING: frozenset({S.RUNNING, S.QUEUED, S.CANCELING, S.FAILED, S.STOPPED}),
-    S.CANCELING: frozenset({S.CANCELED, S.FAILED}),
-    S.COMPLETED: frozenset(),
-    S.FAILED: frozenset({S.QUEUED}),
-    S.CANCELED: frozenset({S.QUEUED}),
-    S.STOPPED: frozenset({S.QUEUED}),
-}
+RUN_TRANSITIONS: TransitionTable[RunStatus] = TransitionTable(
+    noun="run",
+    allowed={
+        RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELING, RunStatus.FAILED}),
+        RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.QUEUED, RunStatus.CANCELING, RunStatus.FAILED,
+                                       RunStatus.STOPPED}),
+        RunStatus.RUNNING: frozenset({RunStatus.COMPLETED, RunStatus.RESTARTING, RunStatus.QUEUED,
+                                      RunStatus.CANCELING, RunStatus.FAILED, RunStatus.STOPPED}),
+        RunStatus.RESTARTING: frozenset({RunStatus.RUNNING, RunStatus.QUEUED, RunStatus.CANCELING,
+                                         RunStatus.FAILED, RunStatus.STOPPED}),
+        RunStatus.CANCELING: frozenset({RunStatus.CANCELED, RunStatus.FAILED}),
+        RunStatus.COMPLETED: frozenset(),
+        RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
+        RunStatus.CANCELED: frozenset({RunStatus.QUEUED}),
+        RunStatus.STOPPED: frozenset({RunStatus.QUEUED}),
+    },
+    idempotent=frozenset({RunStatus.RUNNING, RunStatus.RESTARTING, RunStatus.CANCELING}),
+    # How a refused change reads: "run abc is COMPLETED; cannot cancel".
+    verbs={
+        RunStatus.QUEUED: "re-queue",
+        RunStatus.STARTING: "start",
+        RunStatus.RUNNING: "mark it RUNNING",
+        RunStatus.RESTARTING: "restart",
+        RunStatus.COMPLETED: "complete",
+        RunStatus.FAILED: "fail",
+        RunStatus.CANCELING: "cancel",
+        RunStatus.CANCELED: "mark it CANCELED",
+        RunStatus.STOPPED: "stop it early",
+    },
+)
 
-# Repeating these is an idempotent no-op: no event, no change.
-IDEMPOTENT: frozenset[RunStatus] = frozenset({S.RUNNING, S.RESTARTING, S.CANCELING})
-
-# How an attempted transition reads in an error message: "run abc is COMPLETED; cannot cancel".
-_VERBS = {
-    S.QUEUED: "re-queue",
-    S.STARTING: "start",
-    S.RUNNING: "mark it RUNNING",
-    S.RESTARTING: "restart",
-    S.COMPLETED: "complete",
-    S.FAILED: "fail",
-    S.CANCELING: "cancel",
-    S.CANCELED: "mark it CANCELED",
-    S.STOPPED: "stop it early",
-}
-
-
-class IllegalTransition(Exception):
-    """A status change the state machine refuses; ``detail`` is short and stable (HTTP 409)."""
-
-    def __init__(self, run_id: str, current: RunStatus, target: RunStatus, reason: str | None = None):
-        self.run_id = run_id
-        self.current = current
-        self.target = target
-        self.detail = reason or f"run {run_id} is {current.value}; cannot {_VERBS[target]}"
-        super().__init__(self.detail)
-
-
-def is_allowed(current: RunStatus, target: RunStatus) -> bool:
-    """Whether ``current → target`` is a legal change (idempotent repeats excluded)."""
-    return target in TRANSITIONS[current]
+SWEEP_TRANSITIONS: TransitionTable[SweepStatus] = TransitionTable(
+    noun="sweep",
+    allowed={
+        SweepStatus.QUEUED: frozenset({SweepStatus.STARTING, SweepStatus.CANCELING, SweepStatus.FAILED}),
+        SweepStatus.STARTING: frozenset({SweepStatus.RUNNING, SweepStatus.COMPLETED, SweepStatus.FAILED,
+                                         SweepStatus.QUEUED, SweepStatus.CANCELING}),
+        SweepStatus.RUNNING: frozenset({SweepStatus.COMPLETED, SweepStatus.FAILED, SweepStatus.QUEUED,
+                                        SweepStatus.CANCELING, SweepStatus.CANCELED}),
+        SweepStatus.CANCELING: frozenset({SweepStatus.CANCELED, SweepStatus.FAILED}),
+        SweepStatus.COMPLETED: frozenset(),
+        SweepStatus.FAILED: frozenset(),
+        SweepStatus.CANCELED: frozenset(),
+    },
+    idempotent=frozenset({SweepStatus.RUNNING, SweepStatus.CANCELING}),
+)
 
 
 def decide(run_id: str, current: RunStatus, target: RunStatus) -> bool:
     """True if the run must change to ``target``; False for an idempotent repeat; else raise."""
-    if current is target and target in IDEMPOTENT:
-        return False
-    if not is_allowed(current, target):
-        raise IllegalTransition(run_id, current, target)
-    return True
+    return RUN_TRANSITIONS.check(run_id, current, target)
 
 
 def starts_new_attempt(current: RunStatus, target: RunStatus) -> bool:
     """A new attempt begins when the run goes back to QUEUED (re-queue or resume: a new Ray job)
     or when Ray Train restarts its worker group (RESTARTING: the same job, new workers)."""
-    return current is not target and target in (S.QUEUED, S.RESTARTING)
+    return current is not target and target in (RunStatus.QUEUED, RunStatus.RESTARTING)
 
 
 def starts_new_job(current: RunStatus, target: RunStatus) -> bool:
     """Going back to QUEUED means a new Ray job, whose worker gets a new token."""
-    return target is S.QUEUED and current is not S.QUEUED
+    return target is RunStatus.QUEUED and current is not RunStatus.QUEUED
 
 
 def is_terminal(status: RunStatus) -> bool:

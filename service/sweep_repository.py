@@ -1,15 +1,13 @@
 """All reads and writes of sweeps and of the trial runs their drivers register (docs/sweeps.md).
 
-The run half of the data-access layer is ``service.repository``; this half uses its sessions
-and its run state machine, so a trial changes status by exactly the rules of any run. Every
-write is one transaction, and locks rows in one order, sweep before runs, so two writers never
-wait on each other in a circle.
+The run half of the data-access layer is ``service.repository``; this half shares its
+``Database`` and changes trial runs through ``service.run_writes``, so a trial changes status by
+exactly the rules of any run. Every write is one transaction, and locks rows in one order,
+sweep before runs, so two writers never wait on each other in a circle.
 """
 
 from __future__ import annotations
 
-import secrets
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,29 +17,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
-from api.sweeps import SweepSpec, algorithm_sets, pareto_front
-from api.views import (TERMINAL_STATUSES, RunStatus, SkippedSet, SweepStatus, SweepView, TrialView)
+from api.sweeps import SweepSpec, algorithm_sets
+from api.views import RunStatus, SweepStatus, SweepView
+from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import Run, Sweep, utcnow
-from service.repository import (Repository, RunRecord, _add_event, _clean_text, _is_possible_id, _new_run_id,
-                                hash_token)
-from service.state_machine import IllegalTransition
+from service.db.session import is_possible_id, new_id
+from service.repository import Repository, RunRecord
+from service.run_writes import apply_run_status, insert_run
+from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
+from service.sweep_view import build_sweep_view
+from service.sweep_writes import TRIAL_OUTLIVED_SWEEP, apply_sweep_status
+from service.tokens import hash_token
 
-SS = SweepStatus
-RS = RunStatus
+__all__ = ["TRIAL_OUTLIVED_SWEEP", "SweepNotFound", "SweepRecord", "SweepRepository", "TrialNotFound"]
 
-SWEEP_TRANSITIONS: dict[SweepStatus, frozenset[SweepStatus]] = {
-    SS.QUEUED: frozenset({SS.STARTING, SS.CANCELING, SS.FAILED}),
-    SS.STARTING: frozenset({SS.RUNNING, SS.COMPLETED, SS.FAILED, SS.QUEUED, SS.CANCELING}),
-    SS.RUNNING: frozenset({SS.COMPLETED, SS.FAILED, SS.QUEUED, SS.CANCELING, SS.CANCELED}),  # CANCELED: external
-    SS.CANCELING: frozenset({SS.CANCELED, SS.FAILED}),
-    SS.COMPLETED: frozenset(),
-    SS.FAILED: frozenset(),
-    SS.CANCELED: frozenset(),
-}
-# Repeating these is a no-op: drivers and users retry requests whose answers they did not see.
-SWEEP_IDEMPOTENT = frozenset({SS.RUNNING, SS.CANCELING})
-
-TRIAL_OUTLIVED_SWEEP = "the sweep ended before the trial reported"
 
 
 class SweepNotFound(LookupError):
@@ -78,30 +67,20 @@ class SweepRecord:
 
     @classmethod
     def from_row(cls, row: Sweep) -> "SweepRecord":
-        return cls(id=row.id, name=row.name, status=SS(row.status), attempt=row.attempt, driver=row.driver,
+        return cls(id=row.id, name=row.name, status=SweepStatus(row.status), attempt=row.attempt, driver=row.driver,
                    spec=row.spec, ray_job_id=row.ray_job_id, error=row.error, message=row.message,
                    created_at=row.created_at, updated_at=row.updated_at)
 
 
-def sweep_job_id(sweep_id: str, attempt: int) -> str:
-    """Ray submission id of one driver attempt; trial runs carry it as their ``ray_job_id``."""
-    return f"sweep-{sweep_id}-attempt-{attempt}"
+class SweepRepository(AttemptStore):
+    """Sweeps and trial registration, over the ``Database`` of a run ``Repository``;
+    ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
 
-
-class SweepRepository:
-    """Sweeps and trial registration, over the engine and sessions of a run ``Repository``."""
+    stored = StoredKind(model=Sweep, status=SweepStatus, not_found=SweepNotFound, transitions=SWEEP_TRANSITIONS,
+                        job_prefix="sweep", record=SweepRecord, apply_status=apply_sweep_status)
 
     def __init__(self, runs: Repository):
-        self.runs = runs
-
-    @staticmethod
-    def _locked_sweep(session: Session, sweep_id: str) -> Sweep:
-        if not _is_possible_id(sweep_id):
-            raise SweepNotFound(sweep_id)
-        sweep = session.execute(select(Sweep).where(Sweep.id == sweep_id).with_for_update()).scalar_one_or_none()
-        if sweep is None:
-            raise SweepNotFound(sweep_id)
-        return sweep
+        self.db = runs.db
 
     @staticmethod
     def _trials(session: Session, sweep_ids: list[str]) -> dict[str, list[Run]]:
@@ -122,9 +101,10 @@ class SweepRepository:
             raise ValueError("an external sweep needs a driver token, a service one none")
         _, skipped = algorithm_sets(spec)
         now = utcnow()
-        with self.runs._write() as session:
-            sweep = Sweep(id=_new_run_id(), name=spec.name, status=(SS.RUNNING if external else SS.QUEUED).value,
-                          attempt=1, driver=driver, spec=spec.model_dump(mode="json"),
+        with self.db.write() as session:
+            status = SweepStatus.RUNNING if external else SweepStatus.QUEUED
+            sweep = Sweep(id=new_id(), name=spec.name, status=status.value, attempt=1, driver=driver,
+                          spec=spec.model_dump(mode="json"),
                           skipped=[{"algorithms": list(s), "reason": why} for s, why in skipped],
                           token_hash=hash_token(token) if token else None,
                           message="driven outside the service" if external else "queued",
@@ -134,22 +114,14 @@ class SweepRepository:
             return SweepRecord.from_row(sweep)
 
     def get_sweep(self, sweep_id: str) -> SweepRecord:
-        with self.runs._read() as session:
-            sweep = session.get(Sweep, sweep_id) if _is_possible_id(sweep_id) else None
-            if sweep is None:
-                raise SweepNotFound(sweep_id)
-            return SweepRecord.from_row(sweep)
+        return self.get(sweep_id)
 
     def sweeps_with_status(self, statuses: Iterable[SweepStatus]) -> list[SweepRecord]:
-        """Every sweep in one of ``statuses``, oldest first (the dispatcher's order)."""
-        query = (select(Sweep).where(Sweep.status.in_([s.value for s in statuses]))
-                 .order_by(Sweep.created_at, Sweep.id))
-        with self.runs._read() as session:
-            return [SweepRecord.from_row(row) for row in session.execute(query).scalars()]
+        return self.with_status(statuses)
 
     def sweep_view(self, sweep_id: str) -> SweepView:
-        with self.runs._read() as session:
-            sweep = session.get(Sweep, sweep_id) if _is_possible_id(sweep_id) else None
+        with self.db.read() as session:
+            sweep = session.get(Sweep, sweep_id) if is_possible_id(sweep_id) else None
             if sweep is None:
                 raise SweepNotFound(sweep_id)
             return build_sweep_view(sweep, self._trials(session, [sweep_id])[sweep_id], utcnow())
@@ -157,73 +129,37 @@ class SweepRepository:
     def list_sweep_views(self, *, limit: int = 50) -> list[SweepView]:
         """The newest ``limit`` sweeps, newest first, with their trials."""
         query = select(Sweep).order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)
-        with self.runs._read() as session:
+        with self.db.read() as session:
             sweeps = list(session.execute(query).scalars())
             trials = self._trials(session, [s.id for s in sweeps])
             now = utcnow()
             return [build_sweep_view(s, trials[s.id], now) for s in sweeps]
 
     # --- status --------------------------------------------------------------------------
-    def transition(self, sweep_id: str, to_status: SweepStatus, *, message: str | None = None,
-                   error: str | None = None, only_from: Iterable[SweepStatus] | None = None,
-                   attempt: int | None = None) -> SweepRecord:
-        """Change a sweep's status (a compare-and-set with ``only_from``/``attempt``, for loops
-        that decided on an older snapshot); ending it ends its active trials too."""
-        with self.runs._write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
-            current = SS(sweep.status)
-            if only_from is not None and current not in set(only_from):
-                raise _illegal(sweep, to_status, f"sweep {sweep_id} is {current.value}; it changed before it "
-                                                 f"could be updated")
-            if attempt is not None and sweep.attempt != attempt:
-                raise _illegal(sweep, to_status, f"sweep {sweep_id} is on attempt {sweep.attempt}, not {attempt}")
-            _apply_sweep(session, sweep, to_status, message=message, error=error)
-            session.flush()
-            return SweepRecord.from_row(sweep)
-
-    def begin_attempt(self, sweep_id: str, *, token: str, message: str | None = None) -> SweepRecord:
-        """QUEUED → STARTING for the current attempt: store the token's hash and the driver job id."""
-        with self.runs._write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
-            _apply_sweep(session, sweep, SS.STARTING, message=message, error=None)
-            sweep.token_hash = hash_token(token)
-            sweep.ray_job_id = sweep_job_id(sweep.id, sweep.attempt)
-            session.flush()
-            return SweepRecord.from_row(sweep)
-
     def apply_driver_report(self, sweep_id: str, status: SweepStatus, *, message: str | None = None,
                             error: str | None = None) -> SweepRecord:
         """The driver's word (RUNNING, COMPLETED or FAILED). A cancel wins: while the sweep is
         CANCELING or CANCELED the report changes nothing; so does repeating the final status."""
-        with self.runs._write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
-            current = SS(sweep.status)
-            if current not in (SS.CANCELING, SS.CANCELED) and not (current.is_terminal and current is status):
-                _apply_sweep(session, sweep, status, message=message, error=error)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
+            current = SweepStatus(sweep.status)
+            canceled = current in (SweepStatus.CANCELING, SweepStatus.CANCELED)
+            if not canceled and not (current.is_terminal and current is status):
+                apply_sweep_status(session, sweep, status, message=message, error=error)
                 session.flush()
             return SweepRecord.from_row(sweep)
 
     def cancel(self, sweep_id: str) -> SweepRecord:
         """A user's cancel: service-driven → CANCELING (the dispatcher stops the driver job);
         external → CANCELED at once (its driver sees that and stops Tune). 409 once ended."""
-        with self.runs._write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
-            current = SS(sweep.status)
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
+            current = SweepStatus(sweep.status)
             if current.is_terminal:
-                raise _illegal(sweep, SS.CANCELING, f"sweep {sweep_id} is {current.value}; it has already ended")
-            target = SS.CANCELED if sweep.driver == "external" else SS.CANCELING
-            _apply_sweep(session, sweep, target, message="canceled by user", error=None)
+                raise _illegal(sweep, SweepStatus.CANCELING,
+                               f"sweep {sweep_id} is {current.value}; it has already ended")
+            target = SweepStatus.CANCELED if sweep.driver == "external" else SweepStatus.CANCELING
+            apply_sweep_status(session, sweep, target, message="canceled by user", error=None)
             session.flush()
             return SweepRecord.from_row(sweep)
-
-    # --- driver tokens -------------------------------------------------------------------
-    def check_token(self, sweep_id: str, token: str) -> bool:
-        """Whether ``token`` is the current driver attempt's token; False for unknown sweeps."""
-        stored = None
-        if _is_possible_id(sweep_id):
-            with self.runs._read() as session:
-                stored = session.execute(select(Sweep.token_hash).where(Sweep.id == sweep_id)).scalar_one_or_none()
-        return secrets.compare_digest(hash_token(token), stored or "") and stored is not None
 
     # --- trials --------------------------------------------------------------------------
     def register_trial(self, sweep_id: str, *, trial_id: str, spec: RunSpec, params: dict[str, Any],
@@ -231,28 +167,22 @@ class SweepRepository:
         """Start a trial as ``token``'s attempt: the first time, create its run (QUEUED then
         STARTING in this one transaction, so the run dispatcher never sees it queued); again, a
         new attempt of the same run. 409 for a COMPLETED trial or a sweep that takes no trials."""
-        with self.runs._write() as session:
-            sweep = self._locked_sweep(session, sweep_id)
-            sweep_status = SS(sweep.status)
-            if sweep_status not in (SS.STARTING, SS.RUNNING):
-                raise _illegal(sweep, sweep_status, f"sweep {sweep_id} is {sweep_status.value}; it takes no new trials")
-            run = session.execute(select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id)
-                                  .with_for_update()).scalar_one_or_none()
-            now = utcnow()
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
+            sweep_status = SweepStatus(sweep.status)
+            if sweep_status not in (SweepStatus.STARTING, SweepStatus.RUNNING):
+                raise _illegal(sweep, sweep_status,
+                               f"sweep {sweep_id} is {sweep_status.value}; it takes no new trials")
+            run = _locked_trial(session, sweep_id, trial_id)
             if run is None:
-                run = Run(id=_new_run_id(), name=spec.name, status=RS.QUEUED.value, attempt=1,
-                          spec=spec.model_dump(mode="json"), summary={}, extrema={}, tags=list(spec.tags),
-                          sweep_id=sweep_id, trial_id=trial_id, trial_params=params, created_at=now, updated_at=now)
-                session.add(run)
-                session.flush()
-                _add_event(session, run, None, RS.QUEUED, f"trial {trial_id} of sweep {sweep_id}", now)
+                run = insert_run(session, spec, message=f"trial {trial_id} of sweep {sweep_id}",
+                                 sweep_id=sweep_id, trial_id=trial_id, trial_params=params)
             else:
                 _check_can_restart(RunRecord.from_row(run), sweep_id, trial_id)
-                Repository._apply(session, run, RS.QUEUED, message=f"trial {trial_id} restarted by the sweep's driver",
-                                  error=None)
-            Repository._apply(session, run, RS.STARTING,
-                              message=f"attempt {run.attempt} started by the sweep's driver (attempt {sweep.attempt})",
-                              error=None)
+                apply_run_status(session, run, RunStatus.QUEUED,
+                                 message=f"trial {trial_id} restarted by the sweep's driver", error=None)
+            apply_run_status(session, run, RunStatus.STARTING,
+                             message=f"attempt {run.attempt} started by the sweep's driver (attempt {sweep.attempt})",
+                             error=None)
             run.token_hash = hash_token(token)
             run.ray_job_id = sweep.ray_job_id  # None for an external driver
             session.flush()
@@ -262,114 +192,38 @@ class SweepRepository:
                   message: str | None = None, error: str | None = None) -> RunRecord:
         """Tune is done with a trial: ``stopped`` → STOPPED, ``failed`` → FAILED. Nothing changes
         if the run already ended (it completed normally) or no longer belongs to the driver."""
-        with self.runs._write() as session:
-            self._locked_sweep(session, sweep_id)
-            run = session.execute(select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id)
-                                  .with_for_update()).scalar_one_or_none()
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, _sweep):
+            run = _locked_trial(session, sweep_id, trial_id)
             if run is None:
                 raise TrialNotFound(sweep_id, trial_id)
             record = RunRecord.from_row(run)
-            if record.status.is_terminal or record.status is RS.CANCELING or not record.driven_by_sweep:
+            if record.status.is_terminal or record.status is RunStatus.CANCELING or not record.driven_by_sweep:
                 return record
             if outcome == "stopped":
-                Repository._apply(session, run, RS.STOPPED, message=message or "stopped early by the sweep's scheduler",
-                                  error=None)
+                apply_run_status(session, run, RunStatus.STOPPED,
+                                 message=message or "stopped early by the sweep's scheduler", error=None)
             else:
-                Repository._apply(session, run, RS.FAILED, message=message,
-                                  error=error or message or "Ray Tune reported the trial as failed")
+                apply_run_status(session, run, RunStatus.FAILED, message=message,
+                                 error=error or message or "Ray Tune reported the trial as failed")
             session.flush()
             return RunRecord.from_row(run)
 
 
-def _illegal(sweep: Sweep, target: SweepStatus, reason: str) -> IllegalTransition:
-    # IllegalTransition is the 409 of the API; for sweeps the reason is always spelled out.
-    return IllegalTransition(sweep.id, SS(sweep.status), target, reason)  # type: ignore[arg-type]
+def _locked_trial(session: Session, sweep_id: str, trial_id: str) -> Run | None:
+    query = select(Run).where(Run.sweep_id == sweep_id, Run.trial_id == trial_id).with_for_update()
+    return session.execute(query).scalar_one_or_none()
+
+
+def _illegal(sweep: Sweep, target: SweepStatus, reason: str):
+    return SWEEP_TRANSITIONS.refusal(sweep.id, SweepStatus(sweep.status), target, reason)
 
 
 def _check_can_restart(run: RunRecord, sweep_id: str, trial_id: str) -> None:
-    if run.status is RS.COMPLETED:
-        raise IllegalTransition(run.id, run.status, RS.QUEUED,
-                                f"trial {trial_id} of sweep {sweep_id} (run {run.id}) is COMPLETED; "
-                                f"it cannot be registered again")
+    if run.status is RunStatus.COMPLETED:
+        raise RUN_TRANSITIONS.refusal(run.id, run.status, RunStatus.QUEUED,
+                                      f"trial {trial_id} of sweep {sweep_id} (run {run.id}) is COMPLETED; "
+                                      f"it cannot be registered again")
     if not run.status.is_terminal and not run.driven_by_sweep:
-        raise IllegalTransition(run.id, run.status, RS.QUEUED,
-                                f"trial {trial_id} of sweep {sweep_id} (run {run.id}) was resumed by hand and "
-                                f"is {run.status.value} on its own")
-
-
-def _apply_sweep(session: Session, sweep: Sweep, target: SweepStatus, *, message: str | None,
-                 error: str | None) -> None:
-    current = SS(sweep.status)
-    if current is target and target in SWEEP_IDEMPOTENT:
-        return
-    if target not in SWEEP_TRANSITIONS[current]:
-        raise _illegal(sweep, target, f"sweep {sweep.id} is {current.value}; cannot make it {target.value}")
-    now = utcnow()
-    message, error = _clean_text(message), _clean_text(error)
-    if target is SS.QUEUED:  # a new driver attempt, with a new job and token
-        sweep.attempt += 1
-        sweep.token_hash = None
-        sweep.ray_job_id = None
-    if target is SS.RUNNING and sweep.started_at is None:
-        sweep.started_at = now
-    if target.is_terminal:
-        sweep.finished_at = now
-    if error is not None:
-        sweep.error = error
-    if message is None and error is not None and error.strip():
-        message = error.strip().splitlines()[0][:500]
-    if message is not None:
-        sweep.message = message
-    sweep.status = target.value
-    sweep.updated_at = now
-    if target.is_terminal:
-        _end_active_trials(session, sweep, canceled=target is SS.CANCELED)
-
-
-def _end_active_trials(session: Session, sweep: Sweep, *, canceled: bool) -> None:
-    """A sweep that ended takes its driver's unfinished trials with it."""
-    query = (select(Run).where(Run.sweep_id == sweep.id, Run.status.not_in([s.value for s in TERMINAL_STATUSES]))
-             .order_by(Run.created_at, Run.id).with_for_update())
-    for run in session.execute(query).scalars():
-        if not RunRecord.from_row(run).driven_by_sweep:
-            continue  # resumed by hand: an ordinary run now
-        if canceled:
-            Repository._apply(session, run, RS.CANCELING, message="its sweep was canceled", error=None)
-            Repository._apply(session, run, RS.CANCELED, message="its sweep was canceled", error=None)
-        else:
-            Repository._apply(session, run, RS.FAILED, message=f"sweep {sweep.status.lower()}",
-                              error=TRIAL_OUTLIVED_SWEEP)
-
-
-# --- the view ----------------------------------------------------------------------------
-
-def build_sweep_view(sweep: Sweep, trials: list[Run], now: datetime) -> SweepView:
-    """``SweepView`` of a sweep row and its trial runs (oldest first), as of ``now``."""
-    metric, mode = sweep.spec.get("metric", "eval/accuracy"), sweep.spec.get("mode", "max")
-    views = [_trial_view(run, metric, mode, now) for run in trials if run.trial_id is not None]
-    finished = {t.run_id: t for t in views if t.status is RS.COMPLETED and t.metric is not None}
-    points = {run_id: (t.metric, t.wall_time_s) for run_id, t in finished.items() if t.wall_time_s is not None}
-    pick = max if mode == "max" else min
-    best = pick(finished.values(), key=lambda t: t.metric, default=None)
-    return SweepView(
-        id=sweep.id, name=sweep.name, status=SS(sweep.status), attempt=sweep.attempt, driver=sweep.driver,
-        spec=sweep.spec, metric=metric, mode=mode, created_at=sweep.created_at, started_at=sweep.started_at,
-        finished_at=sweep.finished_at, error=sweep.error, message=sweep.message, trials=views,
-        skipped=[SkippedSet(**s) for s in sweep.skipped or []], pareto=pareto_front(points, mode),
-        best_run_id=best.run_id if best is not None else None,
-        counts=dict(Counter(t.status.value for t in views)))
-
-
-def _trial_view(run: Run, metric: str, mode: str, now: datetime) -> TrialView:
-    status = RS(run.status)
-    bounds = (run.extrema or {}).get(metric)
-    wall_time_s = None
-    if run.started_at is not None:
-        end = run.finished_at if status.is_terminal and run.finished_at is not None else now
-        wall_time_s = max(0.0, (end - run.started_at).total_seconds())
-    return TrialView(run_id=run.id, trial_id=run.trial_id, name=run.name, status=status, attempt=run.attempt,
-                     algorithms=[a["name"] for a in run.spec.get("algorithms", [])],
-                     params=dict(run.trial_params or {}),
-                     metric=(bounds[0] if mode == "min" else bounds[1]) if bounds else None,
-                     last_metric=(run.summary or {}).get(metric), wall_time_s=wall_time_s,
-                     progress=(run.summary or {}).get("time/progress"))
+        raise RUN_TRANSITIONS.refusal(run.id, run.status, RunStatus.QUEUED,
+                                      f"trial {trial_id} of sweep {sweep_id} (run {run.id}) was resumed by hand "
+                                      f"and is {run.status.value} on its own")

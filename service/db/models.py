@@ -52,56 +52,49 @@ class Base(DeclarativeBase):
     pass
 
 
-class Run(Base):
-    __tablename__ = "runs"
+class AttemptedRow:
+    """The columns runs and sweeps share: a status, and one Ray job and token per attempt."""
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16), index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    summary: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
     ray_job_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    # sha256 of the current attempt's worker token; the token itself is never stored.
+    # sha256 of the current attempt's token (a run's worker, a sweep's driver); the token itself
+    # is never stored.
     token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Run(AttemptedRow, Base):
+    __tablename__ = "runs"
+
+    summary: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
     sweep_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     # A sweep trial: Ray Tune's trial id within the sweep, and the searched values that made it.
     trial_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     trial_params: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # {key: [min, max]} over every reported point: the best value per api.views.metric_mode.
     extrema: Mapped[dict[str, list[float]]] = mapped_column(JSON, default=dict)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),
                       Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True))
 
 
-class Sweep(Base):
+class Sweep(AttemptedRow, Base):
     """A search over runs (see docs/sweeps.md). Its trials are runs with ``sweep_id`` set."""
 
     __tablename__ = "sweeps"
 
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(128))
-    status: Mapped[str] = mapped_column(String(16), index=True)
-    attempt: Mapped[int] = mapped_column(Integer, default=1)
     driver: Mapped[str] = mapped_column(String(16))  # "service" (a Ray job we submit) or "external"
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     skipped: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # sha256 of the current driver attempt's token; the token itself is never stored.
-    token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    ray_job_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     __table_args__ = (Index("ix_sweeps_created_at_id", "created_at", "id"),)
 

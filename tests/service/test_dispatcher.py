@@ -8,7 +8,7 @@ import pytest
 
 from api.views import RunStatus
 from service.dispatcher import Dispatcher
-from service.reconciler import ENDED_WITHOUT_RESULT, STOPPED_OUTSIDE
+from service.job_kinds import ENDED_WITHOUT_RESULT, STOPPED_OUTSIDE
 
 S = RunStatus
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from service.ray_jobs import RayJobsClient
+from service.ray_client import RayJobsClient
 
 
 class StubSDK:

@@ -7,9 +7,16 @@ from fastapi.testclient import TestClient
 from api.views import RunStatus
 from service.app import create_app
 from service.dispatcher import Dispatcher
-from service.reconciler import reconcile
+from service.job_follower import JobFollower
+from service.job_kinds import RUN_JOBS
+from service.settings import Settings
 
 S = RunStatus
+
+
+def reconcile(repo, jobs):
+    """The runs' half of ``Dispatcher.reconcile``, the app's startup reconcile."""
+    return JobFollower(RUN_JOBS, repo, jobs, Settings()).reconcile()
 
 
 def _submitted(repo, fake_jobs, settings, spec, *, running: bool = True):

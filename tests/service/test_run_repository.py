@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from api.views import ReportedMetric, RunStatus
-from service import repository as repository_module
+from service import run_writes
 from service.db.models import Metric, Run, RunEvent
 from service.repository import InvalidCursor, RunNotFound
 from service.state_machine import IllegalTransition
@@ -49,7 +49,7 @@ def test_a_create_that_fails_midway_leaves_nothing_behind(repo, example_spec, mo
     def broken_event(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(repository_module, "_add_event", broken_event)
+    monkeypatch.setattr(run_writes, "add_run_event", broken_event)
     with pytest.raises(RuntimeError, match="disk full"):
         repo.create_run(example_spec)
     assert repo.list_runs() == ([], None)

@@ -8,9 +8,15 @@ import pytest
 from api.sweeps import SweepSpec
 from api.views import RunStatus, SweepStatus
 from service.dispatcher import Dispatcher
-from service.sweep_dispatch import DRIVER_ENDED_WITHOUT_RESULT, reconcile_sweeps
+from service.job_follower import JobFollower
+from service.job_kinds import DRIVER_ENDED_WITHOUT_RESULT, sweep_driver_jobs
 
 S, SS = RunStatus, SweepStatus
+
+
+def reconcile_sweeps(sweeps, jobs, settings):
+    """The sweeps' half of ``Dispatcher.reconcile``, the app's startup reconcile."""
+    return JobFollower(sweep_driver_jobs(settings), sweeps, jobs, settings).reconcile()
 
 
 @pytest.fixture

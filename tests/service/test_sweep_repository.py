@@ -136,7 +136,7 @@ def test_the_database_refuses_two_runs_for_one_trial(repo, sweeps, sweep_spec, t
     sweep = _running_sweep(sweeps, sweep_spec)
     sweeps.register_trial(sweep.id, trial_id="t", spec=trial_spec, params={}, token="r")
     now = utcnow()
-    with pytest.raises(IntegrityError), repo._write() as session:
+    with pytest.raises(IntegrityError), repo.db.write() as session:
         session.add(Run(id="dup", name="dup", status="QUEUED", attempt=1, spec={}, summary={}, extrema={}, tags=[],
                         sweep_id=sweep.id, trial_id="t", created_at=now, updated_at=now))
 

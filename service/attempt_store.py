@@ -1,0 +1,95 @@
+"""What runs and sweeps store alike: one Ray job and one bearer token per attempt.
+
+``Repository`` (runs) and ``SweepRepository`` (sweeps) are ``AttemptStore``s; these are the
+reads and writes the job follower makes (``with_status``, ``begin_attempt``, and ``transition``
+as a compare-and-set) and the token check of the report endpoints, written once for both.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sqlalchemy import select
+
+from service.db.session import Database, is_possible_id
+from service.lifecycle import TransitionTable
+from service.tokens import hash_token, token_matches
+
+
+@dataclass(frozen=True)
+class StoredKind:
+    """How one kind of record is stored: its row, status enum, errors and status writer."""
+
+    model: type  # the ORM row: Run or Sweep
+    status: type[enum.Enum]  # RunStatus or SweepStatus
+    not_found: type[Exception]  # raised with the id of a record that does not exist
+    transitions: TransitionTable
+    job_prefix: str  # "run" | "sweep", the start of each attempt's Ray submission id
+    record: Any  # RunRecord or SweepRecord: ``record.from_row(row)`` is what callers get
+    apply_status: Callable[..., None]  # apply_run_status or apply_sweep_status on a locked row
+
+
+class AttemptStore:
+    """A repository whose subclass says how its records are stored, in ``stored``."""
+
+    db: Database
+    stored: ClassVar[StoredKind]
+
+    def get(self, record_id: str) -> Any:
+        """The record with this id; raises ``not_found`` if there is none."""
+        with self.db.read() as session:
+            row = session.get(self.stored.model, record_id) if is_possible_id(record_id) else None
+            if row is None:
+                raise self.stored.not_found(record_id)
+            return self.stored.record.from_row(row)
+
+    def with_status(self, statuses: Iterable[enum.Enum]) -> list[Any]:
+        """Every record in one of ``statuses``, oldest first (the dispatcher's fair order)."""
+        query = (select(self.stored.model).where(self.stored.model.status.in_([s.value for s in statuses]))
+                 .order_by(self.stored.model.created_at, self.stored.model.id))
+        with self.db.read() as session:
+            return [self.stored.record.from_row(row) for row in session.execute(query).scalars()]
+
+    def transition(self, record_id: str, to_status: enum.Enum, *, message: str | None = None,
+                   error: str | None = None, only_from: Iterable[enum.Enum] | None = None,
+                   attempt: int | None = None) -> Any:
+        """Change the record's status through its transition table and record why.
+
+        ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
+        older snapshot: if the record has moved on since, ``IllegalTransition`` is raised instead.
+        """
+        with self.db.locked_write(self.stored.model, record_id, self.stored.not_found) as (session, row):
+            current = self.stored.status(row.status)
+            self.stored.transitions.require_snapshot(record_id, current, to_status, stored_attempt=row.attempt,
+                                              only_from=only_from, attempt=attempt)
+            self.stored.apply_status(session, row, to_status, message=message, error=error)
+            session.flush()
+            return self.stored.record.from_row(row)
+
+    def begin_attempt(self, record_id: str, *, token: str, message: str | None = None) -> Any:
+        """QUEUED → STARTING for the current attempt: store the token's hash and the Ray job id."""
+        with self.db.locked_write(self.stored.model, record_id, self.stored.not_found) as (session, row):
+            self.stored.apply_status(session, row, self.stored.status.STARTING, message=message, error=None)
+            row.token_hash = hash_token(token)
+            row.ray_job_id = attempt_job_id(self.stored.job_prefix, row.id, row.attempt)
+            session.flush()
+            return self.stored.record.from_row(row)
+
+    def check_token(self, record_id: str, token: str) -> bool:
+        """Whether ``token`` is the current attempt's token; False for unknown records."""
+        stored = None
+        if is_possible_id(record_id):
+            with self.db.read() as session:
+                query = select(self.stored.model.token_hash).where(self.stored.model.id == record_id)
+                stored = session.execute(query).scalar_one_or_none()
+        return token_matches(token, stored)
+
+
+def attempt_job_id(prefix: str, record_id: str, attempt: int) -> str:
+    """Ray submission id of one attempt (``run-{id}-attempt-{n}``, ``sweep-{id}-attempt-{n}``).
+    Ray refuses a second job with the same id, which is what guarantees that an attempt never
+    runs twice; trial runs carry their driver's as their ``ray_job_id``."""
+    return f"{prefix}-{record_id}-attempt-{attempt}"

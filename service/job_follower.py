@@ -1,0 +1,142 @@
+"""One job follower for runs and sweep drivers: submit each attempt's Ray job, then follow it.
+
+Following is decide, then apply, as Ray Train's controller does with its worker group: ask
+Ray for the job's state (while canceling, ask it to stop the job first), let the pure
+``service.lifecycle.decide`` pick the fix, and apply that fix as one compare-and-set transition
+whose event message says why. Only an answer from Ray leads to a fix: when Ray cannot be asked,
+the record is left as it is and looked at again on the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from service.attempt_store import AttemptStore
+from service.job_kinds import JobKind
+from service.lifecycle import Fix, IllegalTransition, Verdict, decide
+from service.ray_client import JobsClient, failure_from_logs, stop_and_check
+from service.settings import Settings
+from service.tokens import new_token
+
+log = logging.getLogger(__name__)
+
+# How Ray's answer reads in event messages: "Ray job X failed", "driver job X was stopped".
+WHAT_HAPPENED = {None: "not found", "FAILED": "failed", "STOPPED": "was stopped",
+                 "SUCCEEDED": "succeeded without a result"}
+
+
+class JobFollower:
+    """Submits and follows the jobs of one ``JobKind``; ``tick`` and ``reconcile`` are its loops."""
+
+    def __init__(self, kind: JobKind, store: AttemptStore, jobs: JobsClient, settings: Settings):
+        self.kind = kind
+        self.store = store
+        self.jobs = jobs
+        self.settings = settings
+
+    def owned(self, statuses: Iterable[Any]) -> list[Any]:
+        """This kind's records in one of ``statuses`` whose jobs it submits and follows, oldest first."""
+        return [record for record in self.store.with_status(statuses) if self.kind.owns(record)]
+
+    def tick(self) -> None:
+        """One pass: submit every QUEUED record, then follow every other active one."""
+        queued = self.owned([self.kind.status.QUEUED])
+        for record in queued:
+            self._guarded(self.submit, record)
+        # A job submitted a moment ago is looked at from the next tick on: a submission whose
+        # answer was lost may not be visible in Ray yet, and must not read as "job gone".
+        just_submitted = {record.id for record in queued}
+        for record in self.owned(self.kind.policy.followed):
+            if record.id not in just_submitted:
+                self._guarded(self.follow, record)
+
+    def reconcile(self) -> list[str]:
+        """Follow every active record once, before anything is submitted (at startup); return
+        the fixes made. A record whose job is PENDING or RUNNING is left alone: its worker
+        still holds the token stored in the database and keeps reporting."""
+        fixes = []
+        for record in self.owned(self.kind.policy.followed):
+            fix = self._guarded(self.follow, record, context="reconciler")
+            if fix is not None:
+                fixes.append(f"{self.kind.name} {record.id}: {fix}")
+        return fixes
+
+    def _guarded(self, action: Callable[..., str | None], record: Any, **kwargs: Any) -> str | None:
+        # Each record is handled on its own: one record's problem is logged and never stops the loop.
+        try:
+            return action(record, **kwargs)
+        except IllegalTransition as exc:  # a user, worker or driver changed the record first; theirs stands
+            log.debug("%s %s: %s", self.kind.name, record.id, exc.detail)
+        except Exception:
+            log.exception("%s %s (%s) could not be handled; will retry", self.kind.name, record.id,
+                          record.status.value)
+        return None
+
+    def submit(self, record: Any) -> None:
+        """QUEUED → STARTING with a fresh token, and submit this attempt's job."""
+        token = new_token()
+        started = self.store.begin_attempt(
+            record.id, token=token, message=f"submitting {self.kind.attempt_noun} {record.attempt} to Ray")
+        job_id = started.ray_job_id
+        try:
+            self.jobs.submit(job_id, self.kind.entrypoint(self.settings, record.id),
+                             self.kind.job_env(self.settings, started, token))
+        except OSError:
+            # Ray unreachable: the attempt stays STARTING. Once Ray answers again and has no such
+            # job, following it queues the next attempt, so no attempt is lost or runs twice.
+            log.warning("Ray unreachable while submitting %s; will retry", job_id)
+            return
+        except Exception as exc:
+            self.store.transition(record.id, self.kind.status.FAILED, error=f"Ray refused job {job_id}: {exc}",
+                                  only_from=[self.kind.status.STARTING], attempt=started.attempt)
+            log.warning("Ray refused %s: %s", job_id, exc)
+            return
+        log.info("%s %s: submitted %s %s", self.kind.name, record.id, self.kind.job_noun, job_id)
+
+    def follow(self, record: Any, *, context: str = "dispatcher") -> str | None:
+        """Apply the fix that Ray's view of ``record``'s job calls for; return what it did, or None.
+
+        Raises what the Jobs client raises when Ray cannot be asked (the record stays as it is),
+        and ``IllegalTransition`` when the record changed since it was read (nothing is written).
+        """
+        policy = self.kind.policy
+        if record.status not in policy.followed:
+            return None
+        job_id = record.ray_job_id
+        if record.status is policy.canceling:
+            state = stop_and_check(self.jobs, job_id)
+        else:
+            state = self.jobs.status(job_id) if job_id else None
+        fix = decide(record.status, state, self.kind.restarts_left(record.attempt), policy)
+        if fix is None:
+            return None
+        target, message, error = self._explain(fix, record, context)
+        # Compare-and-set on the snapshot we decided from: a report may have landed since.
+        self.store.transition(record.id, target, message=message, error=error, only_from=[record.status],
+                              attempt=record.attempt)
+        log.info("%s %s: %s", self.kind.name, record.id, message)
+        return error or message
+
+    def _explain(self, fix: Fix, record: Any, context: str) -> tuple[Any, str, str | None]:
+        """The status, event message and error that carry out ``fix``."""
+        kind, job_id, state = self.kind, record.ray_job_id, fix.job_state
+        what = kind.lost_at_startup if state is None and context == "reconciler" else WHAT_HAPPENED[state]
+        job = f"{context}: {kind.job_noun} {job_id}"
+        if fix.verdict is Verdict.CANCEL_DONE:
+            return kind.status.CANCELED, f"{job} is {state or 'gone'}; cancel complete", None
+        if fix.verdict is Verdict.REQUEUE:
+            return kind.status.QUEUED, f"{job} {what}; re-queued as attempt {record.attempt + 1}", None
+        if fix.verdict is Verdict.GIVE_UP:
+            last = failure_from_logs(self.jobs, job_id) if state is not None else f"{kind.job_noun} {job_id} {what}"
+            error = kind.give_up.format(attempt=record.attempt, limit=kind.restart_limit, last=last)
+            return kind.status.FAILED, f"{job} {what}; giving up", error
+        if state == "FAILED":
+            error = record.error or failure_from_logs(self.jobs, job_id)
+        elif state == "STOPPED":
+            error = kind.stopped_outside
+        else:  # SUCCEEDED, but the worker or driver never said how it ended
+            error = kind.ended_without_result
+        return kind.status.FAILED, f"{job} {what}", error
+

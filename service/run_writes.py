@@ -1,0 +1,75 @@
+"""How a run's row is created and changes status, for both repositories (a trial is a run like
+any other).
+
+``apply_run_status`` is the one place that asks the run transition table, counts attempts,
+revokes tokens and writes the run event; callers hold the run's row lock (``lock_row``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from api.specs import RunSpec
+from api.views import RunStatus
+from service.db.models import Run, RunEvent, utcnow
+from service.db.session import clean_text, new_id
+from service.state_machine import RUN_TRANSITIONS, is_terminal, starts_new_attempt, starts_new_job
+
+
+def insert_run(session: Session, spec: RunSpec, *, message: str, **columns: Any) -> Run:
+    """A new QUEUED run of ``spec`` on attempt 1, with its first event saying ``message``;
+    ``columns`` are the trial's (``sweep_id``, ``trial_id``, ``trial_params``)."""
+    now = utcnow()
+    run = Run(id=new_id(), name=spec.name, status=RunStatus.QUEUED.value, attempt=1,
+              spec=spec.model_dump(mode="json"), summary={}, extrema={}, tags=list(spec.tags),
+              created_at=now, updated_at=now, **columns)
+    session.add(run)
+    session.flush()
+    add_run_event(session, run, None, RunStatus.QUEUED, message, now)
+    return run
+
+
+def add_run_event(session: Session, run: Run, from_status: RunStatus | None, to_status: RunStatus,
+                  message: str | None, now: datetime) -> None:
+    """Record one status change (or, with equal statuses, a note) of ``run``'s current attempt."""
+    session.add(RunEvent(run_id=run.id, from_status=from_status.value if from_status else None,
+                         to_status=to_status.value, attempt=run.attempt, time=now, message=message))
+
+
+def first_line(error: str | None, limit: int = 500) -> str | None:
+    """The first line of ``error``, cut to ``limit`` characters: an event message that says why."""
+    return error.strip().splitlines()[0][:limit] if error is not None and error.strip() else None
+
+
+def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: str | None,
+                     error: str | None) -> None:
+    """Move the locked ``run`` to ``target`` through the state machine and record the event.
+
+    An idempotent repeat changes nothing; an illegal change raises ``IllegalTransition``.
+    """
+    current = RunStatus(run.status)
+    if not RUN_TRANSITIONS.check(run.id, current, target):
+        return
+    now = utcnow()
+    message, error = clean_text(message), clean_text(error)
+    # The one place attempts are counted: a re-queue, a resume, or a worker-group restart.
+    if starts_new_attempt(current, target):
+        run.attempt += 1
+    if starts_new_job(current, target):
+        run.token_hash = None  # the old job's worker may no longer report
+        run.finished_at = None
+        run.error = None
+    if target is RunStatus.RUNNING and run.started_at is None:
+        run.started_at = now
+    if is_terminal(target):
+        run.finished_at = now
+    if error is not None:
+        run.error = error
+    run.status = target.value
+    run.updated_at = now
+    if message is None:
+        message = first_line(error)
+    add_run_event(session, run, current, target, message, now)
