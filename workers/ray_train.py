@@ -45,20 +45,10 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     to Tune's scheduler; a worker group that cannot start fails the trial at once
     (``controller_failure_limit=0``) so that Tune can retry it instead of waiting forever.
     """
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    callbacks, failure = [], FailureConfig(max_failures=spec.max_restarts)
-    if tune:
-        from ray.tune.integration.ray_train import TuneReportCallback
-
-        callbacks = [TuneReportCallback()]
-        failure = FailureConfig(max_failures=spec.max_restarts, controller_failure_limit=0)
     parallelism = spec.parallelism
-    # Ray Train v2 needs a storage path.
-    storage_path = storage_path or default_ray_storage_path()
-    if "://" not in storage_path:
-        storage_path = os.path.abspath(storage_path)  # workers run in Ray's session folder
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
@@ -69,8 +59,7 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
                            "service_url": service_url, "token": token, "tune": tune},
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
-        run_config=RunConfig(name=f"tessera-{run_id}", storage_path=storage_path, failure_config=failure,
-                             callbacks=callbacks),
+        run_config=_run_config(spec, run_id, storage_path, tune=tune),
         torch_config=TorchConfig(backend="nccl" if parallelism.use_gpu else "gloo"),
     )
     try:
@@ -80,6 +69,22 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         log.error("run %s failed: %s", run_id, message)
         raise TrainingError(message) from exc
     return dict(result.return_value or {})
+
+
+def _run_config(spec: RunSpec, run_id: str, storage_path: str | None, *, tune: bool) -> Any:
+    """Ray Train's ``RunConfig``: restarts, storage (v2 needs a path), and Tune's reporting."""
+    from ray.train import FailureConfig, RunConfig
+
+    callbacks, failure = [], FailureConfig(max_failures=spec.max_restarts)
+    if tune:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        callbacks = [TuneReportCallback()]
+        failure = FailureConfig(max_failures=spec.max_restarts, controller_failure_limit=0)
+    storage_path = storage_path or default_ray_storage_path()
+    if "://" not in storage_path:
+        storage_path = os.path.abspath(storage_path)  # workers run in Ray's session folder
+    return RunConfig(name=f"tessera-{run_id}", storage_path=storage_path, failure_config=failure, callbacks=callbacks)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
