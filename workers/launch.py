@@ -5,9 +5,9 @@ The service's dispatcher submits this as a Ray job with the environment:
 - ``TESSERA_SERVICE_URL``: where to fetch the run and report to (required);
 - ``TESSERA_RUN_TOKEN``: this attempt's bearer token (required; never printed);
 - ``TESSERA_ATTEMPT``: the attempt number (default 1);
-- ``TESSERA_STORAGE_URL``: ``file://`` or ``s3://`` root for checkpoints (under
-  ``runs/{run_id}/checkpoints``; every attempt resumes from the newest committed one) and Ray
-  Train's storage (optional).
+- ``TESSERA_STORAGE_URL``: ``file://`` or ``s3://`` root for checkpoints (in the run's folder,
+  ``workers.paths``; every attempt resumes from the newest committed one) and Ray Train's
+  storage (optional).
 
 It fetches and validates the spec, trains with ``fit_with_ray``, and reports COMPLETED, or
 FAILED with the root cause as ``"Type: message"`` and exit code 1. Status reports retry
@@ -20,35 +20,21 @@ import argparse
 import logging
 import os
 import sys
-from urllib.parse import urlparse
 
 from api.client import Client
 from api.specs import RunSpec
-from api.views import RunStatus, StatusReport
-from workers.errors import describe
+from workers.outcome import RunOutcome, summary_of
+from workers.paths import ray_storage_path
 from workers.reporter import call_with_retries
 
 log = logging.getLogger("workers.launch")
-
-
-def storage_path_for(storage_url: str | None, *, attempt: int) -> str | None:
-    """Ray Train's storage path under ``TESSERA_STORAGE_URL`` (a local path for ``file://``)."""
-    if not storage_url:
-        return None
-    parsed = urlparse(storage_url)
-    root = parsed.path if parsed.scheme in ("", "file") else storage_url.rstrip("/")
-    return f"{root.rstrip('/')}/ray/attempt-{attempt}"
 
 
 def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, storage_url: str | None,
                 client: Client | None = None) -> int:
     """Train one attempt of ``run_id`` and report its outcome; returns the process exit code."""
     client = client or Client(service_url)
-
-    def report(status: RunStatus, **fields: str) -> None:
-        report_ = StatusReport(status=status, **fields)
-        call_with_retries(lambda: client.report_status(run_id, token, report_), what=f"reporting {status.value}")
-
+    outcome = RunOutcome(client, run_id, token)
     try:
         view = call_with_retries(lambda: client.get_run(run_id), what=f"fetching run {run_id}")
         spec = RunSpec.model_validate(view.spec)
@@ -59,23 +45,14 @@ def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, stor
         if not ray.is_initialized():
             ray.init()  # inside a Ray job this connects to the job's cluster
         metrics = fit_with_ray(spec, run_id=run_id, service_url=service_url, token=token,
-                               storage_path=storage_path_for(storage_url, attempt=attempt),
+                               storage_path=ray_storage_path(storage_url, attempt=attempt),
                                storage_url=storage_url, attempt=attempt)
     except Exception as exc:
-        error = describe(exc)
-        log.error("run %s attempt %d failed: %s", run_id, attempt, error)
-        try:
-            report(RunStatus.FAILED, error=error[:20_000])
-        except Exception as report_exc:
-            log.error("could not report FAILED for run %s: %s", run_id, describe(report_exc))
+        log.error("run %s attempt %d failed: %s", run_id, attempt, outcome.failed(exc))
         return 1
-    summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("eval/"))
-    try:
-        report(RunStatus.COMPLETED, message=summary[:2000] or "completed")
-    except Exception as exc:
-        log.error("run %s completed but reporting COMPLETED failed: %s", run_id, describe(exc))
+    if not outcome.completed(metrics):
         return 1
-    log.info("run %s completed: %s", run_id, summary)
+    log.info("run %s completed: %s", run_id, summary_of(metrics))
     return 0
 
 

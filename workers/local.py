@@ -3,8 +3,9 @@
 A single-worker run (strategy ``none``) trains in this process: no Ray, no process group.
 A DDP/FSDP run starts a local Ray (unless one is connected) and goes through ``fit_with_ray``.
 
-Checkpoints use the service's layout, ``{checkpoint_dir}/runs/{spec.name}/checkpoints`` (the
-CLI's default ``checkpoint_dir`` is ``$TESSERA_HOME/local``, i.e. ``.tessera/local``): running
+Checkpoints use the service's layout (``workers.paths``) with ``checkpoint_dir`` as the storage
+root and the spec's name as the run id (the CLI's default ``checkpoint_dir`` is
+``$TESSERA_HOME/local``, i.e. ``.tessera/local``): running
 the same spec again resumes from its newest committed checkpoint, whichever way it was run
 before (a one-worker checkpoint reshards onto DDP workers and back).
 """
@@ -16,7 +17,8 @@ import uuid
 from pathlib import Path
 
 from api.specs import RunSpec
-from workers.checkpoint import CheckpointInfo, Checkpointer, join, normalize_url, storage_for
+from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
+from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
 from workers.reporter import ConsoleReporter, MetricSink
 from workers.trainer import train
 
@@ -25,17 +27,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def default_checkpoint_dir() -> str:
     """``$TESSERA_HOME/local`` as an absolute path (Ray workers run in another folder)."""
-    return str(Path(os.environ.get("TESSERA_HOME", ".tessera")).resolve() / "local")
+    return default_local_root()
 
 
 def local_run_url(spec: RunSpec, checkpoint_dir: str | None = None) -> str:
     """The folder of ``spec``'s local run: ``{checkpoint_dir}/runs/{spec.name}``."""
-    return join(normalize_url(checkpoint_dir or default_checkpoint_dir()), "runs", spec.name)
+    return run_url(checkpoint_dir or default_checkpoint_dir(), spec.name)
 
 
 def latest_local_checkpoint(spec: RunSpec, checkpoint_dir: str | None = None) -> CheckpointInfo | None:
     """The committed checkpoint a local run of ``spec`` would resume from, if any."""
-    return Checkpointer(join(local_run_url(spec, checkpoint_dir), "checkpoints"), fingerprint={}).latest_committed()
+    return Checkpointer(checkpoints_url(local_run_url(spec, checkpoint_dir)), fingerprint={}).latest_committed()
 
 
 def train_local(spec: RunSpec, *, sink: MetricSink | None = None,
@@ -54,7 +56,7 @@ def train_local(spec: RunSpec, *, sink: MetricSink | None = None,
     """
     parallelism = spec.parallelism
     if parallelism.strategy == "none" and parallelism.num_workers == 1:
-        checkpoint_url = join(local_run_url(spec, checkpoint_dir), "checkpoints") if checkpoint_dir else None
+        checkpoint_url = checkpoints_url(local_run_url(spec, checkpoint_dir)) if checkpoint_dir else None
         return train(spec, sink=sink if sink is not None else ConsoleReporter(), checkpoint_url=checkpoint_url)
     return _train_with_local_ray(spec, sink, normalize_url(checkpoint_dir) if checkpoint_dir else None)
 
@@ -66,8 +68,9 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
 
     started = False
     if not ray.is_initialized():
-        # One extra CPU for Ray Train's controller; at least 4 logical CPUs so small machines
-        # don't starve the worker group (see ENVIRONMENT.md).
+        # One extra CPU for Ray Train's controller; and at least 4 logical CPUs: on a 2-core
+        # machine, Ray told the real count starves the worker group, whose start then waits
+        # forever (WorkerGroupStartupTimeoutError on every retry).
         needed = spec.parallelism.num_workers * spec.parallelism.cpus_per_worker + 1
         pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         ray.init(num_cpus=max(4, needed), include_dashboard=False,
@@ -76,8 +79,8 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
     try:
         if storage_url is None:
             metrics = fit_with_ray(spec, run_id=f"local-{spec.name}-{uuid.uuid4().hex[:8]}")
-        else:  # checkpoints in {storage_url}/runs/{spec.name}/checkpoints, as in-process runs
-            attempt = _next_attempt(join(storage_url, "runs", spec.name))
+        else:  # the same run folder as in-process runs: the spec's name is the run id
+            attempt = _next_attempt(run_url(storage_url, spec.name))
             metrics = fit_with_ray(spec, run_id=spec.name, storage_url=storage_url, attempt=attempt)
     finally:
         if started:
@@ -90,7 +93,7 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
     return metrics
 
 
-def _next_attempt(run_url: str) -> int:
+def _next_attempt(run: str) -> int:
     """A fresh attempt number per invocation, so a re-run is not reported as a restart of the
     previous one (``fit_with_ray`` marks each attempt it starts under ``{run}/attempts``)."""
-    return len(storage_for(run_url).listdir(join(run_url, "attempts"))) + 1
+    return len(storage_for(run).listdir(attempts_url(run))) + 1

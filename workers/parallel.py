@@ -2,8 +2,9 @@
 
 ``ddp`` replicates the model; ``fsdp`` shards parameters, gradients and optimizer state with
 FSDP2 (``fully_shard`` on every block, then on the root). Mixed precision comes from autocast
-in the loop for every strategy: FSDP2's ``MixedPrecisionPolicy`` fails on CPU with BatchNorm
-models (ENVIRONMENT.md), and autocast works everywhere.
+in the loop for every strategy: FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16)`` fails
+on CPU with BatchNorm models ("expected scalar type BFloat16 but found Float", torch 2.14 on
+gloo), while FSDP2 with autocast bf16/fp16 (fp16 with a CPU ``GradScaler``) works everywhere.
 
 The process group is created by whoever starts the workers -- Ray Train's ``TorchConfig``
 (gloo on CPU, nccl on GPU, chosen in ``workers.ray_train`` from ``use_gpu``) -- never here.

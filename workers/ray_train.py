@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,23 +17,14 @@ import torch
 from api.client import Client
 from api.specs import RunSpec
 from api.views import RunStatus
-from workers.checkpoint import join, normalize_url, storage_for
+from workers.checkpoint import storage_for
 from workers.errors import TrainingError, describe
+from workers.fault_injection import install_fault_injection
+from workers.paths import attempt_marker_url, checkpoints_url, default_ray_storage_path, run_url
 from workers.reporter import ConsoleReporter, MetricSink, NullSink, ServiceReporter
 from workers.trainer import Trainer, process_settings
 
 log = logging.getLogger(__name__)
-
-
-def default_storage_path() -> str:
-    """``$TESSERA_HOME/ray`` as an absolute path (Ray Train v2 needs a storage path, and the
-    workers' cwd is Ray's session folder, so relative paths would land there)."""
-    return str(Path(os.environ.get("TESSERA_HOME", ".tessera")).resolve() / "ray")
-
-
-def run_url_for(storage_url: str, run_id: str) -> str:
-    """``{storage}/runs/{run_id}``: the run's checkpoints and attempt markers live under it."""
-    return join(normalize_url(storage_url), "runs", run_id)
 
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
@@ -45,7 +35,7 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
 
     With ``service_url`` and ``token``, rank 0 reports status and metrics to the service;
     otherwise it prints progress. With ``storage_url`` (``file://``/``s3://``), checkpoints go to
-    ``{storage_url}/runs/{run_id}/checkpoints`` and the run resumes from the newest committed
+    the run's folder (``workers.paths.checkpoints_url``) and the run resumes from the newest committed
     one; a worker-group restart by Ray Train (``max_restarts``) resumes the same way and is
     reported as RESTARTING, then RUNNING. Raises ``TrainingError("Type: message")`` carrying the root
     cause when any worker fails (after ``spec.max_restarts`` restarts).
@@ -55,31 +45,21 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     to Tune's scheduler; a worker group that cannot start fails the trial at once
     (``controller_failure_limit=0``) so that Tune can retry it instead of waiting forever.
     """
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    callbacks, failure = [], FailureConfig(max_failures=spec.max_restarts)
-    if tune:
-        from ray.tune.integration.ray_train import TuneReportCallback
-
-        callbacks = [TuneReportCallback()]
-        failure = FailureConfig(max_failures=spec.max_restarts, controller_failure_limit=0)
     parallelism = spec.parallelism
-    storage_path = storage_path or default_storage_path()
-    if "://" not in storage_path:
-        storage_path = os.path.abspath(storage_path)  # workers run in Ray's session folder
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
-                           "run_url": run_url_for(storage_url, run_id) if storage_url else None,
+                           "run_url": run_url(storage_url, run_id) if storage_url else None,
                            # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) reach the workers this way
                            # whether the driver is a Ray job or a test process.
                            "test_env": {k: v for k, v in os.environ.items() if k.startswith("TESSERA_TEST_")},
                            "service_url": service_url, "token": token, "tune": tune},
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
-        run_config=RunConfig(name=f"tessera-{run_id}", storage_path=storage_path, failure_config=failure,
-                             callbacks=callbacks),
+        run_config=_run_config(spec, run_id, storage_path, tune=tune),
         torch_config=TorchConfig(backend="nccl" if parallelism.use_gpu else "gloo"),
     )
     try:
@@ -89,6 +69,22 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         log.error("run %s failed: %s", run_id, message)
         raise TrainingError(message) from exc
     return dict(result.return_value or {})
+
+
+def _run_config(spec: RunSpec, run_id: str, storage_path: str | None, *, tune: bool) -> Any:
+    """Ray Train's ``RunConfig``: restarts, storage (v2 needs a path), and Tune's reporting."""
+    from ray.train import FailureConfig, RunConfig
+
+    callbacks, failure = [], FailureConfig(max_failures=spec.max_restarts)
+    if tune:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        callbacks = [TuneReportCallback()]
+        failure = FailureConfig(max_failures=spec.max_restarts, controller_failure_limit=0)
+    storage_path = storage_path or default_ray_storage_path()
+    if "://" not in storage_path:
+        storage_path = os.path.abspath(storage_path)  # workers run in Ray's session folder
+    return RunConfig(name=f"tessera-{run_id}", storage_path=storage_path, failure_config=failure, callbacks=callbacks)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
@@ -102,13 +98,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     device = ray.train.torch.get_device() if spec.parallelism.use_gpu else torch.device("cpu")
     sink = _sink_for(config) if rank == 0 else NullSink()
-    run_url = config.get("run_url")
+    run = config.get("run_url")
     try:
-        restarted = rank == 0 and run_url is not None and _is_restart(run_url, config.get("attempt", 1))
+        restarted = rank == 0 and run is not None and _is_restart(run, config.get("attempt", 1))
         with process_settings(spec):
-            trainer = Trainer(spec, sink=sink, device=device,
-                              checkpoint_url=join(run_url, "checkpoints") if run_url else None,
+            trainer = Trainer(spec, sink=sink, device=device, checkpoint_url=checkpoints_url(run) if run else None,
                               on_eval=_report_to_tune if config.get("tune") else None)
+            install_fault_injection(trainer)  # only when a test asks for it (TESSERA_TEST_*)
             message = f"training on {world_size} worker(s), {device.type}"
             latest = trainer.checkpointer.latest_committed() if rank == 0 and trainer.checkpointer else None
             if latest is not None:
@@ -129,11 +125,11 @@ def _report_to_tune(results: dict[str, float]) -> None:
     ray.train.report(dict(results))
 
 
-def _is_restart(run_url: str, attempt: int) -> bool:
+def _is_restart(run: str, attempt: int) -> bool:
     """Whether this job attempt already started the train function once: Ray Train v2 re-runs
     it on a worker-group restart. Rank 0 leaves a marker the first time."""
-    storage = storage_for(run_url)
-    marker = join(run_url, "attempts", f"{attempt}.started")
+    storage = storage_for(run)
+    marker = attempt_marker_url(run, attempt)
     if storage.isfile(marker):
         return True
     storage.write_bytes(marker, b"")

@@ -31,13 +31,17 @@ MAX_POINTS_PER_POST = 5000  # the service accepts up to 10k per report
 
 
 class MetricSink(Protocol):
-    """What the trainer reports to. ``flush`` marks a natural boundary (an evaluation, the end
-    of an epoch): push what is buffered; it may return before delivery. ``close`` delivers
-    everything and releases resources."""
+    """What the trainer reports to; every sink implements all of it. ``checkpoint`` gets the
+    fields of ``api.views.CheckpointReport`` for every commit and every failed save (from the
+    checkpoint writer's thread with ``async_save``). ``flush`` marks a natural boundary (an
+    evaluation, the end of an epoch): push what is buffered; it may return before delivery.
+    ``close`` delivers everything and releases resources."""
 
     def add(self, step: int, key: str, value: float) -> None: ...
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None: ...
+
+    def checkpoint(self, report: dict[str, Any]) -> None: ...
 
     def flush(self) -> None: ...
 

@@ -113,7 +113,7 @@ def test_microbatch_auto_halves_the_batch_after_an_out_of_memory_error_and_match
     model.forward = forward_that_runs_out_of_memory
     trainer.fit()
     assert sizes[:4] == [16, 8, 4, 4]  # full batch, half, quarter: then four microbatches of 4
-    assert trainer._microbatch_size == 4
+    assert trainer.microbatches.size == 4
     for a, b in zip(reference.state.model.parameters(), trainer.state.model.parameters()):
         torch.testing.assert_close(a, b)
     with pytest.raises(torch.OutOfMemoryError):  # without 'auto' the error stands

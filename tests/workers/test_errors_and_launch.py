@@ -7,7 +7,8 @@ import httpx
 
 from api.client import Client
 from workers.errors import TrainingError, describe, root_cause
-from workers.launch import main, run_attempt, storage_path_for
+from workers.launch import main, run_attempt
+from workers.paths import ray_storage_path as storage_path_for
 
 TOKEN = "tok-never-printed"
 

@@ -65,7 +65,7 @@ def _rank_main(rank: int, init_file: str, spec_json: str, out_dir: str, oom_rank
         if rank == 0:
             torch.save(full, Path(out_dir) / "params.pt")
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-            "sizes": sizes, "microbatch_size": trainer._microbatch_size, "batches": trainer.state.timestamp.batch}))
+            "sizes": sizes, "microbatch_size": trainer.microbatches.size, "batches": trainer.state.timestamp.batch}))
         dist.barrier()  # tear down together (see tests/workers/dist_helpers.py)
     finally:
         dist.destroy_process_group()

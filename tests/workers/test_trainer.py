@@ -40,7 +40,7 @@ def first_batch_gradients(microbatch_size):
     trainer = Trainer(tiny_spec(microbatch_size=microbatch_size))
     inputs, targets = next(iter(trainer.train_loader))
     trainer.train_batch(inputs, targets)
-    (_, loss, _), = trainer._pending
+    (_, loss, _), = trainer.metrics.pending
     return [p.grad.clone() for p in trainer.state.model.parameters()], loss
 
 
@@ -54,7 +54,7 @@ def test_microbatches_accumulate_the_same_gradients_as_the_full_batch():
 
 def test_auto_microbatching_uses_the_full_batch_on_cpu():
     trainer = Trainer(tiny_spec(microbatch_size="auto"))
-    assert trainer._microbatch_bounds(16) == [(0, 16)]
+    assert trainer.microbatches.bounds(16) == [(0, 16)]
 
 
 @pytest.mark.parametrize("precision", ["amp_bf16", "amp_fp16"])

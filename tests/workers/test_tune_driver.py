@@ -8,7 +8,8 @@ import pytest
 
 from api.errors import ApiError
 from api.views import SweepStatus
-from workers import tune as driver
+from workers.tune import main
+from workers.tune import reporting as driver
 
 TOKEN = "sweep-token-never-on-disk"
 
@@ -93,5 +94,5 @@ def test_what_tune_pickles_holds_no_token_and_its_state_survives_a_restore(sessi
 def test_the_job_entry_point_refuses_to_start_without_its_service_and_token(monkeypatch, capsys):
     for name in ("TESSERA_SERVICE_URL", "TESSERA_SWEEP_TOKEN", "TESSERA_SWEEP_ID"):
         monkeypatch.delenv(name, raising=False)
-    assert driver.main(["--sweep-id", "sw1"]) == 2
+    assert main(["--sweep-id", "sw1"]) == 2
     assert "TESSERA_SERVICE_URL and TESSERA_SWEEP_TOKEN" in capsys.readouterr().err

@@ -6,11 +6,11 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.sample import Categorical, Float
 
 from api.sweeps import SweepSpec, grace_fraction
+from workers.paths import sweep_experiment_path as experiment_path
 from workers.tune import (
     TRIAL_ACTOR_CPUS,
     build_param_space,
     build_scheduler,
-    experiment_path,
     max_concurrent_trials,
 )
 
@@ -101,3 +101,14 @@ def test_the_experiment_lives_under_the_sweep_in_storage():
     assert experiment_path("file:///data/tessera", "sw1") == "/data/tessera/sweeps/sw1/tune"
     assert experiment_path("/data/tessera/", "sw1") == "/data/tessera/sweeps/sw1/tune"
     assert experiment_path("s3://bucket/root", "sw1") == "s3://bucket/root/sweeps/sw1/tune"
+
+
+def test_ray_asha_keeps_its_rungs_where_the_driver_edits_them():
+    """Pins the Ray behaviour ``workers.tune.space._drop_rung_at_max_t`` depends on: ASHA keeps
+    its rungs as ``_brackets[i]._rungs``, ``(milestone, recorded)`` pairs highest first, and
+    puts one at ``max_t`` when grace × rf^k lands on it. A Ray that changes either fails here."""
+    raw = ASHAScheduler(time_attr="time/progress", metric="eval/accuracy", mode="max", max_t=1.0,
+                        grace_period=0.25 * (1 - 1e-6), reduction_factor=2, stop_last_trials=False)
+    rungs = raw._brackets[0]._rungs
+    assert all(isinstance(recorded, dict) for _, recorded in rungs)
+    assert [round(m, 4) for m, _ in rungs] == [1.0, 0.5, 0.25]

@@ -9,7 +9,8 @@ import pytest
 
 from api.sweeps import SweepSpec
 from tests.workers.helpers_specs import SWEEP_BASE
-from workers.tune import experiment_path, run_sweep
+from workers.paths import sweep_experiment_path as experiment_path
+from workers.tune import run_sweep
 
 pytestmark = pytest.mark.integration
 

@@ -217,29 +217,9 @@ class Checkpointer:
                epoch: int, step: int, group: Any) -> None:
         url = join(self.root_url, name)
         started = time.monotonic()
-
-        def attempt() -> None:
-            ok = True
-            try:
-                self.storage.write_bytes(join(url, f"rank{self.rank}.pt"), _to_bytes(rank_state))
-                if self.rank == 0:
-                    self.storage.write_bytes(join(url, "trainer.pt"), _to_bytes(trainer_state))
-            except Exception:
-                ok = False
-                if not _distributed():
-                    raise
-                log.exception("rank %d could not write its files of %s", self.rank, url)
-            if _distributed():  # every rank must agree before the collective DCP write
-                flag = torch.tensor([0 if ok else 1])
-                dist.all_reduce(flag, group=group)
-                if flag.item():
-                    raise OSError(f"a rank could not write its files of checkpoint {url}")
-            dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
-                     no_dist=not _distributed())
-
         try:
-            with_retries(attempt, what=f"saving checkpoint {name}", attempts=self.attempts,
-                         first_delay_s=self.first_delay_s)
+            with_retries(lambda: self._write_files(url, state, trainer_state, rank_state, group),
+                         what=f"saving checkpoint {name}", attempts=self.attempts, first_delay_s=self.first_delay_s)
             if self.rank != 0:
                 return
             size = self.storage.size(url)
@@ -261,6 +241,27 @@ class Checkpointer:
             self.retain()
         except Exception:  # retention can wait for the next commit
             log.exception("retention of %s failed", self.root_url)
+
+    def _write_files(self, url: str, state: dict[str, Any], trainer_state: dict[str, Any],
+                     rank_state: dict[str, Any], group: Any) -> None:
+        """One try at writing every file of a checkpoint but its marker (collective)."""
+        ok = True
+        try:
+            self.storage.write_bytes(join(url, f"rank{self.rank}.pt"), _to_bytes(rank_state))
+            if self.rank == 0:
+                self.storage.write_bytes(join(url, "trainer.pt"), _to_bytes(trainer_state))
+        except Exception:
+            ok = False
+            if not _distributed():
+                raise
+            log.exception("rank %d could not write its files of %s", self.rank, url)
+        if _distributed():  # every rank must agree before the collective DCP write
+            flag = torch.tensor([0 if ok else 1])
+            dist.all_reduce(flag, group=group)
+            if flag.item():
+                raise OSError(f"a rank could not write its files of checkpoint {url}")
+        dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
+                 no_dist=not _distributed())
 
     def _report(self, **fields: Any) -> None:
         if self.on_report is None:

@@ -1,0 +1,70 @@
+"""Rank 0's training metrics on their way to the sink: per-step losses, flushing, throughput.
+
+Hot-path rule: no host syncs per step. Each step's loss stays on the device as a detached
+tensor; a flush (about once a second, before evaluation and at each epoch's end) converts all
+pending losses together, one host sync, and reports them with the learning rate, throughput
+and the time metrics.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from workers.reporter import MetricSink
+from workers.timekeeping import Timestamp
+
+FLUSH_INTERVAL_S = 1.0
+
+
+class MetricBuffer:
+    """Buffers rank 0's per-step losses and reports them to ``sink`` when flushed. On other
+    ranks it buffers nothing (their sink is a ``NullSink``). ``latest`` holds the newest value
+    of every metric reported, evaluation results included (``record``)."""
+
+    def __init__(self, sink: MetricSink, *, rank: int, interval_s: float = FLUSH_INTERVAL_S):
+        self.sink, self.rank, self.interval_s = sink, rank, interval_s
+        self.latest: dict[str, float] = {}
+        self.pending: list[tuple[int, torch.Tensor, float]] = []  # (step, detached loss, lr)
+        self._last_flush = time.monotonic()
+        self._throughput_mark = (time.monotonic(), 0)  # (time, samples) training was measured from
+
+    def add_step(self, step: int, loss: torch.Tensor, lr: float) -> None:
+        """One optimizer step's detached batch loss and learning rate (no host sync)."""
+        if self.rank == 0:
+            self.pending.append((step, loss, lr))
+
+    def due(self) -> bool:
+        """Whether ``interval_s`` has passed since the last flush."""
+        return time.monotonic() - self._last_flush >= self.interval_s
+
+    def record(self, step: int, key: str, value: float) -> None:
+        self.latest[key] = value
+        self.sink.add(step, key, value)
+
+    def flush(self, timestamp: Timestamp, progress: float, *, epoch_end: bool = False) -> None:
+        """Turn pending per-step losses into metric points (rank 0; one host sync), with
+        throughput since the last mark and the time metrics at ``timestamp``."""
+        self._last_flush = time.monotonic()
+        if self.rank != 0 or not (self.pending or epoch_end):
+            return
+        pending, self.pending = self.pending, []
+        losses = torch.stack([loss for _, loss, _ in pending]).tolist() if pending else []
+        for (step, _, lr), loss in zip(pending, losses):
+            self.record(step, "train/loss", loss)
+            self.record(step, "lr", lr)
+        step = timestamp.batch
+        start, start_sample = self._throughput_mark
+        now = time.monotonic()
+        if now > start and timestamp.sample > start_sample:
+            self.record(step, "throughput/samples_per_sec", (timestamp.sample - start_sample) / (now - start))
+        self._throughput_mark = (now, timestamp.sample)
+        self.record(step, "time/epoch", timestamp.epoch)
+        self.record(step, "time/batch", timestamp.batch)
+        self.record(step, "time/progress", progress)
+
+    def restart_throughput(self, sample: int) -> None:
+        """Measure throughput from now and ``sample`` on: time spent evaluating or resuming is
+        not training time."""
+        self._throughput_mark = (time.monotonic(), sample)

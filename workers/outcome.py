@@ -1,0 +1,60 @@
+"""How a run attempt ended, told to the service: one path for ``workers.launch`` (a run's Ray
+job) and ``workers.tune`` (a sweep's trials).
+
+The trainer reports RUNNING and its metrics itself (``ServiceReporter``); the process that
+called ``fit_with_ray`` reports the end: COMPLETED with a summary of the final evaluation, or
+FAILED with the root cause as ``"Type: message"``. Reports retry through a service restart;
+one that still fails is logged, never raised, so the caller's own outcome stands.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+from api.client import Client
+from api.views import RunStatus, StatusReport
+from workers.errors import describe
+from workers.reporter import call_with_retries
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 20_000   # what the service stores of an error
+MAX_MESSAGE_CHARS = 2_000  # and of a status message
+
+
+def summary_of(metrics: Mapping[str, float]) -> str:
+    """``"eval/accuracy=0.91, eval/loss=0.3"``: the final evaluation, or ``"completed"``."""
+    text = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("eval/"))
+    return text[:MAX_MESSAGE_CHARS] or "completed"
+
+
+class RunOutcome:
+    """Reports the end of one attempt of ``run_id`` with its bearer ``token``. Without a
+    ``client`` (a sweep without a service) it reports nothing."""
+
+    def __init__(self, client: Client | None, run_id: str, token: str | None):
+        self.client, self.run_id = client, run_id
+        self._token = token  # never logged
+
+    def failed(self, exc: BaseException) -> str:
+        """Report FAILED with ``exc``'s root cause; returns that ``"Type: message"``."""
+        error = describe(exc)
+        self._report(StatusReport(status=RunStatus.FAILED, error=error[:MAX_ERROR_CHARS]))
+        return error
+
+    def completed(self, metrics: Mapping[str, float]) -> bool:
+        """Report COMPLETED with ``summary_of(metrics)``; False if the service never heard it."""
+        return self._report(StatusReport(status=RunStatus.COMPLETED, message=summary_of(metrics)))
+
+    def _report(self, body: StatusReport) -> bool:
+        if self.client is None:
+            return True
+        client = self.client
+        try:
+            call_with_retries(lambda: client.report_status(self.run_id, self._token, body),
+                              what=f"reporting {body.status.value}")
+        except Exception as exc:  # e.g. a sweep canceled meanwhile: the run has ended already
+            log.error("could not report %s for run %s: %s", body.status.value, self.run_id, describe(exc))
+            return False
+        return True
