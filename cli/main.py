@@ -63,6 +63,9 @@ def serve(
 def submit(
     file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
+    code: Annotated[Optional[str], typer.Option(
+        "--code", help="a folder with the code model.import names: packed (respecting its .gitignore), "
+        "uploaded once, recorded as the spec's code.digest")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED)."""
@@ -71,6 +74,8 @@ def submit(
     except SpecFileError as exc:
         _fail(str(exc))
     client = _client(url)
+    if code is not None:
+        body["code"] = {"digest": _upload_code(client, code)}
     run = _call(client.create_run, body)
     console.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
@@ -81,6 +86,23 @@ def submit(
     _print_summary(final)
     if final.status.value != "COMPLETED":
         raise typer.Exit(1)
+
+
+def _upload_code(client: Client, folder: str) -> str:
+    """Pack and upload ``folder`` (unless the service has it); returns its digest."""
+    from api.code_package import CodePackageError, pack_directory
+
+    try:
+        package = pack_directory(folder)
+    except CodePackageError as exc:
+        _fail(str(exc))
+    stored = _call(client.has_code, package.digest)
+    if not stored:
+        _call(client.upload_code, package)
+    what = "already on the service" if stored else "uploaded"
+    console.print(f"code package {package.digest[:12]} ({len(package.files)} files, {len(package.data) / 1024:.1f} "
+                  f"KiB) {what}", highlight=False)
+    return package.digest
 
 
 @app.command()

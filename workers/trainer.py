@@ -32,6 +32,7 @@ from workers.engine import Callback, Engine
 from workers.events import Event
 from workers.loss import eval_metrics, eval_sums, soft_cross_entropy
 from workers.models import build_model
+from workers.models.user_code import loss_of
 from workers.optim import build_optimizer, build_scheduler
 from workers.parallel import (OomAgreement, all_reduce_max, all_reduce_sum, average_buffers, average_gradients,
                               device_for, is_fsdp, no_sync, rank_and_world_size, reset_after_failed_step, unwrap,
@@ -39,6 +40,7 @@ from workers.parallel import (OomAgreement, all_reduce_max, all_reduce_sum, aver
 from workers.precision import autocast, grad_scaler
 from workers.reporter import MetricSink, NullSink
 from workers.state import State
+from workers.surgery_notes import collect_no_effect
 from workers.timekeeping import Timestamp, to_batches
 
 FLUSH_INTERVAL_S = 1.0
@@ -90,19 +92,20 @@ class Trainer:
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)
         num_classes = num_classes_of(spec.data.train)
-        model = build_model(spec.model, num_classes=num_classes, in_channels=images.shape[1])
+        model = build_model(spec.model, num_classes=num_classes, in_channels=images.shape[1],
+                            image_size=images.shape[-1], domain=DATASETS[spec.data.train.name].domain)
         batches_per_epoch = len(self.train_loader)
         max_batches = to_batches(spec.max_duration, batches_per_epoch=batches_per_epoch,
                                  samples_per_batch=spec.data.batch_size)
         algorithms = build_algorithms(spec.algorithms)
         self.state = State(model=model, num_classes=num_classes, max_batches=max_batches,
-                           loss_fn=soft_cross_entropy, device=self.device, precision=spec.precision,
+                           loss_fn=loss_of(model, soft_cross_entropy), device=self.device, precision=spec.precision,
                            rank=self.rank, world_size=self.world_size, algorithms=algorithms)
         self.engine = Engine(algorithms, callbacks)
         self.train_loader.sample_transforms = self.state.sample_transforms  # one list: FIT_START installs
 
         # Surgery before wrapping: DDP/FSDP must see the final modules and parameters.
-        self.engine.run_event(Event.INIT, self.state)
+        self.surgery_notes = collect_no_effect(lambda: self.engine.run_event(Event.INIT, self.state))
         self.state.model = wrap_model(self.state.model, strategy=spec.parallelism.strategy, device=self.device)
         self.state.optimizer = build_optimizer(self.state.model.parameters(), spec.optimizer)
         warmup = to_batches(spec.scheduler.warmup, batches_per_epoch=batches_per_epoch,
