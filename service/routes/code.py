@@ -22,7 +22,6 @@ router = APIRouter(prefix="/api/v1/code", tags=["code"], responses=VALIDATION_RE
 
 CodeStoreDep = Annotated[CodeStore, Depends(get_code_store)]
 Digest = Annotated[str, Path(pattern=SHA256_PATTERN, description="sha256 of the zip, 64 lowercase hex digits")]
-TOO_LARGE = f"the code package is larger than {MAX_PACKAGE_BYTES} bytes; leave data and checkpoints out"
 
 
 @router.post("", status_code=201, response_model=CodeView, operation_id="upload_code",
@@ -41,7 +40,9 @@ async def upload_code(request: Request, store: CodeStoreDep,
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_PACKAGE_BYTES:
-            return JSONResponse(status_code=413, content={"detail": TOO_LARGE})
+            return JSONResponse(status_code=413, content={
+                "detail": f"the code package is larger than {MAX_PACKAGE_BYTES} bytes; leave data and checkpoints "
+                          "out (.gitignore)"})
         chunks.append(chunk)
     data = b"".join(chunks)
     actual = sha256_hex(data)

@@ -1,0 +1,87 @@
+"""Your own model in a worker: fetch and verify the package, import, build, its loss, and the
+run-visible notes of surgery that found nothing to change."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from api.code_package import pack_directory
+from api.specs import RunSpec
+from workers.models import user_code
+from workers.models.user_code import UserCodeError, install_code
+from workers.reporter import MemorySink
+from workers.trainer import Trainer
+from tests.workers.byo_helpers import user_spec, write_user_package
+
+
+@pytest.fixture
+def fresh_imports(tmp_path, monkeypatch):
+    """A private code cache, and ``my_project`` forgotten before and after the test."""
+    monkeypatch.setenv("TESSERA_CODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
+        del sys.modules[name]
+    yield
+    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
+        del sys.modules[name]
+
+
+def store(tmp_path, package) -> str:
+    """Put the package where the service would: ``{storage}/code/{digest}.zip``; returns the storage URL."""
+    code = tmp_path / "storage" / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / f"{package.digest}.zip").write_bytes(package.data)
+    return f"file://{tmp_path}/storage"
+
+
+def test_a_shipped_model_trains_with_its_own_loss_and_surgery_that_finds_nothing_is_noted(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    assert "my_project/old.ckpt" not in package.files
+    folder = install_code(package.digest, storage_url=store(tmp_path, package))
+    assert (folder / "my_project" / "nets.py").is_file() and sys.path[0] == str(folder)
+    spec = RunSpec.model_validate(user_spec("byo", package.digest, algorithms=[{"name": "blurpool"},
+                                                                              {"name": "channels_last"}]))
+    trainer = Trainer(spec, sink=MemorySink())
+    assert type(trainer.state.model).__name__ == "TinyMLP"
+    assert [note.split(" ")[0] for note in trainer.surgery_notes] == ["BlurPool", "ChannelsLast"]
+    trainer.fit()
+    import my_project.nets
+
+    assert my_project.nets.LOSS_CALLS[:4] == [(16, 4)] * 4  # the model's loss, not the default one
+
+
+def test_a_package_whose_bytes_differ_from_its_digest_is_refused(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    storage_url = store(tmp_path, package)
+    (tmp_path / "storage" / "code" / f"{package.digest}.zip").write_bytes(package.data + b"tampered")
+    with pytest.raises(UserCodeError, match="holds other bytes"):
+        install_code(package.digest, storage_url=storage_url)
+    with pytest.raises(UserCodeError, match=r"cannot fetch .*/code/0{64}\.zip: FileNotFoundError"):
+        install_code("0" * 64, storage_url=storage_url)
+
+
+def test_an_import_error_names_the_module_the_error_and_the_users_line(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src", broken=True))
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = RunSpec.model_validate(user_spec("broken", package.digest))
+    with pytest.raises(UserCodeError) as caught:
+        Trainer(spec)
+    message = str(caught.value)
+    assert "model.import 'my_project.nets:build': importing module 'my_project.nets' failed" in message
+    assert "ModuleNotFoundError: No module named 'not_installed_anywhere'" in message
+    assert "my_project/nets.py\", line 1" in message and "import not_installed_anywhere" in message
+
+
+def test_a_builder_that_does_not_return_a_module_is_refused(tmp_path, fresh_imports):
+    root = tmp_path / "src" / "my_project"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("def build(num_classes, in_channels, width):\n    return 'a string'\n")
+    package = pack_directory(root)
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = RunSpec.model_validate(user_spec("not-a-module", package.digest))
+    with pytest.raises(UserCodeError, match="returned a str, not a torch.nn.Module"):
+        Trainer(spec)
+    assert user_code.code_cache_dir() == tmp_path / "cache"
