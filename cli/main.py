@@ -154,6 +154,8 @@ def train(
         "--checkpoint-dir", help="where checkpoints go, as DIR/runs/{name}/checkpoints; a re-run of the same spec "
         "resumes from the newest one (default: $TESSERA_HOME/local, i.e. .tessera/local); s3:// works too")] = None,
     no_checkpoints: Annotated[bool, typer.Option("--no-checkpoints", help="neither save nor resume")] = False,
+    code: Annotated[Optional[str], typer.Option(
+        "--code", help="a folder with the code model.import names, imported from where it lies")] = None,
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
@@ -161,6 +163,9 @@ def train(
         spec = load_spec(file)
     except SpecFileError as exc:
         _fail(str(exc))
+    if code is not None:
+        spec = spec.model_copy(update={"code": None})  # imported from the folder, not fetched from a service
+        _put_code_on_path(code)
     from workers.checkpoint import IncompatibleCheckpoint
     from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
 
@@ -177,6 +182,20 @@ def train(
     except IncompatibleCheckpoint as exc:
         _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
     console.print_json(json.dumps(result, default=float))
+
+
+def _put_code_on_path(folder: str) -> None:
+    """Make ``folder`` importable here and in local Ray workers: a package folder (with
+    ``__init__.py``) by its parent, any other folder as a root of packages."""
+    import os
+    from pathlib import Path
+
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        _fail(f"--code {folder}: not a folder")
+    root = str(path.parent if (path / "__init__.py").is_file() else path)
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
 
 
 def _metric(summary: dict[str, float], key: str) -> str:

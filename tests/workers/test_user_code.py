@@ -85,3 +85,20 @@ def test_a_builder_that_does_not_return_a_module_is_refused(tmp_path, fresh_impo
     with pytest.raises(UserCodeError, match="returned a str, not a torch.nn.Module"):
         Trainer(spec)
     assert user_code.code_cache_dir() == tmp_path / "cache"
+
+
+def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    example = REPO_ROOT / "examples" / "byo"
+    package = pack_directory(example / "my_project")
+    assert package.files == ["my_project/.gitignore", "my_project/__init__.py", "my_project/nets.py"]
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    body = yaml.safe_load((example / "spec.yaml").read_text())
+    spec = RunSpec.model_validate({**body, "code": {"digest": package.digest},
+                                   "parallelism": {"strategy": "none", "num_workers": 1}, "max_duration": "1ba"})
+    trainer = Trainer(spec)
+    assert type(trainer.state.model).__name__ == "SmallConvNet" and trainer.surgery_notes == []
+    assert trainer.state.loss_fn.__func__.__qualname__ == "SmallConvNet.loss"
