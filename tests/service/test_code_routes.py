@@ -150,3 +150,31 @@ def test_a_torchvision_arch_is_accepted_and_listed_in_the_catalog(code_client, e
     assert code_client.post(f"{API}/runs", json=example_body).status_code == 201
     [entry] = [e for e in code_client.get(f"{API}/models").json()["data"] if e["name"] == "torchvision"]
     assert "resnet50" in entry["params_schema"]["properties"]["arch"]["enum"]
+
+
+def test_the_sdk_uploads_a_folder_once_and_records_its_digest(code_client, example_body, tmp_path, monkeypatch):
+    from api.client import Client
+
+    root = tmp_path / "my_project"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("def build(num_classes, in_channels):\n    raise NotImplementedError\n")
+    sdk = Client("http://testserver")
+    sdk._http = code_client  # the TestClient is an httpx.Client on the app
+    calls = []
+    original = code_client.request
+    monkeypatch.setattr(code_client, "request",
+                        lambda method, url, *a, **kw: calls.append((method, str(url).split("?")[0]))
+                        or original(method, url, *a, **kw))
+    body = {**example_body, "model": {"import": "my_project.nets:build"}, "algorithms": []}
+    first = sdk.create_run(body, code=root)
+    second = sdk.create_run(body, code=str(root))
+    digest = pack_directory(root).digest
+    assert first.spec["code"] == second.spec["code"] == {"digest": digest}
+    code_calls = [call for call in calls if "/code" in call[1]]
+    assert code_calls == [("HEAD", f"{API}/code/{digest}"), ("POST", f"{API}/code"),  # uploaded once
+                          ("HEAD", f"{API}/code/{digest}")]                            # then only checked
+    assert sdk.has_code(digest) and sdk.get_code(digest).top_level == ["my_project"]
+    assert sdk.get_code("f" * 64) is None
+    stored = list((tmp_path / "storage" / "code").iterdir())
+    assert [p.name for p in stored] == [f"{digest}.zip"]

@@ -102,3 +102,20 @@ def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
     trainer = Trainer(spec)
     assert type(trainer.state.model).__name__ == "SmallConvNet" and trainer.surgery_notes == []
     assert trainer.state.loss_fn.__func__.__qualname__ == "SmallConvNet.loss"
+
+
+def test_the_builder_gets_classes_and_channels_for_images_and_vocab_size_for_text(tmp_path, fresh_imports):
+    from api.model_specs import ImportedModelSpec
+    from workers.models import build_model
+
+    root = tmp_path / "src" / "my_project"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("import torch.nn as nn\n\n\ndef build(**kwargs):\n"
+                                  "    model = nn.Identity()\n    model.kwargs = kwargs\n    return model\n")
+    package = pack_directory(root)
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = ImportedModelSpec.model_validate({"import": "my_project.nets:build", "params": {"depth": 2}})
+    assert build_model(spec, num_classes=10, in_channels=1, domain="vision").kwargs == {
+        "num_classes": 10, "in_channels": 1, "depth": 2}
+    assert build_model(spec, num_classes=84, in_channels=128, domain="text").kwargs == {"vocab_size": 84, "depth": 2}
