@@ -125,14 +125,15 @@ class CodeRef(_Spec):
     digest: str = Field(..., pattern=SHA256_PATTERN, description="sha256 of the package zip, 64 lowercase hex digits")
 
 
-def route_model_spec(value: Any, handler: Any, validate_named: Any) -> Any:
-    """``model`` is a named model (discriminated on ``name``) or, with an ``import`` key and no
-    ``name``, an ``ImportedModelSpec``. Routing on the key keeps each form's errors its own."""
+def route_model_spec(value: Any, handler: Any) -> Any:
+    """``model`` is a named model (``handler``: the union discriminated on ``name``) or, with an
+    ``import`` key and no ``name``, an ``ImportedModelSpec``. Routing on the key keeps each
+    form's errors its own (a union would report every form's complaints about every input)."""
     if isinstance(value, ImportedModelSpec):
         return value
     if isinstance(value, dict) and "import" in value and "name" not in value:
         return ImportedModelSpec.model_validate(value)
-    return validate_named(value)
+    return handler(value)
 
 
 @dataclass(frozen=True)

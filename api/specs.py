@@ -9,8 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, TypeAdapter, WrapValidator, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator, field_validator, model_validator
 
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import ALGORITHMS, DATASETS, MODELS
@@ -74,12 +73,9 @@ class SimpleCNNSpec(Spec):
 
 ModelSpec = Annotated[Union[CifarResNet20Spec, GPTSmallSpec, ResNet18Spec, SimpleCNNSpec, TorchvisionModelSpec],
                       Field(discriminator="name")]
-_named_models = TypeAdapter(ModelSpec)
 # A named model, or your own code (`{import: "pkg.mod:fn"}`, see api.model_specs); serialized as
 # whichever it is.
-AnyModelSpec = Annotated[SerializeAsAny[ModelSpec],
-                         WrapValidator(lambda value, handler: route_model_spec(value, handler,
-                                                                               _named_models.validate_python))]
+AnyModelSpec = Annotated[SerializeAsAny[ModelSpec], WrapValidator(route_model_spec)]
 
 
 def model_traits(model: Any) -> ModelTraits:

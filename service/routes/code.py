@@ -60,13 +60,15 @@ async def upload_code(request: Request, store: CodeStoreDep,
     return JSONResponse(status_code=201 if created else 200, content=view.model_dump(mode="json"))
 
 
-@router.api_route("/{digest}", methods=["GET", "HEAD"], response_model=CodeView, operation_id="get_code",
-                  responses={404: {"model": ErrorBody}})
-def get_code(digest: Digest, request: Request, store: CodeStoreDep) -> Response:
-    """The stored package's digest, size and top-level packages; 404 if there is none. HEAD
-    answers 200 or 404 without reading the package (how clients skip a re-upload)."""
-    if request.method == "HEAD":
-        return Response(status_code=200 if store.exists(digest) else 404)
+@router.head("/{digest}", operation_id="check_code", responses={404: {"description": "no such package"}})
+def check_code(digest: Digest, store: CodeStoreDep) -> Response:
+    """200 if the service stores the package, else 404, without reading it: how clients skip a re-upload."""
+    return Response(status_code=200 if store.exists(digest) else 404)
+
+
+@router.get("/{digest}", response_model=CodeView, operation_id="get_code", responses={404: {"model": ErrorBody}})
+def get_code(digest: Digest, store: CodeStoreDep) -> Response:
+    """The stored package's digest, size, file count and top-level packages; 404 if there is none."""
     view = store.describe(digest)
     if view is None:
         return JSONResponse(status_code=404, content={"detail": f"no code package {digest}"})

@@ -19,15 +19,17 @@ How the code gets to the workers: the service stores the package at
 its sha256, unpacks it once per machine under ``$TESSERA_CODE_CACHE`` (default
 ``/tmp/tessera-code``) and puts it first on ``sys.path``.
 
-Why the worker fetches it rather than Ray's ``runtime_env`` (``py_modules`` with the zip's
-URI): Ray downloads runtime_env packages in each node's runtime-env agent, a process of the
-raylet, which does not see the per-job ``env_vars`` through which Tessera hands jobs their
-``AWS_ENDPOINT_URL`` and credentials (MinIO, moto), so an ``s3://`` package would need the
-cluster itself configured for the bucket; it would not check the digest; it strips a zip's
-single top-level folder (so ``my_project/`` would land at the root and ``import my_project``
-fail); and a failed download fails the job before any Tessera code runs, leaving only Ray's log
-as the error. Fetching here uses the same storage access as checkpoints, verifies the bytes, and
-turns every failure into the run's ``error``.
+Why the worker fetches it rather than Ray's ``runtime_env`` (``py_modules``): Ray 2.60 takes
+a local directory, ``.py`` or ``.whl`` there, but a zip only as a remote URI (``s3://``,
+``file://``, ``https://``), which each node's runtime-env agent downloads. Measured with Ray
+2.60 and moto: (1) the agent is a process of the raylet and does not see the job's
+``env_vars``, through which Tessera hands jobs ``AWS_ENDPOINT_URL`` and credentials, so with the
+endpoint given only there the download tried AWS's own endpoint and the task failed with
+``RuntimeEnvSetupError`` before any Tessera code ran (only Ray's log says why); (2) with the
+endpoint in the raylet's own environment the download worked, but Ray strips a zip's single
+top-level folder, so ``my_project/`` landed at the root and ``import my_project`` failed. Ray
+also does not check a digest. Fetching here uses the same storage access as checkpoints,
+verifies the bytes, keeps the package layout, and turns every failure into the run's ``error``.
 """
 
 from __future__ import annotations
