@@ -18,13 +18,13 @@ from tests.workers.byo_helpers import user_spec, write_user_package
 
 @pytest.fixture
 def fresh_imports(tmp_path, monkeypatch):
-    """A private code cache, and ``my_project`` forgotten before and after the test."""
+    """A private code cache, and the test packages forgotten before and after the test."""
     monkeypatch.setenv("TESSERA_CODE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
+    for name in [n for n in sys.modules if n.split(".")[0] in ("my_project", "my_lm")]:
         del sys.modules[name]
     yield
-    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
+    for name in [n for n in sys.modules if n.split(".")[0] in ("my_project", "my_lm")]:
         del sys.modules[name]
 
 
@@ -41,11 +41,11 @@ def test_a_shipped_model_trains_with_its_own_loss_and_surgery_that_finds_nothing
     assert "my_project/old.ckpt" not in package.files
     folder = install_code(package.digest, storage_url=store(tmp_path, package))
     assert (folder / "my_project" / "nets.py").is_file() and sys.path[0] == str(folder)
-    spec = RunSpec.model_validate(user_spec("byo", package.digest, algorithms=[{"name": "blurpool"},
-                                                                              {"name": "channels_last"}]))
+    spec = RunSpec.model_validate(user_spec("byo", package.digest, algorithms=[
+        {"name": "blurpool"}, {"name": "channels_last"}, {"name": "factorize"}]))
     trainer = Trainer(spec, sink=MemorySink())
     assert type(trainer.state.model).__name__ == "TinyMLP"
-    assert [note.split(" ")[0] for note in trainer.surgery_notes] == ["BlurPool", "ChannelsLast"]
+    assert [note.split(" ")[0] for note in trainer.surgery_notes] == ["BlurPool", "ChannelsLast", "Factorize"]
     trainer.fit()
     import my_project.nets
 
@@ -119,3 +119,22 @@ def test_the_builder_gets_classes_and_channels_for_images_and_vocab_size_for_tex
     assert build_model(spec, num_classes=10, in_channels=1, domain="vision").kwargs == {
         "num_classes": 10, "in_channels": 1, "depth": 2}
     assert build_model(spec, num_classes=84, in_channels=128, domain="text").kwargs == {"vocab_size": 84, "depth": 2}
+
+
+def test_alibi_on_a_user_language_model_without_our_attention_is_noted_not_refused(tmp_path, fresh_imports):
+    root = tmp_path / "src" / "my_lm"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "lm.py").write_text("import torch.nn as nn\n\n\ndef build(vocab_size, width=16):\n"
+                                "    return nn.Sequential(nn.Embedding(vocab_size, width), nn.Linear(width, vocab_size))\n")
+    package = pack_directory(root)
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = RunSpec.model_validate({
+        "name": "byo-text", "model": {"import": "my_lm.lm:build"}, "code": {"digest": package.digest},
+        "data": {"train": {"name": "shakespeare", "seq_len": 16, "limit": 32}, "batch_size": 8},
+        "optimizer": {"name": "adamw", "lr": 0.01}, "max_duration": "1ba",
+        "algorithms": [{"name": "alibi", "max_sequence_length": 32}]})
+    trainer = Trainer(spec)
+    [note] = trainer.surgery_notes
+    assert note.startswith("ALiBi found no module with a registered policy in Sequential")
+    assert trainer.fit()["train/loss"] > 0
