@@ -126,7 +126,8 @@ def test_alibi_on_a_user_language_model_without_our_attention_is_noted_not_refus
     root.mkdir(parents=True)
     (root / "__init__.py").write_text("")
     (root / "lm.py").write_text("import torch.nn as nn\n\n\ndef build(vocab_size, width=16):\n"
-                                "    return nn.Sequential(nn.Embedding(vocab_size, width), nn.Linear(width, vocab_size))\n")
+                                "    return nn.Sequential(nn.Embedding(vocab_size, width),\n"
+                                "                         nn.Linear(width, vocab_size))\n")
     package = pack_directory(root)
     install_code(package.digest, storage_url=store(tmp_path, package))
     spec = RunSpec.model_validate({
