@@ -55,6 +55,9 @@ MODELS: dict[str, ModelInfo] = {
                   "small GPT (our attention, learned position embeddings), causal LM; ~0.8M params at defaults"),
         ModelInfo("resnet18", "vision", "cnn", "torchvision ResNet-18 (random init), stem adapted to small images"),
         ModelInfo("simple_cnn", "vision", "cnn", "two conv layers + MLP head; fast enough for unit tests"),
+        ModelInfo("torchvision", "vision", "cnn",
+                  "any torchvision classification architecture by `arch` (random init; ResNets get a small-image "
+                  "stem under 64px); or bring your own code with {import: 'pkg.module:callable'}"),
     )
 }
 

@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 
+from api.code_package import CodePackage, CodeView, inspect_package, pack_directory
 from api.errors import ApiError
 from api.specs import RunSpec
 from api.views import (
@@ -64,9 +66,41 @@ class Client:
         return response.json() if response.content else None
 
     # --- runs ----------------------------------------------------------------------------
-    def create_run(self, spec: RunSpec | dict[str, Any]) -> RunView:
-        body = spec.model_dump(mode="json") if isinstance(spec, RunSpec) else spec
+    def create_run(self, spec: RunSpec | dict[str, Any], *, code: str | Path | CodePackage | None = None) -> RunView:
+        """Queue a run. ``code``: a folder (or a ``CodePackage``) with the code that
+        ``model.import`` names; it is packed, uploaded unless the service has it, and recorded
+        as the spec's ``code.digest``."""
+        body = spec.model_dump(mode="json") if isinstance(spec, RunSpec) else dict(spec)
+        if code is not None:
+            body["code"] = {"digest": self.upload_code(code).digest}
         return RunView.model_validate(self._request("POST", f"{API}/runs", json=body))
+
+    # --- code packages -------------------------------------------------------------------
+    def upload_code(self, code: str | Path | CodePackage) -> CodeView:
+        """Pack ``code`` (a folder; see ``api.code_package``) and upload it, unless the service
+        already stores a package with its digest (then nothing is sent)."""
+        package = code if isinstance(code, CodePackage) else pack_directory(code)
+        if self.has_code(package.digest):
+            return inspect_package(package.data)
+        return CodeView.model_validate(self._request(
+            "POST", f"{API}/code", params={"digest": package.digest}, content=package.data,
+            headers={"Content-Type": "application/zip"}))
+
+    def has_code(self, digest: str) -> bool:
+        """Whether the service stores a package with this digest (a HEAD request: no body)."""
+        response = self._http.head(f"{API}/code/{digest}")
+        if response.status_code not in (200, 404):
+            raise ApiError(response.status_code, response.reason_phrase)
+        return response.status_code == 200
+
+    def get_code(self, digest: str) -> CodeView | None:
+        """The stored package with this digest, or None."""
+        try:
+            return CodeView.model_validate(self._request("GET", f"{API}/code/{digest}"))
+        except ApiError as exc:
+            if exc.status_code == 404:
+                return None
+            raise
 
     def get_run(self, run_id: str) -> RunView:
         return RunView.model_validate(self._request("GET", f"{API}/runs/{run_id}"))

@@ -9,10 +9,12 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator, field_validator, model_validator
 
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import ALGORITHMS, DATASETS, MODELS
+from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
+                             route_model_spec, torchvision_traits)
 from api.time import DurationTime, IntervalTime, OffsetTime, Time, TimeUnit
 
 
@@ -69,8 +71,21 @@ class SimpleCNNSpec(Spec):
     params: SimpleCNNParams = Field(default_factory=SimpleCNNParams)
 
 
-ModelSpec = Annotated[Union[CifarResNet20Spec, GPTSmallSpec, ResNet18Spec, SimpleCNNSpec],
+ModelSpec = Annotated[Union[CifarResNet20Spec, GPTSmallSpec, ResNet18Spec, SimpleCNNSpec, TorchvisionModelSpec],
                       Field(discriminator="name")]
+# A named model, or your own code (`{import: "pkg.mod:fn"}`, see api.model_specs); serialized as
+# whichever it is.
+AnyModelSpec = Annotated[SerializeAsAny[ModelSpec], WrapValidator(route_model_spec)]
+
+
+def model_traits(model: Any) -> ModelTraits:
+    """Domain and architecture of any model spec, for the cross-field rules."""
+    if isinstance(model, ImportedModelSpec):
+        return imported_traits(model)
+    if isinstance(model, TorchvisionModelSpec):
+        return torchvision_traits(model.arch)
+    info = MODELS[model.name]
+    return ModelTraits(model.name, info.domain, info.architecture)
 
 
 # --- data -------------------------------------------------------------------------------
@@ -212,7 +227,8 @@ class RunSpec(Spec):
     """A training run. See README 'RunSpec reference' for every field."""
 
     name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-    model: ModelSpec
+    model: AnyModelSpec = Field(..., description="a named model (GET /api/v1/models), or your own code: "
+                                                 "{import: 'package.module:callable', params: {...}}")
     data: DataSpec
     optimizer: OptimizerSpec
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
@@ -228,6 +244,8 @@ class RunSpec(Spec):
     seed: int = Field(42, ge=0, le=2**31 - 1)
     deterministic: bool = False
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=32)
+    code: CodeRef | None = Field(None, description="the code package (POST /api/v1/code) the workers import "
+                                                   "model.import from; `tessera submit --code DIR` sets it")
 
     @field_validator("microbatch_size")
     @classmethod
@@ -258,9 +276,9 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     """Rules that span several fields: each returned string names the fields and the rule."""
     problems: list[str] = []
     data_info = DATASETS[spec.data.train.name]
-    model_info = MODELS[spec.model.name]
-    if data_info.domain != model_info.domain:
-        problems.append(f"model {spec.model.name!r} is a {model_info.domain} model but data set "
+    model_info = model_traits(spec.model)
+    if model_info.domain is not None and data_info.domain != model_info.domain:
+        problems.append(f"model {model_info.label!r} is a {model_info.domain} model but data set "
                         f"{spec.data.train.name!r} is {data_info.domain} data")
     reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once
     for algorithm in spec.algorithms:
@@ -268,9 +286,10 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         if info.domain not in ("any", data_info.domain):
             problems.append(f"algorithm {algorithm.name!r} is for {info.domain} data but data set "
                             f"{spec.data.train.name!r} is {data_info.domain}")
-        if "transformer" in info.needs and model_info.architecture != "transformer":
+        # Your own model's architecture is unknown here: the surgery reports on the run if it finds nothing.
+        if "transformer" in info.needs and model_info.architecture not in (None, "transformer"):
             problems.append(f"algorithm {algorithm.name!r} needs a transformer model but model "
-                            f"{spec.model.name!r} is a {model_info.architecture}")
+                            f"{model_info.label!r} is a {model_info.architecture}")
         for other in spec.algorithms:
             if other.name in info.conflicts and frozenset((algorithm.name, other.name)) not in reported_pairs:
                 reported_pairs.add(frozenset((algorithm.name, other.name)))

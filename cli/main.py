@@ -63,6 +63,9 @@ def serve(
 def submit(
     file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
+    code: Annotated[Optional[str], typer.Option(
+        "--code", help="a folder with the code model.import names: packed (respecting its .gitignore), "
+        "uploaded once, recorded as the spec's code.digest")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED)."""
@@ -71,6 +74,8 @@ def submit(
     except SpecFileError as exc:
         _fail(str(exc))
     client = _client(url)
+    if code is not None:
+        body["code"] = {"digest": _upload_code(client, code)}
     run = _call(client.create_run, body)
     console.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
@@ -81,6 +86,23 @@ def submit(
     _print_summary(final)
     if final.status.value != "COMPLETED":
         raise typer.Exit(1)
+
+
+def _upload_code(client: Client, folder: str) -> str:
+    """Pack and upload ``folder`` (unless the service has it); returns its digest."""
+    from api.code_package import CodePackageError, pack_directory
+
+    try:
+        package = pack_directory(folder)
+    except CodePackageError as exc:
+        _fail(str(exc))
+    stored = _call(client.has_code, package.digest)
+    if not stored:
+        _call(client.upload_code, package)
+    what = "already on the service" if stored else "uploaded"
+    console.print(f"code package {package.digest[:12]} ({len(package.files)} files, {len(package.data) / 1024:.1f} "
+                  f"KiB) {what}", highlight=False)
+    return package.digest
 
 
 @app.command()
@@ -132,6 +154,8 @@ def train(
         "--checkpoint-dir", help="where checkpoints go, as DIR/runs/{name}/checkpoints; a re-run of the same spec "
         "resumes from the newest one (default: $TESSERA_HOME/local, i.e. .tessera/local); s3:// works too")] = None,
     no_checkpoints: Annotated[bool, typer.Option("--no-checkpoints", help="neither save nor resume")] = False,
+    code: Annotated[Optional[str], typer.Option(
+        "--code", help="a folder with the code model.import names, imported from where it lies")] = None,
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
@@ -139,6 +163,9 @@ def train(
         spec = load_spec(file)
     except SpecFileError as exc:
         _fail(str(exc))
+    if code is not None:
+        spec = spec.model_copy(update={"code": None})  # imported from the folder, not fetched from a service
+        _put_code_on_path(code)
     from workers.checkpoint import IncompatibleCheckpoint
     from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
 
@@ -155,6 +182,20 @@ def train(
     except IncompatibleCheckpoint as exc:
         _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
     console.print_json(json.dumps(result, default=float))
+
+
+def _put_code_on_path(folder: str) -> None:
+    """Make ``folder`` importable here and in local Ray workers: a package folder (with
+    ``__init__.py``) by its parent, any other folder as a root of packages."""
+    import os
+    from pathlib import Path
+
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        _fail(f"--code {folder}: not a folder")
+    root = str(path.parent if (path / "__init__.py").is_file() else path)
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
 
 
 def _metric(summary: dict[str, float], key: str) -> str:

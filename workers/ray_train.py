@@ -20,8 +20,10 @@ from api.views import RunStatus
 from workers.checkpoint import storage_for
 from workers.errors import TrainingError, describe
 from workers.fault_injection import install_fault_injection
+from workers.models.user_code import install_code
 from workers.paths import attempt_marker_url, checkpoints_url, default_ray_storage_path, run_url
 from workers.reporter import ConsoleReporter, MetricSink, NullSink, ServiceReporter
+from workers.surgery_notes import with_notes
 from workers.trainer import Trainer, process_settings
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,8 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
                            # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) reach the workers this way
                            # whether the driver is a Ray job or a test process.
                            "test_env": {k: v for k, v in os.environ.items() if k.startswith("TESSERA_TEST_")},
-                           "service_url": service_url, "token": token, "tune": tune},
+                           "service_url": service_url, "token": token, "tune": tune,
+                           "storage_url": storage_url},  # where workers fetch the run's code package
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
         run_config=_run_config(spec, run_id, storage_path, tune=tune),
@@ -101,11 +104,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     run = config.get("run_url")
     try:
         restarted = rank == 0 and run is not None and _is_restart(run, config.get("attempt", 1))
+        if spec.code is not None:  # before the model is built: it imports from the package
+            install_code(spec.code.digest, storage_url=config.get("storage_url"))
         with process_settings(spec):
             trainer = Trainer(spec, sink=sink, device=device, checkpoint_url=checkpoints_url(run) if run else None,
                               on_eval=_report_to_tune if config.get("tune") else None)
             install_fault_injection(trainer)  # only when a test asks for it (TESSERA_TEST_*)
-            message = f"training on {world_size} worker(s), {device.type}"
+            message = with_notes(f"training on {world_size} worker(s), {device.type}", trainer.surgery_notes)
             latest = trainer.checkpointer.latest_committed() if rank == 0 and trainer.checkpointer else None
             if latest is not None:
                 message += f"; resuming from {latest.url}"

@@ -34,12 +34,14 @@ from workers.loss import eval_metrics, eval_sums, soft_cross_entropy
 from workers.metric_buffer import MetricBuffer
 from workers.microbatch import Microbatches
 from workers.models import build_model
+from workers.models.user_code import loss_of
 from workers.optim import build_optimizer, build_scheduler
 from workers.parallel import (all_reduce_max, all_reduce_sum, average_buffers, average_gradients, device_for,
                               is_fsdp, no_sync, rank_and_world_size, unwrap, wrap_model)
 from workers.precision import autocast, grad_scaler
 from workers.reporter import MetricSink, NullSink
 from workers.state import State
+from workers.surgery_notes import collect_no_effect
 from workers.timekeeping import Time, to_batches
 
 log = logging.getLogger(__name__)
@@ -89,18 +91,20 @@ class Trainer:
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)
-        model = build_model(spec.model, num_classes=num_classes, in_channels=in_channels)
+        model = build_model(spec.model, num_classes=num_classes, in_channels=in_channels,
+                            image_size=getattr(self.train_loader, "image_size", None),
+                            domain=DATASETS[spec.data.train.name].domain)
         self.batches_per_epoch = len(self.train_loader)
         max_batches = self._batches(spec.max_duration)
         algorithms = build_algorithms(spec.algorithms)
         self.state = State(model=model, num_classes=num_classes, max_batches=max_batches,
-                           loss_fn=soft_cross_entropy, device=self.device, precision=spec.precision,
+                           loss_fn=loss_of(model, soft_cross_entropy), device=self.device, precision=spec.precision,
                            rank=self.rank, world_size=self.world_size, algorithms=algorithms)
         self.engine = Engine(algorithms, callbacks)
         self.train_loader.sample_transforms = self.state.sample_transforms  # one list: FIT_START installs
 
         # Surgery before wrapping: DDP/FSDP must see the final modules and parameters.
-        self.engine.run_event(Event.INIT, self.state)
+        self.surgery_notes = collect_no_effect(lambda: self.engine.run_event(Event.INIT, self.state))
         self.state.model = wrap_model(self.state.model, strategy=spec.parallelism.strategy, device=self.device)
         self._build_optimization()
         self.eval_every = self._interval(spec.eval_interval)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from api.specs import RunSpec
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
+from service.code_store import CodeStore, get_code_store
 from service.deps import RepoDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 
@@ -36,8 +37,13 @@ def conditional_json(request: Request, view: BaseModel) -> Response:
 
 
 @router.post("", status_code=201, response_model=RunView, operation_id="create_run")
-def create_run(spec: RunSpec, repo: RepoDep) -> RunView:
-    """Validate a run spec and queue it; the dispatcher submits it to Ray."""
+def create_run(spec: RunSpec, repo: RepoDep, code: Annotated[CodeStore, Depends(get_code_store)]) -> RunView:
+    """Validate a run spec and queue it; the dispatcher submits it to Ray. A ``code.digest`` the
+    service does not store is refused (422): upload the package first (``POST /api/v1/code``)."""
+    if spec.code is not None and not code.exists(spec.code.digest):
+        return validation_response([field_error(
+            "code.digest", ["body", "code", "digest"], "no code package with this digest on the service; upload it "
+            "first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest)])
     return repo.create_run(spec).to_view()
 
 

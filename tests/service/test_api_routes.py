@@ -209,7 +209,7 @@ def test_openapi_is_published_with_stable_operation_ids(client):
                              "report_status", "report_metrics", "list_algorithms", "get_algorithm_card", "list_models",
                              "list_datasets", "healthz", "resume_run", "list_run_checkpoints", "report_checkpoint",
                              "create_sweep", "list_sweeps", "get_sweep", "cancel_sweep", "report_sweep_status",
-                             "register_trial", "end_trial"}
+                             "register_trial", "end_trial", "upload_code", "check_code", "get_code"}
     assert client.get(f"{API}/docs").status_code == 200
     assert RunStatus.QUEUED.value in spec["components"]["schemas"]["RunStatus"]["enum"]
 
@@ -257,7 +257,7 @@ def test_unknown_nested_field_lists_the_fields_allowed_at_that_level(client, exa
     example_body["model"] = {}
     items = {i["field"]: i for i in client.post(f"{API}/runs", json=example_body).json()["detail"]}
     assert items["algorithms[2].beta"]["msg"].endswith("allowed fields here: name, alpha, uniform_sampling")
-    assert items["model.name"]["msg"] == "Field required: 'name' must be one of 'cifar_resnet20', 'gpt_small', 'resnet18', 'simple_cnn'"
+    assert items["model.name"]["msg"] == "Field required: 'name' must be one of 'cifar_resnet20', 'gpt_small', 'resnet18', 'simple_cnn', 'torchvision'"
 
 
 @pytest.mark.parametrize("status", ["FAILED", "COMPLETED", "RUNNING"])

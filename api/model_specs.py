@@ -1,0 +1,157 @@
+"""Bring-your-own-model specs: any torchvision classification architecture, or your own code.
+
+    model: {name: torchvision, arch: resnet50, params: {...}}        # random init, never downloads weights
+    model: {import: "my_project.nets:build", params: {width: 64}}   # your callable, shipped with --code
+    code: {digest: <sha256 of the package>}                          # set by `tessera submit --code DIR`
+
+The imported callable is called on the workers as ``build(num_classes=..., in_channels=...,
+**params)`` (text data: ``build(vocab_size=..., **params)``) and returns an ``nn.Module``; if that
+module has a ``loss(outputs, targets)`` method, it replaces the task's default loss. The control
+plane only checks the string's shape: it never imports user code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from api.torchvision_archs import TORCHVISION_ARCHS
+
+# Keyword arguments Tessera sets itself; a spec that sets them would be silently overridden.
+_RESERVED_PARAMS = {"num_classes", "in_channels", "vocab_size"}
+# Pretrained weights would be downloaded on every worker; runs start from random weights.
+_WEIGHT_PARAMS = {"weights", "weights_backbone", "pretrained", "progress"}
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+IMPORT_PATTERN = rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_params(params: dict[str, Any], *, forbidden: set[str], what: str) -> dict[str, Any]:
+    clashes = sorted(set(params) & forbidden)
+    if clashes:
+        raise ValueError(f"params may not set {', '.join(repr(c) for c in clashes)}: {what}")
+    return params
+
+
+class TorchvisionModelSpec(_Spec):
+    """A torchvision classification architecture by name, randomly initialised (``weights=None``)."""
+
+    name: Literal["torchvision"]
+    arch: str = Field(..., description="a torchvision classification model, e.g. resnet50, vit_b_16, convnext_tiny",
+                      json_schema_extra={"enum": list(TORCHVISION_ARCHS)})
+    small_input_stem: bool | None = Field(
+        None, description="ResNet family: 3x3 stride-1 stem without max-pool. Default: on for images under 64px")
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="keyword arguments of the torchvision builder, e.g. {dropout: 0.2}")
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, arch: str) -> str:
+        if arch in TORCHVISION_ARCHS:
+            return arch
+        close = difflib.get_close_matches(arch, TORCHVISION_ARCHS, n=5, cutoff=0.5)
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        raise ValueError(f"arch {arch!r} is not a torchvision classification model{hint} "
+                         f"(all {len(TORCHVISION_ARCHS)}: GET /api/v1/models)")
+
+    @field_validator("params")
+    @classmethod
+    def _no_reserved_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        return _check_params(params, forbidden=_RESERVED_PARAMS | _WEIGHT_PARAMS,
+                             what="Tessera sets the classes and channels from the data and always starts from "
+                                  "random weights")
+
+
+class ImportedModelSpec(_Spec):
+    """Your own model: ``import: "package.module:callable"``, shipped as a code package."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    import_path: str = Field(..., alias="import", max_length=512,
+                             description="'package.module:callable' returning an nn.Module")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the callable")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_known_fields(cls, data: Any) -> Any:
+        # Checked here so the message names this form's fields (the named models' are different).
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in ("import", "import_path", "params"))
+            if unknown:
+                raise ValueError(f"model: unknown field(s) {', '.join(repr(k) for k in unknown)} next to 'import'; "
+                                 "allowed fields here: import, params")
+        return data
+
+    @field_validator("import_path")
+    @classmethod
+    def _module_colon_callable(cls, path: str) -> str:
+        if not re.match(IMPORT_PATTERN, path):
+            raise ValueError(f"import {path!r} must be 'package.module:callable' (dotted Python names, one colon), "
+                             "e.g. 'my_project.nets:build'")
+        return path
+
+    @field_validator("params")
+    @classmethod
+    def _no_reserved_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        return _check_params(params, forbidden=_RESERVED_PARAMS,
+                             what="Tessera passes num_classes and in_channels (or vocab_size) from the data")
+
+    @property
+    def name(self) -> str:
+        """Not a field: lets code that labels models by ``spec.model.name`` treat every form alike."""
+        return "import"
+
+    @property
+    def module_name(self) -> str:
+        return self.import_path.partition(":")[0]
+
+    @property
+    def attribute(self) -> str:
+        return self.import_path.partition(":")[2]
+
+
+class CodeRef(_Spec):
+    """A code package the service stores (``POST /api/v1/code``), by the sha256 of its zip."""
+
+    digest: str = Field(..., pattern=SHA256_PATTERN, description="sha256 of the package zip, 64 lowercase hex digits")
+
+
+def route_model_spec(value: Any, handler: Any) -> Any:
+    """``model`` is a named model (``handler``: the union discriminated on ``name``) or, with an
+    ``import`` key and no ``name``, an ``ImportedModelSpec``. Routing on the key keeps each
+    form's errors its own (a union would report every form's complaints about every input)."""
+    if isinstance(value, ImportedModelSpec):
+        return value
+    if isinstance(value, dict) and "import" in value and "name" not in value:
+        return ImportedModelSpec.model_validate(value)
+    return handler(value)
+
+
+@dataclass(frozen=True)
+class ModelTraits:
+    """What the cross-field rules need to know about a model: its data domain and architecture
+    (``None``: unknown, as for your own code; rules that depend on it are left to the run)."""
+
+    label: str
+    domain: Literal["vision", "text"] | None
+    architecture: Literal["cnn", "transformer"] | None
+
+
+_TRANSFORMER_ARCHS = re.compile(r"^(vit|swin|maxvit)_")
+
+
+def torchvision_traits(arch: str) -> ModelTraits:
+    return ModelTraits(f"torchvision {arch}", "vision", "transformer" if _TRANSFORMER_ARCHS.match(arch) else "cnn")
+
+
+def imported_traits(spec: ImportedModelSpec) -> ModelTraits:
+    return ModelTraits(f"import {spec.import_path}", None, None)

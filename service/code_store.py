@@ -1,0 +1,65 @@
+"""Code packages in object storage: ``{TESSERA_STORAGE_URL}/code/{sha256}.zip``, written once.
+
+The name is the content's sha256, so a package is stored once however often it is uploaded,
+and a worker can check what it fetched. The service only stores bytes here: it never unpacks,
+imports or runs them (``api.code_package.inspect_package`` reads the zip's directory).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import Request
+from fsspec.core import url_to_fs
+
+from api.code_package import CodeView, inspect_package
+
+
+def code_url(storage_url: str, digest: str) -> str:
+    """Where the package with ``digest`` lives under ``storage_url`` (workers fetch it from here)."""
+    return f"{storage_url.rstrip('/')}/code/{digest}.zip"
+
+
+class CodeStore:
+    """Put, check and describe packages under one storage URL (``file://`` or ``s3://``)."""
+
+    def __init__(self, storage_url: str):
+        self.storage_url = storage_url.rstrip("/")
+        self.fs, self.root = url_to_fs(self.storage_url)
+
+    def _path(self, digest: str) -> str:
+        return url_to_fs(code_url(self.storage_url, digest))[1]
+
+    def exists(self, digest: str) -> bool:
+        path = self._path(digest)
+        self.fs.invalidate_cache(path)  # another service replica may have stored it since
+        return self.fs.exists(path)
+
+    def put(self, digest: str, data: bytes) -> bool:
+        """Store ``data`` (already checked) under ``digest``; False if it was there already."""
+        if self.exists(digest):
+            return False
+        path = self._path(digest)
+        if "file" in self.fs.protocol:
+            # A local file appears whole or not at all: readers never see half a zip.
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            partial = f"{path}.{secrets.token_hex(4)}.partial"
+            self.fs.pipe_file(partial, data)
+            self.fs.mv(partial, path)
+        else:  # an object store's PUT is atomic already
+            self.fs.pipe_file(path, data)
+        return True
+
+    def describe(self, digest: str) -> CodeView | None:
+        """The stored package's view, or None if there is none."""
+        if not self.exists(digest):
+            return None
+        return inspect_package(self.fs.cat_file(self._path(digest)))
+
+
+def get_code_store(request: Request) -> CodeStore:
+    """The app's ``CodeStore`` on its settings' storage URL (built on first use)."""
+    store = getattr(request.app.state, "code_store", None)
+    if store is None:
+        store = request.app.state.code_store = CodeStore(request.app.state.settings.storage_url)
+    return store

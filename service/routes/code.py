@@ -1,0 +1,75 @@
+"""Code packages: upload once (``POST /code?digest=``), then check by digest (``HEAD|GET /code/{digest}``).
+
+A run names its package in ``spec.code.digest``; ``POST /runs`` refuses a digest the service
+does not have. The body of ``POST`` is the zip itself (``application/zip``), as
+``api.code_package.pack_directory`` makes it; the service checks its sha256 and its directory
+(paths, links, sizes, a top-level package) and never imports or runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from api.code_package import MAX_PACKAGE_BYTES, CodePackageError, CodeView, inspect_package, sha256_hex
+from api.model_specs import SHA256_PATTERN
+from service.code_store import CodeStore, get_code_store
+from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+
+router = APIRouter(prefix="/api/v1/code", tags=["code"], responses=VALIDATION_RESPONSES)
+
+CodeStoreDep = Annotated[CodeStore, Depends(get_code_store)]
+Digest = Annotated[str, Path(pattern=SHA256_PATTERN, description="sha256 of the zip, 64 lowercase hex digits")]
+
+
+@router.post("", status_code=201, response_model=CodeView, operation_id="upload_code",
+             responses={200: {"model": CodeView, "description": "already stored (nothing written)"},
+                        413: {"model": ErrorBody}},
+             openapi_extra={"requestBody": {"required": True,
+                                            "content": {"application/zip": {"schema": {"type": "string",
+                                                                                       "format": "binary"}}}}})
+async def upload_code(request: Request, store: CodeStoreDep,
+                      digest: Annotated[str, Query(pattern=SHA256_PATTERN,
+                                                   description="the sha256 the client computed")]) -> Response:
+    """Store a code package (the zip as the body). 201 when stored, 200 when it already was;
+    422 if its sha256 differs from ``digest`` or it is not an acceptable package (the message
+    says why); 413 above the size cap."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_PACKAGE_BYTES:
+            return JSONResponse(status_code=413, content={
+                "detail": f"the code package is larger than {MAX_PACKAGE_BYTES} bytes; leave data and checkpoints "
+                          "out (.gitignore)"})
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    actual = sha256_hex(data)
+    if actual != digest:
+        return validation_response([field_error(
+            "digest", ["query", "digest"], f"the body's sha256 is {actual}: the upload was changed or cut short, "
+            "or the digest was computed over other bytes", digest)])
+    try:
+        view = inspect_package(data)
+    except CodePackageError as exc:
+        return validation_response([field_error("body", ["body"], f"not an acceptable code package: {exc}",
+                                                None)])
+    created = store.put(digest, data)
+    view.created = created
+    return JSONResponse(status_code=201 if created else 200, content=view.model_dump(mode="json"))
+
+
+@router.head("/{digest}", operation_id="check_code", responses={404: {"description": "no such package"}})
+def check_code(digest: Digest, store: CodeStoreDep) -> Response:
+    """200 if the service stores the package, else 404, without reading it: how clients skip a re-upload."""
+    return Response(status_code=200 if store.exists(digest) else 404)
+
+
+@router.get("/{digest}", response_model=CodeView, operation_id="get_code", responses={404: {"model": ErrorBody}})
+def get_code(digest: Digest, store: CodeStoreDep) -> Response:
+    """The stored package's digest, size, file count and top-level packages; 404 if there is none."""
+    view = store.describe(digest)
+    if view is None:
+        return JSONResponse(status_code=404, content={"detail": f"no code package {digest}"})
+    return JSONResponse(content=view.model_dump(mode="json"))

@@ -1,0 +1,180 @@
+"""``POST /api/v1/code``, ``HEAD|GET /api/v1/code/{digest}`` and runs that name a package, on
+SQLite and PostgreSQL, with packages stored in a local storage folder."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import pytest
+
+from api.code_package import pack_directory, sha256_hex
+from service.settings import Settings
+
+API = "/api/v1"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def code_client(request, tmp_path, fake_jobs):
+    """An app over SQLite or the session's PostgreSQL whose storage folder is this test's own."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import text
+
+    from service.app import create_app
+
+    database = {}
+    if request.param == "postgresql":
+        engine = request.getfixturevalue("_postgres_engine")
+        with engine.begin() as conn:
+            conn.execute(text("TRUNCATE metrics, run_events, runs, sweeps RESTART IDENTITY CASCADE"))
+        database = {"database_url": request.getfixturevalue("postgres_url")}
+    settings = Settings(home=tmp_path / "home", public_url="http://tessera.test:8000",
+                        storage_url=f"file://{tmp_path}/storage", **database)
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False),
+                    raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.fixture
+def package(tmp_path):
+    root = tmp_path / "my_project"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("def build(num_classes, in_channels):\n    raise NotImplementedError\n")
+    return pack_directory(root)
+
+
+def upload(client, data: bytes, digest: str | None = None):
+    return client.post(f"{API}/code", params={"digest": digest or sha256_hex(data)}, content=data,
+                       headers={"Content-Type": "application/zip"})
+
+
+def test_a_package_is_stored_once_under_its_digest(code_client, package, tmp_path):
+    assert code_client.head(f"{API}/code/{package.digest}").status_code == 404
+    first = upload(code_client, package.data)
+    assert first.status_code == 201, first.text
+    assert first.json() == {"digest": package.digest, "size": len(package.data), "num_files": 2,
+                            "top_level": ["my_project"], "created": True}
+    stored = tmp_path / "storage" / "code" / f"{package.digest}.zip"
+    assert stored.read_bytes() == package.data
+    mtime = stored.stat().st_mtime_ns
+    again = upload(code_client, package.data)
+    assert again.status_code == 200 and again.json()["created"] is False
+    assert stored.stat().st_mtime_ns == mtime  # not written twice
+    assert code_client.head(f"{API}/code/{package.digest}").status_code == 200
+    assert code_client.get(f"{API}/code/{package.digest}").json()["top_level"] == ["my_project"]
+    assert list((tmp_path / "storage" / "code").iterdir()) == [stored]  # no partial files left
+
+
+def test_a_digest_that_does_not_match_the_body_is_refused(code_client, package, tmp_path):
+    response = upload(code_client, package.data, digest="0" * 64)
+    assert response.status_code == 422
+    [item] = response.json()["detail"]
+    assert item["field"] == "digest" and item["input"] == "0" * 64 and package.digest in item["msg"]
+    assert not (tmp_path / "storage" / "code").exists()
+    malformed = upload(code_client, package.data, digest="not-a-sha")
+    assert malformed.status_code == 422 and malformed.json()["detail"][0]["field"] == "digest"
+
+
+def zip_with(name: str) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("pkg/__init__.py", b"")
+        archive.writestr(name, b"print('hi')")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (b"this is not a zip", "not a zip archive"),
+    (zip_with("../../outside.py"), "'../../outside.py' leaves the package"),
+    (zip_with("/abs/path.py"), "'/abs/path.py' has an absolute"),
+])
+def test_bad_packages_get_a_422_that_names_the_problem(code_client, data, problem, tmp_path):
+    response = upload(code_client, data)
+    assert response.status_code == 422
+    [item] = response.json()["detail"]
+    assert item["field"] == "body" and problem in item["msg"] and "not an acceptable code package" in item["msg"]
+    assert not (tmp_path / "storage" / "code").exists()
+
+
+def test_an_oversized_package_gets_a_413(code_client, monkeypatch):
+    from service.routes import code as code_routes
+
+    monkeypatch.setattr(code_routes, "MAX_PACKAGE_BYTES", 100)
+    response = upload(code_client, b"x" * 101)
+    assert response.status_code == 413 and "larger than 100 bytes" in response.json()["detail"]
+
+
+def imported_run(example_body, digest: str) -> dict:
+    return {**example_body, "model": {"import": "my_project.nets:build", "params": {"width": 8}},
+            "algorithms": [], "code": {"digest": digest}}
+
+
+def test_a_run_may_name_only_a_stored_package(code_client, example_body, package):
+    refused = code_client.post(f"{API}/runs", json=imported_run(example_body, package.digest))
+    assert refused.status_code == 422
+    [item] = refused.json()["detail"]
+    assert item["field"] == "code.digest" and item["input"] == package.digest and "upload it first" in item["msg"]
+    assert code_client.get(f"{API}/runs").json()["data"] == []
+    upload(code_client, package.data)
+    run = code_client.post(f"{API}/runs", json=imported_run(example_body, package.digest))
+    assert run.status_code == 201, run.text
+    assert run.json()["spec"]["model"] == {"import": "my_project.nets:build", "params": {"width": 8}}
+    assert run.json()["spec"]["code"] == {"digest": package.digest}
+
+
+MODEL_ERRORS = {
+    "unknown_arch": ({"name": "torchvision", "arch": "resnet5"}, "model.arch", "resnet5",
+                     "close names: resnet50, resnet152"),
+    "weights": ({"name": "torchvision", "arch": "resnet50", "params": {"weights": "IMAGENET1K_V2"}}, "model.params",
+                {"weights": "IMAGENET1K_V2"}, "random weights"),
+    "bad_import": ({"import": "my-project/nets.py"}, "model.import", "my-project/nets.py",
+                   "'package.module:callable'"),
+    "reserved_param": ({"import": "my_project.nets:build", "params": {"num_classes": 3}}, "model.params",
+                       {"num_classes": 3}, "'num_classes'"),
+}
+
+
+@pytest.mark.parametrize("case", MODEL_ERRORS)
+def test_model_specs_are_checked_at_submit(code_client, example_body, case):
+    model, field, value, hint = MODEL_ERRORS[case]
+    example_body.update(model=model, algorithms=[])
+    response = code_client.post(f"{API}/runs", json=example_body)
+    assert response.status_code == 422
+    [item] = response.json()["detail"]
+    assert (item["field"], item["input"]) == (field, value) and hint in item["msg"]
+
+
+def test_a_torchvision_arch_is_accepted_and_listed_in_the_catalog(code_client, example_body):
+    example_body["model"] = {"name": "torchvision", "arch": "resnet50"}
+    assert code_client.post(f"{API}/runs", json=example_body).status_code == 201
+    [entry] = [e for e in code_client.get(f"{API}/models").json()["data"] if e["name"] == "torchvision"]
+    assert "resnet50" in entry["params_schema"]["properties"]["arch"]["enum"]
+
+
+def test_the_sdk_uploads_a_folder_once_and_records_its_digest(code_client, example_body, tmp_path, monkeypatch):
+    from api.client import Client
+
+    root = tmp_path / "my_project"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("def build(num_classes, in_channels):\n    raise NotImplementedError\n")
+    sdk = Client("http://testserver")
+    sdk._http = code_client  # the TestClient is an httpx.Client on the app
+    calls = []
+    original = code_client.request
+    monkeypatch.setattr(code_client, "request",
+                        lambda method, url, *a, **kw: calls.append((method, str(url).split("?")[0]))
+                        or original(method, url, *a, **kw))
+    body = {**example_body, "model": {"import": "my_project.nets:build"}, "algorithms": []}
+    first = sdk.create_run(body, code=root)
+    second = sdk.create_run(body, code=str(root))
+    digest = pack_directory(root).digest
+    assert first.spec["code"] == second.spec["code"] == {"digest": digest}
+    code_calls = [call for call in calls if "/code" in call[1]]
+    assert code_calls == [("HEAD", f"{API}/code/{digest}"), ("POST", f"{API}/code"),  # uploaded once
+                          ("HEAD", f"{API}/code/{digest}")]                            # then only checked
+    assert sdk.has_code(digest) and sdk.get_code(digest).top_level == ["my_project"]
+    assert sdk.get_code("f" * 64) is None
+    stored = list((tmp_path / "storage" / "code").iterdir())
+    assert [p.name for p in stored] == [f"{digest}.zip"]

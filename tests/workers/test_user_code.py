@@ -1,0 +1,141 @@
+"""Your own model in a worker: fetch and verify the package, import, build, its loss, and the
+run-visible notes of surgery that found nothing to change."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from api.code_package import pack_directory
+from api.specs import RunSpec
+from workers.models import user_code
+from workers.models.user_code import UserCodeError, install_code
+from workers.reporter import MemorySink
+from workers.trainer import Trainer
+from tests.workers.byo_helpers import user_spec, write_user_package
+
+
+@pytest.fixture
+def fresh_imports(tmp_path, monkeypatch):
+    """A private code cache, and the test packages forgotten before and after the test."""
+    monkeypatch.setenv("TESSERA_CODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in [n for n in sys.modules if n.split(".")[0] in ("my_project", "my_lm")]:
+        del sys.modules[name]
+    yield
+    for name in [n for n in sys.modules if n.split(".")[0] in ("my_project", "my_lm")]:
+        del sys.modules[name]
+
+
+def store(tmp_path, package) -> str:
+    """Put the package where the service would: ``{storage}/code/{digest}.zip``; returns the storage URL."""
+    code = tmp_path / "storage" / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / f"{package.digest}.zip").write_bytes(package.data)
+    return f"file://{tmp_path}/storage"
+
+
+def test_a_shipped_model_trains_with_its_own_loss_and_surgery_that_finds_nothing_is_noted(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    assert "my_project/old.ckpt" not in package.files
+    folder = install_code(package.digest, storage_url=store(tmp_path, package))
+    assert (folder / "my_project" / "nets.py").is_file() and sys.path[0] == str(folder)
+    spec = RunSpec.model_validate(user_spec("byo", package.digest, algorithms=[
+        {"name": "blurpool"}, {"name": "channels_last"}, {"name": "factorize"}]))
+    trainer = Trainer(spec, sink=MemorySink())
+    assert type(trainer.state.model).__name__ == "TinyMLP"
+    assert [note.split(" ")[0] for note in trainer.surgery_notes] == ["BlurPool", "ChannelsLast", "Factorize"]
+    trainer.fit()
+    import my_project.nets
+
+    assert my_project.nets.LOSS_CALLS[:4] == [(16, 4)] * 4  # the model's loss, not the default one
+
+
+def test_a_package_whose_bytes_differ_from_its_digest_is_refused(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    storage_url = store(tmp_path, package)
+    (tmp_path / "storage" / "code" / f"{package.digest}.zip").write_bytes(package.data + b"tampered")
+    with pytest.raises(UserCodeError, match="holds other bytes"):
+        install_code(package.digest, storage_url=storage_url)
+    with pytest.raises(UserCodeError, match=r"cannot fetch .*/code/0{64}\.zip: FileNotFoundError"):
+        install_code("0" * 64, storage_url=storage_url)
+
+
+def test_an_import_error_names_the_module_the_error_and_the_users_line(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src", broken=True))
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = RunSpec.model_validate(user_spec("broken", package.digest))
+    with pytest.raises(UserCodeError) as caught:
+        Trainer(spec)
+    message = str(caught.value)
+    assert "model.import 'my_project.nets:build': importing module 'my_project.nets' failed" in message
+    assert "ModuleNotFoundError: No module named 'not_installed_anywhere'" in message
+    assert "my_project/nets.py\", line 1" in message and "import not_installed_anywhere" in message
+
+
+def test_a_builder_that_does_not_return_a_module_is_refused(tmp_path, fresh_imports):
+    root = tmp_path / "src" / "my_project"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("def build(num_classes, in_channels, width):\n    return 'a string'\n")
+    package = pack_directory(root)
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = RunSpec.model_validate(user_spec("not-a-module", package.digest))
+    with pytest.raises(UserCodeError, match="returned a str, not a torch.nn.Module"):
+        Trainer(spec)
+    assert user_code.code_cache_dir() == tmp_path / "cache"
+
+
+def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    example = REPO_ROOT / "examples" / "byo"
+    package = pack_directory(example / "my_project")
+    assert package.files == ["my_project/.gitignore", "my_project/__init__.py", "my_project/nets.py"]
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    body = yaml.safe_load((example / "spec.yaml").read_text())
+    spec = RunSpec.model_validate({**body, "code": {"digest": package.digest},
+                                   "parallelism": {"strategy": "none", "num_workers": 1}, "max_duration": "1ba"})
+    trainer = Trainer(spec)
+    assert type(trainer.state.model).__name__ == "SmallConvNet" and trainer.surgery_notes == []
+    assert trainer.state.loss_fn.__func__.__qualname__ == "SmallConvNet.loss"
+
+
+def test_the_builder_gets_classes_and_channels_for_images_and_vocab_size_for_text(tmp_path, fresh_imports):
+    from api.model_specs import ImportedModelSpec
+    from workers.models import build_model
+
+    root = tmp_path / "src" / "my_project"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("import torch.nn as nn\n\n\ndef build(**kwargs):\n"
+                                  "    model = nn.Identity()\n    model.kwargs = kwargs\n    return model\n")
+    package = pack_directory(root)
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = ImportedModelSpec.model_validate({"import": "my_project.nets:build", "params": {"depth": 2}})
+    assert build_model(spec, num_classes=10, in_channels=1, domain="vision").kwargs == {
+        "num_classes": 10, "in_channels": 1, "depth": 2}
+    assert build_model(spec, num_classes=84, in_channels=128, domain="text").kwargs == {"vocab_size": 84, "depth": 2}
+
+
+def test_alibi_on_a_user_language_model_without_our_attention_is_noted_not_refused(tmp_path, fresh_imports):
+    root = tmp_path / "src" / "my_lm"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "lm.py").write_text("import torch.nn as nn\n\n\ndef build(vocab_size, width=16):\n"
+                                "    return nn.Sequential(nn.Embedding(vocab_size, width),\n"
+                                "                         nn.Linear(width, vocab_size))\n")
+    package = pack_directory(root)
+    install_code(package.digest, storage_url=store(tmp_path, package))
+    spec = RunSpec.model_validate({
+        "name": "byo-text", "model": {"import": "my_lm.lm:build"}, "code": {"digest": package.digest},
+        "data": {"train": {"name": "shakespeare", "seq_len": 16, "limit": 32}, "batch_size": 8},
+        "optimizer": {"name": "adamw", "lr": 0.01}, "max_duration": "1ba",
+        "algorithms": [{"name": "alibi", "max_sequence_length": 32}]})
+    trainer = Trainer(spec)
+    [note] = trainer.surgery_notes
+    assert note.startswith("ALiBi found no module with a registered policy in Sequential")
+    assert trainer.fit()["train/loss"] > 0

@@ -1,0 +1,168 @@
+"""Your own model: fetch the run's code package, import ``model.import``, build, and its loss.
+
+The contract (small, like Composer's ``ComposerModel``):
+
+- ``model: {import: "my_project.nets:build", params: {...}}`` names a callable that Tessera
+  calls on every worker as ``build(num_classes=C, in_channels=K, **params)`` for images
+  (``(N, K, H, W)`` float tensors) or ``build(vocab_size=V, **params)`` for text (``(N, T)``
+  token ids; the model returns ``(N, T, V)`` next-token logits). It returns an ``nn.Module``
+  whose ``forward(inputs)`` returns logits ``(N, C)``.
+- If the module has a ``loss(outputs, targets)`` method, the loop uses it instead of the
+  task's default (soft cross-entropy). ``targets`` are class indices, or per-class
+  probabilities ``(N, C)`` when CutMix, MixUp or label smoothing are on: accept both or leave
+  those methods out. Evaluation always reports cross-entropy and accuracy of the logits.
+- Everything else is ordinary PyTorch: surgery methods (BlurPool, ChannelsLast, Factorize,
+  ALiBi) change the modules they recognise and say on the run when they found none.
+
+How the code gets to the workers: the service stores the package at
+``{storage}/code/{sha256}.zip``; before building, each worker fetches it with fsspec, checks
+its sha256, unpacks it once per machine under ``$TESSERA_CODE_CACHE`` (default
+``/tmp/tessera-code``) and puts it first on ``sys.path``.
+
+Why the worker fetches it rather than Ray's ``runtime_env`` (``py_modules``): Ray 2.60 takes
+a local directory, ``.py`` or ``.whl`` there, but a zip only as a remote URI (``s3://``,
+``file://``, ``https://``), which each node's runtime-env agent downloads. Measured with Ray
+2.60 and moto: (1) the agent is a process of the raylet and does not see the job's
+``env_vars``, through which Tessera hands jobs ``AWS_ENDPOINT_URL`` and credentials, so with the
+endpoint given only there the download tried AWS's own endpoint and the task failed with
+``RuntimeEnvSetupError`` before any Tessera code ran (only Ray's log says why); (2) with the
+endpoint in the raylet's own environment the download worked, but Ray strips a zip's single
+top-level folder, so ``my_project/`` landed at the root and ``import my_project`` failed. Ray
+also does not check a digest. Fetching here uses the same storage access as checkpoints,
+verifies the bytes, keeps the package layout, and turns every failure into the run's ``error``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.nn as nn
+from fsspec.core import url_to_fs
+
+from api.code_package import CodePackageError, safe_extract, sha256_hex
+from api.model_specs import ImportedModelSpec
+from workers.paths import code_package_url
+
+TRACEBACK_LINES = 20
+
+
+class UserCodeError(RuntimeError):
+    """The run's code could not be fetched, imported or called; the message says which and
+    ends with the traceback's tail. One string, so it pickles across Ray."""
+
+
+def code_cache_dir() -> Path:
+    return Path(os.environ.get("TESSERA_CODE_CACHE") or Path(tempfile.gettempdir()) / "tessera-code")
+
+
+def install_code(digest: str, *, storage_url: str | None) -> Path:
+    """Make the package ``digest`` importable in this process; returns its folder."""
+    target = code_cache_dir() / digest
+    if not target.is_dir():
+        if not storage_url:
+            raise UserCodeError(f"code.digest {digest}: the run has a code package but no storage URL to fetch it "
+                                "from (TESSERA_STORAGE_URL)")
+        url = code_package_url(storage_url, digest)
+        try:
+            fs, path = url_to_fs(url)
+            data = fs.cat_file(path)
+        except Exception as exc:  # FileNotFoundError, a storage outage, missing credentials, ...
+            raise UserCodeError(f"code.digest {digest}: cannot fetch {url}: {type(exc).__name__}: {exc}") from None
+        if sha256_hex(data) != digest:
+            raise UserCodeError(f"code.digest {digest}: {url} holds other bytes (sha256 {sha256_hex(data)}); "
+                                "upload the package again")
+        _unpack(data, target)
+    _put_first_on_path(target)
+    return target
+
+
+def _unpack(data: bytes, target: Path) -> None:
+    """Unpack into a private folder, then rename: workers on one machine may race here."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}-", dir=target.parent))
+    try:
+        safe_extract(data, staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not target.is_dir():  # someone else's rename won the race: theirs is the same bytes
+                raise
+    except CodePackageError as exc:
+        raise UserCodeError(f"code package {target.name}: {exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _put_first_on_path(folder: Path) -> None:
+    entry = str(folder)
+    if sys.path[:1] != [entry]:
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    # A package of the same name imported from elsewhere (another run in this process) must
+    # not shadow this one.
+    for name in [n for n in sys.modules if n.split(".")[0] in _top_level_names(folder)]:
+        module_file = getattr(sys.modules[name], "__file__", None) or ""
+        if not module_file.startswith(entry + os.sep):
+            del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+def _top_level_names(folder: Path) -> set[str]:
+    return {p.stem if p.suffix == ".py" else p.name for p in folder.iterdir()
+            if p.suffix == ".py" or (p / "__init__.py").is_file()}
+
+
+def load_callable(spec: ImportedModelSpec) -> Callable[..., Any]:
+    """The callable ``spec.import_path`` names; ``UserCodeError`` with the traceback's tail otherwise."""
+    try:
+        module = importlib.import_module(spec.module_name)
+    except Exception as exc:
+        raise UserCodeError(f"model.import {spec.import_path!r}: importing module {spec.module_name!r} failed: "
+                            f"{_error_with_tail(exc)}") from None
+    target = getattr(module, spec.attribute, None)
+    if not callable(target):
+        found = "is not callable" if target is not None else "does not exist"
+        raise UserCodeError(f"model.import {spec.import_path!r}: {spec.attribute!r} {found} in "
+                            f"{getattr(module, '__file__', spec.module_name)}")
+    return target
+
+
+def build_user_model(spec: ImportedModelSpec, *, num_classes: int, in_channels: int, domain: str) -> nn.Module:
+    """Call the user's builder with the contract's arguments; check that it returned a module."""
+    build = load_callable(spec)
+    kwargs = {"vocab_size": num_classes} if domain == "text" else {"num_classes": num_classes,
+                                                                   "in_channels": in_channels}
+    try:
+        model = build(**kwargs, **spec.params)
+    except Exception as exc:
+        raise UserCodeError(f"model.import {spec.import_path!r}: calling it with "
+                            f"{', '.join(f'{k}={v!r}' for k, v in {**kwargs, **spec.params}.items())} failed: "
+                            f"{_error_with_tail(exc)}") from None
+    if not isinstance(model, nn.Module):
+        raise UserCodeError(f"model.import {spec.import_path!r} returned a {type(model).__name__}, not a "
+                            "torch.nn.Module")
+    return model
+
+
+def _error_with_tail(exc: BaseException) -> str:
+    """``Type: message`` and the last frames of its traceback (importlib's own frames left out)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen importlib")]
+    lines = "".join(traceback.format_list(frames)).rstrip().splitlines()[-TRACEBACK_LINES:]
+    tail = "\n".join(lines)
+    return f"{type(exc).__name__}: {exc}\nTraceback (last frames):\n{tail}" if tail else f"{type(exc).__name__}: {exc}"
+
+
+def loss_of(model: nn.Module, default: Callable[..., Any]) -> Callable[..., Any]:
+    """The model's own ``loss(outputs, targets)`` if it defines one, else ``default``.
+
+    Taken from the unwrapped module before DDP/FSDP wrap it (wrappers hide its attributes)."""
+    loss = getattr(model, "loss", None)
+    return loss if callable(loss) else default
