@@ -27,7 +27,7 @@ from algorithms.registry import build_algorithms
 from api.catalog import DATASETS
 from api.specs import RunSpec
 from workers.checkpoint import Checkpointer, fingerprint, rng_state, set_rng_state
-from workers.data import TensorLoader, build_dataset, num_classes_of
+from workers.data import build_eval_loader, build_train_loader
 from workers.engine import Callback, Engine
 from workers.events import Event
 from workers.loss import eval_metrics, eval_sums, soft_cross_entropy
@@ -80,17 +80,17 @@ class Trainer:
         self.sink: MetricSink = sink if sink is not None and self.rank == 0 else NullSink()
         self.latest: dict[str, float] = {}
 
-        # Data: every rank loads the whole (small, in-memory) data set and takes its shard.
-        images, labels = build_dataset(spec.data.train)
-        self.train_loader = TensorLoader(images, labels, batch_size=spec.data.batch_size, rank=self.rank,
-                                         world_size=self.world_size, drop_last=spec.data.drop_last,
-                                         seed=spec.seed, device=self.device)
-        self.eval_loader = self._build_eval_loader()
+        # Data: built-in sets are loaded whole and sharded in memory; image folders and WebDataset
+        # shards are read by DataLoader worker processes (workers.data.factory).
+        self.train_loader = build_train_loader(spec, rank=self.rank, world_size=self.world_size,
+                                               device=self.device, seed=spec.seed)
+        self.eval_loader = build_eval_loader(spec, rank=self.rank, world_size=self.world_size, device=self.device)
+        in_channels = self.train_loader.in_channels
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)
-        num_classes = num_classes_of(spec.data.train)
-        model = build_model(spec.model, num_classes=num_classes, in_channels=images.shape[1])
+        num_classes = self.train_loader.num_classes
+        model = build_model(spec.model, num_classes=num_classes, in_channels=in_channels)
         batches_per_epoch = len(self.train_loader)
         max_batches = to_batches(spec.max_duration, batches_per_epoch=batches_per_epoch,
                                  samples_per_batch=spec.data.batch_size)
@@ -133,22 +133,11 @@ class Trainer:
             checkpoint_url, keep_last=spec.checkpoint.keep_last, async_save=spec.checkpoint.async_save,
             rank=self.rank, world_size=self.world_size, on_report=getattr(self.sink, "checkpoint", None),
             fingerprint=fingerprint(spec, surgery=[s for s, a in zip(spec.algorithms, algorithms) if a.changes_model],
-                                    num_classes=num_classes, in_channels=images.shape[1]))
+                                    num_classes=num_classes, in_channels=in_channels))
         self.checkpoint_every = None if spec.checkpoint.interval is None else max(1, to_batches(
             spec.checkpoint.interval, batches_per_epoch=batches_per_epoch, samples_per_batch=spec.data.batch_size,
             max_batches=max_batches))
         self._last_checkpoint_batch = -1
-
-    def _build_eval_loader(self) -> TensorLoader | None:
-        if self.spec.data.eval is None:
-            return None
-        images, labels = build_dataset(self.spec.data.eval)
-        global_batch = self.spec.data.eval_batch_size or self.spec.data.batch_size
-        per_rank = -(-global_batch // self.world_size)
-        # No padding and no shuffling: each example is evaluated exactly once across ranks.
-        return TensorLoader(images, labels, batch_size=per_rank * self.world_size, rank=self.rank,
-                            world_size=self.world_size, shuffle=False, drop_last=False, pad=False,
-                            device=self.device)
 
     # --- the loop -----------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
