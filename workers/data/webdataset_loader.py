@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.filters import _shuffle
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
-from workers.data.errors import DataError
+from workers.data.errors import DataError, batches_failing_fast
 from workers.data.transforms import SampleTransform, collate, decode
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ def read_shard(url: str, *, image_key: str, label_key: str) -> Iterator[tuple[st
                         "tar file (check data.*.urls)") from None
     count = 0
     try:
-        files = ({**f, "__url__": url} for f in tar_file_iterator(stream))
+        tail = _Tail(stream)
+        files = ({**f, "__url__": url} for f in _complete_tar(tar_file_iterator(tail), tail, url))
         for sample in group_by_keys(files):
             key = sample["__key__"]
             if image_key not in sample or label_key not in sample:
@@ -77,6 +78,30 @@ def read_shard(url: str, *, image_key: str, label_key: str) -> Iterator[tuple[st
                         f"{type(exn).__name__}: {exn}") from None
     finally:
         stream.close()
+
+
+class _Tail:
+    """A read-only stream that remembers how many bytes it gave out and the last block of them."""
+
+    def __init__(self, stream: Any):
+        self.stream, self.size, self.last = stream, 0, b""
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.size += len(data)
+        self.last = (self.last + data)[-512:]
+        return data
+
+
+def _complete_tar(files: Iterator[dict], tail: _Tail, url: str) -> Iterator[dict]:
+    """Pass ``files`` through; at the end, fail if the tar was cut short. Python's tarfile stops
+    silently at a truncated header, but a complete tar ends with zero blocks."""
+    yield from files
+    while tail.read(1 << 16):  # the end-of-archive padding tarfile did not need to read
+        pass
+    if tail.size % 512 or tail.last.strip(b"\0"):
+        raise DataError(f"shard {url!r} is truncated: it ends after {tail.size} bytes inside a tar entry; expected "
+                        "a complete tar file (ending with zero blocks)")
 
 
 def parse_label(data: bytes, *, num_classes: int, where: str) -> int:
@@ -214,7 +239,7 @@ class WebDatasetLoader:
         workers = len(plans) if self.spec.num_workers > 0 else 0
         loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.device.type == "cuda",
                             prefetch_factor=4 if workers else None)
-        for images, labels in loader:
+        for images, labels in batches_failing_fast(loader):
             self.batch_in_epoch += 1  # counted when handed out, as TensorLoader does
             if self.sample_transforms:
                 images = torch.stack([self._transform(image) for image in images])
