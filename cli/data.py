@@ -45,4 +45,4 @@ def pack(
     console.print(f"wrote {result.num_samples} samples in {result.num_shards} shards", highlight=False)
     console.print(f"urls: {result.urls}", highlight=False, soft_wrap=True)
     console.print(f"num_samples: {result.num_samples}", highlight=False)
-    console.print(f"data.train: {result.spec_snippet()}", highlight=False, soft_wrap=True)
+    console.print(f"spec entry (data.train or data.eval): {result.spec_snippet()}", highlight=False, soft_wrap=True)
