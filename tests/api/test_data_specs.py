@@ -55,3 +55,13 @@ def test_train_and_eval_must_be_the_same_kind_of_data():
     problems = errors_of(with_data(WDS, FOLDER))
     assert any("data.eval.name 'image_folder' differs from data.train.name 'webdataset'" in msg
                for _, msg, _ in problems), problems
+
+
+def test_the_bring_your_own_data_example_is_a_valid_spec():
+    from pathlib import Path
+
+    import yaml
+
+    body = yaml.safe_load((Path(__file__).parents[2] / "examples" / "fashion_mnist_webdataset.yaml").read_text())
+    spec = RunSpec.model_validate(body)
+    assert spec.data.train.name == spec.data.eval.name == "webdataset" and spec.data.train.channels == 1

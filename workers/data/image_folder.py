@@ -128,6 +128,7 @@ class ImageFolderLoader:
         self.device = torch.device(device)
         self.epoch, self.batch_in_epoch = 0, 0
         self.sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = []
+        self._length: int | None = None
         if len(self) == 0:
             raise DataError(f"image_folder root {spec.root!r} has {len(paths)} images: no full batch of "
                             f"{batch_size} for rank {rank} of {world_size}; lower data.batch_size or add images")
@@ -138,8 +139,10 @@ class ImageFolderLoader:
                            drop_last=self.drop_last, pad=self.train)
 
     def __len__(self) -> int:
-        shard = len(self._indices(0))
-        return shard // self.per_rank_batch if self.drop_last else math.ceil(shard / self.per_rank_batch)
+        if self._length is None:  # the same every epoch; `exhausted` asks after every batch
+            shard = len(self._indices(0))
+            self._length = shard // self.per_rank_batch if self.drop_last else math.ceil(shard / self.per_rank_batch)
+        return self._length
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.batch_in_epoch = epoch, 0
