@@ -71,3 +71,9 @@ def test_a_run_trains_on_an_image_folder(folder):
     metrics = train(spec)
     assert metrics["time/batch"] == 3 * (NUM // 20)
     assert metrics["eval/accuracy"] > 0.6  # three classes painted in distinct grays: learnable
+
+
+def test_reading_leaves_the_global_rng_alone(folder):
+    state = torch.get_rng_state()
+    list(ImageFolderLoader(spec_for(folder, transforms={"crop": 6, "hflip": True}), batch_size=10, seed=1))
+    assert torch.equal(torch.get_rng_state(), state)

@@ -73,7 +73,8 @@ def streamed_spec(urls: str, **overrides) -> RunSpec:
     body = {"name": "wds-resume", "model": {"name": "simple_cnn", "params": {"width": 8, "hidden": 16}},
             "data": {"train": data, "eval": {**data, "num_samples": 600}, "batch_size": 40},
             "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "max_duration": "20ba",
-            "checkpoint": {"interval": "4ba", "keep_last": 10}, "deterministic": True, "seed": 11, **overrides}
+            "checkpoint": {"interval": "4ba", "keep_last": 10}, "deterministic": True, "seed": 11,
+            "algorithms": [{"name": "cutmix"}], **overrides}  # CutMix draws from the global RNG
     return RunSpec.model_validate(body)
 
 

@@ -112,3 +112,21 @@ def test_indices_helper_reads_what_the_folder_wrote(tmp_path):
     folder = write_indexed_folder(tmp_path / "f", 300)
     image = decode_image(str(folder / "class_3" / "img_00299.png")).float().div(255).unsqueeze(0)
     assert indices_of(image) == [299]
+
+
+def test_reading_leaves_the_global_rng_alone(shards):
+    """The trainer checkpoints torch's global RNG for augmentations; a loader must not draw from it."""
+    state = torch.get_rng_state()
+    list(loaders(spec_for(shards), world_size=1)[0])
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_resuming_on_another_world_size_keeps_the_epoch_and_the_steps_left(shards):
+    two = loaders(spec_for(shards))
+    for loader in two:
+        loader.set_epoch(1)
+        served(loader, limit=4)
+    one = loaders(spec_for(shards), world_size=1)[0]
+    one.load_state_dict(two[0].state_dict())  # 4 global batches of 24 done, saved on 2 ranks
+    rest = served(one)
+    assert one.epoch == 1 and len(rest) == NUM - 4 * 24 and len(set(rest)) == len(rest)

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from workers.data.errors import DataError, batches_failing_fast
+from workers.data.errors import DataError
+from workers.data.loading import batches_failing_fast, private_generator
 from workers.data.transforms import SampleTransform, collate, decode
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
@@ -160,7 +161,8 @@ class ImageFolderLoader:
             return
         loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.num_workers,
                             collate_fn=_collate, pin_memory=self.device.type == "cuda",
-                            prefetch_factor=4 if self.num_workers else None)
+                            prefetch_factor=4 if self.num_workers else None,
+                            generator=private_generator(self.seed, self.epoch))
         for images, labels in batches_failing_fast(loader):
             self.batch_in_epoch += 1  # counted when handed out, as TensorLoader does
             if self.sample_transforms:

@@ -39,7 +39,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.filters import _shuffle
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
-from workers.data.errors import DataError, batches_failing_fast
+from workers.data.errors import DataError
+from workers.data.loading import batches_failing_fast, private_generator
 from workers.data.transforms import SampleTransform, collate, decode
 
 log = logging.getLogger(__name__)
@@ -238,7 +239,7 @@ class WebDatasetLoader:
                                first_plan=self.batch_in_epoch % len(plans))
         workers = len(plans) if self.spec.num_workers > 0 else 0
         loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.device.type == "cuda",
-                            prefetch_factor=4 if workers else None)
+                            prefetch_factor=4 if workers else None, generator=private_generator(self.seed, self.epoch))
         for images, labels in batches_failing_fast(loader):
             self.batch_in_epoch += 1  # counted when handed out, as TensorLoader does
             if self.sample_transforms:
