@@ -25,6 +25,7 @@ def test_a_worker_killed_mid_epoch_on_streamed_shards_resumes_bitwise(ray_client
         "name": "wds-ray", "model": {"name": "simple_cnn", "params": {"width": 8, "hidden": 16}},
         "data": {"train": data, "eval": {**data, "num_samples": 800}, "batch_size": 80},  # 10 batches an epoch
         "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "max_duration": "8ba", "deterministic": True,
+        "algorithms": [{"name": "cutmix"}],  # draws from the checkpointed global RNG
         "checkpoint": {"interval": "2ba", "keep_last": 2}, "max_restarts": 1,
         "parallelism": {"strategy": "ddp", "num_workers": 2}, "seed": 5})
     storage_url = s3_server.url("ray-wds-runs")
