@@ -77,3 +77,15 @@ def test_reading_leaves_the_global_rng_alone(folder):
     state = torch.get_rng_state()
     list(ImageFolderLoader(spec_for(folder, transforms={"crop": 6, "hflip": True}), batch_size=10, seed=1))
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_an_image_folder_on_s3_is_read_by_loader_workers(folder, s3_server):
+    import fsspec
+
+    root = s3_server.url("image-folder")
+    fs = fsspec.filesystem("s3")
+    for path in folder.rglob("*.png"):
+        fs.pipe(f"{root}/{path.parent.name}/{path.name}", path.read_bytes())
+    loader = ImageFolderLoader(spec_for(root, num_workers=2), batch_size=20, seed=5)
+    local = ImageFolderLoader(spec_for(folder, num_workers=0), batch_size=20, seed=5)
+    assert loader.classes == local.classes and served(loader) == served(local)
