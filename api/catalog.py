@@ -73,6 +73,12 @@ DATASETS: dict[str, DatasetInfo] = {
                     num_classes=10, channels=1, image_size=28, num_train=60000, num_test=10000),
         DatasetInfo("synthetic", "vision", "class-conditional Gaussian images, learnable, any shape",
                     num_classes=10, channels=3, image_size=32, num_train=1024, num_test=256),
+        # Brought by the user: classes, channels, sizes and counts come from the spec and the data (0 here).
+        DatasetInfo("image_folder", "vision", "your images in root/<class>/<file> folders, local or s3://, "
+                    "decoded by DataLoader workers", num_classes=0, channels=0, image_size=0, num_train=0, num_test=0),
+        DatasetInfo("webdataset", "vision", "your WebDataset tar shards (image + integer label per sample), "
+                    "streamed from local disk or s3://", num_classes=0, channels=0, image_size=0, num_train=0,
+                    num_test=0),
     )
 }
 

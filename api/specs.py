@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator
 
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import ALGORITHMS, DATASETS, MODELS
+from api.data_specs import ImageFolderSpec, WebDatasetSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
 from api.time import DurationTime, IntervalTime, OffsetTime, Time, TimeUnit
@@ -124,7 +125,8 @@ class ShakespeareSpec(Spec):
     limit: int | None = Field(None, ge=1, description="use only the first N sequences")
 
 
-DatasetSpec = Annotated[Union[DigitsSpec, FashionMNISTSpec, ShakespeareSpec, SyntheticSpec],
+DatasetSpec = Annotated[Union[DigitsSpec, FashionMNISTSpec, ShakespeareSpec, SyntheticSpec, ImageFolderSpec,
+                              WebDatasetSpec],
                         Field(discriminator="name")]
 
 

@@ -17,11 +17,13 @@ from rich.table import Table
 
 from api.client import Client
 from api.errors import ApiError, format_detail
+from cli.data import app as data_app
 from cli.specfile import SpecFileError, load_spec, load_spec_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tessera: fast PyTorch training runs as a service.")
 console = Console()
 err_console = Console(stderr=True)
+app.add_typer(data_app, name="data")
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
 DEFAULT_URL = "http://127.0.0.1:8000"

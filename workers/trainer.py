@@ -26,7 +26,7 @@ from api.specs import RunSpec
 from workers.checkpoint import Checkpointer, fingerprint
 from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stateful, TimestampState,
                                          TrainingCheckpoints, scaler_state)
-from workers.data.loaders import build_eval_loader, build_train_loader
+from workers.data import build_eval_loader, build_train_loader
 from workers.engine import Callback, Engine
 from workers.events import Event
 from workers.fault_injection import install_fault_injection
@@ -85,9 +85,12 @@ class Trainer:
         self.rank, self.world_size = rank_and_world_size()
         self.sink: MetricSink = sink if sink is not None and self.rank == 0 else NullSink()
         self.metrics = MetricBuffer(self.sink, rank=self.rank)
-        self.train_loader, num_classes, in_channels = build_train_loader(
-            spec, rank=self.rank, world_size=self.world_size, device=self.device)
+        # Data: built-in sets are loaded whole and sharded in memory; image folders and WebDataset
+        # shards are read by DataLoader worker processes (workers.data.factory).
+        self.train_loader = build_train_loader(spec, rank=self.rank, world_size=self.world_size,
+                                               device=self.device, seed=spec.seed)
         self.eval_loader = build_eval_loader(spec, rank=self.rank, world_size=self.world_size, device=self.device)
+        num_classes, in_channels = self.train_loader.num_classes, self.train_loader.in_channels
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)

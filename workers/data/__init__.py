@@ -13,6 +13,7 @@ import torch
 
 from api.catalog import DATASETS
 from workers.data.digits import load_digits
+from workers.data.factory import build_eval_loader, build_train_loader, streamed_only
 from workers.data.fashion_mnist import load_fashion_mnist
 from workers.data.loader import TensorLoader
 from workers.data.shakespeare import load_shakespeare
@@ -23,6 +24,9 @@ DATASET_BUILDERS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = 
     "fashion_mnist": load_fashion_mnist,
     "shakespeare": load_shakespeare,
     "synthetic": make_synthetic,
+    # Never loaded whole: read by DataLoader workers (workers.data.factory.build_train_loader).
+    "image_folder": streamed_only("image_folder"),
+    "webdataset": streamed_only("webdataset"),
 }
 
 
@@ -40,4 +44,5 @@ def num_classes_of(spec: Any) -> int:
     return getattr(spec, "num_classes", None) or DATASETS[spec.name].num_classes
 
 
-__all__ = ["DATASET_BUILDERS", "TensorLoader", "build_dataset", "num_classes_of"]
+__all__ = ["DATASET_BUILDERS", "TensorLoader", "build_dataset", "build_eval_loader", "build_train_loader",
+           "num_classes_of"]

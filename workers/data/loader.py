@@ -47,6 +47,16 @@ class TensorLoader:
             raise ValueError(f"{len(images)} examples make no full batch of {batch_size}; "
                              "lower data.batch_size or set data.drop_last: false")
 
+    @property
+    def in_channels(self) -> int:
+        """Image channels (for text: the sequence length, which models ignore)."""
+        return self.images.shape[1]
+
+    @property
+    def image_size(self) -> int | None:
+        """Image width in pixels (None for text), so models can pick small-image stems."""
+        return self.images.shape[-1] if self.images.dim() == 4 else None
+
     def __len__(self) -> int:
         """Batches per epoch (the same on every rank for training shards)."""
         shard = len(range(self.rank, self._ordered_length(), self.world_size))

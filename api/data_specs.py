@@ -1,0 +1,104 @@
+"""Specs for data a user brings: an image folder, or WebDataset tar shards (local or ``s3://``).
+
+Joined into ``api.specs.DatasetSpec``. Like every spec they forbid unknown fields, and each
+error names the field, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Where data may live: a local path, file://, or an S3 bucket (any fsspec store reachable the same way).
+_URL = re.compile(r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file://.+|/.+|\./.+|[^:]+)$")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_location(field: str, value: str) -> str:
+    if not _URL.match(value):
+        raise ValueError(f"{field} {value!r} is not a local path, file:// URL or s3://bucket/prefix URL")
+    return value
+
+
+class NormalizeSpec(_Spec):
+    mean: list[float] = Field(..., min_length=1, max_length=4, description="per channel, on images in [0, 1]")
+    std: list[float] = Field(..., min_length=1, max_length=4, description="per channel, each > 0")
+
+    @model_validator(mode="after")
+    def _same_length(self) -> "NormalizeSpec":
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"normalize.mean has {len(self.mean)} values but normalize.std has {len(self.std)}; "
+                             "give one of each per channel")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"normalize.std {self.std} must be > 0 in every channel")
+        return self
+
+
+class TransformsSpec(_Spec):
+    """Per-sample transforms, applied in the data loader's worker processes, in this order."""
+
+    resize: int | None = Field(None, ge=1, le=4096, description="resize so the shorter side has this many pixels")
+    crop: int | None = Field(None, ge=1, le=4096,
+                             description="square crop of this size: random when training, centred for evaluation")
+    hflip: bool = Field(False, description="random horizontal flip (training only)")
+    normalize: NormalizeSpec | None = Field(None, description="(x - mean) / std per channel; else x in [0, 1]")
+
+
+class _ImageDataSpec(_Spec):
+    channels: Literal[1, 3] = Field(3, description="decode as grayscale (1) or RGB (3)")
+    transforms: TransformsSpec = Field(default_factory=TransformsSpec)
+    num_workers: int = Field(2, ge=0, le=32, description="DataLoader worker processes per rank (0: in-process)")
+
+    @model_validator(mode="after")
+    def _normalize_matches_channels(self) -> "_ImageDataSpec":
+        norm = self.transforms.normalize
+        if norm is not None and len(norm.mean) not in (1, self.channels):
+            raise ValueError(f"transforms.normalize has {len(norm.mean)} values per statistic but channels is "
+                             f"{self.channels}; give 1 or {self.channels}")
+        return self
+
+
+class ImageFolderSpec(_ImageDataSpec):
+    """torchvision's ``root/<class>/<image>`` layout; classes are the sorted folder names."""
+
+    name: Literal["image_folder"]
+    root: str = Field(..., min_length=1, description="local folder or s3://bucket/prefix holding one folder per class")
+    num_classes: int | None = Field(None, ge=2, le=100_000,
+                                    description="defaults to the number of class folders under root")
+
+    @field_validator("root")
+    @classmethod
+    def _root_is_a_location(cls, value: str) -> str:
+        return _check_location("root", value)
+
+
+class WebDatasetSpec(_ImageDataSpec):
+    """WebDataset tar shards, streamed (never downloaded whole); ``tessera data pack`` writes them."""
+
+    name: Literal["webdataset"]
+    urls: str = Field(..., min_length=1, description="shard URLs as a brace pattern, e.g. "
+                      "s3://bucket/train-{000000..000019}.tar")
+    image_key: str = Field("png", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.\-]+$",
+                           description="extension of each sample's image file (png, jpg, ...)")
+    label_key: str = Field("cls", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.\-]+$",
+                           description="extension of each sample's label file (an integer as text)")
+    num_samples: int = Field(..., ge=1, le=10**10, description="samples in all shards; steps per epoch are "
+                             "num_samples // batch_size")
+    num_classes: int = Field(10, ge=2, le=100_000, description="labels must lie in [0, num_classes)")
+    shuffle_buffer: int = Field(1000, ge=0, le=1_000_000, description="samples held for shuffling (0: none)")
+
+    @field_validator("urls")
+    @classmethod
+    def _urls_are_shards(cls, value: str) -> str:
+        _check_location("urls", value)
+        if value.count("{") != value.count("}"):
+            raise ValueError(f"urls {value!r} has unbalanced braces; use a pattern like train-{{000000..000019}}.tar")
+        return value
+
+
+__all__ = ["ImageFolderSpec", "NormalizeSpec", "TransformsSpec", "WebDatasetSpec"]

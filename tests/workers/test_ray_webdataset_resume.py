@@ -1,0 +1,46 @@
+"""Ray Train, 2 DDP workers, each reading WebDataset shards from S3 (moto over HTTP) through 2
+DataLoader worker processes: a worker SIGKILLed mid-epoch restarts from the newest checkpoint
+and the run ends bitwise equal to the uninterrupted one — the streaming position is exact."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from api.specs import RunSpec
+from tests.workers.checkpoint_helpers import assert_bitwise_equal
+from tests.workers.test_ray_training import TOKEN, RecordingService
+from workers.data.pack import pack
+from workers.ray_train import fit_with_ray, run_url_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_worker_killed_mid_epoch_on_streamed_shards_resumes_bitwise(ray_client, s3_server, tmp_path, monkeypatch):
+    shards = pack("fashion_mnist", s3_server.url("ray-wds"), shard_size=100, limit=800)  # 8 shards
+    data = {"name": "webdataset", "urls": shards.urls, "num_samples": shards.num_samples, "channels": 1,
+            "num_workers": 2, "shuffle_buffer": 64, "transforms": {"crop": 24, "hflip": True}}
+    spec = RunSpec.model_validate({
+        "name": "wds-ray", "model": {"name": "simple_cnn", "params": {"width": 8, "hidden": 16}},
+        "data": {"train": data, "eval": {**data, "num_samples": 800}, "batch_size": 80},  # 10 batches an epoch
+        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "max_duration": "8ba", "deterministic": True,
+        "algorithms": [{"name": "cutmix"}],  # draws from the checkpointed global RNG
+        "checkpoint": {"interval": "2ba", "keep_last": 2}, "max_restarts": 1,
+        "parallelism": {"strategy": "ddp", "num_workers": 2}, "seed": 5})
+    storage_url = s3_server.url("ray-wds-runs")
+    plain_id, killed_id = f"plain-{uuid.uuid4().hex[:6]}", f"killed-{uuid.uuid4().hex[:6]}"
+    fit_with_ray(spec, run_id=plain_id, storage_path=str(tmp_path / "ray"), storage_url=storage_url)
+
+    marker = tmp_path / "killed"
+    monkeypatch.setenv("TESSERA_TEST_KILL_AT_BATCH", "5")  # after the commit of batch 4, mid-epoch
+    monkeypatch.setenv("TESSERA_TEST_KILL_MARKER", str(marker))
+    with RecordingService() as service:
+        metrics = fit_with_ray(spec, run_id=killed_id, service_url=service.url, token=TOKEN,
+                               storage_path=str(tmp_path / "ray"), storage_url=storage_url)
+    assert marker.exists(), "the worker was never killed"
+    assert metrics["time/batch"] == 8
+    assert [s["status"] for s in service.statuses] == ["RUNNING", "RESTARTING", "RUNNING"]
+    assert service.steps("train/loss")[-4:] == [5, 6, 7, 8]
+    final = "checkpoints/ep0-ba8"
+    assert_bitwise_equal(f"{run_url_for(storage_url, plain_id)}/{final}", f"{run_url_for(storage_url, killed_id)}/{final}")
