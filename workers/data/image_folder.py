@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import posixpath
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import fsspec
 import numpy as np
@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from workers.data.errors import DataError
 from workers.data.loading import batches_failing_fast, private_generator
+from workers.data.position import BatchPosition
 from workers.data.transforms import SampleTransform, collate, decode
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
@@ -108,7 +109,7 @@ def _collate(items: list[tuple[torch.Tensor, int, str]]) -> tuple[torch.Tensor, 
     return collate([i[0] for i in items], [i[1] for i in items], where=[f"image {i[2]!r}" for i in items])
 
 
-class ImageFolderLoader:
+class ImageFolderLoader(BatchPosition):
     """Batches of ``batch_size // world_size`` for this rank, with ``TensorLoader``'s interface."""
 
     def __init__(self, spec: Any, *, batch_size: int, rank: int = 0, world_size: int = 1, train: bool = True,
@@ -129,8 +130,7 @@ class ImageFolderLoader:
         self.per_rank_batch = batch_size // world_size
         self.train, self.drop_last, self.seed = train, drop_last if train else False, seed
         self.device = torch.device(device)
-        self.epoch, self.batch_in_epoch = 0, 0
-        self.sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = []
+        BatchPosition.__init__(self)
         self._length: int | None = None
         if len(self) == 0:
             raise DataError(f"image_folder root {spec.root!r} has {len(paths)} images: no full batch of "
@@ -147,13 +147,6 @@ class ImageFolderLoader:
             self._length = shard // self.per_rank_batch if self.drop_last else math.ceil(shard / self.per_rank_batch)
         return self._length
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.batch_in_epoch = epoch, 0
-
-    @property
-    def exhausted(self) -> bool:
-        return self.batch_in_epoch >= len(self)
-
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         indices, per = self._indices(self.epoch), self.per_rank_batch
         batches = [[(i, self.epoch) for i in indices[start:start + per]]
@@ -166,18 +159,4 @@ class ImageFolderLoader:
                             prefetch_factor=4 if self.num_workers else None,
                             generator=private_generator(self.seed, self.epoch))
         for images, labels in batches_failing_fast(loader):
-            self.batch_in_epoch += 1  # counted when handed out, as TensorLoader does
-            if self.sample_transforms:
-                images = torch.stack([self._transform(image) for image in images])
-            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-
-    def _transform(self, image: torch.Tensor) -> torch.Tensor:
-        for transform in self.sample_transforms:
-            image = transform(image)
-        return image
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+            yield self.hand_out(images, labels)

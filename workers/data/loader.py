@@ -14,12 +14,14 @@ The loader knows its position (epoch, batch within the epoch); ``state_dict`` an
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
+from workers.data.position import BatchPosition
 
-class TensorLoader:
+
+class TensorLoader(BatchPosition):
     """Yields ``(inputs, targets)`` batches of ``batch_size // world_size`` for this rank.
 
     ``batch_size`` is the global batch size. With ``shuffle=False`` the order is the data
@@ -37,12 +39,8 @@ class TensorLoader:
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.per_rank_batch = batch_size // world_size
         self.shuffle, self.drop_last, self.pad, self.seed = shuffle, drop_last, pad, seed
+        super().__init__()
         self.device = torch.device(device)
-        self.epoch = 0
-        self.batch_in_epoch = 0  # batches already yielded in the current epoch
-        # Per-sample transforms (torchvision-style callables on one (C, H, W) image), applied in
-        # order on the host before the batch moves to the device. Empty: batches are sliced as is.
-        self.sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = []
         if len(self) == 0:
             raise ValueError(f"{len(images)} examples make no full batch of {batch_size}; "
                              "lower data.batch_size or set data.drop_last: false")
@@ -84,15 +82,6 @@ class TensorLoader:
             order = torch.cat([order, order[: length - len(order)]])
         return order[:length][self.rank::self.world_size]
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch."""
-        self.epoch, self.batch_in_epoch = epoch, 0
-
-    @property
-    def exhausted(self) -> bool:
-        """True once every batch of the current epoch has been yielded."""
-        return self.batch_in_epoch >= len(self)
-
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The current epoch's remaining batches, on ``device``. Call ``set_epoch`` to start
         the next epoch: the trainer, not the loader, decides when an epoch begins."""
@@ -100,22 +89,4 @@ class TensorLoader:
         while self.batch_in_epoch < len(self):
             start = self.batch_in_epoch * self.per_rank_batch
             chosen = indices[start:start + self.per_rank_batch]
-            # Count the batch as consumed when it is handed out, so a loop that stops early
-            # (islice) leaves the position exactly after the last batch it trained on.
-            self.batch_in_epoch += 1
-            images = self.images[chosen]
-            if self.sample_transforms:
-                images = torch.stack([self._transform(image) for image in images])
-            yield (images.to(self.device, non_blocking=True),
-                   self.labels[chosen].to(self.device, non_blocking=True))
-
-    def _transform(self, image: torch.Tensor) -> torch.Tensor:
-        for transform in self.sample_transforms:
-            image = transform(image)
-        return image
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+            yield self.hand_out(self.images[chosen], self.labels[chosen])

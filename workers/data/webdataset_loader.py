@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import fsspec
 import numpy as np
@@ -41,6 +41,7 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from workers.data.errors import DataError
 from workers.data.loading import batches_failing_fast, private_generator
+from workers.data.position import BatchPosition
 from workers.data.transforms import SampleTransform, collate, decode
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class _ShardStream(IterableDataset):
         return collate(images, labels, where=[f"sample {w!r}" for w, _, _ in chunk])
 
 
-class WebDatasetLoader:
+class WebDatasetLoader(BatchPosition):
     """Batches of ``batch_size // world_size`` for this rank, with ``TensorLoader``'s interface.
 
     ``train=False`` (evaluation): no shuffling, every sample of this rank's shards once, the
@@ -202,8 +203,7 @@ class WebDatasetLoader:
         # Known only when the spec fixes it (crop, else resize); models then pick small-image stems.
         self.image_size = spec.transforms.crop or spec.transforms.resize if spec.transforms else None
         self.device = torch.device(device)
-        self.epoch, self.batch_in_epoch = 0, 0
-        self.sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = []
+        BatchPosition.__init__(self)
         if train and len(self) == 0:
             raise DataError(f"num_samples {spec.num_samples} makes no full batch of {batch_size}; lower "
                             "data.batch_size or check num_samples")
@@ -226,9 +226,6 @@ class WebDatasetLoader:
                             skip_batches=len(range(w, skip, active)), seed=[self.seed, epoch, self.rank, w])
                 for w in range(active)]
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.batch_in_epoch = epoch, 0
-
     @property
     def exhausted(self) -> bool:
         return self.train and self.batch_in_epoch >= len(self)
@@ -243,24 +240,16 @@ class WebDatasetLoader:
         loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.device.type == "cuda",
                             prefetch_factor=4 if workers else None, generator=private_generator(self.seed, self.epoch))
         for images, labels in batches_failing_fast(loader):
-            self.batch_in_epoch += 1  # counted when handed out, as TensorLoader does
-            if self.sample_transforms:
-                images = torch.stack([self._transform(image) for image in images])
-            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-
-    def _transform(self, image: torch.Tensor) -> torch.Tensor:
-        for transform in self.sample_transforms:
-            image = transform(image)
-        return image
+            yield self.hand_out(images, labels)
 
     def state_dict(self) -> dict[str, Any]:
         """The position in global batches plus what the order depends on (to tell an exact resume
         from one on another world size or worker count)."""
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "world_size": self.world_size,
+        return {**super().state_dict(), "world_size": self.world_size,
                 "loader_workers": self.active_workers, "num_shards": len(self.shards)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        super().load_state_dict(state)
         saved = (state.get("world_size", self.world_size), state.get("loader_workers", self.active_workers))
         if self.batch_in_epoch and saved != (self.world_size, self.active_workers):
             log.warning("resuming mid-epoch %d on %d ranks x %d loader workers (saved on %d x %d): the rest of this "
