@@ -190,3 +190,14 @@ def test_the_postgres_overlay_points_the_service_at_its_own_database():
     assert f"@{postgres_service['metadata']['name']}:5432/" in secret["stringData"]["url"]
     assert postgres_service["spec"]["selector"].items() <= statefulset["spec"]["template"]["metadata"]["labels"].items()
     assert f":{secret['stringData']['password']}@" in secret["stringData"]["url"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_service_pod_runs_as_the_user_its_image_creates(overlay):
+    import re
+
+    dockerfile = (ROOT / "deploy" / "service.Dockerfile").read_text()
+    uid = int(re.search(r"useradd [^\n]*--uid (\d+)", dockerfile)[1])
+    [deployment] = by_kind(rendered(overlay), "Deployment")
+    context = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert context == {"runAsNonRoot": True, "runAsUser": uid}
