@@ -108,11 +108,15 @@ class LocalRayCluster:
         return {node["node_id"]: name for node in self._state("nodes", state="ALIVE")
                 for name in NODE_NAMES if name in node.get("resources_total", {})}
 
+    def actor_nodes(self, class_name: str) -> list[str]:
+        """The node names the live actors of ``class_name`` run on, one entry per actor."""
+        names = self.node_names_by_id()
+        actors = self._state("actors", class_name=class_name, state="ALIVE")
+        return sorted(names.get(actor["node_id"], actor["node_id"]) for actor in actors)
+
     def train_worker_nodes(self) -> list[str]:
         """The node names the live Ray Train workers run on, one entry per worker."""
-        names = self.node_names_by_id()
-        actors = self._state("actors", class_name="RayTrainWorker", state="ALIVE")
-        return sorted(names.get(actor["node_id"], actor["node_id"]) for actor in actors)
+        return self.actor_nodes("RayTrainWorker")
 
 
 @pytest.fixture(scope="module")
