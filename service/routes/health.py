@@ -1,4 +1,10 @@
-"""``GET /healthz``: is the database answering, and can Ray's Jobs API be reached?"""
+"""Health probes: ``/healthz`` (what is up), ``/livez`` (the process answers) and ``/readyz``
+(the service can do its job: the database and Ray's Jobs API both answer).
+
+Kubernetes and compose use ``/livez`` to restart a wedged process and ``/readyz`` to stop
+sending traffic while a dependency is away; a service whose Ray head is restarting stays alive
+(it keeps its runs and re-queues them once Ray is back) but is not ready.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +26,8 @@ PROBE_JOB_ID = "tessera-healthz-probe"  # never submitted: Ray answers "no such 
 _probe_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="tessera-healthz")
 
 
-@router.get("/healthz", operation_id="healthz")
-def healthz(repo: RepoDep, jobs: JobsDep) -> JSONResponse:
-    """200 ``{"status": "ok", "database": "ok", "ray": "ok"|"unreachable"}``; 503 if the database is down."""
+def _dependencies(repo, jobs) -> dict[str, str]:
+    """``{"database": "ok"|"unreachable", "ray": "ok"|"unreachable"}``."""
     try:
         repo.ping()
         database = "ok"
@@ -34,6 +39,29 @@ def healthz(repo: RepoDep, jobs: JobsDep) -> JSONResponse:
         ray = "ok"
     except Exception:
         ray = "unreachable"
-    healthy = database == "ok"
+    return {"database": database, "ray": ray}
+
+
+@router.get("/healthz", operation_id="healthz")
+def healthz(repo: RepoDep, jobs: JobsDep) -> JSONResponse:
+    """200 ``{"status": "ok", "database": "ok", "ray": "ok"|"unreachable"}``; 503 if the database is down."""
+    parts = _dependencies(repo, jobs)
+    healthy = parts["database"] == "ok"
     return JSONResponse(status_code=200 if healthy else 503,
-                        content={"status": "ok" if healthy else "unavailable", "database": database, "ray": ray})
+                        content={"status": "ok" if healthy else "unavailable", **parts})
+
+
+@router.get("/livez", include_in_schema=False)
+def livez() -> dict[str, str]:
+    """200 while the process serves requests; touches no dependency, so an outage elsewhere
+    never gets the service restarted."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", include_in_schema=False)
+def readyz(repo: RepoDep, jobs: JobsDep) -> JSONResponse:
+    """200 when the database and Ray both answer; 503 naming what is unreachable otherwise."""
+    parts = _dependencies(repo, jobs)
+    ready = all(state == "ok" for state in parts.values())
+    return JSONResponse(status_code=200 if ready else 503,
+                        content={"status": "ready" if ready else "not ready", **parts})

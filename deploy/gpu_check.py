@@ -1,0 +1,265 @@
+"""GPU acceptance checks for a Tessera worker node; run through ``deploy/gpu_check.sh``.
+
+Each check trains through Tessera's own code (``workers.local.train_local``: in this process
+for one worker, on a local Ray with Ray Train for DDP/FSDP2) on synthetic data, small enough
+that all of them finish in a few minutes on one modern GPU:
+
+- ``ddp_nccl`` / ``fsdp2_nccl``: every visible GPU, one worker each (NCCL process group);
+- ``bf16`` and ``fp16_gradscaler``: mixed precision, finite losses;
+- ``oom_microbatch``: a batch that cannot fit in a capped share of GPU memory, with
+  ``microbatch_size: auto``: the CUDA OOM is caught and the microbatch halved until it fits;
+- ``dcp_resume``: a run stopped at a checkpoint (torch.distributed.checkpoint) and resumed ends
+  bitwise equal to the same run uninterrupted (``deterministic: true``);
+- ``speedup_recipe``: ResNet-18 with channels_last + BlurPool + label smoothing + progressive
+  resizing under bf16;
+- ``resnet50_bf16_vs_fp32``: images/s of ResNet-50 training steps; passes when bf16 is faster.
+
+Prints one PASS/FAIL line per check and a table; exits 1 if any check failed. Without CUDA it
+prints ``skipped: no GPU`` and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+OOM_MEMORY_GIB = 4.0  # the share of GPU memory the OOM check allows itself
+
+
+def base_spec(name: str, **overrides: Any) -> dict[str, Any]:
+    """A small GPU run: simple_cnn on 32x32 synthetic images, 20 batches."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "model": {"name": "simple_cnn", "params": {"width": 32, "hidden": 128}},
+        "data": {"train": {"name": "synthetic", "num_samples": 4096, "image_size": 32}, "batch_size": 128},
+        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "max_duration": "20ba",
+        "parallelism": {"strategy": "none", "num_workers": 1, "use_gpu": True},
+        "seed": 17,
+    }
+    spec.update(overrides)
+    return spec
+
+
+def specs(gpus: int) -> dict[str, dict[str, Any]]:
+    """Every RunSpec the checks train, by check name (validated by the unit test without a GPU)."""
+    many = {"num_workers": gpus, "use_gpu": True}
+    return {
+        "ddp_nccl": base_spec("gpu-ddp", parallelism={"strategy": "ddp", **many}),
+        "fsdp2_nccl": base_spec("gpu-fsdp2", parallelism={"strategy": "fsdp", **many}, precision="amp_bf16"),
+        "bf16": base_spec("gpu-bf16", precision="amp_bf16"),
+        "fp16_gradscaler": base_spec("gpu-fp16", precision="amp_fp16"),
+        "oom_microbatch": base_spec(
+            "gpu-oom", model={"name": "resnet18"}, max_duration="2ba", microbatch_size="auto",
+            data={"train": {"name": "synthetic", "num_samples": 1024, "image_size": 224}, "batch_size": 1024}),
+        "dcp_resume": base_spec("gpu-dcp", deterministic=True, max_duration="12ba",
+                                checkpoint={"interval": "6ba", "keep_last": 2}),
+        "speedup_recipe": base_spec(
+            "gpu-recipe", model={"name": "resnet18"}, precision="amp_bf16", max_duration="30ba",
+            data={"train": {"name": "synthetic", "num_samples": 4096, "image_size": 64}, "batch_size": 128},
+            algorithms=[{"name": "channels_last"}, {"name": "blurpool"}, {"name": "label_smoothing"},
+                        {"name": "progressive_resizing"}]),
+    }
+
+
+def _train(spec: dict[str, Any], checkpoint_dir: str | None = None) -> dict[str, float]:
+    from api.specs import RunSpec
+    from workers.local import train_local
+    from workers.reporter import MemorySink
+
+    return train_local(RunSpec.model_validate(spec), sink=MemorySink(), checkpoint_dir=checkpoint_dir)
+
+
+def _finished(metrics: dict[str, float], spec: dict[str, Any]) -> str:
+    import math
+
+    batches = int(spec["max_duration"].removesuffix("ba"))
+    assert metrics["time/batch"] == batches, f"stopped at batch {metrics['time/batch']}, not {batches}"
+    loss = metrics.get("train/loss")
+    assert loss is not None and math.isfinite(loss), f"train/loss is {loss}"
+    return f"{batches} batches, loss {loss:.3f}"
+
+
+def check_training(name: str, gpus: int) -> str:
+    spec = specs(gpus)[name]
+    detail = _finished(_train(spec), spec)
+    workers = spec["parallelism"]["num_workers"]
+    return f"{workers} GPU worker(s), {detail}"
+
+
+def check_oom_microbatch(gpus: int) -> str:
+    import torch
+
+    class Recorder(logging.Handler):
+        messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    recorder = Recorder()
+    logging.getLogger().addHandler(recorder)
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, OOM_MEMORY_GIB * 2**30 / total), 0)
+    try:
+        spec = specs(gpus)["oom_microbatch"]
+        detail = _finished(_train(spec), spec)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        torch.cuda.empty_cache()
+        logging.getLogger().removeHandler(recorder)
+    halvings = [m for m in recorder.messages if "out of memory with microbatches of" in m]
+    assert halvings, "the batch fit without an out-of-memory error: nothing was halved"
+    return f"{len(halvings)} halving(s), last: {halvings[-1]!r}; {detail}"
+
+
+def check_dcp_resume(gpus: int) -> str:
+    return stop_resume_and_compare(specs(gpus)["dcp_resume"])
+
+
+def stop_resume_and_compare(spec: dict[str, Any]) -> str:
+    """Train ``spec`` whole, and again stopped at its first checkpoint then resumed; the two
+    final checkpoints must hold bitwise equal tensors."""
+    import torch
+
+    from api.specs import RunSpec
+    from workers.checkpoint import Checkpointer, read_checkpoint
+    from workers.local import local_run_url
+
+    stop_at = spec["checkpoint"]["interval"]
+    end = int(spec["max_duration"].removesuffix("ba"))
+    with tempfile.TemporaryDirectory() as whole_dir, tempfile.TemporaryDirectory() as split_dir:
+        _train(spec, checkpoint_dir=whole_dir)
+        _train({**spec, "max_duration": stop_at}, checkpoint_dir=split_dir)   # stops at a checkpoint
+        _finished(_train(spec, checkpoint_dir=split_dir), spec)               # resumes from it
+
+        def final(directory: str) -> dict[str, Any]:
+            url = f"{local_run_url(RunSpec.model_validate(spec), directory)}/checkpoints"
+            info = Checkpointer(url, fingerprint={}).latest_committed()
+            assert info is not None and info.step == end, f"no checkpoint of batch {end} under {url}"
+            return read_checkpoint(info.url)
+
+        whole, split = _flatten(final(whole_dir)), _flatten(final(split_dir))
+    assert whole.keys() == split.keys()
+    tensors = [k for k, v in whole.items() if isinstance(v, torch.Tensor)]
+    unequal = [k for k in tensors if not torch.equal(whole[k].cpu(), split[k].cpu())]
+    assert tensors and not unequal, f"{len(unequal)} of {len(tensors)} tensors differ after resume"
+    return f"stopped and resumed at {stop_at}; {len(tensors)} tensors bitwise equal at batch {end}"
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    if isinstance(tree, (list, tuple)):
+        return {k: v for i, value in enumerate(tree) for k, v in _flatten(value, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): tree}
+
+
+def resnet50_images_per_second(dtype_name: str, *, batch: int = 64, steps: int = 30, warmup: int = 8) -> float:
+    """Training steps of torchvision's ResNet-50 (channels_last, 224x224) per second x batch."""
+    import torch
+    import torchvision
+
+    device = torch.device("cuda")
+    model = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    images = torch.randn(batch, 3, 224, 224, device=device).to(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not torch.float32):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return batch * steps / (time.perf_counter() - started)
+
+
+def check_throughput(gpus: int) -> str:
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    fp32 = resnet50_images_per_second("fp32")
+    bf16 = resnet50_images_per_second("bf16")
+    detail = f"fp32 {fp32:.0f} img/s, bf16 {bf16:.0f} img/s, x{bf16 / fp32:.2f}"
+    assert bf16 > fp32, f"bf16 is not faster than fp32: {detail}"
+    return detail
+
+
+CHECKS: dict[str, Callable[[int], str]] = {
+    "ddp_nccl": lambda gpus: check_training("ddp_nccl", gpus),
+    "fsdp2_nccl": lambda gpus: check_training("fsdp2_nccl", gpus),
+    "bf16": lambda gpus: check_training("bf16", gpus),
+    "fp16_gradscaler": lambda gpus: check_training("fp16_gradscaler", gpus),
+    "oom_microbatch": check_oom_microbatch,
+    "dcp_resume": check_dcp_resume,
+    "speedup_recipe": lambda gpus: check_training("speedup_recipe", gpus),
+    "resnet50_bf16_vs_fp32": check_throughput,
+}
+
+
+def run(names: list[str], gpus: int) -> list[tuple[str, bool, float, str]]:
+    results = []
+    for name in names:
+        started = time.monotonic()
+        try:
+            detail, ok = CHECKS[name](gpus), True
+        except Exception as exc:  # one failing check must not hide the others
+            traceback.print_exc()
+            detail, ok = f"{type(exc).__name__}: {exc}".splitlines()[0][:300], False
+        elapsed = time.monotonic() - started
+        print(f"{'PASS' if ok else 'FAIL'} {name} ({elapsed:.0f}s): {detail}", flush=True)
+        results.append((name, ok, elapsed, detail))
+    return results
+
+
+def table(results: list[tuple[str, bool, float, str]]) -> str:
+    width = max(len(name) for name, *_ in results)
+    lines = [f"{'check':<{width}}  result  seconds  detail", "-" * (width + 40)]
+    lines += [f"{name:<{width}}  {'PASS' if ok else 'FAIL':<6}  {elapsed:7.1f}  {detail}"
+              for name, ok, elapsed, detail in results]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checks", nargs="*", metavar="CHECK", help=f"checks to run (default: all): {', '.join(CHECKS)}")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.checks if name not in CHECKS]
+    if unknown:
+        parser.error(f"unknown check(s) {unknown}; choose from {list(CHECKS)}")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("skipped: no GPU (torch.cuda.is_available() is False)")
+        return 0
+    gpus = torch.cuda.device_count()
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {gpus} x {torch.cuda.get_device_name(0)}",
+          flush=True)
+    results = run(args.checks or list(CHECKS), gpus)
+    print(table(results))
+    failed = [name for name, ok, *_ in results if not ok]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""A multi-node Ray cluster on one machine, with token auth as a Ray 2.60 cluster has it, and a
+live Tessera service pointed at it with S3 (moto) storage.
+
+The head schedules nothing (``--num-cpus=0``); three worker nodes with one logical CPU each
+(``node_a``, ``node_b``, ``node_c``, each with a custom resource of its own name) hold the
+training workers, so a two-worker run must span two nodes, and losing one still leaves two.
+Every node has its own temp dir; each process is found and ended through it, never with
+``ray stop`` (which would end every Ray process on the machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import REPO_ROOT, _kill_processes_mentioning, free_port
+from tests.e2e.conftest import ServiceProcess, _cancel_unfinished, wait_until
+
+RAY = str(Path(sys.executable).with_name("ray"))
+NODE_NAMES = ("node_a", "node_b", "node_c")
+BATCH_DELAY_S = "0.15"  # per batch: leaves time to act on a run between two checkpoints
+
+
+class LocalRayCluster:
+    """A head plus named worker nodes, each a ``ray start`` in its own temp dir; the head keeps
+    its ports across restarts so the service's ``TESSERA_RAY_ADDRESS`` stays valid."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self.head_dir: str | None = None
+        self.node_dirs: dict[str, str] = {}
+
+    def _ray_start(self, *args: str) -> None:
+        result = subprocess.run([RAY, "start", *args, "--object-store-memory=100000000", "--disable-usage-stats",
+                                 # Two nodes on the default job-agent port (52365) break job submission.
+                                 f"--dashboard-agent-listen-port={free_port()}"],
+                                capture_output=True, text=True, env=self.env, timeout=180)
+        assert result.returncode == 0, f"ray start {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+
+    def start_head(self) -> None:
+        self.head_dir = tempfile.mkdtemp(prefix="trh")  # short: Ray puts unix sockets under it
+        self._ray_start("--head", f"--port={self.port}", "--num-cpus=0", "--num-gpus=0",
+                        "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                        f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.head_dir}")
+
+    def start_node(self, name: str) -> None:
+        self.node_dirs[name] = tempfile.mkdtemp(prefix="trn")
+        self._ray_start(f"--address={self.address}", "--num-cpus=1", "--num-gpus=0",
+                        f"--resources={json.dumps({name: 1})}", f"--temp-dir={self.node_dirs[name]}")
+
+    def stop_head(self) -> None:
+        if self.head_dir:
+            _kill_processes_mentioning(self.head_dir)
+            shutil.rmtree(self.head_dir, ignore_errors=True)
+            self.head_dir = None
+
+    def stop_node(self, name: str) -> None:
+        temp_dir = self.node_dirs.pop(name, None)
+        if temp_dir:
+            _kill_processes_mentioning(temp_dir)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+    def stop(self) -> None:
+        for name in list(self.node_dirs):
+            self.stop_node(name)
+        self.stop_head()
+
+    def raylet(self, name: str) -> psutil.Process:
+        marker = f"--raylet_socket_name={self.node_dirs[name]}/"
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if cmdline and cmdline[0].endswith("/raylet") and any(arg.startswith(marker) for arg in cmdline):
+                return proc
+        raise AssertionError(f"no raylet for {name}")
+
+    def kill_raylet(self, name: str) -> None:
+        """SIGKILL the node's raylet, as a node that lost power would; its workers die with it."""
+        raylet = self.raylet(name)
+        raylet.send_signal(signal.SIGKILL)
+        raylet.wait(timeout=30)
+
+    # --- what Ray says (its state API over HTTP, with the cluster's token) ------------------
+    def _state(self, resource: str, **filters: str) -> list[dict]:
+        params = [("limit", "1000")]
+        for key, value in filters.items():
+            params += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
+        response = httpx.get(f"{self.dashboard_url}/api/v0/{resource}", params=params, timeout=30,
+                             headers={"Authorization": f"Bearer {self.env['RAY_AUTH_TOKEN']}"})
+        response.raise_for_status()
+        return response.json()["data"]["result"]["result"]
+
+    def node_names_by_id(self) -> dict[str, str]:
+        """``{node id: node name}`` for the live worker nodes."""
+        return {node["node_id"]: name for node in self._state("nodes", state="ALIVE")
+                for name in NODE_NAMES if name in node.get("resources_total", {})}
+
+    def actor_nodes(self, class_name: str) -> list[str]:
+        """The node names the live actors of ``class_name`` run on, one entry per actor."""
+        names = self.node_names_by_id()
+        actors = self._state("actors", class_name=class_name, state="ALIVE")
+        return sorted(names.get(actor["node_id"], actor["node_id"]) for actor in actors)
+
+    def train_worker_nodes(self) -> list[str]:
+        """The node names the live Ray Train workers run on, one entry per worker."""
+        return self.actor_nodes("RayTrainWorker")
+
+
+@pytest.fixture(scope="module")
+def ray_token() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(s3_server, ray_token):
+    """The head and three worker nodes, token auth on. Started after the S3 server, so every
+    node inherits its environment."""
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token, "PYTHONPATH": str(REPO_ROOT),
+           # Without GCS fault tolerance a node whose head is gone can never rejoin it: end soon.
+           "RAY_gcs_rpc_server_reconnect_timeout_s": "10"}
+    cluster = LocalRayCluster(env)
+    try:
+        cluster.start_head()
+        for name in NODE_NAMES:
+            cluster.start_node(name)
+        wait_until(lambda: len(cluster.node_names_by_id()) == len(NODE_NAMES), timeout=60,
+                   what="three worker nodes to join")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_svc(tmp_path_factory, ray_cluster, ray_token, s3_server, postgres_url):
+    """A live service on the cluster: PostgreSQL, S3 storage, Ray's token, and slow batches."""
+    home = tmp_path_factory.mktemp("tessera-cluster-home")
+    svc = ServiceProcess(home=home, env={"TESSERA_DATABASE_URL": postgres_url,
+                                         "TESSERA_RAY_ADDRESS": ray_cluster.dashboard_url,
+                                         "TESSERA_STORAGE_URL": s3_server.url("cluster"),
+                                         "TESSERA_TEST_BATCH_DELAY_S": BATCH_DELAY_S,
+                                         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token})
+    svc.start()
+    try:
+        yield svc
+    finally:
+        try:
+            _cancel_unfinished(svc.client())
+        except Exception as exc:  # teardown must still stop the service and the cluster
+            print(f"warning: could not cancel unfinished runs: {exc}")
+        svc.stop()
