@@ -12,7 +12,8 @@ from api.specs import RunSpec
 from tests.workers.checkpoint_helpers import assert_bitwise_equal
 from tests.workers.test_ray_training import TOKEN, RecordingService
 from workers.data.pack import pack
-from workers.ray_train import fit_with_ray, run_url_for
+from workers.paths import run_url as run_url_for
+from workers.ray_train import fit_with_ray
 
 pytestmark = pytest.mark.integration
 
