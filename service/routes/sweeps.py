@@ -14,10 +14,10 @@ from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 
 from api.specs import RunSpec
-from api.sweeps import SweepSpec
+from api.sweeps import SweepSpec, trial_count_problem
 from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
                        TrialTicket)
-from service.deps import SweepsDep, SweepTokenDep
+from service.deps import SettingsDep, SweepsDep, SweepTokenDep
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
                             validation_response)
 from service.routes.runs import NOT_MODIFIED, conditional_json
@@ -31,11 +31,14 @@ REPORTABLE = (SweepStatus.RUNNING, SweepStatus.COMPLETED, SweepStatus.FAILED)
 
 
 @router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
-def create_sweep(spec: SweepSpec, sweeps: SweepsDep,
+def create_sweep(spec: SweepSpec, sweeps: SweepsDep, settings: SettingsDep,
                  driver: Literal["service", "external"] = "service") -> SweepView:
     """Validate a sweep and store it: ``service`` queues it for the dispatcher, which runs its
     Ray Tune driver as a Ray job; ``external`` stores it RUNNING for a driver the caller runs,
     and the answer carries that driver's ``driver_token`` (shown only here)."""
+    too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
+    if too_many:
+        return validation_response([field_error("search", ["body", "search"], too_many, None)])
     token = secrets.token_urlsafe(32) if driver == "external" else None
     record = sweeps.create_sweep(spec, driver=driver, token=token)
     return sweeps.sweep_view(record.id).model_copy(update={"driver_token": token})
