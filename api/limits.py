@@ -14,6 +14,7 @@ from typing import Any
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1  # an INTEGER column (epochs, world sizes, attempts)
 MAX_DEPTH = 64  # nested JSON deeper than this is refused: no spec is this deep, a recursion bomb is
 
 
