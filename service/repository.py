@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, insert, or_, select, text
@@ -121,8 +121,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         created_at, run_id = json.loads(raw)
         if not isinstance(run_id, str) or not is_possible_id(run_id):
             raise ValueError("bad run id in cursor")
-        return datetime.fromisoformat(created_at), run_id
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        when = datetime.fromisoformat(created_at)
+        # In UTC, where the database compares it: an offset that moves it out of the years
+        # 1..9999 raises OverflowError here instead of a database error later.
+        return (when.astimezone(timezone.utc) if when.tzinfo is not None else when), run_id
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise InvalidCursor("cursor is not one this service returned; pass next_cursor from a previous "
                             "page, or omit it for the first page") from exc
 

@@ -20,7 +20,7 @@ from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, Swee
 from service.deps import SettingsDep, SweepsDep, SweepTokenDep
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
                             validation_response)
-from service.routes.runs import NOT_MODIFIED, conditional_json
+from service.routes.runs import NOT_MODIFIED, conditional_json, data_root_errors
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
 
@@ -39,6 +39,9 @@ def create_sweep(spec: SweepSpec, sweeps: SweepsDep, settings: SettingsDep,
     too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
+    refused = data_root_errors(spec.base, settings, prefix="base.")
+    if refused:
+        return validation_response(refused)
     token = secrets.token_urlsafe(32) if driver == "external" else None
     record = sweeps.create_sweep(spec, driver=driver, token=token)
     return sweeps.sweep_view(record.id).model_copy(update={"driver_token": token})
