@@ -88,7 +88,8 @@ def report_sweep_status(sweep_id: SweepTokenDep, report: SweepStatusReport, swee
 
 @router.post("/{sweep_id}/trials", response_model=TrialTicket, operation_id="register_trial",
              responses={**DRIVER, **CONFLICT})
-def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, sweeps: SweepsDep):
+def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, sweeps: SweepsDep,
+                   settings: SettingsDep):
     """Start a trial: creates its run the first time, else a new attempt of the same run (which
     resumes from its newest committed checkpoint). Returns the run id and the attempt's run
     token. 409 for a COMPLETED trial; 422 if ``spec`` is not a valid RunSpec."""
@@ -98,6 +99,9 @@ def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, swe
         errors = [{**e, "loc": ("body", "spec", *e["loc"])} for e in exc.errors()]
         return validation_response(format_validation_errors(errors, registration.model_dump(mode="json"),
                                                             _registration_schema()))
+    refused = data_root_errors(spec, settings, prefix="spec.")  # an external driver is a user's code
+    if refused:
+        return validation_response(refused)
     token = secrets.token_urlsafe(32)
     run = sweeps.register_trial(sweep_id, trial_id=registration.trial_id, spec=spec,
                                 params=registration.params, token=token)

@@ -167,5 +167,11 @@ def test_a_data_root_outside_the_data_dirs_is_a_422(limited, example_body, tmp_p
     assert item["field"] == "data.train.root" and item["input"] == "/etc" and "TESSERA_DATA_DIRS" in item["msg"]
     sweep = client.post(f"{API}/sweeps", json=_sweep(example_body, {"seed": {"grid": [1, 2]}}))
     assert sweep.status_code == 422 and sweep.json()["detail"][0]["field"] == "base.data.train.root"
+    external = client.post(f"{API}/sweeps", params={"driver": "external"},
+                           json=_sweep(dict(example_body, data={"train": {"name": "digits"}, "batch_size": 8}),
+                                       {"seed": {"grid": [1, 2]}})).json()
+    trial = client.post(f"{API}/sweeps/{external['id']}/trials", json={"trial_id": "t1", "spec": example_body},
+                        headers={"Authorization": f"Bearer {external['driver_token']}"})
+    assert trial.status_code == 422 and trial.json()["detail"][0]["field"] == "spec.data.train.root"
     example_body["data"]["train"]["root"] = str(tmp_path / "sets" / "fmnist")
     assert client.post(f"{API}/runs", json=example_body).status_code == 201
