@@ -59,6 +59,17 @@ def test_trainer_state_with_numpy_rng_and_tensors_still_loads():
     assert loaded["python"] == state["python"] and torch.equal(loaded["torch"], state["torch"])
 
 
+def test_fsdp_trainer_state_with_gathered_dtensors_still_loads():
+    from torch.distributed.tensor import Replicate, Shard
+
+    from workers.checkpoint.manager import _FullTensor, _from_bytes, _to_bytes
+
+    state = {"ema": {"w": _FullTensor(torch.ones(4, 2), (Shard(0),)), "b": _FullTensor(torch.zeros(2), (Replicate(),))}}
+    loaded = _from_bytes(_to_bytes(state), "trainer.pt")
+    assert torch.equal(loaded["ema"]["w"].tensor, torch.ones(4, 2))
+    assert loaded["ema"]["w"].placements == (Shard(0),) and loaded["ema"]["b"].placements == (Replicate(),)
+
+
 def test_a_planted_non_tensor_item_in_a_dcp_checkpoint_is_refused(tmp_path):
     marker = tmp_path / "ran"
     saved = state_to_save()

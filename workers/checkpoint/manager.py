@@ -144,7 +144,8 @@ def _to_bytes(obj: Any) -> bytes:
 
 
 def _from_bytes(data: bytes, what: str) -> Any:
-    return load_state(data, what=what)  # allow-listed: a planted pickle in storage must not run
+    # Allow-listed: a planted pickle in storage must not run. _FullTensor: FSDP's gathered tensors.
+    return load_state(data, what=what, extra_globals=[_FullTensor])
 
 
 class Checkpointer:

@@ -44,10 +44,19 @@ def _numpy_globals() -> list[Any]:
 SAFE_STATE_GLOBALS = _numpy_globals()
 
 
-def load_state(data: bytes, *, what: str) -> Any:
-    """``torch.load`` of ``data`` (a file this package saved) that refuses arbitrary objects."""
+def _placement_globals() -> list[Any]:
+    """DTensor placements: FSDP runs keep them next to gathered tensors in ``trainer.pt``."""
+    from torch.distributed.tensor import placement_types
+
+    return [getattr(placement_types, n) for n in ("Shard", "Replicate", "Partial", "_StridedShard")
+            if hasattr(placement_types, n)]
+
+
+def load_state(data: bytes, *, what: str, extra_globals: list[Any] = ()) -> Any:
+    """``torch.load`` of ``data`` (a file this package saved) that refuses arbitrary objects;
+    ``extra_globals``: the saving code's own plain classes that may appear too."""
     try:
-        with torch.serialization.safe_globals(SAFE_STATE_GLOBALS):
+        with torch.serialization.safe_globals([*SAFE_STATE_GLOBALS, *_placement_globals(), *extra_globals]):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch's message is a long how-to-bypass text; keep the line that names the global.
