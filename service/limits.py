@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.limits import db_value_problems, dotted, value_problem
 
 MiB = 1024 * 1024
-BODY_METHODS = {"POST", "PUT", "PATCH"}
+BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 class BodyTooLarge(Exception):
