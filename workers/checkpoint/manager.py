@@ -143,7 +143,7 @@ def _to_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _from_bytes(data: bytes, what: str) -> Any:
+def _from_bytes(data: bytes, what: str = "a checkpoint state file") -> Any:
     # Allow-listed: a planted pickle in storage must not run. _FullTensor: FSDP's gathered tensors.
     return load_state(data, what=what, extra_globals=[_FullTensor])
 
