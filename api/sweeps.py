@@ -100,6 +100,40 @@ class SweepSchedulerSpec(_Spec):
     reduction_factor: float = Field(3.0, ge=2.0, le=10.0)
 
 
+# The contract's ceiling on trials per sweep; a service may set a lower one (TESSERA_MAX_SWEEP_TRIALS).
+# Checked arithmetically before any set or grid value is expanded or validated, so a huge grid
+# costs a multiplication, never a stall.
+MAX_SWEEP_TRIALS = 10_000
+
+
+def trial_count(search: SearchSpec, num_samples: int) -> int:
+    """How many trials the search expands to: candidate algorithm sets × every grid's size ×
+    ``num_samples``, computed without expanding anything (sets that break a rule are skipped
+    later, so this is an upper bound)."""
+    count = num_samples
+    if search.algorithms is not None:
+        algorithms = search.algorithms
+        if algorithms.sets is not None:
+            count *= len(algorithms.sets)
+        else:
+            size = len(algorithms.pool)
+            max_size = size if algorithms.max_size is None else min(algorithms.max_size, size)
+            count *= sum(math.comb(size, k) for k in range(max_size + 1))
+    for domain in search.params.values():
+        if domain.grid is not None:
+            count *= len(domain.grid)
+    return count
+
+
+def trial_count_problem(search: SearchSpec, num_samples: int, cap: int) -> str | None:
+    """The refusal when the search expands to more than ``cap`` trials, else None."""
+    count = trial_count(search, num_samples)
+    if count > cap:
+        return (f"search: expands to {count} trials; at most {cap} allowed (algorithm sets × grid "
+                f"points × num_samples); shrink the grids or sample with choice/uniform instead")
+    return None
+
+
 class SweepSpec(_Spec):
     name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     base: RunSpec
@@ -114,6 +148,9 @@ class SweepSpec(_Spec):
 
     @model_validator(mode="after")
     def _search_fits_the_base(self) -> "SweepSpec":
+        too_many = trial_count_problem(self.search, self.num_samples, MAX_SWEEP_TRIALS)
+        if too_many:
+            raise ValueError(too_many)
         sets, skipped = algorithm_sets(self)
         if not sets:
             reasons = "; ".join(f"{list(s) or '[]'}: {why}" for s, why in skipped[:5])

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.limits import INT32_MAX, INT64_MAX
+
 
 class RunStatus(str, enum.Enum):
     QUEUED = "QUEUED"
@@ -132,7 +134,7 @@ class CatalogPage(BaseModel):
 
 class ReportedMetric(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    step: int = Field(..., ge=0)
+    step: int = Field(..., ge=0, le=INT64_MAX)
     key: str = Field(..., min_length=1, max_length=128)
     value: float
     time: datetime
@@ -157,13 +159,13 @@ class CheckpointReport(BaseModel):
     """A worker's word on one checkpoint: committed (its marker is written), or failed with why."""
 
     model_config = ConfigDict(extra="forbid")
-    step: int = Field(..., ge=0)
-    epoch: int = Field(..., ge=0)
+    step: int = Field(..., ge=0, le=INT64_MAX)
+    epoch: int = Field(..., ge=0, le=INT32_MAX, description="stored as a 32-bit integer")
     time: datetime
-    bytes: int = Field(0, ge=0)
+    bytes: int = Field(0, ge=0, le=INT64_MAX)
     committed: bool
     url: str = Field(..., min_length=1, max_length=2_000)
-    world_size: int = Field(..., ge=1)
+    world_size: int = Field(..., ge=1, le=INT32_MAX, description="stored as a 32-bit integer")
     error: str | None = Field(None, max_length=20_000)
 
 

@@ -18,6 +18,7 @@ from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
+from service.limits import RequestLimits
 from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     )
     app.state.settings = settings
     install_error_handlers(app)
+    app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes,
+                       code_max_body_bytes=settings.code_max_body_bytes, code_prefix=f"{API_PREFIX}/code")
     for module in (runs, reports, sweeps, catalog, health, code):
         app.include_router(module.router)
     mount_dashboard(app)

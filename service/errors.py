@@ -25,6 +25,7 @@ from api.errors import field_path
 from service.repository import InvalidCursor, RunNotFound
 from service.sweep_repository import SweepNotFound
 from service.lifecycle import IllegalTransition
+from service.metric_limits import MetricLimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(IllegalTransition)
     async def _conflict(_request: Request, exc: IllegalTransition) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": exc.detail})
+
+    @app.exception_handler(MetricLimitExceeded)
+    async def _metric_limit(_request: Request, exc: MetricLimitExceeded) -> JSONResponse:
+        return JSONResponse(status_code=exc.status_code, content={"detail": exc.detail})
 
     @app.exception_handler(InvalidCursor)
     async def _bad_cursor(request: Request, exc: InvalidCursor) -> JSONResponse:

@@ -69,6 +69,7 @@ class JobKind:
             f"{prefix}_ID": record.id,
             "TESSERA_ATTEMPT": str(record.attempt),
             "TESSERA_STORAGE_URL": settings.storage_url,
+            "TESSERA_DATA_DIRS": ":".join(str(d) for d in settings.data_dirs),  # workers check roots again
         })
         return env
 

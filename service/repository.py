@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, insert, or_, select, text
@@ -25,6 +25,7 @@ from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, Metric
 from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
 from service.db.session import Database, clean_text, is_possible_id
+from service.metric_limits import MetricLimits, non_finite_note
 from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
 from service.state_machine import RUN_TRANSITIONS
 from service.tokens import hash_token
@@ -120,8 +121,11 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         created_at, run_id = json.loads(raw)
         if not isinstance(run_id, str) or not is_possible_id(run_id):
             raise ValueError("bad run id in cursor")
-        return datetime.fromisoformat(created_at), run_id
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        when = datetime.fromisoformat(created_at)
+        # In UTC, where the database compares it: an offset that moves it out of the years
+        # 1..9999 raises OverflowError here instead of a database error later.
+        return (when.astimezone(timezone.utc) if when.tzinfo is not None else when), run_id
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise InvalidCursor("cursor is not one this service returned; pass next_cursor from a previous "
                             "page, or omit it for the first page") from exc
 
@@ -274,15 +278,26 @@ class Repository(AttemptStore):
             run.token_hash = hash_token(token)
 
     # --- metrics -------------------------------------------------------------------------
-    def add_metrics(self, run_id: str, points: list[ReportedMetric]) -> int:
+    def add_metrics(self, run_id: str, points: list[ReportedMetric], limits: MetricLimits | None = None) -> int:
         """Store a batch of points and update the run's summary (last value per key) and extrema
         (min and max per key); returns how many were stored.
 
-        Non-finite values (a diverged loss) cannot travel as JSON numbers, so they are left out.
+        Non-finite values (a diverged loss) are not stored as points (they would poison the
+        summary, extrema and charts); each report that has them leaves a run event naming the
+        key and the step. ``limits``: refuse the whole report (``MetricLimitExceeded``) if it
+        would take the run past its key count or point budget.
         """
         # The row lock orders concurrent batches of one run: their seqs are assigned in
         # commit order, so a reader polling `after=last_seq` never skips a point.
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            if limits is not None:
+                stored = session.execute(select(func.count()).select_from(Metric)
+                                         .where(Metric.run_id == run_id)).scalar_one()
+                limits.check_run(run_id, (run.summary or {}).keys(), stored, points)
+            note = non_finite_note(points)
+            if note is not None:
+                status = RunStatus(run.status)
+                add_run_event(session, run, status, status, note, utcnow())
             rows = [{"run_id": run_id, "step": p.step, "key": p.key, "value": p.value, "time": p.time}
                     for p in points if math.isfinite(p.value)]
             if not rows:

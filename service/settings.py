@@ -10,10 +10,10 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 _USERINFO_RE = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:@/]*):(?P<secret>[^@/]*)@")
 _SECRET_FIELDS = ("database_url", "storage_url", "ray_address", "public_url")
@@ -46,6 +46,19 @@ class Settings(BaseSettings):
                                        description="times a sweep whose driver job died is re-queued before it fails")
     worker_python: str = Field(default_factory=lambda: sys.executable,
                                description="Python that runs `-m workers.launch` on the Ray nodes")
+    # --- limits on input (README "Limits"); each refusal is a 4xx naming the setting -------
+    max_body_bytes: int = Field(1024 * 1024, ge=1024, description="largest request body; larger: 413")
+    code_max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024,
+                                     description="largest body under /api/v1/code (code packages); larger: 413")
+    max_sweep_trials: int = Field(1000, ge=1, le=1_000_000,
+                                  description="trials one sweep may expand to (sets x grid points x num_samples)")
+    max_metric_keys_per_run: int = Field(200, ge=1, le=100_000, description="distinct metric keys one run may report")
+    max_points_per_report: int = Field(10_000, ge=1, le=10_000, description="metric points in one report")
+    max_points_per_run: int = Field(5_000_000, ge=1, description="metric points stored for one run, all attempts")
+    data_dirs: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="folders local data-set roots may lie under (JSON list or colon-separated); "
+                    "the built-in sets' default roots are always allowed")
 
     @field_validator("database_url", "storage_url", "ray_address", "public_url", mode="before")
     @classmethod
@@ -53,6 +66,14 @@ class Settings(BaseSettings):
         # `TESSERA_RAY_ADDRESS=` in a shell or compose file means "not set", not "empty address".
         if isinstance(value, str) and not value.strip():
             return None
+        return value
+
+    @field_validator("data_dirs", mode="before")
+    @classmethod
+    def _colon_separated(cls, value: Any) -> Any:
+        # TESSERA_DATA_DIRS=/data:/scratch, like PATH (a JSON list works too).
+        if isinstance(value, str):
+            return [part for part in value.split(":") if part.strip()]
         return value
 
     @model_validator(mode="after")

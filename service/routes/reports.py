@@ -10,8 +10,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from api.views import CheckpointReport, CheckpointView, MetricsReport, RunStatus, RunView, StatusReport
-from service.deps import RepoDep, RunTokenDep
+from service.deps import RepoDep, RunTokenDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.metric_limits import MetricLimits
 
 router = APIRouter(prefix="/api/v1/runs", tags=["reports"],
                    responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}})
@@ -43,9 +44,18 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
     return repo.apply_worker_report(run_id, report.status, message=message, error=error).to_view()
 
 
-@router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics")
-def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep):
-    """Store a batch of metric points (also after the run has ended: late flushes count)."""
+@router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics",
+             responses={413: {"model": ErrorBody}})
+def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, settings: SettingsDep):
+    """Store a batch of metric points (also after the run has ended: late flushes count).
+
+    Refused whole, nothing stored: 413 past ``TESSERA_MAX_POINTS_PER_REPORT`` points, 422 past the
+    run's ``TESSERA_MAX_METRIC_KEYS_PER_RUN`` keys or ``TESSERA_MAX_POINTS_PER_RUN`` points. NaN and
+    infinite values are not stored; a run event names each such key and its first step."""
+    limits = MetricLimits(max_keys=settings.max_metric_keys_per_run,
+                          max_points_per_report=settings.max_points_per_report,
+                          max_points=settings.max_points_per_run)
+    limits.check_report_size(report.points)
     for index, point in enumerate(report.points):
         if point.step > MAX_STEP:
             return validation_response([field_error(f"points[{index}].step", ["body", "points", index, "step"],
@@ -53,7 +63,7 @@ def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep):
         if "\x00" in point.key:
             return validation_response([field_error(f"points[{index}].key", ["body", "points", index, "key"],
                                                     "metric keys must not contain NUL characters", point.key)])
-    return MetricsStored(stored=repo.add_metrics(run_id, report.points))
+    return MetricsStored(stored=repo.add_metrics(run_id, report.points, limits))
 
 
 @router.post("/{run_id}/report/checkpoint", response_model=CheckpointView, operation_id="report_checkpoint")

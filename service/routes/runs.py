@@ -8,11 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from pydantic import BaseModel, ValidationError
 
+from api.data_roots import data_root_problems
 from api.specs import RunSpec
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import CodeStore, get_code_store
-from service.deps import RepoDep
+from service.deps import RepoDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.settings import Settings
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
 
@@ -37,14 +39,25 @@ def conditional_json(request: Request, view: BaseModel) -> Response:
 
 
 @router.post("", status_code=201, response_model=RunView, operation_id="create_run")
-def create_run(spec: RunSpec, repo: RepoDep, code: Annotated[CodeStore, Depends(get_code_store)]) -> RunView:
-    """Validate a run spec and queue it; the dispatcher submits it to Ray. A ``code.digest`` the
-    service does not store is refused (422): upload the package first (``POST /api/v1/code``)."""
+def create_run(spec: RunSpec, repo: RepoDep, settings: SettingsDep,
+               code: Annotated[CodeStore, Depends(get_code_store)]) -> RunView:
+    """Validate a run spec and queue it; the dispatcher submits it to Ray. Local data roots must
+    lie under ``TESSERA_DATA_DIRS`` (422 otherwise). A ``code.digest`` the service does not store
+    is refused (422): upload the package first (``POST /api/v1/code``)."""
+    refused = data_root_errors(spec, settings)
+    if refused:
+        return validation_response(refused)
     if spec.code is not None and not code.exists(spec.code.digest):
         return validation_response([field_error(
             "code.digest", ["body", "code", "digest"], "no code package with this digest on the service; upload it "
             "first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest)])
     return repo.create_run(spec).to_view()
+
+
+def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> list[dict]:
+    """422 items for each data set root of ``spec`` outside the configured data directories."""
+    return [field_error(field, ["body", *field.split(".")], why, root)
+            for field, root, why in data_root_problems(spec, settings.data_dirs, prefix=prefix)]
 
 
 @router.get("", response_model=RunsPage, operation_id="list_runs", responses=NOT_MODIFIED)

@@ -14,13 +14,13 @@ from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 
 from api.specs import RunSpec
-from api.sweeps import SweepSpec
+from api.sweeps import SweepSpec, trial_count_problem
 from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
                        TrialTicket)
-from service.deps import SweepsDep, SweepTokenDep
+from service.deps import SettingsDep, SweepsDep, SweepTokenDep
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
                             validation_response)
-from service.routes.runs import NOT_MODIFIED, conditional_json
+from service.routes.runs import NOT_MODIFIED, conditional_json, data_root_errors
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
 
@@ -31,11 +31,17 @@ REPORTABLE = (SweepStatus.RUNNING, SweepStatus.COMPLETED, SweepStatus.FAILED)
 
 
 @router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
-def create_sweep(spec: SweepSpec, sweeps: SweepsDep,
+def create_sweep(spec: SweepSpec, sweeps: SweepsDep, settings: SettingsDep,
                  driver: Literal["service", "external"] = "service") -> SweepView:
     """Validate a sweep and store it: ``service`` queues it for the dispatcher, which runs its
     Ray Tune driver as a Ray job; ``external`` stores it RUNNING for a driver the caller runs,
     and the answer carries that driver's ``driver_token`` (shown only here)."""
+    too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
+    if too_many:
+        return validation_response([field_error("search", ["body", "search"], too_many, None)])
+    refused = data_root_errors(spec.base, settings, prefix="base.")
+    if refused:
+        return validation_response(refused)
     token = secrets.token_urlsafe(32) if driver == "external" else None
     record = sweeps.create_sweep(spec, driver=driver, token=token)
     return sweeps.sweep_view(record.id).model_copy(update={"driver_token": token})
@@ -82,7 +88,8 @@ def report_sweep_status(sweep_id: SweepTokenDep, report: SweepStatusReport, swee
 
 @router.post("/{sweep_id}/trials", response_model=TrialTicket, operation_id="register_trial",
              responses={**DRIVER, **CONFLICT})
-def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, sweeps: SweepsDep):
+def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, sweeps: SweepsDep,
+                   settings: SettingsDep):
     """Start a trial: creates its run the first time, else a new attempt of the same run (which
     resumes from its newest committed checkpoint). Returns the run id and the attempt's run
     token. 409 for a COMPLETED trial; 422 if ``spec`` is not a valid RunSpec."""
@@ -92,6 +99,9 @@ def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, swe
         errors = [{**e, "loc": ("body", "spec", *e["loc"])} for e in exc.errors()]
         return validation_response(format_validation_errors(errors, registration.model_dump(mode="json"),
                                                             _registration_schema()))
+    refused = data_root_errors(spec, settings, prefix="spec.")  # an external driver is a user's code
+    if refused:
+        return validation_response(refused)
     token = secrets.token_urlsafe(32)
     run = sweeps.register_trial(sweep_id, trial_id=registration.trial_id, spec=spec,
                                 params=registration.params, token=token)

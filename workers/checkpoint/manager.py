@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from workers.checkpoint.contents import check_compatible, spec_hash
 from workers.checkpoint.reader import ParallelFsspecReader
+from workers.checkpoint.safe_load import load_state
 from workers.checkpoint.storage import FsspecStorage, join, with_retries
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,9 @@ def _to_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _from_bytes(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), weights_only=False)  # our own files: RNG states hold numpy arrays
+def _from_bytes(data: bytes, what: str = "a checkpoint state file") -> Any:
+    # Allow-listed: a planted pickle in storage must not run. _FullTensor: FSDP's gathered tensors.
+    return load_state(data, what=what, extra_globals=[_FullTensor])
 
 
 class Checkpointer:
@@ -296,11 +298,13 @@ class Checkpointer:
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, storage_reader=ParallelFsspecReader(info.url), no_dist=not _distributed())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        trainer_state = _redistribute(_from_bytes(self.storage.read_bytes(join(info.url, "trainer.pt"))),
+        trainer_state = _redistribute(_from_bytes(self.storage.read_bytes(join(info.url, "trainer.pt")),
+                                                       join(info.url, "trainer.pt")),
                                       *_mesh_and_device(model))
         rank_state = None
         if meta["world_size"] == self.world_size:
-            rank_state = _from_bytes(self.storage.read_bytes(join(info.url, f"rank{self.rank}.pt")))
+            rank_url = join(info.url, f"rank{self.rank}.pt")
+            rank_state = _from_bytes(self.storage.read_bytes(rank_url), rank_url)
         return trainer_state, rank_state
 
     def agreed_latest(self) -> CheckpointInfo | None:

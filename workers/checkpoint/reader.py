@@ -24,9 +24,12 @@ from typing import Any, cast
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future as TorchFuture
+
+from workers.checkpoint.safe_load import load_metadata, load_state
 
 READ_THREADS = 8
 # Chunks of this size keep every reader thread busy on a rank's files (8 files of ~17 MB for a
@@ -72,6 +75,16 @@ class ParallelFsspecReader(FsspecReader):
                  **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.thread_count, self.chunk_bytes = max(1, thread_count), chunk_bytes
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        """DCP's ``.metadata``, unpickled with an allow-list (DCP itself uses ``pickle.load``)."""
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as metadata_file:
+            metadata = load_metadata(metadata_file, what=str(path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture[None]:
         by_file: dict[str, list[tuple[ReadItem, int, int]]] = {}
@@ -124,7 +137,10 @@ class ParallelFsspecReader(FsspecReader):
             view = _create_file_view(stream, info.offset - chunk.start, info.length)
             transform_from = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
             if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(transform_from.read(-1)))
+                # The planner unpickles these with weights_only=False: check them with the allow-list first.
+                raw = transform_from.read(-1)
+                load_state(raw, what=f"{chunk.relative_path} item {req.dest_index.fqn}")
+                planner.load_bytes(req, io.BytesIO(raw))
                 continue
             seekable = transform_from if transform_from.seekable() else io.BytesIO(transform_from.read(-1))
             tensor = cast(torch.Tensor, torch.load(seekable, map_location="cpu", weights_only=True))

@@ -7,11 +7,13 @@ ids ``(N, T)`` and the next tokens ``(N, T)``.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import torch
 
 from api.catalog import DATASETS
+from api.data_roots import root_problem
 from workers.data.digits import load_digits
 from workers.data.factory import build_eval_loader, build_train_loader, streamed_only
 from workers.data.fashion_mnist import load_fashion_mnist
@@ -36,7 +38,21 @@ def build_dataset(spec: Any) -> tuple[torch.Tensor, torch.Tensor]:
         builder = DATASET_BUILDERS[spec.name]
     except KeyError:
         raise ValueError(f"unknown data set {spec.name!r}; known: {', '.join(sorted(DATASET_BUILDERS))}") from None
+    check_root(spec)
     return builder(**spec.model_dump(exclude={"name"}))
+
+
+def check_root(spec: Any) -> None:
+    """Refuse a local ``root`` outside ``TESSERA_DATA_DIRS`` (symlinks resolved), as the service
+    did at submit: a spec that reached the worker another way must not read arbitrary paths.
+    Without ``TESSERA_SERVICE_URL`` (``tessera train`` on one's own machine) nothing is checked."""
+    root = getattr(spec, "root", None)
+    if not isinstance(root, str) or not os.environ.get("TESSERA_SERVICE_URL"):
+        return
+    data_dirs = [d for d in os.environ.get("TESSERA_DATA_DIRS", "").split(":") if d]
+    problem = root_problem(root, type(spec).model_fields["root"].default, data_dirs, resolve=True)
+    if problem:
+        raise PermissionError(f"data set {spec.name!r}: root {root!r}: {problem}")
 
 
 def num_classes_of(spec: Any) -> int:

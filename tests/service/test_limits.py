@@ -1,0 +1,177 @@
+"""Limits on every input: each a clear 4xx, nothing stored.
+
+The defects named in the issue each have a test here: an oversized body, a million-point grid,
+``?sweep_id=%00`` and an overflowing cursor on PostgreSQL, a flood of metric keys or points,
+a non-finite metric, and a data root outside the data directories.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime, timezone
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from tests.service.test_api_routes import API, _points, _start
+
+
+def _cursor(created_at: str, run_id: str = "abcdef012345") -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at, run_id]).encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("created_at, status", [
+    ("9999-12-31T23:59:59-14:00", 422),   # past year 9999 once in UTC
+    ("0001-01-01T00:00:00+14:00", 422),   # before year 1 once in UTC
+    ("9999-12-31T23:59:59.999999+00:00", 200),
+    ("0001-01-01T00:00:00+00:00", 200),
+])
+def test_an_overflowing_cursor_on_postgresql_is_a_422(pg_client, created_at, status):
+    response = pg_client.get(f"{API}/runs", params={"cursor": _cursor(created_at)})
+    assert response.status_code == status, response.text
+    if status == 422:
+        assert response.json()["detail"][0]["field"] == "cursor"
+
+
+def test_a_nul_in_a_query_parameter_on_postgresql_is_a_422_naming_it(pg_client):
+    response = pg_client.get(f"{API}/runs?sweep_id=%00")
+    assert response.status_code == 422, response.text
+    item = response.json()["detail"][0]
+    assert item["field"] == "sweep_id" and "NUL" in item["msg"]
+
+
+@pytest.fixture
+def limited(tmp_path, fake_jobs):
+    """A client on an app with small limits; ``limited(**settings)`` builds it."""
+    clients = []
+
+    def build(**overrides) -> TestClient:
+        settings = Settings(home=tmp_path / "home", public_url="http://tessera.test:8000", **overrides)
+        client = TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False))
+        clients.append(client.__enter__())
+        return client
+
+    yield build
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+def test_a_body_over_the_limit_is_a_413_naming_it_and_nothing_is_stored(limited, example_body):
+    client = limited(max_body_bytes=4096)
+    example_body["tags"] = ["x" * 100] * 60  # about 6 KiB
+    response = client.post(f"{API}/runs", json=example_body)
+    assert response.status_code == 413
+    assert "4096 bytes" in response.json()["detail"] and "TESSERA_MAX_BODY_BYTES" in response.json()["detail"]
+    assert client.get(f"{API}/runs").json()["data"] == []
+
+
+def test_a_chunked_body_without_a_length_is_cut_off_at_the_limit(limited):
+    client = limited(max_body_bytes=4096)
+    sent = []
+
+    def chunks():
+        for _ in range(1000):  # 1 MB offered; the service stops reading past 4 KiB
+            sent.append(1)
+            yield b"x" * 1000
+
+    response = client.post(f"{API}/runs", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "TESSERA_MAX_BODY_BYTES" in response.json()["detail"]
+
+
+def test_code_packages_have_their_own_larger_limit(limited):
+    client = limited(max_body_bytes=4096, code_max_body_bytes=64 * 1024)
+    assert client.post(f"{API}/code", content=b"x" * 8192).status_code != 413  # no such route here yet
+    response = client.post(f"{API}/code", content=b"x" * 70_000)
+    assert response.status_code == 413 and "TESSERA_CODE_MAX_BODY_BYTES" in response.json()["detail"]
+
+
+def _sweep(example_body, params):
+    return {"name": "big", "base": example_body, "search": {"params": params}}
+
+
+def test_a_million_point_grid_is_refused_before_it_is_expanded(client, example_body):
+    grids = {"optimizer.lr": {"grid": [0.01 * i for i in range(1, 11)]},
+             "optimizer.momentum": {"grid": [0.05 * i for i in range(10)]},
+             "optimizer.weight_decay": {"grid": [1e-5 * i for i in range(10)]},
+             "seed": {"grid": list(range(10))},
+             "data.batch_size": {"grid": [16 * i for i in range(1, 11)]},
+             "algorithms.label_smoothing.smoothing": {"grid": [0.01 * i for i in range(10)]}}
+    response = client.post(f"{API}/sweeps", json=_sweep(example_body, grids))
+    assert response.status_code == 422
+    assert "search: expands to 1000000 trials; at most 10000 allowed" in response.text
+    assert client.get(f"{API}/sweeps").json()["data"] == []
+
+
+def test_the_service_cap_on_trials_is_a_setting(limited, example_body):
+    client = limited(max_sweep_trials=4)
+    response = client.post(f"{API}/sweeps", json=_sweep(example_body, {"seed": {"grid": [1, 2, 3, 4, 5]}}))
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["field"] == "search"
+    assert "expands to 5 trials; at most 4 allowed" in response.json()["detail"][0]["msg"]
+    ok = client.post(f"{API}/sweeps", json=_sweep(example_body, {"seed": {"grid": [1, 2, 3, 4]}}))
+    assert ok.status_code == 201, ok.text
+
+
+def test_metric_reports_past_a_limit_are_refused_whole_with_the_limit_named(limited, fake_jobs, example_body):
+    client = limited(max_metric_keys_per_run=2, max_points_per_report=4, max_points_per_run=6)
+    run, token = _start(client, fake_jobs, example_body)
+    url, auth = f"{API}/runs/{run['id']}/report/metrics", {"Authorization": f"Bearer {token}"}
+    too_many = client.post(url, json=_points(1, 2, 3, 4, 5), headers=auth)
+    assert too_many.status_code == 413 and "TESSERA_MAX_POINTS_PER_REPORT" in too_many.json()["detail"]
+    assert client.post(url, json=_points(1, 2, 3, key="loss"), headers=auth).json() == {"stored": 3}
+    assert client.post(url, json=_points(1, key="acc"), headers=auth).json() == {"stored": 1}
+    third_key = client.post(url, json=_points(1, key="lr"), headers=auth)
+    assert third_key.status_code == 422 and "at most 2 distinct metric keys" in third_key.json()["detail"]
+    over_budget = client.post(url, json=_points(1, 2, 3, key="loss", first_step=3), headers=auth)
+    assert over_budget.status_code == 422 and "budget of 6 metric points" in over_budget.json()["detail"]
+    assert len(client.get(f"{API}/runs/{run['id']}/metrics").json()["data"]) == 4  # nothing from the refusals
+
+
+def test_a_non_finite_metric_is_kept_as_a_run_event(client, fake_jobs, example_body):
+    run, token = _start(client, fake_jobs, example_body)
+    now = datetime.now(timezone.utc).isoformat()
+    raw = ('{"points": [{"step": 11, "key": "train/loss", "value": 2.5, "time": "%s"},'
+           ' {"step": 12, "key": "train/loss", "value": NaN, "time": "%s"},'
+           ' {"step": 13, "key": "train/loss", "value": Infinity, "time": "%s"}]}' % (now, now, now))
+    response = client.post(f"{API}/runs/{run['id']}/report/metrics", content=raw,
+                           headers={"Authorization": f"Bearer {token}", "content-type": "application/json"})
+    assert response.json() == {"stored": 1}
+    messages = [e["message"] for e in client.get(f"{API}/runs/{run['id']}/events").json()["data"]]
+    assert "non-finite train/loss at step 12 (nan, 2 points)" in messages
+
+
+def test_integers_a_column_cannot_hold_are_a_422_on_postgresql(pg_client, fake_jobs, example_body):
+    run, token = _start(pg_client, fake_jobs, example_body)
+    auth = {"Authorization": f"Bearer {token}"}
+    report = {"step": 1, "epoch": 2**31, "time": datetime.now(timezone.utc).isoformat(), "committed": True,
+              "url": "file:///x", "world_size": 1}
+    response = pg_client.post(f"{API}/runs/{run['id']}/report/checkpoint", json=report, headers=auth)
+    assert response.status_code == 422 and response.json()["detail"][0]["field"] == "epoch"
+    huge = _points(1.0)
+    huge["points"][0]["step"] = 2**70
+    response = pg_client.post(f"{API}/runs/{run['id']}/report/metrics", json=huge, headers=auth)
+    assert response.status_code == 422 and response.json()["detail"][0]["field"] == "points[0].step"
+
+
+def test_a_data_root_outside_the_data_dirs_is_a_422(limited, example_body, tmp_path):
+    client = limited(data_dirs=[tmp_path / "sets"])
+    example_body["data"] = {"train": {"name": "fashion_mnist", "root": "/etc"},
+                            "eval": {"name": "fashion_mnist", "split": "test"}, "batch_size": 8}
+    example_body["algorithms"] = []
+    response = client.post(f"{API}/runs", json=example_body)
+    assert response.status_code == 422, response.text
+    item = response.json()["detail"][0]
+    assert item["field"] == "data.train.root" and item["input"] == "/etc" and "TESSERA_DATA_DIRS" in item["msg"]
+    sweep = client.post(f"{API}/sweeps", json=_sweep(example_body, {"seed": {"grid": [1, 2]}}))
+    assert sweep.status_code == 422 and sweep.json()["detail"][0]["field"] == "base.data.train.root"
+    external = client.post(f"{API}/sweeps", params={"driver": "external"},
+                           json=_sweep(dict(example_body, data={"train": {"name": "digits"}, "batch_size": 8}),
+                                       {"seed": {"grid": [1, 2]}})).json()
+    trial = client.post(f"{API}/sweeps/{external['id']}/trials", json={"trial_id": "t1", "spec": example_body},
+                        headers={"Authorization": f"Bearer {external['driver_token']}"})
+    assert trial.status_code == 422 and trial.json()["detail"][0]["field"] == "spec.data.train.root"
+    example_body["data"]["train"]["root"] = str(tmp_path / "sets" / "fmnist")
+    assert client.post(f"{API}/runs", json=example_body).status_code == 201
