@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import httpx
 
+from api.credentials import find_api_key
 from api.errors import ApiError
 from api.specs import RunSpec
 from api.views import (
@@ -39,10 +40,16 @@ API = "/api/v1"
 
 
 class Client:
+    """``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
+    ``$TESSERA_HOME/credentials`` (written by the embedded service on its first start). Worker
+    and driver reports carry their own per-attempt token instead."""
+
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        api_key = api_key or find_api_key()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -64,9 +71,11 @@ class Client:
         return response.json() if response.content else None
 
     # --- runs ----------------------------------------------------------------------------
-    def create_run(self, spec: RunSpec | dict[str, Any]) -> RunView:
+    def create_run(self, spec: RunSpec | dict[str, Any], *, project: str | None = None) -> RunView:
+        """Queue a run in ``project`` (default: the key's only project, else ``default``)."""
         body = spec.model_dump(mode="json") if isinstance(spec, RunSpec) else spec
-        return RunView.model_validate(self._request("POST", f"{API}/runs", json=body))
+        params = {"project": project} if project is not None else None
+        return RunView.model_validate(self._request("POST", f"{API}/runs", json=body, params=params))
 
     def get_run(self, run_id: str) -> RunView:
         return RunView.model_validate(self._request("GET", f"{API}/runs/{run_id}"))
@@ -124,12 +133,13 @@ class Client:
             time.sleep(poll_interval)
 
     # --- sweeps --------------------------------------------------------------------------
-    def create_sweep(self, spec: Any, *, driver: str = "service") -> SweepView:
+    def create_sweep(self, spec: Any, *, driver: str = "service", project: str | None = None) -> SweepView:
         """Store a sweep (a ``SweepSpec`` or its dict). ``driver="service"``: the service runs
         its Ray Tune driver as a Ray job. ``driver="external"``: the caller drives it (see
         ``workers.tune.run_sweep``); the answer then carries ``driver_token``."""
         body = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else spec
-        return SweepView.model_validate(self._request("POST", f"{API}/sweeps", json=body, params={"driver": driver}))
+        params = {"driver": driver, **({"project": project} if project is not None else {})}
+        return SweepView.model_validate(self._request("POST", f"{API}/sweeps", json=body, params=params))
 
     def get_sweep(self, sweep_id: str) -> SweepView:
         return SweepView.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}"))
@@ -171,6 +181,31 @@ class Client:
         return RunView.model_validate(self._request(
             "POST", f"{API}/sweeps/{sweep_id}/trials/{trial_id}/end", json=end.model_dump(mode="json"),
             headers={"Authorization": f"Bearer {token}"}))
+
+    # --- keys and projects ---------------------------------------------------------------
+    def me(self) -> dict[str, Any]:
+        """The calling key: ``key_id``, ``roles`` per project, and the ``projects`` it sees."""
+        return self._request("GET", f"{API}/me")
+
+    def create_key(self, project: str, role: str = "member", name: str = "key") -> dict[str, Any]:
+        """A new key for ``project``; the answer's ``key`` is the secret, shown only once."""
+        return self._request("POST", f"{API}/keys", json={"project": project, "role": role, "name": name})
+
+    def list_keys(self) -> list[dict[str, Any]]:
+        return self._request("GET", f"{API}/keys")["data"]
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"{API}/keys/{key_id}")
+
+    def create_project(self, name: str) -> dict[str, Any]:
+        return self._request("POST", f"{API}/projects", json={"name": name})
+
+    def list_projects(self) -> list[dict[str, Any]]:
+        return self._request("GET", f"{API}/projects")["data"]
+
+    def set_quota(self, project: str, **quota: int | None) -> dict[str, Any]:
+        """Replace ``project``'s quotas (``max_running_runs``, ``max_workers``, ``max_gpus``, ...)."""
+        return self._request("PUT", f"{API}/projects/{project}/quota", json=quota)
 
     # --- catalog -------------------------------------------------------------------------
     def algorithms(self) -> CatalogPage:

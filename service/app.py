@@ -21,7 +21,9 @@ from service.errors import install_error_handlers
 from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
-from service.routes import catalog, health, reports, runs, sweeps
+from service.access import AccessStore
+from service.bootstrap import ensure_admin_key
+from service.routes import access, catalog, health, reports, runs, sweeps
 from service.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     )
     app.state.settings = settings
     install_error_handlers(app)
-    for module in (runs, reports, sweeps, catalog, health):
+    for module in (runs, reports, sweeps, access, catalog, health):
         app.include_router(module.router)
     mount_dashboard(app)
     return app
@@ -70,6 +72,8 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 dispatcher = Dispatcher(Repository(engine), client, settings)
                 app.state.repo, app.state.sweeps = dispatcher.repo, dispatcher.sweeps
                 app.state.jobs, app.state.dispatcher = client, dispatcher
+                app.state.access = AccessStore(dispatcher.repo.db)
+                ensure_admin_key(app.state.access, settings)
                 for fix in dispatcher.reconcile():
                     log.info("reconciled %s", fix)
                 if run_dispatcher:

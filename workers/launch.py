@@ -43,7 +43,7 @@ def storage_path_for(storage_url: str | None, *, attempt: int) -> str | None:
 def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, storage_url: str | None,
                 client: Client | None = None) -> int:
     """Train one attempt of ``run_id`` and report its outcome; returns the process exit code."""
-    client = client or Client(service_url)
+    client = client or Client(service_url, api_key=token)  # the run token also reads the run
 
     def report(status: RunStatus, **fields: str) -> None:
         report_ = StatusReport(status=status, **fields)
