@@ -21,7 +21,6 @@ from service.errors import install_error_handlers
 from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
-from service.access import AccessStore
 from service.bootstrap import ensure_admin_key
 from service.routes import access, catalog, health, reports, runs, sweeps
 from service.settings import Settings, load_settings
@@ -72,7 +71,7 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 dispatcher = Dispatcher(Repository(engine), client, settings)
                 app.state.repo, app.state.sweeps = dispatcher.repo, dispatcher.sweeps
                 app.state.jobs, app.state.dispatcher = client, dispatcher
-                app.state.access = AccessStore(dispatcher.repo.db)
+                app.state.access = dispatcher.access
                 ensure_admin_key(app.state.access, settings)
                 for fix in dispatcher.reconcile():
                     log.info("reconciled %s", fix)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from service.access import AccessStore
+from service.admission import Admission
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
 from service.ray_client import JobsClient
@@ -29,8 +31,12 @@ class Dispatcher:
         self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
+        self.access = AccessStore(repo.db)
+        # Runs go to Ray through the admission queue; sweep drivers are submitted at once (their
+        # trials count against the cluster once they run, and each driver caps its trials).
+        self.admission = Admission(repo, jobs, self.access, autoscaler=settings.autoscaler)
         self.followers = (
-            JobFollower(RUN_JOBS, repo, jobs, settings),
+            JobFollower(RUN_JOBS, repo, jobs, settings, admit=self.admission),
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
         )
         self._stop = threading.Event()

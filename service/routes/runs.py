@@ -33,6 +33,18 @@ def scoped_run(repo: Repository, caller: Caller, run_id: str, needed: Role) -> R
     return run
 
 
+def queued_view(request: Request, run: RunRecord) -> RunView:
+    """The run's view with, while it is QUEUED, its place in the queue and why it waits (as of
+    the dispatcher's last tick)."""
+    view = run.to_view()
+    if run.status is RunStatus.QUEUED:
+        dispatcher = getattr(request.app.state, "dispatcher", None)
+        info = dispatcher.admission.waiting.get(run.id) if dispatcher is not None else None
+        if info is not None:
+            view = view.model_copy(update={"queue": info})
+    return view
+
+
 def conditional_json(request: Request, view: BaseModel) -> Response:
     """``view`` as JSON with an ETag of its bytes; 304 without a body when ``If-None-Match`` has it.
 
@@ -49,12 +61,18 @@ def conditional_json(request: Request, view: BaseModel) -> Response:
 
 
 @router.post("", status_code=201, response_model=RunView, operation_id="create_run")
-def create_run(spec: RunSpec, repo: RepoDep, caller: CallerDep, access: AccessDep,
+def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep, access: AccessDep,
                project: Annotated[str | None, PROJECT_QUERY] = None) -> RunView:
     """Validate a run spec and queue it in ``project`` (a ``member`` role there is needed); the
     dispatcher admits it to Ray when the cluster and the project's quota have room."""
     name = project_for_create(caller, access, project)
-    return repo.create_run(spec, project=name).to_view()
+    never = request.app.state.dispatcher.admission.never_fits(spec.model_dump(mode="json"))
+    if never is not None:
+        return validation_response([field_error(
+            "parallelism.num_workers", ["body", "parallelism", "num_workers"],
+            f"this run can never start: it {never}, and no autoscaler is configured (TESSERA_AUTOSCALER)",
+            spec.parallelism.num_workers)])
+    return queued_view(request, repo.create_run(spec, project=name))
 
 
 @router.get("", response_model=RunsPage, operation_id="list_runs", responses=NOT_MODIFIED)
@@ -71,7 +89,8 @@ def list_runs(request: Request, repo: RepoDep, caller: CallerDep, status: RunSta
         projects = [project] if caller.role_in(project) is not None else []
     runs, next_cursor = repo.list_runs(status=status, sweep_id=sweep_id, limit=limit, cursor=cursor,
                                        projects=projects)
-    return conditional_json(request, RunsPage(data=[run.to_view() for run in runs], next_cursor=next_cursor))
+    return conditional_json(request, RunsPage(data=[queued_view(request, run) for run in runs],
+                                              next_cursor=next_cursor))
 
 
 @router.get("/{run_id}", response_model=RunView, operation_id="get_run", responses={**NOT_FOUND, **NOT_MODIFIED})
@@ -82,7 +101,7 @@ def get_run(run_id: str, request: Request, repo: RepoDep, access: AccessDep) -> 
     if token is not None and not token.startswith(KEY_PREFIX) and repo.check_token(run_id, token):
         return conditional_json(request, repo.get_run(run_id).to_view())
     caller = require_caller(request, access)
-    return conditional_json(request, scoped_run(repo, caller, run_id, Role.VIEWER).to_view())
+    return conditional_json(request, queued_view(request, scoped_run(repo, caller, run_id, Role.VIEWER)))
 
 
 @router.post("/{run_id}/cancel", response_model=RunView, operation_id="cancel_run",
