@@ -63,6 +63,8 @@ def serve(
 def submit(
     file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
+    project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
+                                                        "else 'default')")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED)."""
@@ -71,7 +73,7 @@ def submit(
     except SpecFileError as exc:
         _fail(str(exc))
     client = _client(url)
-    run = _call(client.create_run, body)
+    run = _call(client.create_run, body, project=project)
     console.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
         return
@@ -93,7 +95,7 @@ def runs(
     page = _call(_client(url).list_runs, status=status, limit=limit)
     table = Table("id", "name", "status", "attempt", "created", "eval/accuracy", "train/loss")
     for run in page.data:
-        table.add_row(run.id, run.name, run.status.value, str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        table.add_row(run.id, run.name, _status(run), str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                       _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"))
     console.print(table)
 
@@ -109,6 +111,10 @@ def show(run_id: str, url: UrlOption = DEFAULT_URL,
         return
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
     console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}")
+    console.print(f"project {run.project}", highlight=False)
+    if run.queue is not None:
+        console.print(f"queue: position {run.queue.position}, waiting for {run.queue.reason}"
+                      + (f" ({run.queue.detail})" if run.queue.detail else ""), highlight=False)
     _print_summary(run)
     events = _call(client.run_events, run_id)
     table = Table("time", "from", "to", "attempt", "message")
@@ -157,6 +163,13 @@ def train(
     console.print_json(json.dumps(result, default=float))
 
 
+def _status(run) -> str:
+    """The status, and for a QUEUED run its place and why it waits: ``QUEUED #2 resources``."""
+    if run.queue is None:
+        return run.status.value
+    return f"{run.status.value} #{run.queue.position} {run.queue.reason}"
+
+
 def _metric(summary: dict[str, float], key: str) -> str:
     return f"{summary[key]:.4f}" if key in summary else "-"
 
@@ -166,6 +179,12 @@ def _print_summary(run) -> None:
         console.print("  ".join(f"{k}={v:.4g}" for k, v in sorted(run.summary.items())))
     if run.error:
         err_console.print(f"[red]error:[/red] {run.error}", highlight=False)
+
+
+from cli.access import keys_app, projects_app  # noqa: E402  (sub-apps register after the commands above)
+
+app.add_typer(keys_app, name="keys")
+app.add_typer(projects_app, name="projects")
 
 
 def main() -> None:
