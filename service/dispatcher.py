@@ -12,6 +12,7 @@ import logging
 import threading
 
 from service.access import AccessStore
+from service import wall_clock
 from service.admission import Admission
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
@@ -46,6 +47,9 @@ class Dispatcher:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
         for follower in self.followers:
             follower.tick()
+        projects = {p.name: p for p in self.access.list_projects()}
+        for run_id in wall_clock.enforce(self.repo, self.jobs, projects):
+            log.info("run %s: stopped at its wall-clock limit", run_id)
 
     def reconcile(self) -> list[str]:
         """Compare every active run and sweep with Ray once (at startup); return the fixes made."""

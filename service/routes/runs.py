@@ -72,7 +72,23 @@ def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep
             "parallelism.num_workers", ["body", "parallelism", "num_workers"],
             f"this run can never start: it {never}, and no autoscaler is configured (TESSERA_AUTOSCALER)",
             spec.parallelism.num_workers)])
+    too_long = wall_time_problem(request.app.state.settings, access.get_project(name), spec)
+    if too_long is not None:
+        return validation_response([field_error("max_wall_time", ["body", "max_wall_time"], too_long,
+                                                spec.max_wall_time)])
     return queued_view(request, repo.create_run(spec, project=name))
+
+
+def wall_time_problem(settings, project, spec: RunSpec) -> str | None:
+    """Why ``spec.max_wall_time`` is more than the project may ask for, or None."""
+    from api.specs import wall_time_seconds
+    from service.wall_clock import wall_time_cap
+
+    cap = wall_time_cap(settings, project)
+    if spec.max_wall_time is None or cap is None or wall_time_seconds(spec.max_wall_time) <= cap:
+        return None
+    return (f"max_wall_time {spec.max_wall_time} is more than project {project.name} may ask for: at most {cap}s "
+            f"(an admin of every project can raise the project's max_wall_time_cap_s)")
 
 
 @router.get("", response_model=RunsPage, operation_id="list_runs", responses=NOT_MODIFIED)

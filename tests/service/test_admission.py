@@ -146,3 +146,43 @@ def test_a_project_quota_set_by_its_admin_holds_its_runs_back(sized, example_bod
     assert client.get(f"{API}/runs/{first}").json()["status"] == "STARTING"
     queued = client.get(f"{API}/runs/{second}").json()
     assert queued["status"] == "QUEUED" and queued["queue"]["reason"] == "quota"
+
+
+# --- wall-clock limits ---------------------------------------------------------------------
+
+def test_a_run_past_its_wall_clock_limit_is_stopped_and_fails_with_that_reason(client, fake_jobs, example_body):
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import update
+
+    from service.db.models import RunEvent
+
+    run_id = _submit(client, {**example_body, "max_wall_time": "30m"})
+    other = _submit(client, example_body)  # no limit: left alone
+    dispatcher = client.app.state.dispatcher
+    dispatcher.tick()
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{run_id}").json()["status"] == "STARTING"  # within its 30 minutes
+    with client.app.state.repo.engine.begin() as conn:  # the attempt started 31 minutes ago
+        conn.execute(update(RunEvent).where(RunEvent.run_id.in_([run_id, other]))
+                     .values(time=datetime.now(timezone.utc) - timedelta(minutes=31)))
+    dispatcher.tick()
+    failed = client.get(f"{API}/runs/{run_id}").json()
+    assert failed["status"] == "FAILED" and "max_wall_time 1800s exceeded" in failed["error"]
+    assert f"run-{run_id}-attempt-1" in fake_jobs.stop_calls
+    assert client.get(f"{API}/runs/{other}").json()["status"] == "STARTING"
+
+
+def test_max_wall_time_is_capped_by_the_service_and_a_project_cap_raises_it(tmp_path, fake_jobs, example_body):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(home=tmp_path / "home", max_wall_time_s=3600, public_url="http://tessera.test:8000")
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
+        refused = client.post(f"{API}/runs", json={**example_body, "max_wall_time": "2h"})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "max_wall_time"
+        assert client.post(f"{API}/runs", json={**example_body, "max_wall_time": "1h"}).status_code == 201
+        assert client.put(f"{API}/projects/default/quota", json={"max_wall_time_cap_s": 86400}).status_code == 200
+        assert client.post(f"{API}/runs", json={**example_body, "max_wall_time": "2h"}).status_code == 201
