@@ -113,6 +113,10 @@ def test_a_viewer_reads_but_cannot_submit_cancel_or_resume(admin, two_projects, 
     assert admin.post(f"{API}/runs/{t['run']}/cancel", headers=viewer).status_code == 403
     assert admin.post(f"{API}/runs/{t['run']}/resume", headers=viewer).status_code == 403
     assert admin.post(f"{API}/sweeps/{t['sweep']}/cancel", headers=viewer).status_code == 403
+    external = admin.post(f"{API}/sweeps", params={"driver": "external", "project": t["a"]}, headers=viewer,
+                          json={"name": "x", "base": example_body,
+                                "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}})
+    assert external.status_code == 403 and "driver_token" not in external.text  # no driver token for a viewer
     me = admin.get(f"{API}/me", headers=viewer).json()
     assert me["roles"] == {t["a"]: "viewer"} and [p["name"] for p in me["projects"]] == [t["a"]]
 
