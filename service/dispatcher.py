@@ -45,8 +45,15 @@ class Dispatcher:
 
     def tick(self) -> None:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
+        listed: list[dict[str, str] | None] = []
+
+        def job_states() -> dict[str, str] | None:  # at most one list_jobs per tick, shared
+            if not listed:
+                listed.append(self.followers[0]._job_states())
+            return listed[0]
+
         for follower in self.followers:
-            follower.tick()
+            follower.tick(job_states)
         projects = {p.name: p for p in self.access.list_projects()}
         for run_id in wall_clock.enforce(self.repo, self.jobs, projects):
             log.info("run %s: stopped at its wall-clock limit", run_id)

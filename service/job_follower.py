@@ -42,8 +42,10 @@ class JobFollower:
         """This kind's records in one of ``statuses`` whose jobs it submits and follows, oldest first."""
         return [record for record in self.store.with_status(statuses) if self.kind.owns(record)]
 
-    def tick(self) -> None:
-        """One pass: submit every QUEUED record, then follow every other active one."""
+    def tick(self, job_states: Callable[[], dict[str, str] | None] | None = None) -> None:
+        """One pass: submit every QUEUED record, then follow every other active one.
+        ``job_states``: where to read every job's state (the dispatcher shares one list per
+        tick between its followers); default: this follower's own ``_job_states``."""
         queued = self.owned([self.kind.status.QUEUED])
         admitted = self.admit(queued) if self.admit is not None else queued
         for record in admitted:
@@ -55,7 +57,7 @@ class JobFollower:
         if not followed:
             return
         try:
-            states = self._job_states()
+            states = (job_states or self._job_states)()
         except Exception as exc:  # Ray cannot be asked: "unknown" never reads as "gone"
             log.warning("could not list Ray's jobs; following again next tick: %s", exc)
             return
