@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import httpx
 
 from api.code_package import CodePackage, CodeView, inspect_package, pack_directory
+from api.credentials import find_api_key
 from api.errors import ApiError
 from api.specs import RunSpec
 from api.views import (
@@ -41,10 +42,16 @@ API = "/api/v1"
 
 
 class Client:
+    """``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
+    ``$TESSERA_HOME/credentials`` (written by the embedded service on its first start). Worker
+    and driver reports carry their own per-attempt token instead."""
+
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, api_key: str | None = None):
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        api_key = api_key or find_api_key()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -66,29 +73,31 @@ class Client:
         return response.json() if response.content else None
 
     # --- runs ----------------------------------------------------------------------------
-    def create_run(self, spec: RunSpec | dict[str, Any], *, code: str | Path | CodePackage | None = None) -> RunView:
-        """Queue a run. ``code``: a folder (or a ``CodePackage``) with the code that
-        ``model.import`` names; it is packed, uploaded unless the service has it, and recorded
-        as the spec's ``code.digest``."""
+    def create_run(self, spec: RunSpec | dict[str, Any], *, code: str | Path | CodePackage | None = None,
+                   project: str | None = None) -> RunView:
+        """Queue a run in ``project`` (default: the key's only project, else ``default``). ``code``:
+        a folder (or a ``CodePackage``) with the code that ``model.import`` names; it is packed,
+        uploaded to the project unless the service has it, and recorded as the spec's ``code.digest``."""
         body = spec.model_dump(mode="json") if isinstance(spec, RunSpec) else dict(spec)
+        params = {"project": project} if project is not None else None
         if code is not None:
-            body["code"] = {"digest": self.upload_code(code).digest}
-        return RunView.model_validate(self._request("POST", f"{API}/runs", json=body))
+            body["code"] = {"digest": self.upload_code(code, project=project).digest}
+        return RunView.model_validate(self._request("POST", f"{API}/runs", json=body, params=params))
 
     # --- code packages -------------------------------------------------------------------
-    def upload_code(self, code: str | Path | CodePackage) -> CodeView:
-        """Pack ``code`` (a folder; see ``api.code_package``) and upload it, unless the service
-        already stores a package with its digest (then nothing is sent)."""
+    def upload_code(self, code: str | Path | CodePackage, *, project: str | None = None) -> CodeView:
+        """Pack ``code`` (a folder; see ``api.code_package``) and upload it to ``project``, unless
+        the project already stores a package with its digest (then nothing is sent)."""
         package = code if isinstance(code, CodePackage) else pack_directory(code)
-        if self.has_code(package.digest):
+        if self.has_code(package.digest, project=project):
             return inspect_package(package.data)
+        params = {"digest": package.digest, **({"project": project} if project is not None else {})}
         return CodeView.model_validate(self._request(
-            "POST", f"{API}/code", params={"digest": package.digest}, content=package.data,
-            headers={"Content-Type": "application/zip"}))
+            "POST", f"{API}/code", params=params, content=package.data, headers={"Content-Type": "application/zip"}))
 
-    def has_code(self, digest: str) -> bool:
-        """Whether the service stores a package with this digest (a HEAD request: no body)."""
-        response = self._http.head(f"{API}/code/{digest}")
+    def has_code(self, digest: str, *, project: str | None = None) -> bool:
+        """Whether ``project`` stores a package with this digest (a HEAD request: no body)."""
+        response = self._http.head(f"{API}/code/{digest}", params={"project": project} if project else None)
         if response.status_code not in (200, 404):
             raise ApiError(response.status_code, response.reason_phrase)
         return response.status_code == 200
@@ -158,12 +167,13 @@ class Client:
             time.sleep(poll_interval)
 
     # --- sweeps --------------------------------------------------------------------------
-    def create_sweep(self, spec: Any, *, driver: str = "service") -> SweepView:
+    def create_sweep(self, spec: Any, *, driver: str = "service", project: str | None = None) -> SweepView:
         """Store a sweep (a ``SweepSpec`` or its dict). ``driver="service"``: the service runs
         its Ray Tune driver as a Ray job. ``driver="external"``: the caller drives it (see
         ``workers.tune.run_sweep``); the answer then carries ``driver_token``."""
         body = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else spec
-        return SweepView.model_validate(self._request("POST", f"{API}/sweeps", json=body, params={"driver": driver}))
+        params = {"driver": driver, **({"project": project} if project is not None else {})}
+        return SweepView.model_validate(self._request("POST", f"{API}/sweeps", json=body, params=params))
 
     def get_sweep(self, sweep_id: str) -> SweepView:
         return SweepView.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}"))
@@ -205,6 +215,31 @@ class Client:
         return RunView.model_validate(self._request(
             "POST", f"{API}/sweeps/{sweep_id}/trials/{trial_id}/end", json=end.model_dump(mode="json"),
             headers={"Authorization": f"Bearer {token}"}))
+
+    # --- keys and projects ---------------------------------------------------------------
+    def me(self) -> dict[str, Any]:
+        """The calling key: ``key_id``, ``roles`` per project, and the ``projects`` it sees."""
+        return self._request("GET", f"{API}/me")
+
+    def create_key(self, project: str, role: str = "member", name: str = "key") -> dict[str, Any]:
+        """A new key for ``project``; the answer's ``key`` is the secret, shown only once."""
+        return self._request("POST", f"{API}/keys", json={"project": project, "role": role, "name": name})
+
+    def list_keys(self) -> list[dict[str, Any]]:
+        return self._request("GET", f"{API}/keys")["data"]
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"{API}/keys/{key_id}")
+
+    def create_project(self, name: str) -> dict[str, Any]:
+        return self._request("POST", f"{API}/projects", json={"name": name})
+
+    def list_projects(self) -> list[dict[str, Any]]:
+        return self._request("GET", f"{API}/projects")["data"]
+
+    def set_quota(self, project: str, **quota: int | None) -> dict[str, Any]:
+        """Replace ``project``'s quotas (``max_running_runs``, ``max_workers``, ``max_gpus``, ...)."""
+        return self._request("PUT", f"{API}/projects/{project}/quota", json=quota)
 
     # --- catalog -------------------------------------------------------------------------
     def algorithms(self) -> CatalogPage:

@@ -246,6 +246,12 @@ class RunSpec(Spec):
     seed: int = Field(42, ge=0, le=2**31 - 1)
     deterministic: bool = False
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=32)
+    priority: Literal["low", "normal", "high"] = Field(
+        "normal", description="queue order: higher first; runs of equal priority take turns across projects")
+    max_wall_time: str | None = Field(
+        None, pattern=r"^[1-9][0-9]{0,8}(s|m|h|d)$",
+        description="wall-clock limit such as '90m' or '12h' (default: the project's); a run past it is stopped "
+                    "with its checkpoints kept and ends FAILED")
     code: CodeRef | None = Field(None, description="the code package (POST /api/v1/code) the workers import "
                                                    "model.import from; `tessera submit --code DIR` sets it")
 
@@ -334,3 +340,11 @@ def _sequence_length_problems(spec: RunSpec) -> list[str]:
 
 def algorithm_names(spec: RunSpec) -> list[str]:
     return [a.name for a in spec.algorithms]
+
+
+WALL_TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def wall_time_seconds(text: str) -> int:
+    """Seconds in a ``max_wall_time`` string such as ``90m``."""
+    return int(text[:-1]) * WALL_TIME_UNITS[text[-1]]

@@ -31,6 +31,16 @@ TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.
 ACTIVE_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RESTARTING, RunStatus.CANCELING})
 
 
+class QueueInfo(BaseModel):
+    """Where a QUEUED run stands: ``position`` 1 is admitted next; ``reason`` says what it waits
+    for: ``quota`` (its project's), ``resources`` (the cluster's CPUs/GPUs), ``priority``
+    (runs ahead of it go first)."""
+
+    position: int
+    reason: Literal["quota", "resources", "priority"]
+    detail: str | None = None
+
+
 class RunView(BaseModel):
     id: str
     name: str
@@ -47,6 +57,8 @@ class RunView(BaseModel):
     tags: list[str] = Field(default_factory=list)
     sweep_id: str | None = Field(None, description="the sweep this run is a trial of")
     trial_id: str | None = Field(None, description="the trial's id within its sweep (Ray Tune's)")
+    project: str = Field("default", description="the project the run belongs to")
+    queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
 
     @property
     def restarts(self) -> int:
@@ -218,6 +230,7 @@ class SweepView(BaseModel):
     attempt: int
     driver: Literal["service", "external"]
     spec: dict[str, Any]
+    project: str = "default"
     metric: str
     mode: Literal["max", "min"]
     created_at: datetime

@@ -68,6 +68,8 @@ def submit(
     code: Annotated[Optional[str], typer.Option(
         "--code", help="a folder with the code model.import names: packed (respecting its .gitignore), "
         "uploaded once, recorded as the spec's code.digest")] = None,
+    project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
+                                                        "else 'default')")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED)."""
@@ -77,8 +79,8 @@ def submit(
         _fail(str(exc))
     client = _client(url)
     if code is not None:
-        body["code"] = {"digest": _upload_code(client, code)}
-    run = _call(client.create_run, body)
+        body["code"] = {"digest": _upload_code(client, code, project=project)}
+    run = _call(client.create_run, body, project=project)
     console.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
         return
@@ -90,17 +92,17 @@ def submit(
         raise typer.Exit(1)
 
 
-def _upload_code(client: Client, folder: str) -> str:
-    """Pack and upload ``folder`` (unless the service has it); returns its digest."""
+def _upload_code(client: Client, folder: str, *, project: str | None = None) -> str:
+    """Pack and upload ``folder`` to ``project`` (unless it has it); returns its digest."""
     from api.code_package import CodePackageError, pack_directory
 
     try:
         package = pack_directory(folder)
     except CodePackageError as exc:
         _fail(str(exc))
-    stored = _call(client.has_code, package.digest)
+    stored = _call(client.has_code, package.digest, project=project)
     if not stored:
-        _call(client.upload_code, package)
+        _call(client.upload_code, package, project=project)
     what = "already on the service" if stored else "uploaded"
     console.print(f"code package {package.digest[:12]} ({len(package.files)} files, {len(package.data) / 1024:.1f} "
                   f"KiB) {what}", highlight=False)
@@ -117,7 +119,7 @@ def runs(
     page = _call(_client(url).list_runs, status=status, limit=limit)
     table = Table("id", "name", "status", "attempt", "created", "eval/accuracy", "train/loss")
     for run in page.data:
-        table.add_row(run.id, run.name, run.status.value, str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        table.add_row(run.id, run.name, _status(run), str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                       _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"))
     console.print(table)
 
@@ -133,6 +135,10 @@ def show(run_id: str, url: UrlOption = DEFAULT_URL,
         return
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
     console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}")
+    console.print(f"project {run.project}", highlight=False)
+    if run.queue is not None:
+        console.print(f"queue: position {run.queue.position}, waiting for {run.queue.reason}"
+                      + (f" ({run.queue.detail})" if run.queue.detail else ""), highlight=False)
     _print_summary(run)
     events = _call(client.run_events, run_id)
     table = Table("time", "from", "to", "attempt", "message")
@@ -200,6 +206,13 @@ def _put_code_on_path(folder: str) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
 
 
+def _status(run) -> str:
+    """The status, and for a QUEUED run its place and why it waits: ``QUEUED #2 resources``."""
+    if run.queue is None:
+        return run.status.value
+    return f"{run.status.value} #{run.queue.position} {run.queue.reason}"
+
+
 def _metric(summary: dict[str, float], key: str) -> str:
     return f"{summary[key]:.4f}" if key in summary else "-"
 
@@ -209,6 +222,12 @@ def _print_summary(run) -> None:
         console.print("  ".join(f"{k}={v:.4g}" for k, v in sorted(run.summary.items())))
     if run.error:
         err_console.print(f"[red]error:[/red] {run.error}", highlight=False)
+
+
+from cli.access import keys_app, projects_app  # noqa: E402  (sub-apps register after the commands above)
+
+app.add_typer(keys_app, name="keys")
+app.add_typer(projects_app, name="projects")
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ from service.limits import RequestLimits
 from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
-from service.routes import catalog, code, health, reports, runs, sweeps
+from service.bootstrap import ensure_admin_key
+from service.routes import access, catalog, code, health, reports, runs, sweeps
 from service.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     install_error_handlers(app)
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes,
                        code_max_body_bytes=settings.code_max_body_bytes, code_prefix=f"{API_PREFIX}/code")
-    for module in (runs, reports, sweeps, catalog, health, code):
+    for module in (runs, reports, sweeps, access, catalog, health, code):
         app.include_router(module.router)
     mount_dashboard(app)
     return app
@@ -73,6 +74,8 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 dispatcher = Dispatcher(Repository(engine), client, settings)
                 app.state.repo, app.state.sweeps = dispatcher.repo, dispatcher.sweeps
                 app.state.jobs, app.state.dispatcher = client, dispatcher
+                app.state.access = dispatcher.access
+                ensure_admin_key(app.state.access, settings)
                 for fix in dispatcher.reconcile():
                     log.info("reconciled %s", fix)
                 if run_dispatcher:

@@ -1,4 +1,4 @@
-"""Code packages in object storage: ``{TESSERA_STORAGE_URL}/code/{sha256}.zip``, written once.
+"""Code packages in object storage: ``{project storage}/code/{sha256}.zip``, written once.
 
 The name is the content's sha256, so a package is stored once however often it is uploaded,
 and a worker can check what it fetched. The service only stores bytes here: it never unpacks,
@@ -57,9 +57,13 @@ class CodeStore:
         return inspect_package(self.fs.cat_file(self._path(digest)))
 
 
-def get_code_store(request: Request) -> CodeStore:
-    """The app's ``CodeStore`` on its settings' storage URL (built on first use)."""
-    store = getattr(request.app.state, "code_store", None)
-    if store is None:
-        store = request.app.state.code_store = CodeStore(request.app.state.settings.storage_url)
-    return store
+def project_code_store(request: Request, project: str) -> CodeStore:
+    """The ``CodeStore`` of ``project``, under its storage prefix (``job_kinds.project_storage_url``),
+    where that project's workers fetch packages from: a package stored for one project is not
+    visible to another. Built once per project and app."""
+    from service.job_kinds import project_storage_url
+
+    stores = request.app.state.__dict__.setdefault("code_stores", {})
+    if project not in stores:
+        stores[project] = CodeStore(project_storage_url(request.app.state.settings.storage_url, project))
+    return stores[project]

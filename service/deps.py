@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from service.access import AccessStore, Caller, Role
 from service.ray_client import JobsClient
 from service.repository import Repository
 from service.settings import Settings
@@ -30,10 +31,15 @@ def get_jobs(request: Request) -> JobsClient:
     return request.app.state.jobs
 
 
+def get_access(request: Request) -> AccessStore:
+    return request.app.state.access
+
+
 RepoDep = Annotated[Repository, Depends(get_repo)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 JobsDep = Annotated[JobsClient, Depends(get_jobs)]
 SweepsDep = Annotated[SweepRepository, Depends(get_sweeps)]
+AccessDep = Annotated[AccessStore, Depends(get_access)]
 
 UNAUTHORIZED = "invalid or missing run token"
 SWEEP_UNAUTHORIZED = "invalid or missing sweep token"
@@ -63,3 +69,32 @@ def require_sweep_token(sweep_id: str, request: Request, sweeps: SweepsDep) -> s
 
 RunTokenDep = Annotated[str, Depends(require_run_token)]
 SweepTokenDep = Annotated[str, Depends(require_sweep_token)]
+
+
+KEY_UNAUTHORIZED = ("a valid API key is required: send Authorization: Bearer tsk_... (the embedded service "
+                    "writes its first key to $TESSERA_HOME/credentials)")
+
+
+def require_caller(request: Request, access: AccessDep) -> Caller:
+    """The holder of the request's API key; 401 without one, or with an unknown or revoked key."""
+    token = bearer_token(request.headers.get("authorization", ""))
+    caller = access.authenticate(token) if token is not None else None
+    if caller is None:
+        raise HTTPException(status_code=401, detail=KEY_UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(require_caller)]
+
+
+def project_for_create(caller: Caller, access: AccessStore, project: str | None, needed: Role = Role.MEMBER) -> str:
+    """The project a new object goes to: ``project``, else the key's default one; checked
+    against the key's role there (404 for a project the key has no role in, 403 below ``needed``).
+
+    Routes that create project-owned objects (runs, sweeps, code packages) call this with the
+    request's ``project`` field, and then read objects back through their ``project``."""
+    from service.access import ProjectNotFound
+
+    name = project or caller.default_project()
+    caller.require(name, needed, ProjectNotFound(name))
+    return access.get_project(name).name  # 404 for a name no project has

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 
+from service.access import AccessStore
+from service import wall_clock
+from service.admission import Admission
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
 from service.ray_client import JobsClient
@@ -29,8 +32,12 @@ class Dispatcher:
         self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
+        self.access = AccessStore(repo.db)
+        # Runs go to Ray through the admission queue; sweep drivers are submitted at once (their
+        # trials count against the cluster once they run, and each driver caps its trials).
+        self.admission = Admission(repo, jobs, self.access, autoscaler=settings.autoscaler)
         self.followers = (
-            JobFollower(RUN_JOBS, repo, jobs, settings),
+            JobFollower(RUN_JOBS, repo, jobs, settings, admit=self.admission),
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
         )
         self._stop = threading.Event()
@@ -38,8 +45,18 @@ class Dispatcher:
 
     def tick(self) -> None:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
+        listed: list[dict[str, str] | None] = []
+
+        def job_states() -> dict[str, str] | None:  # at most one list_jobs per tick, shared
+            if not listed:
+                listed.append(self.followers[0]._job_states())
+            return listed[0]
+
         for follower in self.followers:
-            follower.tick()
+            follower.tick(job_states)
+        projects = {p.name: p for p in self.access.list_projects()}
+        for run_id in wall_clock.enforce(self.repo, self.jobs, projects):
+            log.info("run %s: stopped at its wall-clock limit", run_id)
 
     def reconcile(self) -> list[str]:
         """Compare every active run and sweep with Ray once (at startup); return the fixes made."""

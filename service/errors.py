@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
 from api.errors import field_path
+from service.access import Forbidden, KeyNotFound, ProjectExists, ProjectNotFound
 from service.repository import InvalidCursor, RunNotFound
 from service.sweep_repository import SweepNotFound
 from service.lifecycle import IllegalTransition
@@ -232,6 +233,22 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SweepNotFound)
     async def _sweep_not_found(_request: Request, exc: SweepNotFound) -> JSONResponse:
         return JSONResponse(status_code=404, content={"detail": exc.detail})
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_request: Request, exc: Forbidden) -> JSONResponse:
+        return JSONResponse(status_code=403, content={"detail": exc.detail})
+
+    @app.exception_handler(ProjectNotFound)
+    async def _no_project(_request: Request, exc: ProjectNotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": exc.detail})
+
+    @app.exception_handler(KeyNotFound)
+    async def _no_key(_request: Request, exc: KeyNotFound) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": exc.detail})
+
+    @app.exception_handler(ProjectExists)
+    async def _project_exists(_request: Request, exc: ProjectExists) -> JSONResponse:
+        return JSONResponse(status_code=409, content={"detail": exc.detail})
 
     @app.exception_handler(IllegalTransition)
     async def _conflict(_request: Request, exc: IllegalTransition) -> JSONResponse:

@@ -30,27 +30,44 @@ WHAT_HAPPENED = {None: "not found", "FAILED": "failed", "STOPPED": "was stopped"
 class JobFollower:
     """Submits and follows the jobs of one ``JobKind``; ``tick`` and ``reconcile`` are its loops."""
 
-    def __init__(self, kind: JobKind, store: AttemptStore, jobs: JobsClient, settings: Settings):
+    def __init__(self, kind: JobKind, store: AttemptStore, jobs: JobsClient, settings: Settings,
+                 admit: Callable[[list[Any]], list[Any]] | None = None):
         self.kind = kind
         self.store = store
         self.jobs = jobs
         self.settings = settings
+        self.admit = admit  # picks which QUEUED records to submit (the run queue); None: all
 
     def owned(self, statuses: Iterable[Any]) -> list[Any]:
         """This kind's records in one of ``statuses`` whose jobs it submits and follows, oldest first."""
         return [record for record in self.store.with_status(statuses) if self.kind.owns(record)]
 
-    def tick(self) -> None:
-        """One pass: submit every QUEUED record, then follow every other active one."""
+    def tick(self, job_states: Callable[[], dict[str, str] | None] | None = None) -> None:
+        """One pass: submit every QUEUED record, then follow every other active one.
+        ``job_states``: where to read every job's state (the dispatcher shares one list per
+        tick between its followers); default: this follower's own ``_job_states``."""
         queued = self.owned([self.kind.status.QUEUED])
-        for record in queued:
+        admitted = self.admit(queued) if self.admit is not None else queued
+        for record in admitted:
             self._guarded(self.submit, record)
         # A job submitted a moment ago is looked at from the next tick on: a submission whose
         # answer was lost may not be visible in Ray yet, and must not read as "job gone".
-        just_submitted = {record.id for record in queued}
-        for record in self.owned(self.kind.policy.followed):
-            if record.id not in just_submitted:
-                self._guarded(self.follow, record)
+        just_submitted = {record.id for record in admitted}
+        followed = [r for r in self.owned(self.kind.policy.followed) if r.id not in just_submitted]
+        if not followed:
+            return
+        try:
+            states = (job_states or self._job_states)()
+        except Exception as exc:  # Ray cannot be asked: "unknown" never reads as "gone"
+            log.warning("could not list Ray's jobs; following again next tick: %s", exc)
+            return
+        for record in followed:
+            self._guarded(self.follow, record, states=states)
+
+    def _job_states(self) -> dict[str, str] | None:
+        """Every job's state in one call, if the Jobs client can list them; None: ask per job."""
+        lister = getattr(self.jobs, "states", None)
+        return lister() if lister is not None else None
 
     def reconcile(self) -> list[str]:
         """Follow every active record once, before anything is submitted (at startup); return
@@ -95,7 +112,8 @@ class JobFollower:
             return
         log.info("%s %s: submitted %s %s", self.kind.name, record.id, self.kind.job_noun, job_id)
 
-    def follow(self, record: Any, *, context: str = "dispatcher") -> str | None:
+    def follow(self, record: Any, *, context: str = "dispatcher", states: dict[str, str] | None = None
+               ) -> str | None:
         """Apply the fix that Ray's view of ``record``'s job calls for; return what it did, or None.
 
         Raises what the Jobs client raises when Ray cannot be asked (the record stays as it is),
@@ -107,6 +125,8 @@ class JobFollower:
         job_id = record.ray_job_id
         if record.status is policy.canceling:
             state = stop_and_check(self.jobs, job_id)
+        elif states is not None:  # one list_jobs per tick: a job missing from it is gone
+            state = states.get(job_id) if job_id else None
         else:
             state = self.jobs.status(job_id) if job_id else None
         fix = decide(record.status, state, self.kind.restarts_left(record.attempt), policy)

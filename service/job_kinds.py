@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.views import RunStatus, SweepStatus
+from service.db.models import DEFAULT_PROJECT
 from service.lifecycle import FollowPolicy
 from service.ray_head import forwarded_env
 from service.settings import Settings
@@ -68,7 +69,7 @@ class JobKind:
             f"{prefix}_TOKEN": token,
             f"{prefix}_ID": record.id,
             "TESSERA_ATTEMPT": str(record.attempt),
-            "TESSERA_STORAGE_URL": settings.storage_url,
+            "TESSERA_STORAGE_URL": project_storage_url(settings.storage_url, record.project),
             "TESSERA_DATA_DIRS": ":".join(str(d) for d in settings.data_dirs),  # workers check roots again
         })
         return env
@@ -93,6 +94,13 @@ RUN_JOBS = JobKind(
     stopped_outside=STOPPED_OUTSIDE,
     lost_at_startup="not found after a service restart",
 )
+
+
+def project_storage_url(root: str, project: str) -> str:
+    """Where a project's runs and sweeps keep their objects: ``{root}/projects/{project}``;
+    the ``default`` project keeps the root itself, so runs made before projects existed
+    find their checkpoints where they left them. Workers build every path below this URL."""
+    return root if project == DEFAULT_PROJECT else f"{root.rstrip('/')}/projects/{project}"
 
 
 def sweep_driver_jobs(settings: Settings) -> JobKind:

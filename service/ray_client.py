@@ -115,6 +115,31 @@ class RayJobsClient:
             if not _is_not_found(exc):
                 raise
 
+    def states(self) -> dict[str, str]:
+        """Every job's state by submission id, in one call (``list_jobs``): the follower reads
+        this once per tick instead of asking about each active run."""
+        return {job.submission_id: str(job.status.value) for job in self._call("list_jobs") if job.submission_id}
+
+    def cluster_capacity(self) -> tuple[float, float]:
+        """The cluster's total logical (CPUs, GPUs) over its alive nodes, in one HTTP call.
+
+        The Jobs API has no resources call, and ``/api/cluster_status`` stays empty until the
+        autoscaler's monitor first reports; in Ray 2.60 the dashboard's ``GET
+        /nodes?view=summary`` answers at once, with ``data.summary[i].raylet.resourcesTotal``
+        and ``.state`` per node (cached by the dashboard for a few seconds)."""
+        import httpx
+
+        response = httpx.get(f"{self.address.rstrip('/')}/nodes", params={"view": "summary"}, timeout=10)
+        response.raise_for_status()
+        cpus = gpus = 0.0
+        for node in response.json()["data"]["summary"]:
+            raylet = node.get("raylet", {})
+            if raylet.get("state") == "ALIVE":
+                total = raylet.get("resourcesTotal", {})
+                cpus += float(total.get("CPU", 0))
+                gpus += float(total.get("GPU", 0))
+        return cpus, gpus
+
     def logs_tail(self, submission_id: str, lines: int = 40) -> str:
         try:
             text = self._call("get_job_logs", submission_id)

@@ -23,7 +23,7 @@ from api.specs import RunSpec
 from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, MetricPoint, ReportedMetric, RunEventView,
                        RunStatus, RunView, metric_mode)
 from service.attempt_store import AttemptStore, StoredKind
-from service.db.models import Checkpoint, Metric, Run, RunEvent, utcnow
+from service.db.models import DEFAULT_PROJECT, Checkpoint, Metric, Run, RunEvent, utcnow
 from service.db.session import Database, clean_text, is_possible_id
 from service.metric_limits import MetricLimits, non_finite_note
 from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
@@ -53,6 +53,7 @@ class RunRecord:
     status: RunStatus
     attempt: int
     spec: dict[str, Any]
+    project: str
     summary: dict[str, float]
     error: str | None
     tags: list[str]
@@ -69,7 +70,7 @@ class RunRecord:
     @classmethod
     def from_row(cls, row: Run) -> "RunRecord":
         return cls(id=row.id, name=row.name, status=RunStatus(row.status), attempt=row.attempt,
-                   spec=row.spec, summary=dict(row.summary or {}), error=row.error, tags=list(row.tags or []),
+                   spec=row.spec, project=row.project, summary=dict(row.summary or {}), error=row.error, tags=list(row.tags or []),
                    ray_job_id=row.ray_job_id, sweep_id=row.sweep_id, trial_id=row.trial_id,
                    trial_params=row.trial_params, extrema=dict(row.extrema or {}), created_at=row.created_at,
                    started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at)
@@ -87,7 +88,7 @@ class RunRecord:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
                        created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
-                       sweep_id=self.sweep_id, trial_id=self.trial_id)
+                       sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project)
 
 
 def best_values(extrema: dict[str, list[float]]) -> dict[str, float]:
@@ -103,6 +104,15 @@ def with_extrema(extrema: dict[str, list[float]], points: Iterable[tuple[str, fl
         low, high = updated.get(key, (value, value))
         updated[key] = [min(low, value), max(high, value)]
     return updated
+
+
+def _refuse_after_end(run: Run, what: str) -> None:
+    """A worker's token is good only while its attempt is live: once the run has ended, its
+    metrics, best values (and so a sweep's Pareto front) and checkpoints are final (409)."""
+    status = RunStatus(run.status)
+    if status.is_terminal:
+        raise RUN_TRANSITIONS.refusal(run.id, status, status,
+                                      f"run {run.id} is {status.value}; it takes no more reports ({what} refused)")
 
 
 def _checkpoint_view(row: Checkpoint) -> CheckpointView:
@@ -152,10 +162,10 @@ class Repository(AttemptStore):
             session.execute(text("SELECT 1"))
 
     # --- runs ----------------------------------------------------------------------------
-    def create_run(self, spec: RunSpec, *, sweep_id: str | None = None) -> RunRecord:
-        """Store a validated spec as a QUEUED run with its first event, in one transaction."""
+    def create_run(self, spec: RunSpec, *, sweep_id: str | None = None, project: str = DEFAULT_PROJECT) -> RunRecord:
+        """Store a validated spec as a QUEUED run of ``project`` with its first event, in one transaction."""
         with self.db.write() as session:
-            run = insert_run(session, spec, message="created", sweep_id=sweep_id)
+            run = insert_run(session, spec, message="created", sweep_id=sweep_id, project=project)
             session.flush()
             return RunRecord.from_row(run)
 
@@ -163,10 +173,12 @@ class Repository(AttemptStore):
         return self.get(run_id)
 
     def list_runs(self, *, status: RunStatus | None = None, sweep_id: str | None = None, limit: int = 50,
-                  cursor: str | None = None) -> tuple[list[RunRecord], str | None]:
-        """Newest first, optionally only one sweep's trials. Returns the page and the cursor of
-        the next page (None on the last)."""
+                  cursor: str | None = None, projects: list[str] | None = None) -> tuple[list[RunRecord], str | None]:
+        """Newest first, optionally only one sweep's trials, only ``projects``' runs (None: all).
+        Returns the page and the cursor of the next page (None on the last)."""
         query = select(Run).order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)
+        if projects is not None:
+            query = query.where(Run.project.in_(projects))
         if status is not None:
             query = query.where(Run.status == status.value)
         if sweep_id is not None:
@@ -232,6 +244,7 @@ class Repository(AttemptStore):
         the row). A failed save becomes a run event saying why. Committed rows beyond the
         spec's ``checkpoint.keep_last`` are dropped, as the worker's retention deletes them."""
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            _refuse_after_end(run, "a checkpoint")
             row = session.execute(select(Checkpoint).where(Checkpoint.run_id == run_id,
                                                            Checkpoint.url == report.url)).scalar_one_or_none()
             if row is None:
@@ -290,6 +303,7 @@ class Repository(AttemptStore):
         # The row lock orders concurrent batches of one run: their seqs are assigned in
         # commit order, so a reader polling `after=last_seq` never skips a point.
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            _refuse_after_end(run, "metrics")
             if limits is not None:
                 stored = session.execute(select(func.count()).select_from(Metric)
                                          .where(Metric.run_id == run_id)).scalar_one()

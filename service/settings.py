@@ -44,6 +44,14 @@ class Settings(BaseSettings):
     ray_num_cpus: int | None = Field(None, ge=1, le=4096, description="logical CPUs of the embedded head")
     sweep_driver_restarts: int = Field(2, ge=0, le=100,
                                        description="times a sweep whose driver job died is re-queued before it fails")
+    bootstrap_api_key: str | None = Field(
+        None, description="the secret of the admin key made on a first start (default: a random one); "
+                          "for provisioning and tests, never needed by the embedded default")
+    autoscaler: bool = Field(False, description="the Ray cluster can add nodes: a run bigger than the cluster "
+                                                "is now waits instead of being refused at submit")
+    max_wall_time_s: int | None = Field(None, ge=1, le=10 * 365 * 86400,
+                                        description="the longest wall-clock time any run may ask for; "
+                                                    "an admin raises it per project")
     worker_python: str = Field(default_factory=lambda: sys.executable,
                                description="Python that runs `-m workers.launch` on the Ray nodes")
     # --- limits on input (README "Limits"); each refusal is a 4xx naming the setting -------
@@ -60,7 +68,7 @@ class Settings(BaseSettings):
         description="folders local data-set roots may lie under (JSON list or colon-separated); "
                     "the built-in sets' default roots are always allowed")
 
-    @field_validator("database_url", "storage_url", "ray_address", "public_url", mode="before")
+    @field_validator("database_url", "storage_url", "ray_address", "public_url", "bootstrap_api_key", mode="before")
     @classmethod
     def _blank_means_default(cls, value: Any) -> Any:
         # `TESSERA_RAY_ADDRESS=` in a shell or compose file means "not set", not "empty address".
@@ -125,6 +133,8 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         for name in _SECRET_FIELDS:
             data[name] = redact_url(data[name])
+        if data["bootstrap_api_key"] is not None:
+            data["bootstrap_api_key"] = "***"
         return data
 
     def __repr_args__(self):  # pydantic's repr/str: never print a secret by accident

@@ -20,7 +20,7 @@ from api.specs import RunSpec
 from api.sweeps import SweepSpec, algorithm_sets
 from api.views import RunStatus, SweepStatus, SweepView
 from service.attempt_store import AttemptStore, StoredKind
-from service.db.models import Run, Sweep, utcnow
+from service.db.models import DEFAULT_PROJECT, Run, Sweep, utcnow
 from service.db.session import is_possible_id, new_id
 from service.repository import Repository, RunRecord
 from service.run_writes import apply_run_status, insert_run
@@ -59,6 +59,7 @@ class SweepRecord:
     attempt: int
     driver: Literal["service", "external"]
     spec: dict[str, Any]
+    project: str
     ray_job_id: str | None
     error: str | None
     message: str | None
@@ -68,7 +69,7 @@ class SweepRecord:
     @classmethod
     def from_row(cls, row: Sweep) -> "SweepRecord":
         return cls(id=row.id, name=row.name, status=SweepStatus(row.status), attempt=row.attempt, driver=row.driver,
-                   spec=row.spec, ray_job_id=row.ray_job_id, error=row.error, message=row.message,
+                   spec=row.spec, project=row.project, ray_job_id=row.ray_job_id, error=row.error, message=row.message,
                    created_at=row.created_at, updated_at=row.updated_at)
 
 
@@ -93,7 +94,7 @@ class SweepRepository(AttemptStore):
 
     # --- sweeps --------------------------------------------------------------------------
     def create_sweep(self, spec: SweepSpec, *, driver: Literal["service", "external"] = "service",
-                     token: str | None = None) -> SweepRecord:
+                     token: str | None = None, project: str = DEFAULT_PROJECT) -> SweepRecord:
         """Store a validated sweep with its skipped algorithm sets: QUEUED for the dispatcher, or
         RUNNING at once for an ``external`` driver, which reports with ``token`` (hash kept)."""
         external = driver == "external"
@@ -103,7 +104,7 @@ class SweepRepository(AttemptStore):
         now = utcnow()
         with self.db.write() as session:
             status = SweepStatus.RUNNING if external else SweepStatus.QUEUED
-            sweep = Sweep(id=new_id(), name=spec.name, status=status.value, attempt=1, driver=driver,
+            sweep = Sweep(id=new_id(), name=spec.name, project=project, status=status.value, attempt=1, driver=driver,
                           spec=spec.model_dump(mode="json"),
                           skipped=[{"algorithms": list(s), "reason": why} for s, why in skipped],
                           token_hash=hash_token(token) if token else None,
@@ -126,9 +127,11 @@ class SweepRepository(AttemptStore):
                 raise SweepNotFound(sweep_id)
             return build_sweep_view(sweep, self._trials(session, [sweep_id])[sweep_id], utcnow())
 
-    def list_sweep_views(self, *, limit: int = 50) -> list[SweepView]:
-        """The newest ``limit`` sweeps, newest first, with their trials."""
+    def list_sweep_views(self, *, limit: int = 50, projects: list[str] | None = None) -> list[SweepView]:
+        """The newest ``limit`` sweeps of ``projects`` (None: all), newest first, with their trials."""
         query = select(Sweep).order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)
+        if projects is not None:
+            query = query.where(Sweep.project.in_(projects))
         with self.db.read() as session:
             sweeps = list(session.execute(query).scalars())
             trials = self._trials(session, [s.id for s in sweeps])
@@ -175,7 +178,7 @@ class SweepRepository(AttemptStore):
             run = _locked_trial(session, sweep_id, trial_id)
             if run is None:
                 run = insert_run(session, spec, message=f"trial {trial_id} of sweep {sweep_id}",
-                                 sweep_id=sweep_id, trial_id=trial_id, trial_params=params)
+                                 sweep_id=sweep_id, trial_id=trial_id, trial_params=params, project=sweep.project)
             else:
                 _check_can_restart(RunRecord.from_row(run), sweep_id, trial_id)
                 apply_run_status(session, run, RunStatus.QUEUED,

@@ -21,7 +21,7 @@ def build_sweep_view(sweep: Sweep, trials: list[Run], now: datetime) -> SweepVie
     best = pick(finished.values(), key=lambda t: t.metric, default=None)
     return SweepView(
         id=sweep.id, name=sweep.name, status=SweepStatus(sweep.status), attempt=sweep.attempt, driver=sweep.driver,
-        spec=sweep.spec, metric=metric, mode=mode, created_at=sweep.created_at, started_at=sweep.started_at,
+        spec=sweep.spec, project=sweep.project, metric=metric, mode=mode, created_at=sweep.created_at, started_at=sweep.started_at,
         finished_at=sweep.finished_at, error=sweep.error, message=sweep.message, trials=views,
         skipped=[SkippedSet(**s) for s in sweep.skipped or []], pareto=pareto_front(points, mode),
         best_run_id=best.run_id if best is not None else None,

@@ -28,6 +28,13 @@ os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+# Every service a test starts (in-process or `tessera serve`) makes this its first admin key,
+# and every client (SDK, CLI, notebooks) sends it: tests act as the admin of every project.
+TEST_ADMIN_KEY = "tsk_test-admin-key-for-the-whole-suite-0123456789"
+os.environ["TESSERA_BOOTSTRAP_API_KEY"] = TEST_ADMIN_KEY
+os.environ["TESSERA_API_KEY"] = TEST_ADMIN_KEY
+ADMIN_HEADERS = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -33,7 +33,7 @@ log = logging.getLogger("workers.launch")
 def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, storage_url: str | None,
                 client: Client | None = None) -> int:
     """Train one attempt of ``run_id`` and report its outcome; returns the process exit code."""
-    client = client or Client(service_url)
+    client = client or Client(service_url, api_key=token)  # the run token also reads the run
     outcome = RunOutcome(client, run_id, token)
     try:
         view = call_with_retries(lambda: client.get_run(run_id), what=f"fetching run {run_id}")

@@ -52,10 +52,14 @@ class Base(DeclarativeBase):
     pass
 
 
+DEFAULT_PROJECT = "default"
+
+
 class AttemptedRow:
-    """The columns runs and sweeps share: a status, and one Ray job and token per attempt."""
+    """The columns runs and sweeps share: a project, a status, and one Ray job and token per attempt."""
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, index=True)
     name: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16), index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
@@ -144,3 +148,37 @@ class Checkpoint(Base):
     url: Mapped[str] = mapped_column(Text)
     world_size: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Project(Base):
+    """A tenant: runs, sweeps and their checkpoints belong to one; quotas are per project.
+
+    A quota of None means no limit."""
+
+    __tablename__ = "projects"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    max_running_runs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_workers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Seconds: the wall-clock limit of a run that sets none, and this project's raise of the
+    # global caps (None: the service's settings apply).
+    default_max_wall_time_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_wall_time_cap_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class ApiKey(Base):
+    """A user's API key: only the sha256 of the secret is stored. ``roles`` maps a project name
+    to ``viewer``, ``member`` or ``admin``; the project ``*`` means every project (the key the
+    service makes on first start)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the first characters, to tell keys apart in lists
+    roles: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

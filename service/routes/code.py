@@ -10,17 +10,26 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from api.code_package import MAX_PACKAGE_BYTES, CodePackageError, CodeView, inspect_package, sha256_hex
 from api.model_specs import SHA256_PATTERN
-from service.code_store import CodeStore, get_code_store
+from service.access import Role
+from service.code_store import CodeStore, project_code_store
+from service.deps import AccessDep, CallerDep, project_for_create
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 
 router = APIRouter(prefix="/api/v1/code", tags=["code"], responses=VALIDATION_RESPONSES)
 
-CodeStoreDep = Annotated[CodeStore, Depends(get_code_store)]
+PROJECT_QUERY = Query(max_length=64, description="the project whose packages to use (default: the API key's only "
+                                                     "project, else `default`)")
+ProjectQuery = Annotated[str | None, PROJECT_QUERY]
+
+
+def _store(request: Request, caller, access, project: str | None, needed: Role) -> CodeStore:
+    """The code store of the caller's project (404 for a project the key has no role in, 403 below ``needed``)."""
+    return project_code_store(request, project_for_create(caller, access, project, needed))
 Digest = Annotated[str, Path(pattern=SHA256_PATTERN, description="sha256 of the zip, 64 lowercase hex digits")]
 
 
@@ -30,12 +39,14 @@ Digest = Annotated[str, Path(pattern=SHA256_PATTERN, description="sha256 of the 
              openapi_extra={"requestBody": {"required": True,
                                             "content": {"application/zip": {"schema": {"type": "string",
                                                                                        "format": "binary"}}}}})
-async def upload_code(request: Request, store: CodeStoreDep,
+async def upload_code(request: Request, caller: CallerDep, access: AccessDep,
                       digest: Annotated[str, Query(pattern=SHA256_PATTERN,
-                                                   description="the sha256 the client computed")]) -> Response:
+                                                   description="the sha256 the client computed")],
+                      project: ProjectQuery = None) -> Response:
     """Store a code package (the zip as the body). 201 when stored, 200 when it already was;
     422 if its sha256 differs from ``digest`` or it is not an acceptable package (the message
-    says why); 413 above the size cap."""
+    says why); 413 above the size cap. Needs a ``member`` role in ``project``."""
+    store = _store(request, caller, access, project, Role.MEMBER)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -61,15 +72,18 @@ async def upload_code(request: Request, store: CodeStoreDep,
 
 
 @router.head("/{digest}", operation_id="check_code", responses={404: {"description": "no such package"}})
-def check_code(digest: Digest, store: CodeStoreDep) -> Response:
-    """200 if the service stores the package, else 404, without reading it: how clients skip a re-upload."""
+def check_code(digest: Digest, request: Request, caller: CallerDep, access: AccessDep,
+               project: ProjectQuery = None) -> Response:
+    """200 if the project stores the package, else 404, without reading it: how clients skip a re-upload."""
+    store = _store(request, caller, access, project, Role.VIEWER)
     return Response(status_code=200 if store.exists(digest) else 404)
 
 
 @router.get("/{digest}", response_model=CodeView, operation_id="get_code", responses={404: {"model": ErrorBody}})
-def get_code(digest: Digest, store: CodeStoreDep) -> Response:
-    """The stored package's digest, size, file count and top-level packages; 404 if there is none."""
-    view = store.describe(digest)
+def get_code(digest: Digest, request: Request, caller: CallerDep, access: AccessDep,
+             project: ProjectQuery = None) -> Response:
+    """The stored package's digest, size, file count and top-level packages; 404 if the project has none."""
+    view = _store(request, caller, access, project, Role.VIEWER).describe(digest)
     if view is None:
         return JSONResponse(status_code=404, content={"detail": f"no code package {digest}"})
     return JSONResponse(content=view.model_dump(mode="json"))

@@ -11,8 +11,11 @@ from pydantic import BaseModel, ValidationError
 from api.data_roots import data_root_problems
 from api.specs import RunSpec
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
-from service.code_store import CodeStore, get_code_store
-from service.deps import RepoDep, SettingsDep
+from service.code_store import project_code_store
+from service.access import KEY_PREFIX, Caller, Role
+from service.deps import AccessDep, CallerDep, RepoDep, SettingsDep, project_for_create, require_caller
+from service.tokens import bearer_token
+from service.repository import Repository, RunNotFound, RunRecord
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.settings import Settings
 
@@ -20,7 +23,29 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RE
 
 NOT_FOUND = {404: {"model": ErrorBody}}
 NOT_MODIFIED = {304: {"description": "unchanged since the ETag sent in If-None-Match"}}
+PROJECT_QUERY = Query(max_length=64, description="the project (default: the API key's only project, "
+                                                     "else `default`)")
 MAX_SEQ = 2**63 - 1  # BIGINT: a larger `after` would be a database error, not an answer
+
+
+def scoped_run(repo: Repository, caller: Caller, run_id: str, needed: Role) -> RunRecord:
+    """The run if the key has ``needed`` in its project; another project's run is a 404, as
+    if it did not exist; a role below ``needed`` is a 403."""
+    run = repo.get_run(run_id)
+    caller.require(run.project, needed, RunNotFound(run_id))
+    return run
+
+
+def queued_view(request: Request, run: RunRecord) -> RunView:
+    """The run's view with, while it is QUEUED, its place in the queue and why it waits (as of
+    the dispatcher's last tick)."""
+    view = run.to_view()
+    if run.status is RunStatus.QUEUED:
+        dispatcher = getattr(request.app.state, "dispatcher", None)
+        info = dispatcher.admission.waiting.get(run.id) if dispatcher is not None else None
+        if info is not None:
+            view = view.model_copy(update={"queue": info})
+    return view
 
 
 def conditional_json(request: Request, view: BaseModel) -> Response:
@@ -39,19 +64,43 @@ def conditional_json(request: Request, view: BaseModel) -> Response:
 
 
 @router.post("", status_code=201, response_model=RunView, operation_id="create_run")
-def create_run(spec: RunSpec, repo: RepoDep, settings: SettingsDep,
-               code: Annotated[CodeStore, Depends(get_code_store)]) -> RunView:
-    """Validate a run spec and queue it; the dispatcher submits it to Ray. Local data roots must
-    lie under ``TESSERA_DATA_DIRS`` (422 otherwise). A ``code.digest`` the service does not store
-    is refused (422): upload the package first (``POST /api/v1/code``)."""
+def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep, access: AccessDep,
+               settings: SettingsDep, project: Annotated[str | None, PROJECT_QUERY] = None) -> RunView:
+    """Validate a run spec and queue it in ``project`` (a ``member`` role there is needed); the
+    dispatcher admits it to Ray when the cluster and the project's quota have room. Local data
+    roots must lie under ``TESSERA_DATA_DIRS``, and a ``code.digest`` must name a package stored
+    in the project (``POST /api/v1/code``): 422 otherwise."""
+    name = project_for_create(caller, access, project)
     refused = data_root_errors(spec, settings)
     if refused:
         return validation_response(refused)
-    if spec.code is not None and not code.exists(spec.code.digest):
+    if spec.code is not None and not project_code_store(request, name).exists(spec.code.digest):
         return validation_response([field_error(
-            "code.digest", ["body", "code", "digest"], "no code package with this digest on the service; upload it "
-            "first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest)])
-    return repo.create_run(spec).to_view()
+            "code.digest", ["body", "code", "digest"], f"no code package with this digest in project {name}; upload "
+            "it first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest)])
+    never = request.app.state.dispatcher.admission.never_fits(spec.model_dump(mode="json"))
+    if never is not None:
+        return validation_response([field_error(
+            "parallelism.num_workers", ["body", "parallelism", "num_workers"],
+            f"this run can never start: it {never}, and no autoscaler is configured (TESSERA_AUTOSCALER)",
+            spec.parallelism.num_workers)])
+    too_long = wall_time_problem(request.app.state.settings, access.get_project(name), spec)
+    if too_long is not None:
+        return validation_response([field_error("max_wall_time", ["body", "max_wall_time"], too_long,
+                                                spec.max_wall_time)])
+    return queued_view(request, repo.create_run(spec, project=name))
+
+
+def wall_time_problem(settings, project, spec: RunSpec) -> str | None:
+    """Why ``spec.max_wall_time`` is more than the project may ask for, or None."""
+    from api.specs import wall_time_seconds
+    from service.wall_clock import wall_time_cap
+
+    cap = wall_time_cap(settings, project)
+    if spec.max_wall_time is None or cap is None or wall_time_seconds(spec.max_wall_time) <= cap:
+        return None
+    return (f"max_wall_time {spec.max_wall_time} is more than project {project.name} may ask for: at most {cap}s "
+            f"(an admin of every project can raise the project's max_wall_time_cap_s)")
 
 
 def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> list[dict]:
@@ -61,52 +110,69 @@ def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> 
 
 
 @router.get("", response_model=RunsPage, operation_id="list_runs", responses=NOT_MODIFIED)
-def list_runs(request: Request, repo: RepoDep, status: RunStatus | None = None,
+def list_runs(request: Request, repo: RepoDep, caller: CallerDep, status: RunStatus | None = None,
               sweep_id: Annotated[str | None, Query(max_length=64, description="only this sweep's trials")] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              cursor: Annotated[str | None, Query(max_length=512)] = None) -> RunsPage:
-    """Runs newest first; pass ``next_cursor`` back as ``cursor`` for the next page. ETag / If-None-Match → 304."""
-    runs, next_cursor = repo.list_runs(status=status, sweep_id=sweep_id, limit=limit, cursor=cursor)
-    return conditional_json(request, RunsPage(data=[run.to_view() for run in runs], next_cursor=next_cursor))
+              cursor: Annotated[str | None, Query(max_length=512)] = None,
+              project: Annotated[str | None, Query(max_length=64, description="only this project's runs")] = None
+              ) -> RunsPage:
+    """Runs of the API key's projects, newest first; pass ``next_cursor`` back as ``cursor`` for
+    the next page. ETag / If-None-Match → 304."""
+    projects = caller.visible()
+    if project is not None:
+        projects = [project] if caller.role_in(project) is not None else []
+    runs, next_cursor = repo.list_runs(status=status, sweep_id=sweep_id, limit=limit, cursor=cursor,
+                                       projects=projects)
+    return conditional_json(request, RunsPage(data=[queued_view(request, run) for run in runs],
+                                              next_cursor=next_cursor))
 
 
 @router.get("/{run_id}", response_model=RunView, operation_id="get_run", responses={**NOT_FOUND, **NOT_MODIFIED})
-def get_run(run_id: str, request: Request, repo: RepoDep) -> RunView:
-    """One run. ETag / If-None-Match → 304."""
-    return conditional_json(request, repo.get_run(run_id).to_view())
+def get_run(run_id: str, request: Request, repo: RepoDep, access: AccessDep) -> RunView:
+    """One run, for an API key of its project or its current attempt's run token (the worker
+    reads its spec here). ETag / If-None-Match → 304."""
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is not None and not token.startswith(KEY_PREFIX) and repo.check_token(run_id, token):
+        return conditional_json(request, repo.get_run(run_id).to_view())
+    caller = require_caller(request, access)
+    return conditional_json(request, queued_view(request, scoped_run(repo, caller, run_id, Role.VIEWER)))
 
 
 @router.post("/{run_id}/cancel", response_model=RunView, operation_id="cancel_run",
              responses={**NOT_FOUND, 409: {"model": ErrorBody}})
-def cancel_run(run_id: str, repo: RepoDep) -> RunView:
+def cancel_run(run_id: str, repo: RepoDep, caller: CallerDep) -> RunView:
     """Ask for a run to stop. It becomes CANCELING; the dispatcher stops its Ray job, then CANCELED.
 
     409 if the run has already ended, or if it is an active trial of a sweep (cancel the sweep).
     """
+    scoped_run(repo, caller, run_id, Role.MEMBER)
     return repo.cancel_run(run_id).to_view()
 
 
 @router.get("/{run_id}/events", response_model=RunEventsPage, operation_id="list_run_events", responses=NOT_FOUND)
-def list_run_events(run_id: str, repo: RepoDep) -> RunEventsPage:
+def list_run_events(run_id: str, repo: RepoDep, caller: CallerDep) -> RunEventsPage:
     """Every status change of the run, oldest first, with the attempt and the reason."""
+    scoped_run(repo, caller, run_id, Role.VIEWER)
     return RunEventsPage(data=repo.events(run_id))
 
 
 @router.get("/{run_id}/metrics", response_model=MetricsPage, operation_id="list_run_metrics", responses=NOT_FOUND)
-def list_run_metrics(run_id: str, repo: RepoDep,
+def list_run_metrics(run_id: str, repo: RepoDep, caller: CallerDep,
                      after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                      limit: Annotated[int, Query(ge=1, le=100_000)] = 5000) -> MetricsPage:
     """Metric points with ``seq > after``; poll again with ``after=last_seq`` for new ones."""
+    scoped_run(repo, caller, run_id, Role.VIEWER)
     points, last_seq = repo.metrics_after(run_id, after=after, limit=limit)
     return MetricsPage(data=points, last_seq=last_seq)
 
 
 @router.post("/{run_id}/resume", response_model=RunView, operation_id="resume_run",
              responses={**NOT_FOUND, 409: {"model": ErrorBody}})
-def resume_run(run_id: str, repo: RepoDep,
+def resume_run(run_id: str, repo: RepoDep, caller: CallerDep,
                request: Annotated[ResumeRequest | None, Body()] = None) -> RunView:
     """Restart a FAILED or CANCELED run as a new attempt that resumes from its newest committed
     checkpoint, optionally on ``num_workers`` workers (the checkpoint reshards). 409 otherwise."""
+    scoped_run(repo, caller, run_id, Role.MEMBER)
     num_workers = request.num_workers if request is not None else None
     try:
         return repo.resume_run(run_id, num_workers=num_workers).to_view()
@@ -117,7 +183,8 @@ def resume_run(run_id: str, repo: RepoDep,
 
 @router.get("/{run_id}/checkpoints", response_model=CheckpointsPage, operation_id="list_run_checkpoints",
             responses=NOT_FOUND)
-def list_run_checkpoints(run_id: str, repo: RepoDep) -> CheckpointsPage:
+def list_run_checkpoints(run_id: str, repo: RepoDep, caller: CallerDep) -> CheckpointsPage:
     """The run's checkpoints, oldest first: step, time, bytes, committed, and ``url``, the
     fsspec URL of the folder (loadable with ``torch.distributed.checkpoint``)."""
+    scoped_run(repo, caller, run_id, Role.VIEWER)
     return CheckpointsPage(data=repo.checkpoints(run_id))

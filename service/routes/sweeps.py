@@ -17,10 +17,13 @@ from api.specs import RunSpec
 from api.sweeps import SweepSpec, trial_count_problem
 from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
                        TrialTicket)
-from service.deps import SettingsDep, SweepsDep, SweepTokenDep
+from service.access import KEY_PREFIX, Caller, Role
+from service.deps import AccessDep, CallerDep, SettingsDep, SweepsDep, SweepTokenDep, project_for_create, require_caller
+from service.tokens import bearer_token
+from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
                             validation_response)
-from service.routes.runs import NOT_MODIFIED, conditional_json, data_root_errors
+from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, data_root_errors
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
 
@@ -31,11 +34,14 @@ REPORTABLE = (SweepStatus.RUNNING, SweepStatus.COMPLETED, SweepStatus.FAILED)
 
 
 @router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
-def create_sweep(spec: SweepSpec, sweeps: SweepsDep, settings: SettingsDep,
-                 driver: Literal["service", "external"] = "service") -> SweepView:
+def create_sweep(spec: SweepSpec, sweeps: SweepsDep, caller: CallerDep, access: AccessDep, settings: SettingsDep,
+                 driver: Literal["service", "external"] = "service",
+                 project: Annotated[str | None, PROJECT_QUERY] = None) -> SweepView:
     """Validate a sweep and store it: ``service`` queues it for the dispatcher, which runs its
     Ray Tune driver as a Ray job; ``external`` stores it RUNNING for a driver the caller runs,
-    and the answer carries that driver's ``driver_token`` (shown only here)."""
+    and the answer carries that driver's ``driver_token`` (shown only here). Needs a ``member``
+    role in ``project``, so only a member is ever given a driver token."""
+    name = project_for_create(caller, access, project)
     too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
@@ -43,29 +49,43 @@ def create_sweep(spec: SweepSpec, sweeps: SweepsDep, settings: SettingsDep,
     if refused:
         return validation_response(refused)
     token = secrets.token_urlsafe(32) if driver == "external" else None
-    record = sweeps.create_sweep(spec, driver=driver, token=token)
+    record = sweeps.create_sweep(spec, driver=driver, token=token, project=name)
     return sweeps.sweep_view(record.id).model_copy(update={"driver_token": token})
 
 
 @router.get("", response_model=SweepsPage, operation_id="list_sweeps", responses=NOT_MODIFIED)
-def list_sweeps(request: Request, sweeps: SweepsDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SweepsPage:
-    """The newest ``limit`` sweeps, newest first, with their trials. ETag / If-None-Match → 304."""
-    return conditional_json(request, SweepsPage(data=sweeps.list_sweep_views(limit=limit)))
+def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
+                limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SweepsPage:
+    """The newest ``limit`` sweeps of the key's projects, newest first, with their trials.
+    ETag / If-None-Match → 304."""
+    return conditional_json(request, SweepsPage(data=sweeps.list_sweep_views(limit=limit, projects=caller.visible())))
 
 
 @router.get("/{sweep_id}", response_model=SweepView, operation_id="get_sweep", responses={**NOT_FOUND, **NOT_MODIFIED})
-def get_sweep(sweep_id: str, request: Request, sweeps: SweepsDep) -> SweepView:
-    """One sweep: status, trials, skipped sets, Pareto front and best trial. ETag / If-None-Match → 304."""
+def get_sweep(sweep_id: str, request: Request, sweeps: SweepsDep, access: AccessDep) -> SweepView:
+    """One sweep: status, trials, skipped sets, Pareto front and best trial, for an API key of
+    its project or its driver's sweep token. ETag / If-None-Match → 304."""
+    token = bearer_token(request.headers.get("authorization", ""))
+    if token is None or token.startswith(KEY_PREFIX) or not sweeps.check_token(sweep_id, token):
+        scoped_sweep(sweeps, require_caller(request, access), sweep_id, Role.VIEWER)
     return conditional_json(request, sweeps.sweep_view(sweep_id))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepView, operation_id="cancel_sweep",
              responses={**NOT_FOUND, **CONFLICT})
-def cancel_sweep(sweep_id: str, sweeps: SweepsDep) -> SweepView:
+def cancel_sweep(sweep_id: str, sweeps: SweepsDep, caller: CallerDep) -> SweepView:
     """Stop a sweep and its trials: CANCELING until the dispatcher has stopped the driver job
     (an external sweep is CANCELED at once; its driver stops Tune). 409 if it already ended."""
+    scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
     sweeps.cancel(sweep_id)
     return sweeps.sweep_view(sweep_id)
+
+
+def scoped_sweep(sweeps: SweepRepository, caller: Caller, sweep_id: str, needed: Role) -> SweepRecord:
+    """The sweep if the key has ``needed`` in its project; another project's sweep is a 404."""
+    sweep = sweeps.get_sweep(sweep_id)
+    caller.require(sweep.project, needed, SweepNotFound(sweep_id))
+    return sweep
 
 
 # --- driver reports ------------------------------------------------------------------------

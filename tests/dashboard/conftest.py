@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, TEST_ADMIN_KEY, free_port
 
 SCREENSHOTS = REPO_ROOT / "artifacts" / "screenshots"
 DOC_SCREENSHOTS = REPO_ROOT / "docs" / "screenshots"
@@ -48,6 +48,8 @@ def browser():  # per module: Playwright's sync API keeps an event loop while it
 def page(browser):
     """A fresh browser page at 1280x900 that fails the test on any uncaught script error."""
     context = browser.new_context(viewport={"width": WIDE, "height": 900})
+    # The dashboard keeps its API key in sessionStorage; give every tab the suite's admin key.
+    context.add_init_script(f"sessionStorage.setItem('tessera.apiKey', {TEST_ADMIN_KEY!r})")
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))

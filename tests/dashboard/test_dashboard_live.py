@@ -15,6 +15,7 @@ import yaml
 from playwright.sync_api import expect
 
 from api.views import RunStatus
+from tests.conftest import ADMIN_HEADERS
 from tests.dashboard.conftest import NARROW, WIDE, assert_fits_width, dashboard_url, save_screenshot
 from tests.e2e.conftest import wait_for_status
 from tests.e2e.test_vertical_slice import long_synthetic_spec
@@ -100,7 +101,7 @@ def test_a_bad_spec_in_the_submit_form_shows_the_apis_field_error(page, live_ser
     spec["optimizer"] = {**spec["optimizer"], "lr": -0.1}
     text = yaml.safe_dump(spec, sort_keys=False)
     lr_line = next(i for i, line in enumerate(text.splitlines(), 1) if line.strip().startswith("lr:"))
-    api_answer = httpx.post(f"{live_service.url}/api/v1/runs", json=spec, timeout=30)
+    api_answer = httpx.post(f"{live_service.url}/api/v1/runs", json=spec, timeout=30, headers=ADMIN_HEADERS)
     assert api_answer.status_code == 422
     api_error = next(e for e in api_answer.json()["detail"] if e["field"] == "optimizer.lr")
 

@@ -14,6 +14,7 @@ from api import catalog as api_catalog
 from api.method_cards import card_file_name
 from service.dashboard import STATIC_DIR
 from service.routes import catalog as catalog_routes
+from tests.conftest import ADMIN_HEADERS
 from tests.dashboard.conftest import IdleJobs
 
 API = "/api/v1"
@@ -29,7 +30,7 @@ def client(tmp_path):
 
     app = create_app(Settings(home=tmp_path / "home", public_url="http://tessera.test:8000"),
                      jobs=IdleJobs(), run_dispatcher=False)
-    with TestClient(app) as test_client:
+    with TestClient(app, headers=ADMIN_HEADERS) as test_client:
         yield test_client
 
 

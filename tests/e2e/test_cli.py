@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import REPO_ROOT, TEST_ADMIN_KEY
 from tests.e2e.test_vertical_slice import long_synthetic_spec
 
 pytestmark = pytest.mark.integration
@@ -17,7 +18,8 @@ TESSERA = str(Path(sys.executable).with_name("tessera"))
 
 def tessera(*args: str, url: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([TESSERA, *args, "--url", url], capture_output=True, text=True, timeout=timeout,
-                          env={"COLUMNS": "200", "PATH": str(Path(sys.executable).parent)})
+                          env={"COLUMNS": "200", "PATH": str(Path(sys.executable).parent),
+                               "TESSERA_API_KEY": TEST_ADMIN_KEY, "PYTHONPATH": str(REPO_ROOT)})
 
 
 def test_submit_follow_shows_progress_until_completed_then_runs_and_show_list_it(service, tmp_path):

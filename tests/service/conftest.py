@@ -15,6 +15,7 @@ from api.specs import RunSpec
 from service.db.engine import make_engine, migrate
 from service.repository import Repository
 from service.settings import Settings
+from tests.conftest import ADMIN_HEADERS
 
 EXAMPLE_SPEC_YAML = """
 name: digits-resnet
@@ -135,7 +136,7 @@ def client(settings, fake_jobs):
     from service.app import create_app
 
     app = create_app(settings, jobs=fake_jobs, run_dispatcher=False)
-    with TestClient(app) as test_client:
+    with TestClient(app, headers=ADMIN_HEADERS) as test_client:
         yield test_client
 
 
@@ -149,5 +150,6 @@ def pg_client(tmp_path, fake_jobs, postgres_url, _postgres_engine):
     with _postgres_engine.begin() as conn:
         conn.execute(text("TRUNCATE metrics, run_events, runs, sweeps RESTART IDENTITY CASCADE"))
     settings = Settings(home=tmp_path / "home", database_url=postgres_url, public_url="http://tessera.test:8000")
-    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), raise_server_exceptions=False,
+                    headers=ADMIN_HEADERS) as test_client:
         yield test_client

@@ -137,13 +137,30 @@ def test_metrics_after_returns_only_new_points(client, fake_jobs, example_body):
     assert client.get(f"{API}/runs/{run['id']}").json()["summary"] == {"loss": 1.0}
 
 
-def test_metrics_of_an_ended_run_are_still_accepted(client, fake_jobs, example_body):
+def test_reports_after_the_run_completed_are_refused_and_change_nothing(client, fake_jobs, example_body):
+    # Issue 12: a worker token is good only while its attempt is live, so a finished run's
+    # metrics, best values and checkpoints are final (this replaces "late metrics still count").
     run, token = _start(client, fake_jobs, example_body)
     _report(client, run["id"], token, "RUNNING")
+    assert client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(0.5),
+                       headers={"Authorization": f"Bearer {token}"}).json() == {"stored": 1}
     _report(client, run["id"], token, "COMPLETED")
-    response = client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(0.1),
-                           headers={"Authorization": f"Bearer {token}"})
-    assert response.json() == {"stored": 1}
+    before = client.get(f"{API}/runs/{run['id']}").json()
+    late = client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(0.01),
+                       headers={"Authorization": f"Bearer {token}"})
+    assert late.status_code == 409 and "COMPLETED" in late.json()["detail"]
+    checkpoint = {"step": 9, "epoch": 1, "time": "2026-12-01T00:00:00Z", "bytes": 1, "committed": True,
+                  "url": "file:///x/ep1-ba9", "world_size": 2}
+    late = client.post(f"{API}/runs/{run['id']}/report/checkpoint", json=checkpoint,
+                       headers={"Authorization": f"Bearer {token}"})
+    assert late.status_code == 409
+    late = client.post(f"{API}/runs/{run['id']}/report/status", json={"status": "FAILED", "error": "x"},
+                       headers={"Authorization": f"Bearer {token}"})
+    assert late.status_code == 409
+    after = client.get(f"{API}/runs/{run['id']}").json()
+    assert after["summary"] == before["summary"] == {"loss": 0.5}
+    assert after["best"] == before["best"] and after["status"] == "COMPLETED"
+    assert client.get(f"{API}/runs/{run['id']}/checkpoints").json()["data"] == []
 
 
 def test_invalid_metric_batches_are_422(client, fake_jobs, example_body):
@@ -209,7 +226,9 @@ def test_openapi_is_published_with_stable_operation_ids(client):
                              "report_status", "report_metrics", "list_algorithms", "get_algorithm_card", "list_models",
                              "list_datasets", "healthz", "resume_run", "list_run_checkpoints", "report_checkpoint",
                              "create_sweep", "list_sweeps", "get_sweep", "cancel_sweep", "report_sweep_status",
-                             "register_trial", "end_trial", "upload_code", "check_code", "get_code"}
+                             "register_trial", "end_trial", "upload_code", "check_code", "get_code"} | {
+                             "whoami", "create_key", "list_keys", "revoke_key", "create_project", "list_projects",
+                             "set_project_quota"}
     assert client.get(f"{API}/docs").status_code == 200
     assert RunStatus.QUEUED.value in spec["components"]["schemas"]["RunStatus"]["enum"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from api.views import RunStatus
+from tests.conftest import ADMIN_HEADERS
 from service.app import create_app
 from service.dispatcher import Dispatcher
 from service.job_follower import JobFollower
@@ -88,7 +89,7 @@ def test_unreachable_ray_changes_nothing(sqlite_repo, fake_jobs, settings, examp
 
 def test_service_restart_resubmits_only_runs_whose_jobs_were_lost(settings, fake_jobs, example_body):
     """Two runs are RUNNING; the service restarts; Ray kept one job and lost the other."""
-    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False)) as client:
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
         ids = [client.post("/api/v1/runs", json=example_body).json()["id"] for _ in range(2)]
         client.app.state.dispatcher.tick()
         for run_id in ids:
@@ -99,7 +100,7 @@ def test_service_restart_resubmits_only_runs_whose_jobs_were_lost(settings, fake
     kept, lost = ids
     fake_jobs.forget(f"run-{lost}-attempt-1")
 
-    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False)) as client:
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
         assert client.get(f"/api/v1/runs/{kept}").json()["status"] == "RUNNING"
         lost_run = client.get(f"/api/v1/runs/{lost}").json()
         assert (lost_run["status"], lost_run["attempt"]) == ("QUEUED", 2)

@@ -7,6 +7,7 @@ import pytest
 
 from api.sweeps import SweepSpec
 from api.views import RunStatus, SweepStatus
+from tests.conftest import ADMIN_HEADERS
 from service.dispatcher import Dispatcher
 from service.job_follower import JobFollower
 from service.job_kinds import DRIVER_ENDED_WITHOUT_RESULT, sweep_driver_jobs
@@ -201,11 +202,11 @@ def test_app_startup_reconciles_sweeps_too(settings, fake_jobs, sweep_spec):
 
     from service.app import create_app
 
-    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False)) as client:
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
         sweeps = client.app.state.sweeps
         sweep = sweeps.create_sweep(sweep_spec)
         client.app.state.dispatcher.tick()
     fake_jobs.forget(f"sweep-{sweep.id}-attempt-1")
-    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False)) as client:
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
         restarted = client.get(f"/api/v1/sweeps/{sweep.id}").json()
     assert (restarted["status"], restarted["attempt"]) == ("QUEUED", 2)

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        drive_sweep(args.sweep_id, client=Client(os.environ["TESSERA_SERVICE_URL"]),
+        drive_sweep(args.sweep_id, client=Client(os.environ["TESSERA_SERVICE_URL"], api_key=os.environ["TESSERA_SWEEP_TOKEN"]),
                     token=os.environ["TESSERA_SWEEP_TOKEN"], storage_url=os.environ.get("TESSERA_STORAGE_URL"),
                     attempt=int(os.environ.get("TESSERA_ATTEMPT", "1")), verbose=1)
     except Exception:

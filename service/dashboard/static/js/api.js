@@ -37,9 +37,76 @@ const ETAG_CACHE_SIZE = 64;
  * One request to the API. Returns `{data, changed}`; `changed` is false when a conditional
  * GET came back 304 (then `data` is the body seen last time).
  */
-export async function request(method, path, { body, conditional = false } = {}) {
-  const url = API + path;
+export async function request(method, path, options = {}) {
+  try {
+    return await requestOnce(method, path, options);
+  } catch (error) {
+    // No key yet, or a revoked one: ask once (every request waiting on the same answer), retry.
+    if (!(error instanceof ApiError) || error.status !== 401) throw error;
+    await askForKey(error);
+    return requestOnce(method, path, options);
+  }
+}
+
+// --- the API key: asked once, kept in sessionStorage, sent as a header (never a cookie) -----
+
+const KEY_STORAGE = "tessera.apiKey";
+const PROJECT_STORAGE = "tessera.project";
+let pendingKey = null;
+
+export function apiKey() { return sessionStorage.getItem(KEY_STORAGE); }
+
+/** The project chosen in the switcher, or "" for all of the key's projects. */
+export function currentProject() { return sessionStorage.getItem(PROJECT_STORAGE) || ""; }
+export function setCurrentProject(name) { sessionStorage.setItem(PROJECT_STORAGE, name || ""); }
+
+/** Show the key prompt (one at a time) and resolve once the user has entered a key. */
+export function askForKey(error) {
+  if (!pendingKey) {
+    pendingKey = new Promise((resolve) => {
+      const dialog = document.createElement("dialog");
+      dialog.id = "key-dialog";
+      dialog.setAttribute("aria-labelledby", "key-dialog-title");
+      dialog.innerHTML = `<form method="dialog" id="key-form">
+        <h2 id="key-dialog-title">API key</h2>
+        <p class="muted small">This service needs an API key (<code>tsk_…</code>). The embedded service wrote
+        its first one to <code>$TESSERA_HOME/credentials</code> (default <code>.tessera/credentials</code>);
+        an admin can make one with <code>tessera keys create</code>. It is kept for this tab only.</p>
+        <label for="key-input">Key</label> <input id="key-input" type="password" autocomplete="off" required>
+        <p class="field-error" id="key-error" role="alert"></p>
+        <div class="actions"><button type="submit" class="primary" id="key-submit">Use this key</button></div>
+      </form>`;
+      dialog.querySelector("#key-error").textContent =
+        apiKey() ? "The service refused the key (revoked or wrong): enter another." : "";
+      dialog.addEventListener("cancel", (event) => event.preventDefault());
+      dialog.querySelector("form").addEventListener("submit", () => {
+        sessionStorage.setItem(KEY_STORAGE, dialog.querySelector("#key-input").value.trim());
+        dialog.close();
+        dialog.remove();
+        pendingKey = null;
+        window.dispatchEvent(new Event("tessera:key"));
+        resolve();
+      });
+      document.body.append(dialog);
+      dialog.showModal();
+    });
+  }
+  return pendingKey;
+}
+
+/** Runs are listed and created in the chosen project (the API's `project` parameter). */
+function withProject(method, path) {
+  const project = currentProject();
+  const base = path.split("?")[0];
+  const scoped = (method === "GET" && base === "/runs") || (method === "POST" && (base === "/runs" || base === "/sweeps"));
+  if (!project || !scoped) return path;
+  return `${path}${path.includes("?") ? "&" : "?"}project=${encodeURIComponent(project)}`;
+}
+
+async function requestOnce(method, path, { body, conditional = false } = {}) {
+  const url = API + withProject(method, path);
   const headers = { Accept: "application/json" };
+  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
   const cached = conditional ? etagCache.get(url) : undefined;
   if (cached) headers["If-None-Match"] = cached.etag;
   if (body !== undefined) headers["Content-Type"] = "application/json";

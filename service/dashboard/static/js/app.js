@@ -4,6 +4,7 @@
 // Adding a view: write `<view>.js` exporting `mount(root, ctx) -> cleanup`, add its routes
 // below and a link to index.html's <nav>.
 
+import { setUpAccess } from "./access.js";
 import * as algorithmsView from "./algorithms.js";
 import * as runView from "./run.js";
 import * as runsView from "./runs.js";
@@ -107,4 +108,4 @@ document.querySelector(".skip-link").addEventListener("click", (event) => {
   event.preventDefault(); // "#main" is not a route
   main.focus();
 });
-route();
+setUpAccess(document.getElementById("project"), route).catch(() => {}).finally(route);

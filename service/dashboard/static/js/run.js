@@ -11,7 +11,7 @@ import { ApiError, errorText, getIfChanged, getJSON, postJSON, Poller } from "./
 import { ChartGrid } from "./charts.js";
 import {
   algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, RESUMABLE,
-  runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
+  queueText, runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
 } from "./ui.js";
 
 const METRICS_PAGE = 10_000;
@@ -35,9 +35,9 @@ export function mount(root, ctx) {
   const progress = progressBar(undefined);
   const facts = el("dl", { class: "facts" });
   const errorSlot = el("div");
-  const cancelButton = el("button", { type: "button", class: "danger", id: "cancel-run", hidden: true,
+  const cancelButton = el("button", { type: "button", class: "danger", id: "cancel-run", hidden: true, "data-needs": "member",
                                       onclick: () => dialog.showModal() }, "Cancel run…");
-  const resubmit = el("button", { type: "button", id: "edit-resubmit", hidden: true, onclick: () => {
+  const resubmit = el("button", { type: "button", id: "edit-resubmit", hidden: true, "data-needs": "member", onclick: () => {
     sessionStorage.setItem(DRAFT_KEY, dump(lastRun.spec));
     window.location.hash = "#/submit";
   } }, "Edit & resubmit");
@@ -65,7 +65,7 @@ export function mount(root, ctx) {
     eventsDue = true; // the new attempt's QUEUED event
     poller.poke();
   });
-  const resumeButton = el("button", { type: "button", class: "primary", id: "resume-run", hidden: true,
+  const resumeButton = el("button", { type: "button", class: "primary", id: "resume-run", hidden: true, "data-needs": "member",
                                       onclick: () => resume.open(lastRun) }, "Resume…");
   const crumbs = el("p", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs"));
   const summaryTable = el("tbody");
@@ -108,6 +108,8 @@ export function mount(root, ctx) {
     const { fraction, detail } = runProgress(run);
     updateProgressBar(progress, fraction, detail);
     facts.replaceChildren(...[
+      ["Project", run.project || "default"],
+      ...(run.queue ? [["Queue", queueText(run)]] : []),
       ["Attempt", String(run.attempt)],
       ["Duration", runDuration(run)],
       ["Created", formatTime(run.created_at)],

@@ -5,7 +5,7 @@
 import { getIfChanged, getJSON, Poller } from "./api.js";
 import {
   algorithmChips, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runDuration, runProgress,
-  setText, statusBadge, STATUSES, TERMINAL, updateProgressBar, updateStatusBadge,
+  queueText, setText, statusBadge, STATUSES, TERMINAL, updateProgressBar, updateStatusBadge,
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
@@ -144,7 +144,7 @@ function createRow(run) {
                                 dataset: { sweepId: run.sweep_id } },
       `trial ${run.trial_id || "?"} of sweep ${run.sweep_id.slice(0, 8)}`));
   }
-  cells.status.append(statusBadge(run.status));
+  cells.status.append(statusBadge(run.status), el("div", { class: "queue-note muted small" }));
   cells.progress.append(progressBar(undefined));
   cells.algorithms.append(algorithmChips(run.spec));
   cells.created.append(formatTime(run.created_at));
@@ -162,6 +162,7 @@ function setMetricCell(cell, metric) {
 function updateRow(row, run) {
   row.tr.dataset.status = run.status;
   updateStatusBadge(row.cells.status.firstChild, run.status);
+  setText(row.cells.status.lastChild, queueText(run));
   const { fraction, detail } = runProgress(run);
   updateProgressBar(row.cells.progress.firstChild, fraction, detail);
   setMetricCell(row.cells.best, bestMetric(run.best));

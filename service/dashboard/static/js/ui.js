@@ -40,6 +40,13 @@ export const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELED", "STOPPED"]);
 /** Statuses from which POST /runs/{id}/resume starts a new attempt. */
 export const RESUMABLE = new Set(["FAILED", "CANCELED", "STOPPED"]);
 
+/** Where a QUEUED run waits: "#2 in the queue · waiting for resources (detail)"; "" otherwise. */
+export function queueText(run) {
+  if (!run.queue) return "";
+  const { position, reason, detail } = run.queue;
+  return `#${position} in the queue · waiting for ${reason}${detail ? ` (${detail})` : ""}`;
+}
+
 export function statusBadge(status) {
   return el("span", { class: `badge status-${status.toLowerCase()}`, dataset: { status }, title: STATUS_TITLE[status] },
     el("span", { class: "badge-symbol", "aria-hidden": "true" }, STATUS_SYMBOL[status] || "?"),

@@ -1,0 +1,53 @@
+"""Where clients find their API key without configuration.
+
+In order: the ``TESSERA_API_KEY`` environment variable, then the credentials file
+``$TESSERA_HOME/credentials`` (``TESSERA_HOME`` defaults to ``.tessera``), which the service
+writes, mode 0600, when it starts for the first time with an empty database. The file holds
+``TESSERA_API_KEY=tsk_...`` lines (so a shell can ``source`` it) and ``#`` comments.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KEY_VARIABLE = "TESSERA_API_KEY"
+
+
+def credentials_path(home: str | os.PathLike[str] | None = None) -> Path:
+    """``{home}/credentials``; ``home`` defaults to ``$TESSERA_HOME`` or ``.tessera``."""
+    return Path(home or os.environ.get("TESSERA_HOME") or ".tessera").expanduser() / "credentials"
+
+
+def read_credentials(path: Path) -> str | None:
+    """The key in a credentials file, or None if the file is missing or names none."""
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return None
+    for line in text.splitlines():
+        name, _, value = line.strip().partition("=")
+        if name.strip() == KEY_VARIABLE and value.strip():
+            return value.strip()
+    return None
+
+
+def find_api_key(home: str | os.PathLike[str] | None = None) -> str | None:
+    """``TESSERA_API_KEY``, else the key in ``{home}/credentials``, else None."""
+    return os.environ.get(KEY_VARIABLE) or read_credentials(credentials_path(home))
+
+
+def write_credentials(path: Path, key: str, *, url: str | None = None) -> None:
+    """Write ``key`` to ``path`` readable by its owner only (0600 from the first byte)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["# Tessera API key: an admin of every project, made on the service's first start.",
+             "# Clients (tessera CLI, api.client.Client, notebooks) read it from here or from TESSERA_API_KEY."]
+    if url:
+        lines.append(f"# service: {url}")
+    lines.append(f"{KEY_VARIABLE}={key}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # the file may have existed with wider permissions
+        os.write(fd, ("\n".join(lines) + "\n").encode())
+    finally:
+        os.close(fd)

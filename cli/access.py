@@ -1,0 +1,92 @@
+"""``tessera keys`` and ``tessera projects``: API keys and projects (see README, "Authentication
+and projects"). The CLI's own key comes from ``TESSERA_API_KEY`` or ``$TESSERA_HOME/credentials``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (shown once), list, revoke.")
+projects_app = typer.Typer(no_args_is_help=True, help="Projects: create, list, set quotas.")
+
+UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _main():
+    from cli import main  # the shared client and error handling
+
+    return main
+
+
+@keys_app.command("create")
+def create_key(
+    project: Annotated[str, typer.Option(help="the project the key acts in")],
+    role: Annotated[str, typer.Option(help="viewer (read), member (submit, cancel, resume), admin (keys, quotas)")]
+    = "member",
+    name: Annotated[str, typer.Option(help="a label to tell keys apart")] = "key",
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Create a key; its secret is printed once and never stored by the service."""
+    main = _main()
+    key = main._call(main._client(url).create_key, project, role, name)
+    main.console.print(f"key {key['id']} ({role} of {project}); the secret is shown only now:", highlight=False)
+    print(key["key"])
+
+
+@keys_app.command("list")
+def list_keys(url: UrlOption = DEFAULT_URL) -> None:
+    """Keys you administer (never their secrets)."""
+    main = _main()
+    table = Table("id", "name", "prefix", "roles", "created", "revoked")
+    for key in main._call(main._client(url).list_keys):
+        roles = ", ".join(f"{p}:{r}" for p, r in sorted(key["roles"].items()))
+        table.add_row(key["id"], key["name"], key["prefix"] + "…", roles, str(key["created_at"])[:19],
+                      str(key["revoked_at"])[:19] if key["revoked_at"] else "-")
+    main.console.print(table)
+
+
+@keys_app.command("revoke")
+def revoke_key(key_id: str, url: UrlOption = DEFAULT_URL) -> None:
+    """Revoke a key: its next request is refused (401)."""
+    main = _main()
+    key = main._call(main._client(url).revoke_key, key_id)
+    main.console.print(f"key {key['id']} revoked at {key['revoked_at']}", highlight=False)
+
+
+@projects_app.command("create")
+def create_project(name: str, url: UrlOption = DEFAULT_URL) -> None:
+    """Create a project (needs the admin key of every project: the first key)."""
+    main = _main()
+    main._call(main._client(url).create_project, name)
+    main.console.print(f"project {name} created", highlight=False)
+
+
+@projects_app.command("list")
+def list_projects(url: UrlOption = DEFAULT_URL) -> None:
+    """Projects your key has a role in, with that role and the quotas."""
+    main = _main()
+    table = Table("name", "your role", "max_running_runs", "max_workers", "max_gpus")
+    for project in main._call(main._client(url).list_projects):
+        quota = project["quota"]
+        table.add_row(project["name"], project["role"] or "-",
+                      *[str(quota[k]) if quota[k] is not None else "-" for k in ("max_running_runs", "max_workers",
+                                                                                 "max_gpus")])
+    main.console.print(table)
+
+
+@projects_app.command("quota")
+def set_quota(
+    name: str,
+    max_running_runs: Annotated[Optional[int], typer.Option(help="runs admitted at once")] = None,
+    max_workers: Annotated[Optional[int], typer.Option(help="workers of admitted runs, together")] = None,
+    max_gpus: Annotated[Optional[int], typer.Option(help="GPUs of admitted runs, together")] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Replace a project's quotas (an option left out is no limit); needs the project's admin."""
+    main = _main()
+    main._call(main._client(url).set_quota, name, max_running_runs=max_running_runs, max_workers=max_workers,
+               max_gpus=max_gpus)
+    main.console.print(f"project {name}: quotas set", highlight=False)

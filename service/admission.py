@@ -1,0 +1,221 @@
+"""The admission queue: which QUEUED runs go to Ray this tick, and why the others wait.
+
+A run is admitted only when the cluster has room for it: its workers' CPUs and GPUs fit next
+to what the runs already admitted hold. ``plan`` decides, as a pure function of the queued
+runs, the active runs, the cluster's total resources and the projects' quotas:
+
+* order: higher ``priority`` first; at equal priority the projects take turns (round-robin,
+  the project with fewer active runs first), each project's runs oldest first;
+* a run whose project is at a quota (``max_running_runs``, ``max_workers``, ``max_gpus``)
+  waits with reason ``quota`` and does not hold up other projects;
+* the first run that does not fit the free resources waits with reason ``resources``, and
+  every later run waits behind it (reason ``priority``, or ``resources`` if it would not fit
+  either): a small run never starves a big one of higher or equal rank;
+* a run bigger than the whole cluster (it shrank after the run was accepted) waits with
+  reason ``resources`` and a detail saying so, without holding up the rest.
+
+Resources are accounted from the runs Tessera admitted, against the cluster's total, not
+from Ray's "available" figure: that lags a submission by seconds (a job's workers are placed
+after it starts), and would let one tick admit more than the cluster holds. A Ray Train run
+on N workers holds N x ``cpus_per_worker`` CPUs and N GPUs with ``use_gpu``; its job driver
+and Ray Train's controller (``num_cpus=0`` in Ray 2.60) hold none.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.views import QueueInfo
+
+PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one run holds while it trains."""
+
+    cpus: float
+    gpus: float
+    workers: int
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> "Demand":
+        parallelism = spec.get("parallelism", {})
+        workers = int(parallelism.get("num_workers", 1))
+        cpus = workers * float(parallelism.get("cpus_per_worker", 1))
+        return cls(cpus=cpus, gpus=float(workers) if parallelism.get("use_gpu") else 0.0, workers=workers)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The cluster's total logical CPUs and GPUs (alive nodes)."""
+
+    cpus: float
+    gpus: float
+
+    def holds(self, demand: Demand) -> bool:
+        return demand.cpus <= self.cpus and demand.gpus <= self.gpus
+
+    def why_never(self, demand: Demand) -> str | None:
+        """Why ``demand`` can never run on this cluster as it is, or None if it can."""
+        if demand.cpus > self.cpus:
+            return f"asks for {demand.cpus:g} CPUs (num_workers x cpus_per_worker); the cluster has {self.cpus:g}"
+        if demand.gpus > self.gpus:
+            return f"asks for {demand.gpus:g} GPUs (one per worker); the cluster has {self.gpus:g}"
+        return None
+
+
+@dataclass(frozen=True)
+class Quota:
+    max_running_runs: int | None = None
+    max_workers: int | None = None
+    max_gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A run as the queue sees it."""
+
+    id: str
+    project: str
+    priority: str
+    demand: Demand
+
+
+@dataclass
+class Usage:
+    cpus: float = 0.0
+    gpus: float = 0.0
+    runs: int = 0
+    workers: int = 0
+
+    def add(self, demand: Demand) -> None:
+        self.cpus += demand.cpus
+        self.gpus += demand.gpus
+        self.runs += 1
+        self.workers += demand.workers
+
+
+@dataclass
+class Plan:
+    admit: list[str] = field(default_factory=list)
+    waiting: dict[str, QueueInfo] = field(default_factory=dict)
+
+
+def quota_problem(quota: Quota, used: Usage, demand: Demand) -> str | None:
+    if quota.max_running_runs is not None and used.runs + 1 > quota.max_running_runs:
+        return f"the project runs {used.runs} of max_running_runs={quota.max_running_runs}"
+    if quota.max_workers is not None and used.workers + demand.workers > quota.max_workers:
+        return f"the project's runs hold {used.workers} of max_workers={quota.max_workers} workers"
+    if quota.max_gpus is not None and used.gpus + demand.gpus > quota.max_gpus:
+        return f"the project's runs hold {used.gpus:g} of max_gpus={quota.max_gpus} GPUs"
+    return None
+
+
+def queue_order(queued: Iterable[Candidate], active_per_project: Mapping[str, int]) -> list[Candidate]:
+    """Priority first; within a priority, one run per project per round (projects with fewer
+    active runs first, then by name), each project's runs in the order given (oldest first)."""
+    ordered: list[Candidate] = []
+    by_priority: dict[int, dict[str, list[Candidate]]] = defaultdict(lambda: defaultdict(list))
+    for run in queued:
+        by_priority[PRIORITY_RANK.get(run.priority, 1)][run.project].append(run)
+    for rank in sorted(by_priority):
+        lanes = by_priority[rank]
+        projects = sorted(lanes, key=lambda name: (active_per_project.get(name, 0), name))
+        depth = max(len(lane) for lane in lanes.values())
+        for index in range(depth):
+            ordered.extend(lanes[name][index] for name in projects if index < len(lanes[name]))
+    return ordered
+
+
+def plan(queued: list[Candidate], active: list[Candidate], capacity: Capacity | None,
+         quotas: Mapping[str, Quota]) -> Plan:
+    """Which of ``queued`` (oldest first) to admit now, and why each other one waits.
+    ``capacity`` None: the cluster's size is unknown, so only quotas and order apply."""
+    total, per_project = Usage(), defaultdict(Usage)
+    for run in active:
+        total.add(run.demand)
+        per_project[run.project].add(run.demand)
+    result = Plan()
+    blocked = False
+    ordered = queue_order(queued, {name: used.runs for name, used in per_project.items()})
+    for run in ordered:
+        never = capacity.why_never(run.demand) if capacity is not None else None
+        problem = quota_problem(quotas.get(run.project, Quota()), per_project[run.project], run.demand)
+        fits = capacity is None or Capacity(capacity.cpus - total.cpus, capacity.gpus - total.gpus).holds(run.demand)
+        if never is not None:
+            result.waiting[run.id] = QueueInfo(position=0, reason="resources", detail=f"{never}; waiting for it to grow")
+        elif problem is not None:
+            result.waiting[run.id] = QueueInfo(position=0, reason="quota", detail=problem)
+        elif blocked or not fits:
+            reason = "resources" if not fits else "priority"
+            detail = (f"needs {run.demand.cpus:g} CPUs and {run.demand.gpus:g} GPUs; free: "
+                      f"{capacity.cpus - total.cpus:g} CPUs, {capacity.gpus - total.gpus:g} GPUs") if not fits \
+                else "runs ahead of it in the queue go first"
+            result.waiting[run.id] = QueueInfo(position=0, reason=reason, detail=detail)
+            blocked = True
+        else:
+            result.admit.append(run.id)
+            total.add(run.demand)
+            per_project[run.project].add(run.demand)
+    position = 0
+    for run in ordered:
+        if run.id in result.waiting:
+            position += 1
+            result.waiting[run.id] = result.waiting[run.id].model_copy(update={"position": position})
+    return result
+
+
+class Admission:
+    """The dispatcher's side of the queue: reads the cluster's size (one call per tick), the
+    active runs and the quotas, and keeps the last ``plan``'s reasons for ``RunView.queue``."""
+
+    def __init__(self, repo: Any, jobs: Any, access: Any, *, autoscaler: bool = False):
+        self.repo, self.jobs, self.access = repo, jobs, access
+        self.autoscaler = autoscaler
+        self.capacity: Capacity | None = None  # last known; None until Ray has answered once
+        self.waiting: dict[str, QueueInfo] = {}
+
+    def read_capacity(self) -> Capacity | None:
+        """Ask Ray for the cluster's size; keep the last answer when Ray cannot be asked. A Jobs
+        client without ``cluster_capacity`` (tests' fakes) means an unknown size."""
+        reader = getattr(self.jobs, "cluster_capacity", None)
+        if reader is not None:
+            try:
+                self.capacity = Capacity(*reader())
+            except Exception as exc:  # Ray unreachable: decide on what it said last
+                import logging
+
+                logging.getLogger(__name__).warning("could not read the cluster's resources: %s", exc)
+        return self.capacity
+
+    def never_fits(self, spec: Mapping[str, Any]) -> str | None:
+        """Why a run of ``spec`` can never run on the cluster as last seen (None: it can, the
+        size is unknown, or an autoscaler may grow the cluster)."""
+        if self.autoscaler:
+            return None
+        capacity = self.capacity or self.read_capacity()
+        return capacity.why_never(Demand.of(spec)) if capacity is not None else None
+
+    def __call__(self, queued: list[Any]) -> list[Any]:
+        """The records of ``queued`` (oldest first) to submit now, in queue order."""
+        from api.views import ACTIVE_STATUSES
+
+        capacity = self.read_capacity()  # every tick, so a submit is checked against a fresh size
+        if not queued:
+            self.waiting = {}
+            return []
+        active = [_candidate(run) for run in self.repo.with_status(ACTIVE_STATUSES)]
+        quotas = {p.name: Quota(p.max_running_runs, p.max_workers, p.max_gpus) for p in self.access.list_projects()}
+        decided = plan([_candidate(run) for run in queued], active, capacity, quotas)
+        self.waiting = decided.waiting
+        by_id = {run.id: run for run in queued}
+        return [by_id[run_id] for run_id in decided.admit]
+
+
+def _candidate(run: Any) -> Candidate:
+    return Candidate(id=run.id, project=run.project, priority=str(run.spec.get("priority", "normal")),
+                     demand=Demand.of(run.spec))

@@ -1,0 +1,31 @@
+"""The embedded default stays two commands: on a first start (a database without API keys)
+the service makes an admin key for every project and writes it to ``$TESSERA_HOME/credentials``
+(mode 0600), where the CLI, the SDK and notebooks find it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from api.credentials import credentials_path, write_credentials
+from service.access import EVERY_PROJECT, KEY_PREFIX, AccessStore, Role
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
+    """Make the first admin key if the database has none; return the credentials file's path
+    then, else None (the keys already made stay as they are)."""
+    if access.has_keys():
+        return None
+    secret = settings.bootstrap_api_key
+    if secret is not None and not secret.startswith(KEY_PREFIX):
+        raise ValueError(f"TESSERA_BOOTSTRAP_API_KEY must start with {KEY_PREFIX!r}")
+    _record, secret = access.create_key(name="first admin", roles={EVERY_PROJECT: Role.ADMIN}, secret=secret)
+    path = credentials_path(settings.home)
+    write_credentials(path, secret, url=settings.public_url)
+    message = f"Tessera: created an admin API key; it is in {path} (clients read it from there)"
+    log.warning(message)
+    print(message, flush=True)
+    return str(path)

@@ -1,0 +1,137 @@
+"""API keys, projects and quotas: ``/keys``, ``/projects``, ``/me`` (see ``service.access``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, Field
+
+from service.access import EVERY_PROJECT, Forbidden, ProjectNotFound, Role
+from service.deps import AccessDep, CallerDep
+from service.errors import VALIDATION_RESPONSES, ErrorBody
+
+router = APIRouter(prefix="/api/v1", tags=["access"],
+                   responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
+
+PROJECT_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,62}$"
+NOT_FOUND = {404: {"model": ErrorBody}}
+
+
+class KeyCreate(BaseModel):
+    project: str = Field(..., pattern=PROJECT_PATTERN, description="the project the key acts in")
+    role: Role = Role.MEMBER
+    name: str = Field("key", min_length=1, max_length=128, description="a label to tell keys apart")
+
+
+class KeyView(BaseModel):
+    id: str
+    name: str
+    prefix: str = Field(description="the key's first characters")
+    roles: dict[str, Role]
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class NewKey(KeyView):
+    key: str = Field(description="the secret: shown only in this answer, stored only as a hash")
+
+
+class KeysPage(BaseModel):
+    data: list[KeyView]
+
+
+class ProjectCreate(BaseModel):
+    name: str = Field(..., pattern=PROJECT_PATTERN, description="lower-case letters, digits, '-' and '_'")
+
+
+class Quota(BaseModel):
+    """A project's limits; a missing or null field is no limit."""
+
+    max_running_runs: int | None = Field(None, ge=0, le=100_000, description="runs admitted to Ray at once")
+    max_workers: int | None = Field(None, ge=0, le=1_000_000, description="workers of admitted runs, together")
+    max_gpus: int | None = Field(None, ge=0, le=1_000_000, description="GPUs of admitted runs, together")
+    default_max_wall_time_s: int | None = Field(None, ge=1, le=10 * 365 * 86400,
+                                                description="wall-clock limit of runs that set none")
+    max_wall_time_cap_s: int | None = Field(None, ge=1, le=10 * 365 * 86400,
+                                            description="the longest max_wall_time this project's runs may ask "
+                                                        "for (raises the service's cap)")
+
+
+class ProjectView(BaseModel):
+    name: str
+    created_at: datetime
+    quota: Quota
+    role: Role | None = Field(None, description="the calling key's role in the project")
+
+
+class ProjectsPage(BaseModel):
+    data: list[ProjectView]
+
+
+class Me(BaseModel):
+    key_id: str
+    roles: dict[str, Role] = Field(description="the key's role per project; '*' is every project")
+    projects: list[ProjectView] = Field(description="the projects the key may see, with its role in each")
+
+
+def _project_view(record, caller) -> ProjectView:
+    data = record.as_dict()
+    return ProjectView(name=data["name"], created_at=data["created_at"], quota=Quota(**data["quota"]),
+                       role=caller.role_in(record.name))
+
+
+@router.get("/me", response_model=Me, operation_id="whoami")
+def whoami(caller: CallerDep, access: AccessDep) -> Me:
+    """The calling key: its roles, and the projects it sees (the dashboard's project switcher)."""
+    return Me(key_id=caller.key_id, roles=caller.roles,
+              projects=[_project_view(p, caller) for p in access.list_projects(caller)])
+
+
+@router.post("/keys", status_code=201, response_model=NewKey, operation_id="create_key", responses=NOT_FOUND)
+def create_key(body: KeyCreate, caller: CallerDep, access: AccessDep) -> NewKey:
+    """A new key with ``role`` in ``project`` (the caller must be its admin). The secret is in
+    this answer only."""
+    caller.require(body.project, Role.ADMIN, ProjectNotFound(body.project))
+    record, secret = access.create_key(name=body.name, roles={body.project: body.role})
+    return NewKey(**record.as_dict(), key=secret)
+
+
+@router.get("/keys", response_model=KeysPage, operation_id="list_keys")
+def list_keys(caller: CallerDep, access: AccessDep) -> KeysPage:
+    """The caller's own key and the keys of the projects it administers (never their secrets)."""
+    return KeysPage(data=[KeyView(**k.as_dict()) for k in access.list_keys(caller)])
+
+
+@router.delete("/keys/{key_id}", response_model=KeyView, operation_id="revoke_key", responses=NOT_FOUND)
+def revoke_key(key_id: Annotated[str, Path(max_length=32)], caller: CallerDep, access: AccessDep) -> KeyView:
+    """Revoke a key at once (its next request gets 401). Idempotent."""
+    return KeyView(**access.revoke_key(caller, key_id).as_dict())
+
+
+@router.post("/projects", status_code=201, response_model=ProjectView, operation_id="create_project",
+             responses={409: {"model": ErrorBody}})
+def create_project(body: ProjectCreate, caller: CallerDep, access: AccessDep) -> ProjectView:
+    """A new project; only a key that is admin of every project (the first key) may make one."""
+    if caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
+        raise Forbidden("only an admin of every project ('*') may create projects")
+    return _project_view(access.create_project(body.name), caller)
+
+
+@router.get("/projects", response_model=ProjectsPage, operation_id="list_projects")
+def list_projects(caller: CallerDep, access: AccessDep) -> ProjectsPage:
+    """The projects the key has a role in."""
+    return ProjectsPage(data=[_project_view(p, caller) for p in access.list_projects(caller)])
+
+
+@router.put("/projects/{name}/quota", response_model=ProjectView, operation_id="set_project_quota",
+            responses=NOT_FOUND)
+def set_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: CallerDep,
+              access: AccessDep) -> ProjectView:
+    """Replace the project's quotas (admin of the project). Raising ``max_wall_time_cap_s``
+    above the service's cap needs an admin of every project."""
+    caller.require(name, Role.ADMIN, ProjectNotFound(name))
+    if quota.max_wall_time_cap_s is not None and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
+        raise Forbidden("only an admin of every project ('*') may raise a project's max_wall_time cap")
+    return _project_view(access.set_quota(name, quota.model_dump()), caller)

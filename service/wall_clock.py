@@ -1,0 +1,72 @@
+"""Wall-clock limits: a run that has trained longer than its ``max_wall_time`` is stopped.
+
+The limit is the spec's ``max_wall_time``, else its project's ``default_max_wall_time_s``;
+it counts from the moment the current attempt was submitted (its latest STARTING event), so a
+resumed run gets its full time again. A run past it has its Ray job stopped and ends FAILED
+with the reason; its committed checkpoints stay, so it can be resumed (with a longer limit).
+
+How long a run may ask for is capped too (``max_wall_time_cap``): the service's
+``TESSERA_MAX_WALL_TIME_S``, which a project's ``max_wall_time_cap_s`` (set by an admin of
+every project) replaces.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+
+from api.specs import wall_time_seconds
+from api.views import RunStatus
+from service.db.models import RunEvent, utcnow
+from service.lifecycle import IllegalTransition
+
+log = logging.getLogger(__name__)
+
+LIMITED = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RESTARTING)
+
+
+def wall_time_cap(settings: Any, project: Any) -> int | None:
+    """The longest ``max_wall_time`` (seconds) a run of ``project`` may ask for; None: no cap."""
+    return project.max_wall_time_cap_s if project.max_wall_time_cap_s is not None else settings.max_wall_time_s
+
+
+def limit_of(spec: dict[str, Any], project: Any) -> int | None:
+    """A run's wall-clock limit in seconds: its spec's, else its project's default; None: none."""
+    text = spec.get("max_wall_time")
+    return wall_time_seconds(text) if text else (project.default_max_wall_time_s if project else None)
+
+
+def attempt_started(repo: Any, run_id: str, attempt: int) -> datetime | None:
+    query = (select(func.max(RunEvent.time))
+             .where(RunEvent.run_id == run_id, RunEvent.attempt == attempt, RunEvent.to_status == "STARTING"))
+    with repo.db.read() as session:
+        return session.execute(query).scalar_one_or_none()
+
+
+def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None = None) -> list[str]:
+    """Stop every active run past its limit; return the ids stopped."""
+    now = now or utcnow()
+    stopped = []
+    for run in repo.with_status(LIMITED):
+        limit = limit_of(run.spec, projects.get(run.project))
+        if limit is None or run.driven_by_sweep:  # a trial's time belongs to its sweep's driver
+            continue
+        started = attempt_started(repo, run.id, run.attempt)
+        if started is None or (now - started).total_seconds() <= limit:
+            continue
+        try:
+            if run.ray_job_id:
+                jobs.stop(run.ray_job_id)
+            repo.transition(run.id, RunStatus.FAILED, only_from=[run.status], attempt=run.attempt,
+                            error=f"max_wall_time {limit}s exceeded: stopped after "
+                                  f"{(now - started).total_seconds():.0f}s; its checkpoints are kept, resume it "
+                                  f"to continue")
+            stopped.append(run.id)
+        except IllegalTransition:  # it changed meanwhile (completed, canceled): theirs stands
+            continue
+        except Exception:
+            log.exception("could not stop run %s at its wall-clock limit; will retry", run.id)
+    return stopped

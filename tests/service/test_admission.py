@@ -1,0 +1,188 @@
+"""The admission queue: the pure plan, and the dispatcher admitting runs through it with a fake
+cluster of known size (the real-Ray version is tests/e2e/test_queue.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.admission import Candidate, Capacity, Demand, Quota, plan, queue_order
+from tests.conftest import ADMIN_HEADERS
+
+API = "/api/v1"
+TWO = Demand(cpus=2, gpus=0, workers=2)
+
+
+def _c(run_id: str, project: str = "a", priority: str = "normal", demand: Demand = TWO) -> Candidate:
+    return Candidate(id=run_id, project=project, priority=priority, demand=demand)
+
+
+def test_only_what_the_cluster_holds_is_admitted_and_the_rest_wait_for_resources_or_their_turn():
+    queued = [_c(f"r{i}") for i in range(6)]
+    decided = plan(queued, [], Capacity(cpus=4, gpus=0), {})
+    assert decided.admit == ["r0", "r1"]
+    assert [(decided.waiting[f"r{i}"].position, decided.waiting[f"r{i}"].reason) for i in range(2, 6)] == [
+        (1, "resources"), (2, "resources"), (3, "resources"), (4, "resources")]
+    running = [_c("r0"), _c("r1")]
+    assert plan(queued[2:], running, Capacity(4, 0), {}).admit == []
+    assert plan(queued[2:], running[:1], Capacity(4, 0), {}).admit == ["r2"]
+
+
+def test_higher_priority_goes_first_and_equal_priority_takes_turns_across_projects():
+    queued = [_c("a1", "a"), _c("a2", "a"), _c("a3", "a"), _c("b1", "b"), _c("low", "b", "low"),
+              _c("high", "c", "high")]
+    assert [c.id for c in queue_order(queued, {})] == ["high", "a1", "b1", "a2", "a3", "low"]
+    # a project that already runs more goes after one that runs less
+    assert [c.id for c in queue_order(queued, {"a": 3})][:3] == ["high", "b1", "a1"]
+
+
+def test_a_small_run_does_not_jump_a_bigger_one_of_higher_priority():
+    big = _c("big", priority="high", demand=Demand(cpus=4, gpus=0, workers=4))
+    decided = plan([big, _c("small")], [_c("running", demand=Demand(2, 0, 2))], Capacity(4, 0), {})
+    assert decided.admit == []
+    assert decided.waiting["big"].reason == "resources" and decided.waiting["small"].reason == "priority"
+
+
+def test_quotas_hold_back_their_project_only():
+    quotas = {"a": Quota(max_running_runs=1)}
+    decided = plan([_c("a1", "a"), _c("a2", "a"), _c("b1", "b")], [], Capacity(100, 0), quotas)
+    assert decided.admit == ["a1", "b1"] and decided.waiting["a2"].reason == "quota"
+    assert "max_running_runs=1" in decided.waiting["a2"].detail
+    workers = plan([_c("a1", "a")], [_c("x", "a")], Capacity(100, 0), {"a": Quota(max_workers=3)})
+    assert workers.waiting["a1"].reason == "quota" and "max_workers=3" in workers.waiting["a1"].detail
+    gpus = plan([_c("g", "a", demand=Demand(2, 2, 2))], [], Capacity(100, 8), {"a": Quota(max_gpus=1)})
+    assert gpus.waiting["g"].reason == "quota"
+
+
+def test_a_run_bigger_than_a_shrunken_cluster_waits_with_that_reason_and_blocks_nobody():
+    huge = _c("huge", priority="high", demand=Demand(cpus=64, gpus=0, workers=64))
+    decided = plan([huge, _c("r1")], [], Capacity(4, 0), {})
+    assert decided.admit == ["r1"]
+    assert decided.waiting["huge"].reason == "resources" and "the cluster has 4" in decided.waiting["huge"].detail
+
+
+def test_demand_is_workers_times_cpus_per_worker_and_one_gpu_per_worker():
+    assert Demand.of({"parallelism": {"num_workers": 3, "cpus_per_worker": 2}}) == Demand(6, 0, 3)
+    assert Demand.of({"parallelism": {"num_workers": 2, "use_gpu": True}}) == Demand(2, 2, 2)
+
+
+# --- the dispatcher with a fake cluster ----------------------------------------------------
+
+class SizedJobs:
+    """The fake Jobs client plus a cluster size, and ``states`` (one list per tick)."""
+
+    def __init__(self, fake_jobs, cpus: float, gpus: float = 0):
+        self.fake, self.cpus, self.gpus = fake_jobs, cpus, gpus
+        self.list_calls = 0
+        self.status_calls = 0
+
+    def cluster_capacity(self):
+        return self.cpus, self.gpus
+
+    def states(self):
+        self.list_calls += 1
+        return {job_id: job["status"] for job_id, job in self.fake.jobs.items()}
+
+    def status(self, job_id):
+        self.status_calls += 1
+        return self.fake.status(job_id)
+
+    def __getattr__(self, name):
+        return getattr(self.fake, name)
+
+
+@pytest.fixture
+def sized(settings, fake_jobs):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    jobs = SizedJobs(fake_jobs, cpus=4)
+    with TestClient(create_app(settings, jobs=jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
+        yield client, jobs
+
+
+def _submit(client, body, **params):
+    response = client.post(f"{API}/runs", json=body, params=params)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def test_the_dispatcher_admits_by_priority_and_shows_each_waiting_run_its_place(sized, example_body):
+    client, jobs = sized
+    dispatcher = client.app.state.dispatcher
+    ids = [_submit(client, {**example_body, "name": f"r{i}"}) for i in range(4)]
+    urgent = _submit(client, {**example_body, "name": "urgent", "priority": "high"})
+    dispatcher.tick()
+    statuses = {run_id: client.get(f"{API}/runs/{run_id}").json() for run_id in [*ids, urgent]}
+    assert statuses[urgent]["status"] == "STARTING" and statuses[ids[0]]["status"] == "STARTING"
+    waiting = [statuses[run_id] for run_id in ids[1:]]
+    assert [(r["status"], r["queue"]["position"], r["queue"]["reason"]) for r in waiting] == [
+        ("QUEUED", 1, "resources"), ("QUEUED", 2, "resources"), ("QUEUED", 3, "resources")]
+    listed = {r["id"]: r["queue"] for r in client.get(f"{API}/runs").json()["data"]}
+    assert listed[ids[1]]["position"] == 1 and listed[urgent] is None
+    # Following reads every job's state in one call per tick, not one per active run.
+    jobs.status_calls = 0
+    dispatcher.tick()
+    assert jobs.list_calls == 1 and jobs.status_calls == 0
+
+
+def test_a_run_that_can_never_fit_is_refused_at_submit_unless_an_autoscaler_is_configured(sized, example_body):
+    client, _jobs = sized
+    client.app.state.dispatcher.tick()  # the dispatcher has read the cluster's size
+    body = {**example_body, "parallelism": {"strategy": "ddp", "num_workers": 8}}
+    response = client.post(f"{API}/runs", json=body)
+    assert response.status_code == 422
+    detail = response.json()["detail"][0]
+    assert detail["field"] == "parallelism.num_workers" and "the cluster has 4" in detail["msg"]
+    client.app.state.dispatcher.admission.autoscaler = True
+    assert client.post(f"{API}/runs", json=body).status_code == 201
+
+
+def test_a_project_quota_set_by_its_admin_holds_its_runs_back(sized, example_body):
+    client, _jobs = sized
+    assert client.put(f"{API}/projects/default/quota", json={"max_running_runs": 1}).status_code == 200
+    first, second = _submit(client, example_body), _submit(client, example_body)
+    client.app.state.dispatcher.tick()
+    assert client.get(f"{API}/runs/{first}").json()["status"] == "STARTING"
+    queued = client.get(f"{API}/runs/{second}").json()
+    assert queued["status"] == "QUEUED" and queued["queue"]["reason"] == "quota"
+
+
+# --- wall-clock limits ---------------------------------------------------------------------
+
+def test_a_run_past_its_wall_clock_limit_is_stopped_and_fails_with_that_reason(client, fake_jobs, example_body):
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import update
+
+    from service.db.models import RunEvent
+
+    run_id = _submit(client, {**example_body, "max_wall_time": "30m"})
+    other = _submit(client, example_body)  # no limit: left alone
+    dispatcher = client.app.state.dispatcher
+    dispatcher.tick()
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{run_id}").json()["status"] == "STARTING"  # within its 30 minutes
+    with client.app.state.repo.engine.begin() as conn:  # the attempt started 31 minutes ago
+        conn.execute(update(RunEvent).where(RunEvent.run_id.in_([run_id, other]))
+                     .values(time=datetime.now(timezone.utc) - timedelta(minutes=31)))
+    dispatcher.tick()
+    failed = client.get(f"{API}/runs/{run_id}").json()
+    assert failed["status"] == "FAILED" and "max_wall_time 1800s exceeded" in failed["error"]
+    assert f"run-{run_id}-attempt-1" in fake_jobs.stop_calls
+    assert client.get(f"{API}/runs/{other}").json()["status"] == "STARTING"
+
+
+def test_max_wall_time_is_capped_by_the_service_and_a_project_cap_raises_it(tmp_path, fake_jobs, example_body):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(home=tmp_path / "home", max_wall_time_s=3600, public_url="http://tessera.test:8000")
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
+        refused = client.post(f"{API}/runs", json={**example_body, "max_wall_time": "2h"})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "max_wall_time"
+        assert client.post(f"{API}/runs", json={**example_body, "max_wall_time": "1h"}).status_code == 201
+        assert client.put(f"{API}/projects/default/quota", json={"max_wall_time_cap_s": 86400}).status_code == 200
+        assert client.post(f"{API}/runs", json={**example_body, "max_wall_time": "2h"}).status_code == 201

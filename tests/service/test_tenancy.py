@@ -1,0 +1,152 @@
+"""API keys and projects: every user route is scoped to the key's projects, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import stat
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.credentials import read_credentials
+from service.app import create_app
+from service.settings import Settings
+
+API = "/api/v1"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def admin(request):
+    """A TestClient holding the admin key of every project, on either database."""
+    return request.getfixturevalue("client" if request.param == "sqlite" else "pg_client")
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _project(admin) -> str:
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    assert admin.post(f"{API}/projects", json={"name": name}).status_code == 201
+    return name
+
+
+def _key(admin, project: str, role: str) -> dict[str, str]:
+    response = admin.post(f"{API}/keys", json={"project": project, "role": role, "name": f"{role} of {project}"})
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["key"].startswith("tsk_") and body["roles"] == {project: role}
+    return _bearer(body["key"])
+
+
+@pytest.fixture
+def two_projects(admin, example_body, sweep_body_for):
+    """Projects A and B with a member key each; a run and a sweep in A."""
+    a, b = _project(admin), _project(admin)
+    key_a, key_b = _key(admin, a, "member"), _key(admin, b, "member")
+    run = admin.post(f"{API}/runs", json=example_body, params={"project": a}, headers=key_a).json()
+    sweep = admin.post(f"{API}/sweeps", json=sweep_body_for(example_body), params={"project": a},
+                       headers=key_a).json()
+    return {"a": a, "b": b, "key_a": key_a, "key_b": key_b, "run": run["id"], "sweep": sweep["id"]}
+
+
+@pytest.fixture
+def sweep_body_for():
+    def make(base):
+        return {"name": "tenancy-sweep", "base": base, "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}
+    return make
+
+
+def test_a_run_and_sweep_belong_to_the_project_they_were_created_in(admin, two_projects):
+    t = two_projects
+    assert admin.get(f"{API}/runs/{t['run']}", headers=t["key_a"]).json()["project"] == t["a"]
+    assert admin.get(f"{API}/sweeps/{t['sweep']}", headers=t["key_a"]).json()["project"] == t["a"]
+
+
+def test_a_key_of_project_b_gets_404_on_every_route_of_project_a(admin, two_projects):
+    t, other = two_projects, two_projects["key_b"]
+    run, sweep = t["run"], t["sweep"]
+    for method, path in [("GET", f"runs/{run}"), ("POST", f"runs/{run}/cancel"), ("GET", f"runs/{run}/events"),
+                         ("GET", f"runs/{run}/metrics"), ("POST", f"runs/{run}/resume"),
+                         ("GET", f"runs/{run}/checkpoints"), ("GET", f"sweeps/{sweep}"),
+                         ("POST", f"sweeps/{sweep}/cancel")]:
+        response = admin.request(method, f"{API}/{path}", headers=other)
+        assert response.status_code == 404, (method, path, response.text)
+        assert t["a"] not in response.text  # nothing about the other project leaks
+    assert admin.get(f"{API}/runs", headers=other).json()["data"] == []
+    assert admin.get(f"{API}/runs", params={"project": t["a"]}, headers=other).json()["data"] == []
+    assert admin.get(f"{API}/sweeps", headers=other).json()["data"] == []
+    # ...and cannot create into A, make A's keys or set A's quota: A does not exist for it.
+    example = admin.get(f"{API}/runs/{run}", headers=t["key_a"]).json()["spec"]
+    assert admin.post(f"{API}/runs", json=example, params={"project": t["a"]}, headers=other).status_code == 404
+    assert admin.post(f"{API}/keys", json={"project": t["a"], "role": "admin"}, headers=other).status_code == 404
+    assert admin.put(f"{API}/projects/{t['a']}/quota", json={"max_running_runs": 9},
+                     headers=other).status_code == 404
+    # The owner still sees its run, cancels it, and its project's list has it.
+    assert [r["id"] for r in admin.get(f"{API}/runs", headers=t["key_a"]).json()["data"]] == [run]
+    assert admin.post(f"{API}/runs/{run}/cancel", headers=t["key_a"]).json()["status"] == "CANCELING"
+
+
+def test_project_level_admin_actions_are_403_for_members_and_project_admins(admin, two_projects):
+    t = two_projects
+    assert admin.post(f"{API}/keys", json={"project": t["a"], "role": "viewer"}, headers=t["key_a"]).status_code == 403
+    assert admin.put(f"{API}/projects/{t['a']}/quota", json={"max_running_runs": 1},
+                     headers=t["key_a"]).status_code == 403
+    project_admin = _key(admin, t["a"], "admin")
+    assert admin.post(f"{API}/projects", json={"name": f"x-{uuid.uuid4().hex[:6]}"},
+                      headers=project_admin).status_code == 403
+    assert admin.put(f"{API}/projects/{t['a']}/quota", json={"max_running_runs": 1},
+                     headers=project_admin).json()["quota"]["max_running_runs"] == 1
+    made = admin.post(f"{API}/keys", json={"project": t["a"], "role": "viewer"}, headers=project_admin)
+    assert made.status_code == 201
+    listed = {k["id"] for k in admin.get(f"{API}/keys", headers=project_admin).json()["data"]}
+    assert made.json()["id"] in listed
+    assert all("key" not in k and "key_hash" not in k for k in admin.get(f"{API}/keys").json()["data"])
+
+
+def test_a_viewer_reads_but_cannot_submit_cancel_or_resume(admin, two_projects, example_body):
+    t = two_projects
+    viewer = _key(admin, t["a"], "viewer")
+    assert admin.get(f"{API}/runs/{t['run']}", headers=viewer).status_code == 200
+    refused = admin.post(f"{API}/runs", json=example_body, params={"project": t["a"]}, headers=viewer)
+    assert refused.status_code == 403 and "viewer" in refused.json()["detail"]
+    assert admin.post(f"{API}/runs/{t['run']}/cancel", headers=viewer).status_code == 403
+    assert admin.post(f"{API}/runs/{t['run']}/resume", headers=viewer).status_code == 403
+    assert admin.post(f"{API}/sweeps/{t['sweep']}/cancel", headers=viewer).status_code == 403
+    external = admin.post(f"{API}/sweeps", params={"driver": "external", "project": t["a"]}, headers=viewer,
+                          json={"name": "x", "base": example_body,
+                                "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}})
+    assert external.status_code == 403 and "driver_token" not in external.text  # no driver token for a viewer
+    me = admin.get(f"{API}/me", headers=viewer).json()
+    assert me["roles"] == {t["a"]: "viewer"} and [p["name"] for p in me["projects"]] == [t["a"]]
+
+
+def test_no_key_a_wrong_key_and_a_revoked_key_get_401(admin, two_projects):
+    t = two_projects
+    assert admin.get(f"{API}/runs", headers={"Authorization": ""}).status_code == 401
+    assert admin.get(f"{API}/runs", headers=_bearer("tsk_not-a-key")).status_code == 401
+    key_id = admin.get(f"{API}/me", headers=t["key_b"]).json()["key_id"]
+    assert admin.delete(f"{API}/keys/{key_id}").status_code == 200
+    response = admin.get(f"{API}/runs", headers=t["key_b"])
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+
+
+def test_a_key_with_one_project_creates_there_by_default(admin, two_projects, example_body):
+    t = two_projects
+    run = admin.post(f"{API}/runs", json=example_body, headers=t["key_b"]).json()
+    assert run["project"] == t["b"]
+    assert admin.post(f"{API}/runs", json=example_body).json()["project"] == "default"
+
+
+def test_the_first_start_writes_an_admin_key_0600_and_later_starts_reuse_it(tmp_path, fake_jobs):
+    settings = Settings(home=tmp_path / "home", bootstrap_api_key=None, public_url="http://tessera.test:8000")
+    path = tmp_path / "home" / "credentials"
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False)) as first:
+        key = read_credentials(path)
+        assert key is not None and key.startswith("tsk_") and len(key) > 40
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert first.get(f"{API}/runs", headers=_bearer(key)).status_code == 200
+        assert first.get(f"{API}/runs", headers={"Authorization": ""}).status_code == 401
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False)) as second:
+        assert read_credentials(path) == key  # not replaced: the database already has keys
+        assert second.get(f"{API}/me", headers=_bearer(key)).json()["roles"] == {"*": "admin"}
