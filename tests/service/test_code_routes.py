@@ -13,6 +13,8 @@ from service.settings import Settings
 
 API = "/api/v1"
 
+from tests.conftest import ADMIN_HEADERS
+
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def code_client(request, tmp_path, fake_jobs):
@@ -31,7 +33,7 @@ def code_client(request, tmp_path, fake_jobs):
     settings = Settings(home=tmp_path / "home", public_url="http://tessera.test:8000",
                         storage_url=f"file://{tmp_path}/storage", **database)
     with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False),
-                    raise_server_exceptions=False) as client:
+                    raise_server_exceptions=False, headers=ADMIN_HEADERS) as client:
         yield client
 
 

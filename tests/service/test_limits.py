@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.conftest import ADMIN_HEADERS
+
 from service.app import create_app
 from service.settings import Settings
 from tests.service.test_api_routes import API, _points, _start
@@ -50,7 +52,7 @@ def limited(tmp_path, fake_jobs):
 
     def build(**overrides) -> TestClient:
         settings = Settings(home=tmp_path / "home", public_url="http://tessera.test:8000", **overrides)
-        client = TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False))
+        client = TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS)
         clients.append(client.__enter__())
         return client
 

@@ -7,8 +7,7 @@ NUL characters and integers beyond 64 bits). No route is left out: the worker an
 report routes get a real run token / sweep token (and a real id) for half of their cases, so
 generated bodies reach the code behind the token check instead of stopping at a 401.
 
-``api_headers`` is the ``Authorization`` every user route gets: empty while the service has no
-API keys; point it at an admin key when it does.
+``api_headers`` is the ``Authorization`` every user route gets: the test session's admin key.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from sqlalchemy import text
 
 from service.app import create_app
 from service.settings import Settings
-from tests.conftest import free_port
+from tests.conftest import ADMIN_HEADERS, free_port
 
 from schemathesis.generation import GenerationMode
 
@@ -46,9 +45,8 @@ MIN_CASES = 2000
 
 @pytest.fixture
 def api_headers() -> dict[str, str]:
-    """Headers that authenticate a user route (``{"Authorization": "Bearer tsk_..."}`` once the
-    service has API keys)."""
-    return {}
+    """Headers that authenticate a user route: the test session's admin key."""
+    return dict(ADMIN_HEADERS)
 
 
 @pytest.fixture
