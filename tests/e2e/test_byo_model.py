@@ -38,6 +38,7 @@ def submit(service, spec: dict, code: Path, tmp_path: Path, *follow: str) -> sub
     return subprocess.run([TESSERA, "submit", str(spec_file), "--code", str(code), *follow, "--url", service.url],
                           capture_output=True, text=True, timeout=300,
                           env={"COLUMNS": "200", "PATH": str(Path(sys.executable).parent),
+                               "TESSERA_API_KEY": os.environ["TESSERA_API_KEY"],
                                "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
 
 
