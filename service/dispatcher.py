@@ -13,6 +13,8 @@ import threading
 
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
+from service.log_archive import LogArchiver
+from service.log_store import LogStore
 from service.ray_client import JobsClient
 from service.repository import Repository
 from service.settings import Settings
@@ -33,6 +35,7 @@ class Dispatcher:
             JobFollower(RUN_JOBS, repo, jobs, settings),
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
         )
+        self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -40,6 +43,7 @@ class Dispatcher:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
         for follower in self.followers:
             follower.tick()
+        self.log_archiver.tick()
 
     def reconcile(self) -> list[str]:
         """Compare every active run and sweep with Ray once (at startup); return the fixes made."""

@@ -6,6 +6,7 @@ Layout under the storage root (``TESSERA_STORAGE_URL``, ``file://`` or ``s3://``
     runs/{run_id}/
         checkpoints/ep{E}-ba{B}/   one checkpoint (its files: ``workers.checkpoint.manager``)
         attempts/{n}.started       rank 0's marker: this job attempt started training once
+        logs/attempt-{n}.log       attempt n's Ray job log, copied by the service
     ray/attempt-{n}/               Ray Train's own storage for attempt n
     sweeps/{sweep_id}/tune/        the sweep's Tune experiment (restored by a restarted driver)
     code/{sha256}.zip              a code package, named by the hash of its bytes
@@ -60,6 +61,12 @@ def attempts_url(run: str) -> str:
 def attempt_marker_url(run: str, attempt: int) -> str:
     """``{run}/attempts/{attempt}.started``."""
     return join(attempts_url(run), f"{attempt}.started")
+
+
+def attempt_log_url(run: str, attempt: int) -> str:
+    """``{run}/logs/attempt-{attempt}.log``: the service copies the attempt's Ray job log here
+    (``service.log_store.attempt_log_url`` builds the same URL; the service cannot import workers)."""
+    return join(run, "logs", f"attempt-{attempt}.log")
 
 
 def code_package_url(storage_url: str, sha256: str) -> str:
