@@ -18,6 +18,7 @@ from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
+from service.metrics_export import install_metrics
 from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     )
     app.state.settings = settings
     install_error_handlers(app)
+    install_metrics(app)
     for module in (runs, reports, sweeps, catalog, health, code, logs):
         app.include_router(module.router)
     mount_dashboard(app)
@@ -70,6 +72,7 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 dispatcher = Dispatcher(Repository(engine), client, settings)
                 app.state.repo, app.state.sweeps = dispatcher.repo, dispatcher.sweeps
                 app.state.jobs, app.state.dispatcher = client, dispatcher
+                dispatcher.tick_listeners.append(app.state.prometheus.tick_seconds.observe)
                 for fix in dispatcher.reconcile():
                     log.info("reconciled %s", fix)
                 if run_dispatcher:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
@@ -35,15 +37,19 @@ class Dispatcher:
             JobFollower(RUN_JOBS, repo, jobs, settings),
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
         )
+        self.tick_listeners: list[Callable[[float], None]] = []  # each gets a tick's duration (s)
         self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def tick(self) -> None:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
+        started = time.perf_counter()
         for follower in self.followers:
             follower.tick()
         self.log_archiver.tick()
+        for listener in self.tick_listeners:
+            listener(time.perf_counter() - started)
 
     def reconcile(self) -> list[str]:
         """Compare every active run and sweep with Ray once (at startup); return the fixes made."""

@@ -6,12 +6,13 @@ re-queuing a run revokes it, so a worker left over from an earlier attempt canno
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from api.views import CheckpointReport, CheckpointView, MetricsReport, RunStatus, RunView, StatusReport
 from service.deps import RepoDep, RunTokenDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.metrics_export import count_metric_points
 
 router = APIRouter(prefix="/api/v1/runs", tags=["reports"],
                    responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}})
@@ -44,7 +45,7 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
 
 
 @router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics")
-def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep):
+def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, request: Request):
     """Store a batch of metric points (also after the run has ended: late flushes count)."""
     for index, point in enumerate(report.points):
         if point.step > MAX_STEP:
@@ -53,7 +54,9 @@ def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep):
         if "\x00" in point.key:
             return validation_response([field_error(f"points[{index}].key", ["body", "points", index, "key"],
                                                     "metric keys must not contain NUL characters", point.key)])
-    return MetricsStored(stored=repo.add_metrics(run_id, report.points))
+    stored = repo.add_metrics(run_id, report.points)
+    count_metric_points(request, stored)
+    return MetricsStored(stored=stored)
 
 
 @router.post("/{run_id}/report/checkpoint", response_model=CheckpointView, operation_id="report_checkpoint")
