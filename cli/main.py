@@ -18,6 +18,7 @@ from rich.table import Table
 from api.client import Client
 from api.errors import ApiError, format_detail
 from cli.data import app as data_app
+from cli.export import register as register_export
 from cli.logs import register as register_logs
 from cli.specfile import SpecFileError, load_spec, load_spec_dict
 
@@ -52,6 +53,7 @@ def _call(fn, *args, **kwargs):
 
 
 register_logs(app, UrlOption, DEFAULT_URL, _call)
+register_export(app, UrlOption, DEFAULT_URL)
 
 
 @app.command()

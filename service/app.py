@@ -22,7 +22,7 @@ from service.metrics_export import install_metrics
 from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
-from service.routes import catalog, code, health, logs, reports, runs, sweeps
+from service.routes import catalog, code, export, health, logs, reports, runs, sweeps
 from service.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     app.state.settings = settings
     install_error_handlers(app)
     install_metrics(app)
-    for module in (runs, reports, sweeps, catalog, health, code, logs):
+    for module in (runs, reports, sweeps, catalog, health, code, logs, export):
         app.include_router(module.router)
     mount_dashboard(app)
     return app

@@ -210,7 +210,7 @@ def test_openapi_is_published_with_stable_operation_ids(client):
                              "list_datasets", "healthz", "resume_run", "list_run_checkpoints", "report_checkpoint",
                              "create_sweep", "list_sweeps", "get_sweep", "cancel_sweep", "report_sweep_status",
                              "register_trial", "end_trial", "upload_code", "check_code", "get_code",
-                             "get_run_logs"}
+                             "get_run_logs", "get_run_model"}
     assert client.get(f"{API}/docs").status_code == 200
     assert RunStatus.QUEUED.value in spec["components"]["schemas"]["RunStatus"]["enum"]
 
