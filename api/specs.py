@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import ALGORITHMS, DATASETS, MODELS
 from api.data_specs import ImageFolderSpec, WebDatasetSpec
+from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
 from api.time import DurationTime, IntervalTime, OffsetTime, Time, TimeUnit
@@ -246,6 +247,8 @@ class RunSpec(Spec):
     seed: int = Field(42, ge=0, le=2**31 - 1)
     deterministic: bool = False
     tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=32)
+    loggers: list[LoggerSpec] = Field(default_factory=list, max_length=8,
+                                      description="also write metrics to TensorBoard / MLflow")
     code: CodeRef | None = Field(None, description="the code package (POST /api/v1/code) the workers import "
                                                    "model.import from; `tessera submit --code DIR` sets it")
 

@@ -8,6 +8,7 @@ Layout under the storage root (``TESSERA_STORAGE_URL``, ``file://`` or ``s3://``
         attempts/{n}.started       rank 0's marker: this job attempt started training once
         logs/attempt-{n}.log       attempt n's Ray job log, copied by the service
         exports/step-{N}.{safetensors,pt}  the trained model as one file (``workers.export``)
+        tensorboard/               TensorBoard event files of the spec's tensorboard logger
     ray/attempt-{n}/               Ray Train's own storage for attempt n
     sweeps/{sweep_id}/tune/        the sweep's Tune experiment (restored by a restarted driver)
     code/{sha256}.zip              a code package, named by the hash of its bytes
@@ -79,6 +80,11 @@ def export_url(run: str, step: int, fmt: str) -> str:
     """``{run}/exports/step-{step}.safetensors`` (``fmt="safetensors"``) or ``.pt`` (``fmt="torch"``)."""
     suffix = {"safetensors": "safetensors", "torch": "pt"}[fmt]
     return join(run, "exports", f"step-{step}.{suffix}")
+
+
+def tensorboard_url(run: str) -> str:
+    """``{run}/tensorboard``: the tensorboard logger's event files (``workers.loggers``)."""
+    return join(run, "tensorboard")
 
 
 def code_package_url(storage_url: str, sha256: str) -> str:
