@@ -17,6 +17,7 @@ import httpx
 from api.code_package import CodePackage, CodeView, inspect_package, pack_directory
 from api.credentials import find_api_key
 from api.errors import ApiError
+from api.logs import LogsPage
 from api.specs import RunSpec
 from api.views import (
     CatalogPage,
@@ -154,6 +155,11 @@ class Client:
     def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000) -> MetricsPage:
         return MetricsPage.model_validate(
             self._request("GET", f"{API}/runs/{run_id}/metrics", params={"after": after, "limit": limit}))
+
+    def logs(self, run_id: str, *, attempt: int | None = None, after: int = 0) -> LogsPage:
+        """One page of an attempt's log from byte ``after`` (default: the newest attempt)."""
+        params = {"after": after} | ({"attempt": attempt} if attempt is not None else {})
+        return LogsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/logs", params=params))
 
     def wait(self, run_id: str, *, timeout: float = 600.0, poll_interval: float = 0.5) -> RunView:
         """Poll until the run reaches a terminal status; raise ``TimeoutError`` otherwise."""

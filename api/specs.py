@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import ALGORITHMS, DATASETS, MODELS
 from api.data_specs import ImageFolderSpec, WebDatasetSpec
+from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
 from api.time import DurationTime, IntervalTime, OffsetTime, Time, TimeUnit
@@ -252,6 +253,8 @@ class RunSpec(Spec):
         None, pattern=r"^[1-9][0-9]{0,8}(s|m|h|d)$",
         description="wall-clock limit such as '90m' or '12h' (default: the project's); a run past it is stopped "
                     "with its checkpoints kept and ends FAILED")
+    loggers: list[LoggerSpec] = Field(default_factory=list, max_length=8,
+                                      description="also write metrics to TensorBoard / MLflow")
     code: CodeRef | None = Field(None, description="the code package (POST /api/v1/code) the workers import "
                                                    "model.import from; `tessera submit --code DIR` sets it")
 

@@ -18,6 +18,8 @@ from rich.table import Table
 from api.client import Client
 from api.errors import ApiError, format_detail
 from cli.data import app as data_app
+from cli.export import register as register_export
+from cli.logs import register as register_logs
 from cli.specfile import SpecFileError, load_spec, load_spec_dict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tessera: fast PyTorch training runs as a service.")
@@ -48,6 +50,10 @@ def _call(fn, *args, **kwargs):
         _fail(f"HTTP {exc.status_code}\n{format_detail(exc.detail)}")
     except httpx.HTTPError as exc:
         _fail(f"cannot reach the service: {exc}")
+
+
+register_logs(app, UrlOption, DEFAULT_URL, _call)
+register_export(app, UrlOption, DEFAULT_URL)
 
 
 @app.command()

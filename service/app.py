@@ -19,11 +19,12 @@ from service.db.engine import make_engine, migrate
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
 from service.limits import RequestLimits
+from service.metrics_export import install_metrics
 from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
 from service.bootstrap import ensure_admin_key
-from service.routes import access, catalog, code, health, reports, runs, sweeps
+from service.routes import access, catalog, code, export, health, logs, reports, runs, sweeps
 from service.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     install_error_handlers(app)
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes,
                        code_max_body_bytes=settings.code_max_body_bytes, code_prefix=f"{API_PREFIX}/code")
-    for module in (runs, reports, sweeps, access, catalog, health, code):
+    install_metrics(app)
+    for module in (runs, reports, sweeps, access, catalog, health, code, logs, export):
         app.include_router(module.router)
     mount_dashboard(app)
     return app
@@ -76,6 +78,7 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 app.state.jobs, app.state.dispatcher = client, dispatcher
                 app.state.access = dispatcher.access
                 ensure_admin_key(app.state.access, settings)
+                dispatcher.tick_listeners.append(app.state.prometheus.tick_seconds.observe)
                 for fix in dispatcher.reconcile():
                     log.info("reconciled %s", fix)
                 if run_dispatcher:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from service.access import AccessStore
 from service import wall_clock
 from service.admission import Admission
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
+from service.log_archive import LogArchiver
+from service.log_store import LogStore
 from service.ray_client import JobsClient
 from service.repository import Repository
 from service.settings import Settings
@@ -40,11 +44,14 @@ class Dispatcher:
             JobFollower(RUN_JOBS, repo, jobs, settings, admit=self.admission),
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
         )
+        self.tick_listeners: list[Callable[[float], None]] = []  # each gets a tick's duration (s)
+        self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def tick(self) -> None:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
+        started = time.perf_counter()
         listed: list[dict[str, str] | None] = []
 
         def job_states() -> dict[str, str] | None:  # at most one list_jobs per tick, shared
@@ -54,9 +61,12 @@ class Dispatcher:
 
         for follower in self.followers:
             follower.tick(job_states)
+        self.log_archiver.tick()
         projects = {p.name: p for p in self.access.list_projects()}
         for run_id in wall_clock.enforce(self.repo, self.jobs, projects):
             log.info("run %s: stopped at its wall-clock limit", run_id)
+        for listener in self.tick_listeners:
+            listener(time.perf_counter() - started)
 
     def reconcile(self) -> list[str]:
         """Compare every active run and sweep with Ray once (at startup); return the fixes made."""

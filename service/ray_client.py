@@ -33,6 +33,9 @@ class JobsClient(Protocol):
     def logs_tail(self, submission_id: str, lines: int = 40) -> str:
         """The last ``lines`` lines of the job's driver log ("" if there is none)."""
 
+    def job_logs(self, submission_id: str) -> str | None:
+        """The job's whole driver log (its workers' stdout/stderr); None if Ray has no such job."""
+
 
 def stop_and_check(jobs: JobsClient, job_id: str | None) -> str | None:
     """Ask Ray to stop ``job_id`` (idempotent: callers repeat it every tick) and return its
@@ -148,3 +151,11 @@ class RayJobsClient:
                 return ""
             raise
         return "\n".join(text.splitlines()[-lines:])
+
+    def job_logs(self, submission_id: str) -> str | None:
+        try:
+            return self._call("get_job_logs", submission_id)
+        except RuntimeError as exc:
+            if _is_not_found(exc):
+                return None
+            raise

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
+from workers.loggers import with_loggers
 from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
 from workers.reporter import ConsoleReporter, MetricSink
 from workers.trainer import train
@@ -56,8 +57,9 @@ def train_local(spec: RunSpec, *, sink: MetricSink | None = None,
     """
     parallelism = spec.parallelism
     if parallelism.strategy == "none" and parallelism.num_workers == 1:
-        checkpoint_url = checkpoints_url(local_run_url(spec, checkpoint_dir)) if checkpoint_dir else None
-        return train(spec, sink=sink if sink is not None else ConsoleReporter(), checkpoint_url=checkpoint_url)
+        run = local_run_url(spec, checkpoint_dir) if checkpoint_dir else None
+        sink = with_loggers(sink if sink is not None else ConsoleReporter(), spec, run, run_id=spec.name)
+        return train(spec, sink=sink, checkpoint_url=checkpoints_url(run) if run else None)
     return _train_with_local_ray(spec, sink, normalize_url(checkpoint_dir) if checkpoint_dir else None)
 
 

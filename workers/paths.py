@@ -6,6 +6,9 @@ Layout under the storage root (``TESSERA_STORAGE_URL``, ``file://`` or ``s3://``
     runs/{run_id}/
         checkpoints/ep{E}-ba{B}/   one checkpoint (its files: ``workers.checkpoint.manager``)
         attempts/{n}.started       rank 0's marker: this job attempt started training once
+        logs/attempt-{n}.log       attempt n's Ray job log, copied by the service
+        exports/step-{N}.{safetensors,pt}  the trained model as one file (``workers.export``)
+        tensorboard/               TensorBoard event files of the spec's tensorboard logger
     ray/attempt-{n}/               Ray Train's own storage for attempt n
     sweeps/{sweep_id}/tune/        the sweep's Tune experiment (restored by a restarted driver)
     code/{sha256}.zip              a code package, named by the hash of its bytes
@@ -60,6 +63,28 @@ def attempts_url(run: str) -> str:
 def attempt_marker_url(run: str, attempt: int) -> str:
     """``{run}/attempts/{attempt}.started``."""
     return join(attempts_url(run), f"{attempt}.started")
+
+
+def attempt_log_url(run: str, attempt: int) -> str:
+    """``{run}/logs/attempt-{attempt}.log``: the service copies the attempt's Ray job log here
+    (``service.log_store.attempt_log_url`` builds the same URL; the service cannot import workers)."""
+    return join(run, "logs", f"attempt-{attempt}.log")
+
+
+def run_of_checkpoints(checkpoints: str) -> str:
+    """The run folder of a ``checkpoints_url``: its parent."""
+    return checkpoints.rstrip("/").rsplit("/", 1)[0]
+
+
+def export_url(run: str, step: int, fmt: str) -> str:
+    """``{run}/exports/step-{step}.safetensors`` (``fmt="safetensors"``) or ``.pt`` (``fmt="torch"``)."""
+    suffix = {"safetensors": "safetensors", "torch": "pt"}[fmt]
+    return join(run, "exports", f"step-{step}.{suffix}")
+
+
+def tensorboard_url(run: str) -> str:
+    """``{run}/tensorboard``: the tensorboard logger's event files (``workers.loggers``)."""
+    return join(run, "tensorboard")
 
 
 def code_package_url(storage_url: str, sha256: str) -> str:

@@ -20,6 +20,7 @@ from api.views import RunStatus
 from workers.checkpoint import storage_for
 from workers.errors import TrainingError, describe
 from workers.fault_injection import install_fault_injection
+from workers.loggers import with_loggers
 from workers.models.user_code import install_code
 from workers.paths import attempt_marker_url, checkpoints_url, default_ray_storage_path, run_url
 from workers.reporter import ConsoleReporter, MetricSink, NullSink, ServiceReporter
@@ -100,8 +101,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     device = ray.train.torch.get_device() if spec.parallelism.use_gpu else torch.device("cpu")
-    sink = _sink_for(config) if rank == 0 else NullSink()
     run = config.get("run_url")
+    sink = with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id")) if rank == 0 else NullSink()
     try:
         restarted = rank == 0 and run is not None and _is_restart(run, config.get("attempt", 1))
         if spec.code is not None:  # before the model is built: it imports from the package

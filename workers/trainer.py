@@ -29,12 +29,14 @@ from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stat
 from workers.data import build_eval_loader, build_train_loader
 from workers.engine import Callback, Engine
 from workers.events import Event
+from workers.export import export_metadata, full_model_state, write_exports
 from workers.fault_injection import install_fault_injection
 from workers.loss import eval_metrics, eval_sums, soft_cross_entropy
 from workers.metric_buffer import MetricBuffer
 from workers.microbatch import Microbatches
 from workers.models import build_model
 from workers.models.user_code import loss_of
+from workers.paths import run_of_checkpoints
 from workers.optim import build_optimizer, build_scheduler
 from workers.parallel import (all_reduce_max, all_reduce_sum, average_buffers, average_gradients, device_for,
                               is_fsdp, no_sync, rank_and_world_size, unwrap, wrap_model)
@@ -118,6 +120,7 @@ class Trainer:
         torch.manual_seed(spec.seed + self.rank)
 
         self.resumed_from: str | None = None
+        self.checkpoint_url, self.in_channels = checkpoint_url, in_channels
         self.checkpointer = None if checkpoint_url is None else self._checkpointer(checkpoint_url, in_channels)
         self.checkpoints = TrainingCheckpoints(self.checkpointer, self.state,
                                                every=self._interval(spec.checkpoint.interval),
@@ -202,7 +205,22 @@ class Trainer:
         engine.run_event(Event.FIT_END, state)
         self._flush_metrics()
         self.sink.flush()
+        if self.checkpoint_url is not None:
+            self.export(run_of_checkpoints(self.checkpoint_url))
         return dict(self.metrics.latest)
+
+    def export(self, run: str) -> dict[str, str] | None:
+        """Write the final model as one file per format under ``{run}/exports/`` (``workers.export``);
+        every rank must call it (FSDP gathers), rank 0 writes and gets the URLs."""
+        state = full_model_state(self.state.model)
+        if self.rank != 0:
+            return None
+        surgery = [s for s, a in zip(self.spec.algorithms, self.state.algorithms) if a.changes_model]
+        metadata = export_metadata(self.spec, surgery=surgery, step=self.state.timestamp.batch,
+                                   num_classes=self.state.num_classes, in_channels=self.in_channels,
+                                   image_size=getattr(self.train_loader, "image_size", None),
+                                   metrics=dict(self.metrics.latest))
+        return write_exports(run, state, metadata)
 
     def _eval_due(self) -> bool:
         return bool(self.eval_every) and self.state.timestamp.batch % self.eval_every == 0

@@ -6,13 +6,14 @@ re-queuing a run revokes it, so a worker left over from an earlier attempt canno
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from api.views import CheckpointReport, CheckpointView, MetricsReport, RunStatus, RunView, StatusReport
 from service.deps import RepoDep, RunTokenDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.metric_limits import MetricLimits
+from service.metrics_export import count_metric_points
 
 router = APIRouter(prefix="/api/v1/runs", tags=["reports"],
                    responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}})
@@ -46,8 +47,9 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
 
 @router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics",
              responses={413: {"model": ErrorBody}})
-def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, settings: SettingsDep):
-    """Store a batch of metric points (also after the run has ended: late flushes count).
+def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, settings: SettingsDep,
+                   request: Request):
+    """Store a batch of metric points (409 once the run has ended: its metrics are final).
 
     Refused whole, nothing stored: 413 past ``TESSERA_MAX_POINTS_PER_REPORT`` points, 422 past the
     run's ``TESSERA_MAX_METRIC_KEYS_PER_RUN`` keys or ``TESSERA_MAX_POINTS_PER_RUN`` points. NaN and
@@ -63,7 +65,9 @@ def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, se
         if "\x00" in point.key:
             return validation_response([field_error(f"points[{index}].key", ["body", "points", index, "key"],
                                                     "metric keys must not contain NUL characters", point.key)])
-    return MetricsStored(stored=repo.add_metrics(run_id, report.points, limits))
+    stored = repo.add_metrics(run_id, report.points, limits)
+    count_metric_points(request, stored)
+    return MetricsStored(stored=stored)
 
 
 @router.post("/{run_id}/report/checkpoint", response_model=CheckpointView, operation_id="report_checkpoint")

@@ -79,7 +79,7 @@ def save_screenshot(page, name: str, *, full_page: bool = True) -> Path:
     return path
 
 
-DOC_SCREENSHOT_NAMES = {"runs-1280", "run-1280", "submit-error-800", "sweep-1280", "sweep-800"}
+DOC_SCREENSHOT_NAMES = {"runs-1280", "run-1280", "submit-error-800", "sweep-1280", "sweep-800", "run-logs-1280"}
 
 
 def assert_fits_width(page, width: int) -> None:
@@ -117,6 +117,11 @@ class IdleJobs:
 
     def logs_tail(self, submission_id: str, lines: int = 40) -> str:
         return ""
+
+    logs: dict[str, str] = {}  # job logs a test sets (shared: job ids are unique per run)
+
+    def job_logs(self, submission_id: str) -> str | None:
+        return self.logs.get(submission_id, "")
 
 
 class LocalService:

@@ -108,6 +108,9 @@ class FakeJobs:
     def logs_tail(self, submission_id: str, lines: int = 40) -> str:
         return "\n".join(self.logs.get(submission_id, "").splitlines()[-lines:])
 
+    def job_logs(self, submission_id: str) -> str | None:
+        return self.logs.get(submission_id, "") if submission_id in self.jobs else None
+
     # test helpers
     def set_status(self, submission_id: str, status: str) -> None:
         self.jobs[submission_id]["status"] = status

@@ -9,6 +9,7 @@
 import { dump } from "../vendor/js-yaml.mjs";
 import { ApiError, errorText, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
 import { ChartGrid } from "./charts.js";
+import { LogPane } from "./logs.js";
 import {
   algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, RESUMABLE,
   queueText, runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
@@ -23,6 +24,7 @@ export function mount(root, ctx) {
   const [runId] = ctx.params;
   const path = `/runs/${encodeURIComponent(runId)}`;
   const charts = new ChartGrid();
+  const logPane = new LogPane(path);
   let cursor = 0;
   let polls = 0;
   let lastRun = null;
@@ -91,6 +93,7 @@ export function mount(root, ctx) {
           summaryTable))),
     el("section", { "aria-labelledby": "checkpoints-h" },
       el("h2", { id: "checkpoints-h" }, "Checkpoints"), checkpoints),
+    el("section", { "aria-labelledby": "logs-h" }, el("h2", { id: "logs-h" }, "Logs"), logPane.element),
     el("section", { "aria-labelledby": "spec-h" },
       el("details", { open: true }, el("summary", {}, el("h2", { id: "spec-h" }, "Spec")), specBlock)),
     dialog,
@@ -211,6 +214,7 @@ export function mount(root, ctx) {
       throw error;
     }
     await pollMetrics();
+    await logPane.poll(run);
     polls += 1;
     return TERMINAL.has(run.status) ? ctx.pollMs * FINISHED_SLOWDOWN : ctx.pollMs;
   }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();

@@ -1,0 +1,53 @@
+// The run page's log pane: one attempt's worker stdout/stderr (GET /runs/{id}/logs), read by
+// byte offset. While the attempt is live each poll fetches only the new bytes; once it has
+// ended the pane stops asking. A FAILED run's traceback is at the end of its log.
+
+import { getJSON } from "./api.js";
+import { el } from "./ui.js";
+
+const MAX_PAGES_PER_POLL = 4; // a long backlog arrives over a few polls, not one huge render
+
+export class LogPane {
+  constructor(path) {
+    this.path = path;
+    this.attempt = null;
+    this.offset = 0;
+    this.done = false;
+    this.text = el("pre", { class: "log mono", id: "run-log", tabindex: "0", "aria-live": "off" });
+    this.note = el("p", { class: "muted", id: "run-log-note" }, "Loading…");
+    this.element = el("div", { class: "log-pane" }, this.note, this.text);
+  }
+
+  /** Fetch what is new for ``run``'s newest attempt (restarting the pane when a new attempt began). */
+  async poll(run) {
+    if (this.attempt !== run.attempt) {
+      this.attempt = run.attempt;
+      this.offset = 0;
+      this.done = false;
+      this.text.textContent = "";
+    }
+    if (this.done) return;
+    for (let page = 0; page < MAX_PAGES_PER_POLL; page += 1) {
+      const answer = await getJSON(`${this.path}/logs?attempt=${this.attempt}&after=${this.offset}`);
+      this.append(answer.text);
+      this.offset = answer.next_offset;
+      this.describe(answer);
+      if (answer.next_offset >= answer.size) {
+        this.done = !answer.live;
+        return;
+      }
+    }
+  }
+
+  append(text) {
+    if (!text) return;
+    const pinned = this.text.scrollTop + this.text.clientHeight >= this.text.scrollHeight - 4;
+    this.text.append(document.createTextNode(text));
+    if (pinned) this.text.scrollTop = this.text.scrollHeight; // follow unless the reader scrolled up
+  }
+
+  describe(answer) {
+    const where = answer.live ? "following the live attempt" : answer.source === "none" ? "no log yet" : "ended";
+    this.note.textContent = `Attempt ${answer.attempt} of ${answer.attempts} · ${answer.size} bytes · ${where}`;
+  }
+}

@@ -1,0 +1,71 @@
+"""Copy run attempts' Ray job logs into storage, so they outlive the Ray cluster.
+
+Each dispatcher tick, the archiver looks at the run attempts whose jobs the dispatcher follows.
+While an attempt is live its log is copied every ``every_ticks`` ticks (a crash of the Ray head
+then loses at most that much); once the attempt is no longer followed (its run ended, or a new
+attempt began) its job's final log is copied once Ray says the job has finished. What the
+archiver remembers lives in memory: an attempt that ended while the service was down is copied
+when someone first reads its logs (``service.routes.logs``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from service.log_store import LogStore
+from service.ray_client import FINISHED_JOB_STATES, JobsClient
+from service.repository import Repository
+from service.job_kinds import RUN_JOBS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    run_id: str
+    attempt: int
+    job_id: str
+
+
+class LogArchiver:
+    """Copies followed attempts' logs to a ``LogStore``; ``tick`` is called by the dispatcher."""
+
+    def __init__(self, repo: Repository, jobs: JobsClient, store: LogStore, *, every_ticks: int = 10):
+        self.repo = repo
+        self.jobs = jobs
+        self.store = store
+        self.every_ticks = every_ticks
+        self._ticks = 0
+        self._watched: set[Attempt] = set()
+
+    def tick(self) -> None:
+        """Copy live attempts' logs every ``every_ticks`` ticks, and ended attempts' final logs."""
+        self._ticks += 1
+        live = {Attempt(run.id, run.attempt, run.ray_job_id)
+                for run in self.repo.with_status(RUN_JOBS.policy.followed)
+                if RUN_JOBS.owns(run) and run.ray_job_id}
+        if self._ticks % self.every_ticks == 0:
+            for attempt in live:
+                self._copy(attempt, final=False)
+        for attempt in self._watched - live:
+            if self._copy(attempt, final=True):
+                self._watched.discard(attempt)
+        self._watched |= live
+
+    def _copy(self, attempt: Attempt, *, final: bool) -> bool:
+        """Copy one attempt's log; True once there is nothing left to wait for (final copy made,
+        or Ray has no such job). A Ray or storage error is logged and retried next tick."""
+        try:
+            if final:
+                state = self.jobs.status(attempt.job_id)
+                if state is not None and state not in FINISHED_JOB_STATES:
+                    return False  # still stopping: copy once it has ended
+            text = self.jobs.job_logs(attempt.job_id)
+            if text is None:
+                return True
+            self.store.save(attempt.run_id, attempt.attempt, text)
+            return True
+        except Exception:
+            log.warning("could not copy the log of %s; will retry", attempt.job_id, exc_info=True)
+            return False

@@ -1,0 +1,81 @@
+"""The trained model out: ``GET /api/v1/runs/{run_id}/model?format=safetensors|torch&step=``.
+
+Workers write the final model as one file per format at the end of training
+(``workers.export``), under ``{storage}/runs/{id}/exports/step-{N}.safetensors`` / ``.pt``.
+This route finds and streams that file: the service never needs torch. The file's metadata
+holds the run spec (the model spec and the surgery algorithms to replay) so
+``workers.export.load_model`` can rebuild the model.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import StreamingResponse
+from fsspec.core import url_to_fs
+
+from service.access import Role
+from service.deps import CallerDep, RepoDep, SettingsDep
+from service.job_kinds import project_storage_url
+from service.errors import VALIDATION_RESPONSES, ErrorBody
+from service.routes.runs import scoped_run
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
+
+SUFFIXES = {"safetensors": "safetensors", "torch": "pt"}
+CHUNK_BYTES = 1 << 20
+
+
+def exports_url(storage_url: str, run_id: str) -> str:
+    """``{storage}/runs/{run_id}/exports`` (``workers.paths.export_url`` builds the files' URLs)."""
+    return f"{storage_url.rstrip('/')}/runs/{run_id}/exports"
+
+
+def export_url(storage_url: str, run_id: str, step: int, fmt: str) -> str:
+    """``{storage}/runs/{run_id}/exports/step-{step}.{safetensors|pt}``."""
+    return f"{exports_url(storage_url, run_id)}/step-{step}.{SUFFIXES[fmt]}"
+
+
+def exported_steps(storage_url: str, run_id: str, fmt: str) -> list[int]:
+    """The steps with an export in ``fmt``, ascending."""
+    fs, folder = url_to_fs(exports_url(storage_url, run_id))
+    fs.invalidate_cache(folder)
+    try:
+        names = [path.rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False)]
+    except FileNotFoundError:
+        return []
+    pattern = re.compile(rf"step-(\d+)\.{SUFFIXES[fmt]}$")
+    return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
+
+
+@router.get("/{run_id}/model", operation_id="get_run_model",
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "the model file"},
+                       404: {"model": ErrorBody}})
+def get_run_model(run_id: str, repo: RepoDep, caller: CallerDep, settings: SettingsDep,
+                  format: Annotated[Literal["safetensors", "torch"], Query(description="file format")] = "safetensors",
+                  step: Annotated[int | None, Query(ge=0, description="default: the newest export")] = None,
+                  ) -> StreamingResponse:
+    """The run's trained model as one file (weights consolidated from every worker), with the
+    spec in its metadata. 404 while the run has not finished training, or for a step without export."""
+    run = scoped_run(repo, caller, run_id, Role.VIEWER)  # 404 for an unknown run or another project's
+    storage_url = project_storage_url(settings.storage_url, run.project)  # where its workers wrote
+    steps = exported_steps(storage_url, run_id, format)
+    if not steps or (step is not None and step not in steps):
+        what = "no exported model yet (the model is exported when training ends)" if not steps else \
+            f"no export at step {step}; exported steps: {steps}"
+        raise HTTPException(status_code=404, detail=f"run {run_id} ({run.status.value}) has {what}")
+    chosen = steps[-1] if step is None else step
+    fs, path = url_to_fs(export_url(storage_url, run_id, chosen, format))
+    size = fs.size(path)
+
+    def chunks():
+        with fs.open(path, "rb") as file:
+            while data := file.read(CHUNK_BYTES):
+                yield data
+
+    filename = f"{run_id}-step-{chosen}.{SUFFIXES[format]}"
+    return StreamingResponse(chunks(), media_type="application/octet-stream",
+                             headers={"Content-Disposition": f'attachment; filename="{filename}"',
+                                      "Content-Length": str(size), "X-Tessera-Step": str(chosen)})

@@ -1,0 +1,69 @@
+"""A run's outputs end to end, on a live service with Ray and S3 storage (moto over HTTP): it
+trains to COMPLETED with a tensorboard logger; its log is read through the API (and lands in
+S3); its model is exported with ``tessera export`` and reloaded with ``load_model`` to give
+exactly the eval accuracy the run reported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+
+from api.views import RunStatus
+from tests.e2e.conftest import ServiceProcess, wait_for_status, wait_until
+from tests.workers.helpers_specs import digits_spec
+from tests.workers.test_export import eval_metrics_of
+from workers.export import load_model
+
+pytestmark = pytest.mark.integration
+TESSERA = str(Path(sys.executable).with_name("tessera"))
+
+
+@pytest.fixture(scope="module")
+def s3_service(tmp_path_factory, ray_head, postgres_url, s3_server):
+    svc = ServiceProcess(home=tmp_path_factory.mktemp("outputs-home"), env={
+        "TESSERA_DATABASE_URL": postgres_url, "TESSERA_RAY_ADDRESS": ray_head.dashboard_url,
+        "TESSERA_STORAGE_URL": s3_server.url("outputs")})
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def _keys(s3_server, prefix: str) -> list[str]:
+    listing = boto3.client("s3", endpoint_url=s3_server.endpoint_url).list_objects_v2(
+        Bucket=s3_server.bucket, Prefix=prefix)
+    return [o["Key"] for o in listing.get("Contents", [])]
+
+
+def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, s3_server, tmp_path):
+    spec = digits_spec(name="outputs-e2e", max_duration="1ep", algorithms=[{"name": "blurpool"}],
+                       loggers=[{"name": "tensorboard"}])
+    client = s3_service.client()
+    run_id = client.create_run(spec.model_dump(mode="json")).id
+    run = wait_for_status(client, run_id, {RunStatus.FAILED, RunStatus.COMPLETED}, timeout=300)
+    assert run.status is RunStatus.COMPLETED, run.error
+
+    page = client.logs(run_id)
+    assert page.attempt == 1 and not page.live and page.text and page.next_offset == page.size
+    prefix = f"outputs/runs/{run_id}"
+    wait_until(lambda: f"{prefix}/logs/attempt-1.log" in _keys(s3_server, f"{prefix}/logs/"), timeout=60,
+               what="the attempt's log copied to S3")
+    assert client.logs(run_id).source == "storage"
+    assert any("/tensorboard/events.out.tfevents" in key for key in _keys(s3_server, f"{prefix}/tensorboard/"))
+
+    out = tmp_path / "model.safetensors"
+    exported = subprocess.run([TESSERA, "export", run_id, "-o", str(out), "--url", s3_service.url],
+                              capture_output=True, text=True, timeout=120,
+                              env={"PATH": str(Path(sys.executable).parent),
+                                   "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    model = load_model(str(out))
+    with torch.no_grad():
+        assert eval_metrics_of(model, spec)["eval/accuracy"] == run.summary["eval/accuracy"]

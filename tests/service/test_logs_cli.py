@@ -1,0 +1,29 @@
+"""``tessera logs -f``: prints the log once, following by byte offset until the attempt ends."""
+
+from __future__ import annotations
+
+import httpx
+
+from api.client import Client
+from cli.logs import print_logs
+
+
+def test_follow_prints_every_byte_once_and_stops_when_the_attempt_ends(capsys):
+    # The service's answers over time: the log grows, then the run ends.
+    log = ["a\n", "a\nb\n", "a\nb\nc\n"]
+    calls = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        after = int(request.url.params["after"])
+        calls.append(after)
+        text = log[min(len(calls) - 1, len(log) - 1)].encode()
+        live = len(calls) < len(log)
+        chunk = text[after:]
+        return httpx.Response(200, json={"run_id": "r", "attempt": 1, "attempts": 1, "text": chunk.decode(),
+                                         "offset": after, "next_offset": after + len(chunk), "size": len(text),
+                                         "live": live, "source": "ray"})
+
+    with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
+        print_logs(client, "r", attempt=None, follow=True, poll_interval=0)
+    assert capsys.readouterr().out == "a\nb\nc\n"
+    assert calls == [0, 2, 4]

@@ -1,0 +1,110 @@
+"""Run logs: the dispatcher copies attempts' Ray job logs to storage; the route pages through them."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.views import RunStatus
+from service.log_store import LogStore, attempt_log_url
+from service.settings import Settings
+from workers.paths import attempt_log_url as worker_attempt_log_url
+from workers.paths import run_url
+
+S = RunStatus
+TRACEBACK = "epoch 1\nTraceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n"
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:  # storage of this test only: logs are written there
+    return Settings(home=tmp_path / "home", public_url="http://tessera.test:8000",
+                    worker_python="/opt/venv/bin/python", storage_url=f"file://{tmp_path}/storage")
+
+
+def test_service_and_workers_agree_on_where_a_log_lives():
+    for storage in ("s3://bucket/prefix", "file:///srv/tessera"):
+        assert attempt_log_url(storage, "abc", 3) == worker_attempt_log_url(run_url(storage, "abc"), 3)
+
+
+def _start(client, fake_jobs, body) -> tuple[str, str]:
+    run_id = client.post("/api/v1/runs", json=body).json()["id"]
+    client.app.state.dispatcher.tick()
+    job_id = f"run-{run_id}-attempt-1"
+    fake_jobs.set_status(job_id, "RUNNING")
+    return run_id, job_id
+
+
+def test_a_failed_attempt_s_traceback_is_stored_and_outlives_ray(client, fake_jobs, example_body, settings):
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    fake_jobs.logs[job_id] = TRACEBACK
+    fake_jobs.set_status(job_id, "FAILED")
+    client.app.state.dispatcher.tick()  # the run fails, and its final log is copied
+    assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "FAILED"
+    assert LogStore(settings.storage_url).read(run_id, 1) == TRACEBACK.encode()
+    fake_jobs.forget(job_id)  # the Ray cluster is gone
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert page["text"] == TRACEBACK and page["source"] == "storage" and page["live"] is False
+    assert "ValueError: boom" in page["text"]
+
+
+def test_live_logs_are_read_from_ray_and_followed_by_byte_offset(client, fake_jobs, example_body):
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    fake_jobs.logs[job_id] = "line one\nline two\n"
+    first = client.get(f"/api/v1/runs/{run_id}/logs", params={"limit": 12}).json()
+    assert first["text"] == "line one\n" and first["live"] and first["source"] == "ray"  # cut at a line end
+    second = client.get(f"/api/v1/runs/{run_id}/logs", params={"after": first["next_offset"]}).json()
+    assert second["text"] == "line two\n"
+    empty = client.get(f"/api/v1/runs/{run_id}/logs", params={"after": second["next_offset"]}).json()
+    assert empty["text"] == "" and empty["next_offset"] == second["next_offset"]
+    fake_jobs.logs[job_id] += "héllo\n"
+    more = client.get(f"/api/v1/runs/{run_id}/logs", params={"after": second["next_offset"]}).json()
+    assert more["text"] == "héllo\n" and more["size"] == len("line one\nline two\nhéllo\n".encode())
+
+
+def test_live_logs_are_copied_every_few_ticks(client, fake_jobs, example_body, settings):
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    fake_jobs.logs[job_id] = "still going\n"
+    archiver = client.app.state.dispatcher.log_archiver
+    for _ in range(archiver.every_ticks):
+        client.app.state.dispatcher.tick()
+    assert LogStore(settings.storage_url).read(run_id, 1) == b"still going\n"
+
+
+def test_an_ended_attempt_missed_by_the_dispatcher_is_stored_when_first_read(client, fake_jobs, example_body,
+                                                                           settings):
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    client.app.state.repo.apply_worker_report(run_id, S.RUNNING)
+    client.app.state.repo.apply_worker_report(run_id, S.COMPLETED)
+    fake_jobs.set_status(job_id, "SUCCEEDED")
+    fake_jobs.logs[job_id] = "done\n"
+    client.app.state.dispatcher.log_archiver._watched.clear()  # as after a service restart
+    client.app.state.dispatcher.tick()
+    assert LogStore(settings.storage_url).read(run_id, 1) is None
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert page["text"] == "done\n" and page["live"] is False
+    assert LogStore(settings.storage_url).read(run_id, 1) == b"done\n"
+
+
+def test_bad_attempt_and_unknown_run_are_refused(client, fake_jobs, example_body):
+    run_id, _ = _start(client, fake_jobs, example_body)
+    bad = client.get(f"/api/v1/runs/{run_id}/logs", params={"attempt": 2})
+    assert bad.status_code == 422
+    assert bad.json()["detail"][0]["field"] == "attempt" and "1..1" in bad.json()["detail"][0]["msg"]
+    assert client.get(f"/api/v1/runs/{run_id}/logs", params={"attempt": 0}).status_code == 422
+    assert client.get("/api/v1/runs/nope/logs").status_code == 404
+
+
+def test_the_sdk_reads_logs(client, fake_jobs, example_body):
+    import httpx
+
+    from api.client import Client
+
+    class ThroughTestClient(httpx.BaseTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            answer = client.request(request.method, str(request.url), headers=dict(request.headers))
+            return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    fake_jobs.logs[job_id] = "hello\n"
+    with Client("http://testserver", transport=ThroughTestClient()) as sdk:
+        page = sdk.logs(run_id)
+    assert page.text == "hello\n" and page.attempt == 1

@@ -1,0 +1,133 @@
+"""The trained model as one file, and ``load_model`` to rebuild it.
+
+At the end of training (``Trainer.fit``), every rank gathers the model's full state dict (a
+collective under FSDP) and rank 0 writes it to ``{run}/exports/step-{N}.safetensors`` and
+``.pt``, where N is the final batch. The service streams those files
+(``GET /api/v1/runs/{id}/model``); it never needs torch. The files carry what rebuilds the
+model: the run spec (model spec and the algorithm list, whose surgery algorithms are replayed
+on a fresh model), the classes, input channels and image size, and the final eval metrics.
+
+``load_model(source)`` takes a run id (fetched from the service), a URL or a local path, and
+returns the ``nn.Module`` in eval mode with the surgery replayed and the weights loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import torch
+
+from api.catalog import DATASETS
+from api.specs import RunSpec
+from workers.checkpoint.storage import storage_for
+from workers.paths import export_url
+
+FORMATS = ("safetensors", "torch")
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unwrapped model's full state dict on CPU. Under a process group every rank must call
+    it (FSDP gathers its shards); rank 0 gets the tensors, other ranks may get an empty dict."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        state = getattr(model, "module", model).state_dict()
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {key: value.detach().cpu().contiguous().clone() for key, value in state.items()
+            if isinstance(value, torch.Tensor)}
+
+
+def export_metadata(spec: RunSpec, *, surgery: list[Any], step: int, num_classes: int, in_channels: int,
+                    image_size: int | None, metrics: dict[str, float]) -> dict[str, str]:
+    """What ``load_model`` needs to rebuild the model, as safetensors' string-to-string metadata.
+    ``surgery``: the specs of the run's algorithms that change the model (recorded for people;
+    ``load_model`` replays them from the spec)."""
+    surgery = [a.model_dump(mode="json") for a in surgery]
+    return {"format": "pt", "tessera.spec": spec.model_dump_json(), "tessera.step": str(step),
+            "tessera.num_classes": str(num_classes), "tessera.in_channels": str(in_channels),
+            "tessera.image_size": json.dumps(image_size), "tessera.surgery": json.dumps(surgery),
+            "tessera.metrics": json.dumps({k: v for k, v in metrics.items() if k.startswith("eval/")})}
+
+
+def write_exports(run: str, state: dict[str, torch.Tensor], metadata: dict[str, str]) -> dict[str, str]:
+    """Write both formats under ``{run}/exports/``; return their URLs by format."""
+    from safetensors.torch import save
+
+    step = int(metadata["tessera.step"])
+    urls = {fmt: export_url(run, step, fmt) for fmt in FORMATS}
+    storage = storage_for(run)
+    storage.write_bytes(urls["safetensors"], save(state, metadata=metadata))
+    buffer = io.BytesIO()
+    torch.save({"state_dict": state, "metadata": metadata}, buffer)
+    storage.write_bytes(urls["torch"], buffer.getvalue())
+    return urls
+
+
+def read_export(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The state dict and metadata of an exported file's bytes (either format)."""
+    if data[:2] == b"PK":  # torch.save's zip
+        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        return saved["state_dict"], saved["metadata"]
+    from safetensors import safe_open
+    from safetensors.torch import load
+
+    header_len = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8:8 + header_len]).get("__metadata__", {})
+    return load(data), metadata
+
+
+def rebuild_model(metadata: dict[str, str]) -> torch.nn.Module:
+    """A fresh model as the run built it, with its surgery algorithms applied (no weights loaded)."""
+    from algorithms.registry import build_algorithms
+    from workers.engine import Engine
+    from workers.events import Event
+    from workers.models import build_model
+    from workers.models.user_code import loss_of
+    from workers.loss import soft_cross_entropy
+    from workers.state import State
+
+    spec = RunSpec.model_validate_json(metadata["tessera.spec"])
+    num_classes, in_channels = int(metadata["tessera.num_classes"]), int(metadata["tessera.in_channels"])
+    model = build_model(spec.model, num_classes=num_classes, in_channels=in_channels,
+                        image_size=json.loads(metadata["tessera.image_size"]),
+                        domain=DATASETS[spec.data.train.name].domain)
+    surgery = [a for a in build_algorithms(spec.algorithms) if a.changes_model]
+    state = State(model=model, num_classes=num_classes, max_batches=1, loss_fn=loss_of(model, soft_cross_entropy),
+                  algorithms=surgery)
+    Engine(surgery).run_event(Event.INIT, state)
+    return state.model
+
+
+def load_model(source: str, *, step: int | None = None, service_url: str | None = None,
+               fmt: str = "safetensors") -> torch.nn.Module:
+    """The trained model of ``source`` ready for inference (eval mode, on CPU).
+
+    ``source``: a run id (its export fetched from the service at ``service_url``, default
+    ``$TESSERA_URL``), or an fsspec URL / local path of an exported file.
+    """
+    data = _fetch(source, step=step, service_url=service_url, fmt=fmt)
+    state, metadata = read_export(data)
+    model = rebuild_model(metadata)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _fetch(source: str, *, step: int | None, service_url: str | None, fmt: str) -> bytes:
+    import os
+
+    if os.path.exists(source):
+        source = "file://" + os.path.abspath(source)
+    if "://" in source:
+        return storage_for(source).read_bytes(source)
+    import httpx
+
+    base = (service_url or os.environ.get("TESSERA_URL", "http://127.0.0.1:8000")).rstrip("/")
+    params: dict[str, Any] = {"format": fmt} | ({"step": step} if step is not None else {})
+    response = httpx.get(f"{base}/api/v1/runs/{source}/model", params=params, timeout=300, follow_redirects=True)
+    response.raise_for_status()
+    return response.content

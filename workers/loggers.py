@@ -1,0 +1,172 @@
+"""Experiment loggers as ``MetricSink``s, composed with the run's own sink on rank 0.
+
+``with_loggers(sink, spec, run)`` returns ``sink`` alone when the spec has no ``loggers``, else a
+``FanoutSink`` that sends everything to ``sink`` first and then to each logger. A logger's
+failure (an MLflow server down, a full disk) is logged and never fails the run: Tessera's own
+store is the record; the loggers are copies.
+
+* ``TensorBoardSink`` writes event files to a local folder and copies them to
+  ``{run}/tensorboard/`` (``workers.paths.tensorboard_url``) on every flush and at close, so
+  they land under the run's storage prefix on ``file://`` and ``s3://`` alike.
+* ``MLflowSink`` logs to an MLflow tracking server: a run in the spec's experiment, tagged with
+  the Tessera run id and the spec's tags, with the flattened spec as params, metrics batched
+  per flush, and ended with the run's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import Any
+
+from api.specs import RunSpec
+from api.views import RunStatus
+from workers.checkpoint.storage import join, storage_for
+from workers.paths import tensorboard_url
+from workers.reporter import MetricSink
+
+log = logging.getLogger(__name__)
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """``{"optimizer.lr": "0.1", "algorithms.0.name": "blurpool", ...}``: a spec as flat params."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return {prefix: str(value)}
+    flat: dict[str, str] = {}
+    for key, inner in items:
+        flat.update(flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+class FanoutSink:
+    """A ``MetricSink`` that forwards every call to ``primary``, then to each of ``extras``
+    (whose errors are logged, not raised)."""
+
+    def __init__(self, primary: MetricSink, extras: list[MetricSink]):
+        self.primary, self.extras = primary, extras
+
+    def _each(self, method: str, *args: Any, **kwargs: Any) -> None:
+        getattr(self.primary, method)(*args, **kwargs)
+        for extra in self.extras:
+            try:
+                getattr(extra, method)(*args, **kwargs)
+            except Exception:
+                log.warning("logger %s failed in %s; the run goes on", type(extra).__name__, method, exc_info=True)
+
+    def add(self, step: int, key: str, value: float) -> None:
+        self._each("add", step, key, value)
+
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+        self._each("status", status, error=error, message=message)
+
+    def checkpoint(self, report: dict[str, Any]) -> None:
+        self._each("checkpoint", report)
+
+    def flush(self) -> None:
+        self._each("flush")
+
+    def close(self) -> None:
+        self._each("close")
+
+
+class TensorBoardSink:
+    """Scalars (and the spec as text) in TensorBoard event files under ``{run}/tensorboard/``."""
+
+    def __init__(self, spec: RunSpec, run: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.target = tensorboard_url(run)
+        self.local = tempfile.mkdtemp(prefix="tessera-tb-")
+        self.writer = SummaryWriter(log_dir=self.local)
+        self.writer.add_text("spec", f"```\n{spec.model_dump_json(indent=2)}\n```")
+        if spec.tags:
+            self.writer.add_text("tags", ", ".join(spec.tags))
+
+    def add(self, step: int, key: str, value: float) -> None:
+        self.writer.add_scalar(key, value, step)
+
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+        pass
+
+    def checkpoint(self, report: dict[str, Any]) -> None:
+        pass
+
+    def flush(self) -> None:
+        self.writer.flush()
+        self._upload()
+
+    def close(self) -> None:
+        self.writer.close()
+        self._upload()
+
+    def _upload(self) -> None:
+        storage = storage_for(self.target)
+        for name in sorted(os.listdir(self.local)):
+            with open(os.path.join(self.local, name), "rb") as file:
+                storage.write_bytes(join(self.target, name), file.read())
+
+
+class MLflowSink:
+    """One MLflow run per Tessera run attempt: params, tags, batched metrics, the outcome."""
+
+    def __init__(self, spec: RunSpec, tracking_uri: str, experiment: str, *, run_id: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        tags = {"tessera.run_id": run_id or "", "mlflow.runName": spec.name} | {f"tag.{t}": "true" for t in spec.tags}
+        self.run_id = self.client.create_run(experiment_id, tags=tags, run_name=spec.name).info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v[:6000]) for k, v in flatten(spec.model_dump(mode="json")).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+        self.pending: list[Any] = []
+
+    def add(self, step: int, key: str, value: float) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        self.pending.append(Metric(key, float(value), int(time.time() * 1000), int(step)))
+
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+        ended = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED"}
+        if status in ended:
+            self.flush()
+            self.client.set_terminated(self.run_id, ended[status])
+
+    def checkpoint(self, report: dict[str, Any]) -> None:
+        pass
+
+    def flush(self) -> None:
+        while self.pending:  # at most 1000 metrics per batch
+            batch, self.pending = self.pending[:1000], self.pending[1000:]
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def close(self) -> None:
+        self.flush()
+
+
+def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: str | None = None) -> MetricSink:
+    """``sink`` plus the spec's loggers (rank 0 only). A logger that cannot start is logged and
+    left out; TensorBoard needs the run folder ``run``."""
+    extras: list[MetricSink] = []
+    for logger in spec.loggers:
+        try:
+            if logger.name == "tensorboard":
+                if run is None:
+                    log.warning("tensorboard logger: this run has no storage folder; not writing event files")
+                    continue
+                extras.append(TensorBoardSink(spec, run))
+            else:
+                extras.append(MLflowSink(spec, logger.tracking_uri, logger.experiment, run_id=run_id))
+        except Exception:
+            log.warning("logger %s could not start; the run goes on without it", logger.name, exc_info=True)
+    return FanoutSink(sink, extras) if extras else sink
