@@ -15,6 +15,18 @@ from fsspec.core import url_to_fs
 from api.code_package import CodeView, inspect_package
 
 
+def write_whole(fs, path: str, data: bytes) -> None:
+    """Write ``data`` so that readers see the old file or the whole new one, never half: a local
+    file is written aside and renamed; an object store's PUT is atomic already."""
+    if "file" in fs.protocol:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        partial = f"{path}.{secrets.token_hex(4)}.partial"
+        fs.pipe_file(partial, data)
+        fs.mv(partial, path)
+    else:
+        fs.pipe_file(path, data)
+
+
 def code_url(storage_url: str, digest: str) -> str:
     """Where the package with ``digest`` lives under ``storage_url`` (workers fetch it from here)."""
     return f"{storage_url.rstrip('/')}/code/{digest}.zip"
@@ -39,15 +51,7 @@ class CodeStore:
         """Store ``data`` (already checked) under ``digest``; False if it was there already."""
         if self.exists(digest):
             return False
-        path = self._path(digest)
-        if "file" in self.fs.protocol:
-            # A local file appears whole or not at all: readers never see half a zip.
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            partial = f"{path}.{secrets.token_hex(4)}.partial"
-            self.fs.pipe_file(partial, data)
-            self.fs.mv(partial, path)
-        else:  # an object store's PUT is atomic already
-            self.fs.pipe_file(path, data)
+        write_whole(self.fs, self._path(digest), data)
         return True
 
     def describe(self, digest: str) -> CodeView | None:

@@ -217,6 +217,15 @@ def format_validation_errors(errors: list[dict[str, Any]], body: Any, schema: di
     return items
 
 
+def _detail_handler(status: int):
+    """An exception handler answering ``status`` with the exception's ``detail``."""
+
+    async def handle(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=status, content={"detail": exc.detail})
+
+    return handle
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map request-validation errors and the service's typed errors to HTTP responses."""
 
@@ -226,33 +235,10 @@ def install_error_handlers(app: FastAPI) -> None:
         schema = _body_schema(request.scope.get("endpoint"))
         return validation_response(format_validation_errors(list(exc.errors()), body, schema))
 
-    @app.exception_handler(RunNotFound)
-    async def _not_found(_request: Request, exc: RunNotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": exc.detail})
-
-    @app.exception_handler(SweepNotFound)
-    async def _sweep_not_found(_request: Request, exc: SweepNotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": exc.detail})
-
-    @app.exception_handler(Forbidden)
-    async def _forbidden(_request: Request, exc: Forbidden) -> JSONResponse:
-        return JSONResponse(status_code=403, content={"detail": exc.detail})
-
-    @app.exception_handler(ProjectNotFound)
-    async def _no_project(_request: Request, exc: ProjectNotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": exc.detail})
-
-    @app.exception_handler(KeyNotFound)
-    async def _no_key(_request: Request, exc: KeyNotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": exc.detail})
-
-    @app.exception_handler(ProjectExists)
-    async def _project_exists(_request: Request, exc: ProjectExists) -> JSONResponse:
-        return JSONResponse(status_code=409, content={"detail": exc.detail})
-
-    @app.exception_handler(IllegalTransition)
-    async def _conflict(_request: Request, exc: IllegalTransition) -> JSONResponse:
-        return JSONResponse(status_code=409, content={"detail": exc.detail})
+    # Typed errors whose answer is a fixed status and their short, stable ``detail``.
+    for error, status in ((RunNotFound, 404), (SweepNotFound, 404), (ProjectNotFound, 404), (KeyNotFound, 404),
+                          (Forbidden, 403), (ProjectExists, 409), (IllegalTransition, 409)):
+        app.add_exception_handler(error, _detail_handler(status))
 
     @app.exception_handler(MetricLimitExceeded)
     async def _metric_limit(_request: Request, exc: MetricLimitExceeded) -> JSONResponse:

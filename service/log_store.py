@@ -7,10 +7,10 @@ attempt's log here (``service.log_archive``) so it outlives the cluster. The lay
 
 from __future__ import annotations
 
-import secrets
-
 from fastapi import Request
 from fsspec.core import url_to_fs
+
+from service.code_store import write_whole
 
 
 def attempt_log_url(storage_url: str, run_id: str, attempt: int) -> str:
@@ -30,15 +30,7 @@ class LogStore:
 
     def save(self, run_id: str, attempt: int, text: str) -> None:
         """Store (replace) the attempt's log; readers see the old copy or the new one, never half."""
-        path = self._path(run_id, attempt)
-        data = text.encode()
-        if "file" in self.fs.protocol:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            partial = f"{path}.{secrets.token_hex(4)}.partial"
-            self.fs.pipe_file(partial, data)
-            self.fs.mv(partial, path)
-        else:  # an object store's PUT is atomic already
-            self.fs.pipe_file(path, data)
+        write_whole(self.fs, self._path(run_id, attempt), text.encode())
 
     def read(self, run_id: str, attempt: int) -> bytes | None:
         """The stored log's bytes, or None if none was stored."""
