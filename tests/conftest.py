@@ -34,6 +34,9 @@ TEST_ADMIN_KEY = "tsk_test-admin-key-for-the-whole-suite-0123456789"
 os.environ["TESSERA_BOOTSTRAP_API_KEY"] = TEST_ADMIN_KEY
 os.environ["TESSERA_API_KEY"] = TEST_ADMIN_KEY
 ADMIN_HEADERS = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+# Services the tests start may read local data under /nonexistent: a test of a missing data set
+# must reach the worker (and fail there) rather than be refused at submit.
+os.environ.setdefault("TESSERA_DATA_DIRS", "/nonexistent")
 
 
 def free_port() -> int:

@@ -62,6 +62,7 @@ def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, 
     exported = subprocess.run([TESSERA, "export", run_id, "-o", str(out), "--url", s3_service.url],
                               capture_output=True, text=True, timeout=120,
                               env={"PATH": str(Path(sys.executable).parent),
+                                   "TESSERA_API_KEY": os.environ["TESSERA_API_KEY"],
                                    "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
     assert exported.returncode == 0, exported.stdout + exported.stderr
     model = load_model(str(out))
