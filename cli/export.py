@@ -6,12 +6,17 @@ from typing import Annotated, Optional
 import httpx
 import typer
 
+from api.credentials import find_api_key
+
 
 def download_model(url: str, run_id: str, out: Path, *, fmt: str, step: int | None) -> tuple[int, str]:
     """Stream the run's export to ``out`` (written whole or not at all); return (bytes, step)."""
     params = {"format": fmt} | ({"step": step} if step is not None else {})
     partial = out.with_name(out.name + ".partial")
-    with httpx.stream("GET", f"{url.rstrip('/')}/api/v1/runs/{run_id}/model", params=params, timeout=300) as answer:
+    key = find_api_key()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.stream("GET", f"{url.rstrip('/')}/api/v1/runs/{run_id}/model", params=params, headers=headers,
+                      timeout=300) as answer:
         if answer.status_code >= 400:
             answer.read()
             try:
