@@ -14,7 +14,6 @@ import argparse
 import io
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -22,29 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_s3(bucket: str):
-    import logging
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_DEFAULT_REGION="us-east-1")
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=bucket)
-    return server, client
+from bench.local_s3 import start_s3  # noqa: E402  (after the path insert)
 
 
 def model_and_optimizer(name: str):

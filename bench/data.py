@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -26,27 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_s3(bucket: str):
-    import logging
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
-                      AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
-    boto3.client("s3").create_bucket(Bucket=bucket)
-    return server
+from bench.local_s3 import start_s3  # noqa: E402  (after the path insert)
 
 
 def write_folder(root: Path, images, labels) -> None:
@@ -117,7 +96,7 @@ def main() -> None:
     root = Path("/usr/share/datasets/fashion-mnist")
     images = _read_idx(root / FILES["train"][0])[:args.samples]
     labels = _read_idx(root / FILES["train"][1])[:args.samples]
-    server = start_s3("bench-data")
+    server, _ = start_s3("bench-data")
     report: dict = {"samples": len(labels), "batch_size": args.batch_size, "loader_workers": args.loader_workers}
     try:
         packed = pack("fashion_mnist", "s3://bench-data/fmnist", shard_size=500, limit=args.samples)

@@ -36,7 +36,6 @@ import math
 import os
 import pathlib
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -51,6 +50,7 @@ sys.path[:] = [str(REPO_ROOT)] + [p for p in sys.path if pathlib.Path(p or ".").
 import torch  # noqa: E402
 
 from api.specs import RunSpec  # noqa: E402
+from bench.local_s3 import free_port  # noqa: E402
 from workers.events import Event  # noqa: E402
 from workers.trainer import Trainer, process_settings  # noqa: E402
 
@@ -389,7 +389,7 @@ def part_b(scale: Scale, log, storage: str, sweeps: tuple[str, ...] = ("fifo", "
         # and later trials time out waiting for workers.
         # address="local": a new cluster of our own, never one a `ray start` left on the machine.
         ray.init(address="local", num_cpus=4, include_dashboard=True, dashboard_host="127.0.0.1",
-                 dashboard_port=_free_port(), log_to_driver=False,
+                 dashboard_port=free_port(), log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(REPO_ROOT)}})
         started_ray = True
     try:
@@ -479,12 +479,6 @@ def environment() -> dict[str, Any]:
         pass
     return {"versions": versions, "cpus": os.cpu_count(), "machine": platform.machine(),
             "script_sha256": hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:

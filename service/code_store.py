@@ -13,6 +13,7 @@ from fastapi import Request
 from fsspec.core import url_to_fs
 
 from api.code_package import CodeView, inspect_package
+from service.storage_paths import code_url, project_storage_url
 
 
 def write_whole(fs, path: str, data: bytes) -> None:
@@ -25,11 +26,6 @@ def write_whole(fs, path: str, data: bytes) -> None:
         fs.mv(partial, path)
     else:
         fs.pipe_file(path, data)
-
-
-def code_url(storage_url: str, digest: str) -> str:
-    """Where the package with ``digest`` lives under ``storage_url`` (workers fetch it from here)."""
-    return f"{storage_url.rstrip('/')}/code/{digest}.zip"
 
 
 class CodeStore:
@@ -62,11 +58,9 @@ class CodeStore:
 
 
 def project_code_store(request: Request, project: str) -> CodeStore:
-    """The ``CodeStore`` of ``project``, under its storage prefix (``job_kinds.project_storage_url``),
+    """The ``CodeStore`` of ``project``, under its storage prefix (``storage_paths.project_storage_url``),
     where that project's workers fetch packages from: a package stored for one project is not
     visible to another. Built once per project and app."""
-    from service.job_kinds import project_storage_url
-
     stores = request.app.state.__dict__.setdefault("code_stores", {})
     if project not in stores:
         stores[project] = CodeStore(project_storage_url(request.app.state.settings.storage_url, project))

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.views import RunStatus, SweepStatus
-from service.db.models import DEFAULT_PROJECT
 from service.lifecycle import FollowPolicy
 from service.ray_head import forwarded_env
 from service.settings import Settings
+from service.storage_paths import project_storage_url
 
 STOPPED_OUTSIDE = "Ray job was stopped outside Tessera"
 ENDED_WITHOUT_RESULT = "Ray job ended without reporting a result"
@@ -94,13 +94,6 @@ RUN_JOBS = JobKind(
     stopped_outside=STOPPED_OUTSIDE,
     lost_at_startup="not found after a service restart",
 )
-
-
-def project_storage_url(root: str, project: str) -> str:
-    """Where a project's runs and sweeps keep their objects: ``{root}/projects/{project}``;
-    the ``default`` project keeps the root itself, so runs made before projects existed
-    find their checkpoints where they left them. Workers build every path below this URL."""
-    return root if project == DEFAULT_PROJECT else f"{root.rstrip('/')}/projects/{project}"
 
 
 def sweep_driver_jobs(settings: Settings) -> JobKind:

@@ -27,7 +27,7 @@ BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 class BodyTooLarge(Exception):
-    pass
+    """The request body passed its size limit while it streamed in (answered 413)."""
 
 
 class RequestLimits:

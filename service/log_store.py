@@ -1,8 +1,8 @@
 """Run logs in storage: ``{TESSERA_STORAGE_URL}/runs/{run_id}/logs/attempt-{n}.log``.
 
 Ray keeps a job's driver log only as long as the Ray cluster lives; the service copies each
-attempt's log here (``service.log_archive``) so it outlives the cluster. The layout mirrors
-``workers.paths.attempt_log_url`` (the service cannot import workers); a test checks both agree.
+attempt's log here (``service.log_archive``) so it outlives the cluster. The URL comes from
+``service.storage_paths``, which mirrors ``workers.paths``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,7 @@ from fastapi import Request
 from fsspec.core import url_to_fs
 
 from service.code_store import write_whole
-
-
-def attempt_log_url(storage_url: str, run_id: str, attempt: int) -> str:
-    """``{storage}/runs/{run_id}/logs/attempt-{attempt}.log``."""
-    return f"{storage_url.rstrip('/')}/runs/{run_id}/logs/attempt-{attempt}.log"
+from service.storage_paths import attempt_log_url
 
 
 class LogStore:

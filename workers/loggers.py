@@ -91,10 +91,10 @@ class TensorBoardSink:
         self.writer.add_scalar(key, value, step)
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
-        pass
+        """TensorBoard has scalars only: statuses stay in Tessera's own store."""
 
     def checkpoint(self, report: dict[str, Any]) -> None:
-        pass
+        """Checkpoints stay in Tessera's own store."""
 
     def flush(self) -> None:
         self.writer.flush()
@@ -143,7 +143,7 @@ class MLflowSink:
             self.client.set_terminated(self.run_id, ended[status])
 
     def checkpoint(self, report: dict[str, Any]) -> None:
-        pass
+        """Checkpoints stay in Tessera's own store (MLflow would copy their bytes as artifacts)."""
 
     def flush(self) -> None:
         while self.pending:  # at most 1000 metrics per batch

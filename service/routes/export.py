@@ -18,24 +18,13 @@ from fsspec.core import url_to_fs
 
 from service.access import Role
 from service.deps import CallerDep, RepoDep, SettingsDep
-from service.job_kinds import project_storage_url
+from service.storage_paths import EXPORT_SUFFIXES, export_url, exports_url, project_storage_url
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.routes.runs import scoped_run
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
 
-SUFFIXES = {"safetensors": "safetensors", "torch": "pt"}
 CHUNK_BYTES = 1 << 20
-
-
-def exports_url(storage_url: str, run_id: str) -> str:
-    """``{storage}/runs/{run_id}/exports`` (``workers.paths.export_url`` builds the files' URLs)."""
-    return f"{storage_url.rstrip('/')}/runs/{run_id}/exports"
-
-
-def export_url(storage_url: str, run_id: str, step: int, fmt: str) -> str:
-    """``{storage}/runs/{run_id}/exports/step-{step}.{safetensors|pt}``."""
-    return f"{exports_url(storage_url, run_id)}/step-{step}.{SUFFIXES[fmt]}"
 
 
 def exported_steps(storage_url: str, run_id: str, fmt: str) -> list[int]:
@@ -46,7 +35,7 @@ def exported_steps(storage_url: str, run_id: str, fmt: str) -> list[int]:
         names = [path.rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False)]
     except FileNotFoundError:
         return []
-    pattern = re.compile(rf"step-(\d+)\.{SUFFIXES[fmt]}$")
+    pattern = re.compile(rf"step-(\d+)\.{EXPORT_SUFFIXES[fmt]}$")
     return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
 
 
@@ -75,7 +64,7 @@ def get_run_model(run_id: str, repo: RepoDep, caller: CallerDep, settings: Setti
             while data := file.read(CHUNK_BYTES):
                 yield data
 
-    filename = f"{run_id}-step-{chosen}.{SUFFIXES[format]}"
+    filename = f"{run_id}-step-{chosen}.{EXPORT_SUFFIXES[format]}"
     return StreamingResponse(chunks(), media_type="application/octet-stream",
                              headers={"Content-Disposition": f'attachment; filename="{filename}"',
                                       "Content-Length": str(size), "X-Tessera-Step": str(chosen)})

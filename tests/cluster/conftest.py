@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO_ROOT, _kill_processes_mentioning, free_port
-from tests.e2e.conftest import ServiceProcess, _cancel_unfinished, wait_until
+from tests.e2e.conftest import cluster_service, wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_NAMES = ("node_a", "node_b", "node_c")
@@ -146,18 +146,8 @@ def ray_cluster(s3_server, ray_token):
 @pytest.fixture(scope="module")
 def cluster_svc(tmp_path_factory, ray_cluster, ray_token, s3_server, postgres_url):
     """A live service on the cluster: PostgreSQL, S3 storage, Ray's token, and slow batches."""
-    home = tmp_path_factory.mktemp("tessera-cluster-home")
-    svc = ServiceProcess(home=home, env={"TESSERA_DATABASE_URL": postgres_url,
-                                         "TESSERA_RAY_ADDRESS": ray_cluster.dashboard_url,
-                                         "TESSERA_STORAGE_URL": s3_server.url("cluster"),
-                                         "TESSERA_TEST_BATCH_DELAY_S": BATCH_DELAY_S,
-                                         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token})
-    svc.start()
-    try:
+    with cluster_service(tmp_path_factory.mktemp("tessera-cluster-home"), ray_address=ray_cluster.dashboard_url,
+                         postgres_url=postgres_url,
+                         env={"TESSERA_STORAGE_URL": s3_server.url("cluster"), "TESSERA_TEST_BATCH_DELAY_S": BATCH_DELAY_S,
+                              "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token}) as svc:
         yield svc
-    finally:
-        try:
-            _cancel_unfinished(svc.client())
-        except Exception as exc:  # teardown must still stop the service and the cluster
-            print(f"warning: could not cancel unfinished runs: {exc}")
-        svc.stop()

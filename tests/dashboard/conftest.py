@@ -96,7 +96,7 @@ def assert_fits_width(page, width: int) -> None:
 def live_service(tmp_path_factory, ray_head, postgres_url):
     from tests.e2e.conftest import cluster_service
 
-    with cluster_service(tmp_path_factory.mktemp("tessera-dashboard"), ray_head=ray_head,
+    with cluster_service(tmp_path_factory.mktemp("tessera-dashboard"), ray_address=ray_head.dashboard_url,
                          postgres_url=postgres_url) as service:
         yield service
 

@@ -23,7 +23,7 @@ _VARIABLE = re.compile(r"\$(?:\$|\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))
 
 
 class MissingVariable(ValueError):
-    pass
+    """A `${VAR:?message}` whose variable is unset: compose refuses to start."""
 
 
 def interpolate(value, env: dict[str, str]):

@@ -78,19 +78,19 @@ class ServiceProcess:
 
 
 @contextlib.contextmanager
-def cluster_service(home: Path, *, ray_head, postgres_url: str):
-    """A started service in the cluster shape (PostgreSQL + an external Ray head + a local
-    storage folder). On exit it cancels whatever still runs, so nothing is left training on the
-    shared Ray head, then stops."""
-    svc = ServiceProcess(home=home, env={"TESSERA_DATABASE_URL": postgres_url,
-                                         "TESSERA_RAY_ADDRESS": ray_head.dashboard_url})
+def cluster_service(home: Path, *, ray_address: str, postgres_url: str, env: dict[str, str] | None = None):
+    """A started service in the cluster shape (PostgreSQL + an external Ray cluster + storage: a
+    local folder unless ``env`` names ``TESSERA_STORAGE_URL``). On exit it cancels whatever still
+    runs, so nothing is left training on the shared Ray cluster, then stops."""
+    svc = ServiceProcess(home=home, env={"TESSERA_DATABASE_URL": postgres_url, "TESSERA_RAY_ADDRESS": ray_address,
+                                         **(env or {})})
     svc.start()
     try:
         yield svc
     finally:
         try:
             _cancel_unfinished(svc.client())
-        except (httpx.HTTPError, AssertionError) as exc:  # teardown must still stop the service
+        except Exception as exc:  # teardown must still stop the service (Ray or the service may be gone)
             print(f"warning: could not cancel unfinished runs: {exc}")
         svc.stop()
 
@@ -115,8 +115,19 @@ def _cancel_unfinished(client: Client) -> None:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, ray_head, postgres_url):
-    with cluster_service(tmp_path_factory.mktemp("tessera-home"), ray_head=ray_head,
+    with cluster_service(tmp_path_factory.mktemp("tessera-home"), ray_address=ray_head.dashboard_url,
                          postgres_url=postgres_url) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def s3_service(request, tmp_path_factory, ray_head, postgres_url, s3_server):
+    """Like ``service``, with its storage in S3 (moto) under a prefix named after the test module
+    (``s3_service.storage_prefix``), so modules never see each other's objects."""
+    prefix = request.module.__name__.rsplit(".", 1)[-1]
+    with cluster_service(tmp_path_factory.mktemp(f"{prefix}-home"), ray_address=ray_head.dashboard_url,
+                         postgres_url=postgres_url, env={"TESSERA_STORAGE_URL": s3_server.url(prefix)}) as svc:
+        svc.storage_prefix = prefix
         yield svc
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from api.views import RunStatus
 from tests.e2e.conftest import wait_for_status
-from tests.e2e.test_byo_model import run_id_of, s3_service, submit  # noqa: F401 (s3_service: a fixture)
+from tests.e2e.test_byo_model import run_id_of, submit
 from tests.workers.data_helpers import write_indexed_folder
 
 pytestmark = pytest.mark.integration

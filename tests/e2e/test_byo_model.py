@@ -13,23 +13,11 @@ import pytest
 import yaml
 
 from api.views import RunStatus
-from tests.e2e.conftest import ServiceProcess, wait_for_status
+from tests.e2e.conftest import wait_for_status
 from tests.workers.byo_helpers import user_spec, write_user_package
 
 pytestmark = pytest.mark.integration
 TESSERA = str(Path(sys.executable).with_name("tessera"))
-
-
-@pytest.fixture(scope="module")
-def s3_service(tmp_path_factory, ray_head, postgres_url, s3_server):
-    svc = ServiceProcess(home=tmp_path_factory.mktemp("byo-home"), env={
-        "TESSERA_DATABASE_URL": postgres_url, "TESSERA_RAY_ADDRESS": ray_head.dashboard_url,
-        "TESSERA_STORAGE_URL": s3_server.url("byo")})
-    svc.start()
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 def submit(service, spec: dict, code: Path, tmp_path: Path, *follow: str) -> subprocess.CompletedProcess:
@@ -57,9 +45,8 @@ def test_a_shipped_model_trains_to_completion_on_ray_with_s3_storage(s3_service,
     run = client.get_run(run_id_of(result))
     digest = run.spec["code"]["digest"]
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_server.endpoint_url)
-            .list_objects_v2(Bucket=s3_server.bucket, Prefix="byo/code/")["Contents"]]
-    assert f"byo/code/{digest}.zip" in keys  # stored once, under its digest (other tests share the prefix)
-    assert keys.count(f"byo/code/{digest}.zip") == 1
+            .list_objects_v2(Bucket=s3_server.bucket, Prefix=f"{s3_service.storage_prefix}/code/")["Contents"]]
+    assert keys == [f"{s3_service.storage_prefix}/code/{digest}.zip"]
     assert run.status is RunStatus.COMPLETED and 0.0 <= run.summary["eval/accuracy"] <= 1.0
     running = [e.message for e in client.run_events(run.id).data if e.to_status is RunStatus.RUNNING]
     assert "no effect: BlurPool found no" in running[0]  # the surgery's finding, on the run

@@ -15,25 +15,13 @@ import pytest
 import torch
 
 from api.views import RunStatus
-from tests.e2e.conftest import ServiceProcess, wait_for_status, wait_until
+from tests.e2e.conftest import wait_for_status, wait_until
 from tests.workers.helpers_specs import digits_spec
 from tests.workers.test_export import eval_metrics_of
 from workers.export import load_model
 
 pytestmark = pytest.mark.integration
 TESSERA = str(Path(sys.executable).with_name("tessera"))
-
-
-@pytest.fixture(scope="module")
-def s3_service(tmp_path_factory, ray_head, postgres_url, s3_server):
-    svc = ServiceProcess(home=tmp_path_factory.mktemp("outputs-home"), env={
-        "TESSERA_DATABASE_URL": postgres_url, "TESSERA_RAY_ADDRESS": ray_head.dashboard_url,
-        "TESSERA_STORAGE_URL": s3_server.url("outputs")})
-    svc.start()
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 def _keys(s3_server, prefix: str) -> list[str]:
@@ -52,7 +40,7 @@ def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, 
 
     page = client.logs(run_id)
     assert page.attempt == 1 and not page.live and page.text and page.next_offset == page.size
-    prefix = f"outputs/runs/{run_id}"
+    prefix = f"{s3_service.storage_prefix}/runs/{run_id}"
     wait_until(lambda: f"{prefix}/logs/attempt-1.log" in _keys(s3_server, f"{prefix}/logs/"), timeout=60,
                what="the attempt's log copied to S3")
     assert client.logs(run_id).source == "storage"

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from service.routes.export import export_url
+from service.storage_paths import export_url
 from service.settings import Settings
-from workers.paths import export_url as worker_export_url
-from workers.paths import run_url
 
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
     return Settings(home=tmp_path / "home", public_url="http://tessera.test:8000",
                     worker_python="/opt/venv/bin/python", storage_url=f"file://{tmp_path}/storage")
-
-
-def test_service_and_workers_agree_on_where_an_export_lives():
-    for storage in ("s3://bucket/p", "file:///srv/t"):
-        for fmt in ("safetensors", "torch"):
-            assert export_url(storage, "abc", 7, fmt) == worker_export_url(run_url(storage, "abc"), 7, fmt)
 
 
 def test_the_newest_or_chosen_export_is_streamed(client, example_body, settings):

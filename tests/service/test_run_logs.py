@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from api.views import RunStatus
-from service.log_store import LogStore, attempt_log_url
+from service.log_store import LogStore
+from service.storage_paths import attempt_log_url
 from service.settings import Settings
-from workers.paths import attempt_log_url as worker_attempt_log_url
-from workers.paths import run_url
 
 S = RunStatus
 TRACEBACK = "epoch 1\nTraceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n"
@@ -18,11 +17,6 @@ TRACEBACK = "epoch 1\nTraceback (most recent call last):\n  File \"x.py\", line 
 def settings(tmp_path) -> Settings:  # storage of this test only: logs are written there
     return Settings(home=tmp_path / "home", public_url="http://tessera.test:8000",
                     worker_python="/opt/venv/bin/python", storage_url=f"file://{tmp_path}/storage")
-
-
-def test_service_and_workers_agree_on_where_a_log_lives():
-    for storage in ("s3://bucket/prefix", "file:///srv/tessera"):
-        assert attempt_log_url(storage, "abc", 3) == worker_attempt_log_url(run_url(storage, "abc"), 3)
 
 
 def _start(client, fake_jobs, body) -> tuple[str, str]:

@@ -4,16 +4,11 @@ and the run ends bitwise equal to the uninterrupted one — the streaming positi
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from api.specs import RunSpec
-from tests.workers.checkpoint_helpers import assert_bitwise_equal
-from tests.workers.test_ray_training import TOKEN, RecordingService
+from tests.workers.kill_and_resume import run_plain_then_killed
 from workers.data.pack import pack
-from workers.paths import run_url as run_url_for
-from workers.ray_train import fit_with_ray
 
 pytestmark = pytest.mark.integration
 
@@ -29,19 +24,11 @@ def test_a_worker_killed_mid_epoch_on_streamed_shards_resumes_bitwise(ray_client
         "algorithms": [{"name": "cutmix"}],  # draws from the checkpointed global RNG
         "checkpoint": {"interval": "2ba", "keep_last": 2}, "max_restarts": 1,
         "parallelism": {"strategy": "ddp", "num_workers": 2}, "seed": 5})
-    storage_url = s3_server.url("ray-wds-runs")
-    plain_id, killed_id = f"plain-{uuid.uuid4().hex[:6]}", f"killed-{uuid.uuid4().hex[:6]}"
-    fit_with_ray(spec, run_id=plain_id, storage_path=str(tmp_path / "ray"), storage_url=storage_url)
-
-    marker = tmp_path / "killed"
-    monkeypatch.setenv("TESSERA_TEST_KILL_AT_BATCH", "5")  # after the commit of batch 4, mid-epoch
-    monkeypatch.setenv("TESSERA_TEST_KILL_MARKER", str(marker))
-    with RecordingService() as service:
-        metrics = fit_with_ray(spec, run_id=killed_id, service_url=service.url, token=TOKEN,
-                               storage_path=str(tmp_path / "ray"), storage_url=storage_url)
-    assert marker.exists(), "the worker was never killed"
+    # Killed at batch 5: after the commit of batch 4, mid-epoch.
+    run = run_plain_then_killed(spec, storage_url=s3_server.url("ray-wds-runs"), tmp_path=tmp_path,
+                                monkeypatch=monkeypatch, kill_at_batch=5)
+    metrics, service = run.metrics, run.service
     assert metrics["time/batch"] == 8
     assert [s["status"] for s in service.statuses] == ["RUNNING", "RESTARTING", "RUNNING"]
     assert service.steps("train/loss")[-4:] == [5, 6, 7, 8]
-    final = "checkpoints/ep0-ba8"
-    assert_bitwise_equal(f"{run_url_for(storage_url, plain_id)}/{final}", f"{run_url_for(storage_url, killed_id)}/{final}")
+    run.assert_final_checkpoints_bitwise_equal("checkpoints/ep0-ba8")

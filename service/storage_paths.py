@@ -1,0 +1,45 @@
+"""The storage URLs the control plane reads and writes: the service's side of the layout that
+``workers/paths.py`` owns for the workers (the service cannot import workers).
+
+Every function here mirrors one of ``workers.paths``; ``tests/service/test_storage_paths.py``
+checks that both build the same URL, so the layout has one definition per side and a test that
+keeps them together.
+"""
+
+from __future__ import annotations
+
+from service.db.models import DEFAULT_PROJECT
+
+EXPORT_SUFFIXES = {"safetensors": "safetensors", "torch": "pt"}
+
+
+def project_storage_url(root: str, project: str) -> str:
+    """Where a project's runs, sweeps and code packages live: ``{root}/projects/{project}``; the
+    ``default`` project keeps the root itself, so runs made before projects existed find their
+    checkpoints where they left them. Workers get this as their ``TESSERA_STORAGE_URL``."""
+    return root if project == DEFAULT_PROJECT else f"{root.rstrip('/')}/projects/{project}"
+
+
+def run_url(storage_url: str, run_id: str) -> str:
+    """``{storage}/runs/{run_id}`` (``workers.paths.run_url``)."""
+    return f"{storage_url.rstrip('/')}/runs/{run_id}"
+
+
+def code_url(storage_url: str, digest: str) -> str:
+    """``{storage}/code/{digest}.zip`` (``workers.paths.code_package_url``)."""
+    return f"{storage_url.rstrip('/')}/code/{digest}.zip"
+
+
+def attempt_log_url(storage_url: str, run_id: str, attempt: int) -> str:
+    """``{storage}/runs/{run_id}/logs/attempt-{attempt}.log`` (``workers.paths.attempt_log_url``)."""
+    return f"{run_url(storage_url, run_id)}/logs/attempt-{attempt}.log"
+
+
+def exports_url(storage_url: str, run_id: str) -> str:
+    """``{storage}/runs/{run_id}/exports``."""
+    return f"{run_url(storage_url, run_id)}/exports"
+
+
+def export_url(storage_url: str, run_id: str, step: int, fmt: str) -> str:
+    """``{storage}/runs/{run_id}/exports/step-{step}.{safetensors|pt}`` (``workers.paths.export_url``)."""
+    return f"{exports_url(storage_url, run_id)}/step-{step}.{EXPORT_SUFFIXES[fmt]}"
