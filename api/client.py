@@ -42,6 +42,16 @@ from api.views import (
 API = "/api/v1"
 
 
+def _raise_for_status(response: httpx.Response) -> None:
+    """An ``ApiError`` with the service's ``detail`` for a 4xx/5xx answer."""
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise ApiError(response.status_code, detail)
+
+
 class Client:
     """``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
     ``$TESSERA_HOME/credentials`` (written by the embedded service on its first start). Worker
@@ -65,12 +75,7 @@ class Client:
 
     def _request(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
         response = self._http.request(method, path, headers=headers, **kwargs)
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise ApiError(response.status_code, detail)
+        _raise_for_status(response)
         return response.json() if response.content else None
 
     # --- runs ----------------------------------------------------------------------------
@@ -84,6 +89,25 @@ class Client:
         if code is not None:
             body["code"] = {"digest": self.upload_code(code, project=project).digest}
         return RunView.model_validate(self._request("POST", f"{API}/runs", json=body, params=params))
+
+    def download_model(self, run_id: str, out: str | Path, *, fmt: str = "safetensors",
+                       step: int | None = None) -> tuple[int, str]:
+        """Stream the run's exported model (``fmt``: safetensors or torch; ``step``: default the
+        final one) to ``out``, written whole or not at all; returns (bytes, the step served)."""
+        params = {"format": fmt} | ({"step": step} if step is not None else {})
+        out = Path(out)
+        partial = out.with_name(out.name + ".partial")
+        with self._http.stream("GET", f"{API}/runs/{run_id}/model", params=params, timeout=300) as answer:
+            if answer.status_code >= 400:
+                answer.read()
+                _raise_for_status(answer)
+            size = 0
+            with open(partial, "wb") as file:
+                for chunk in answer.iter_bytes():
+                    file.write(chunk)
+                    size += len(chunk)
+            partial.replace(out)
+            return size, answer.headers.get("x-tessera-step", "?")
 
     # --- code packages -------------------------------------------------------------------
     def upload_code(self, code: str | Path | CodePackage, *, project: str | None = None) -> CodeView:

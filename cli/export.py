@@ -6,31 +6,8 @@ from typing import Annotated, Optional
 import httpx
 import typer
 
-from api.credentials import find_api_key
-
-
-def download_model(url: str, run_id: str, out: Path, *, fmt: str, step: int | None) -> tuple[int, str]:
-    """Stream the run's export to ``out`` (written whole or not at all); return (bytes, step)."""
-    params = {"format": fmt} | ({"step": step} if step is not None else {})
-    partial = out.with_name(out.name + ".partial")
-    key = find_api_key()
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with httpx.stream("GET", f"{url.rstrip('/')}/api/v1/runs/{run_id}/model", params=params, headers=headers,
-                      timeout=300) as answer:
-        if answer.status_code >= 400:
-            answer.read()
-            try:
-                detail = answer.json().get("detail", answer.text)
-            except ValueError:
-                detail = answer.text
-            raise typer.BadParameter(f"HTTP {answer.status_code}: {detail}", param_hint="RUN_ID")
-        size = 0
-        with open(partial, "wb") as file:
-            for chunk in answer.iter_bytes():
-                file.write(chunk)
-                size += len(chunk)
-        partial.replace(out)
-        return size, answer.headers.get("x-tessera-step", "?")
+from api.client import Client
+from api.errors import ApiError
 
 
 def register(app: typer.Typer, url_option, default_url: str) -> None:
@@ -47,7 +24,10 @@ def register(app: typer.Typer, url_option, default_url: str) -> None:
             raise typer.BadParameter(f"{format!r}; use safetensors or torch", param_hint="--format")
         out = output or Path(f"{run_id}.{'pt' if format == 'torch' else 'safetensors'}")
         try:
-            size, chosen = download_model(url, run_id, out, fmt=format, step=step)
+            with Client(url) as client:
+                size, chosen = client.download_model(run_id, out, fmt=format, step=step)
+        except ApiError as exc:
+            raise typer.BadParameter(str(exc), param_hint="RUN_ID")
         except httpx.HTTPError as exc:
             typer.echo(f"error: cannot reach the service: {exc}", err=True)
             raise typer.Exit(1)

@@ -204,10 +204,10 @@ class Admission:
         """The records of ``queued`` (oldest first) to submit now, in queue order."""
         from api.views import ACTIVE_STATUSES
 
-        capacity = self.read_capacity()  # every tick, so a submit is checked against a fresh size
         if not queued:
             self.waiting = {}
             return []
+        capacity = self.read_capacity()  # every tick with a queue, so a submit is checked against a fresh size
         active = [_candidate(run) for run in self.repo.with_status(ACTIVE_STATUSES)]
         quotas = {p.name: Quota(p.max_running_runs, p.max_workers, p.max_gpus) for p in self.access.list_projects()}
         decided = plan([_candidate(run) for run in queued], active, capacity, quotas)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from service.access import AccessStore, Caller, Role
+from service.access import AccessStore, Caller, ProjectNotFound, Role
 from service.ray_client import JobsClient
 from service.repository import Repository
 from service.settings import Settings
@@ -93,8 +93,6 @@ def project_for_create(caller: Caller, access: AccessStore, project: str | None,
 
     Routes that create project-owned objects (runs, sweeps, code packages) call this with the
     request's ``project`` field, and then read objects back through their ``project``."""
-    from service.access import ProjectNotFound
-
     name = project or caller.default_project()
     caller.require(name, needed, ProjectNotFound(name))
     return access.get_project(name).name  # 404 for a name no project has

@@ -56,7 +56,7 @@ class Dispatcher:
 
         def job_states() -> dict[str, str] | None:  # at most one list_jobs per tick, shared
             if not listed:
-                listed.append(self.followers[0]._job_states())
+                listed.append(self.followers[0].job_states_now())
             return listed[0]
 
         for follower in self.followers:

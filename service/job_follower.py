@@ -45,7 +45,7 @@ class JobFollower:
     def tick(self, job_states: Callable[[], dict[str, str] | None] | None = None) -> None:
         """One pass: submit every QUEUED record, then follow every other active one.
         ``job_states``: where to read every job's state (the dispatcher shares one list per
-        tick between its followers); default: this follower's own ``_job_states``."""
+        tick between its followers); default: this follower's own ``job_states_now``."""
         queued = self.owned([self.kind.status.QUEUED])
         admitted = self.admit(queued) if self.admit is not None else queued
         for record in admitted:
@@ -57,14 +57,14 @@ class JobFollower:
         if not followed:
             return
         try:
-            states = (job_states or self._job_states)()
+            states = (job_states or self.job_states_now)()
         except Exception as exc:  # Ray cannot be asked: "unknown" never reads as "gone"
             log.warning("could not list Ray's jobs; following again next tick: %s", exc)
             return
         for record in followed:
             self._guarded(self.follow, record, states=states)
 
-    def _job_states(self) -> dict[str, str] | None:
+    def job_states_now(self) -> dict[str, str] | None:
         """Every job's state in one call, if the Jobs client can list them; None: ask per job."""
         lister = getattr(self.jobs, "states", None)
         return lister() if lister is not None else None

@@ -26,6 +26,19 @@ class Attempt:
     run_id: str
     attempt: int
     job_id: str
+    project: str
+
+
+def archive_final_log(jobs: JobsClient, store: LogStore, attempt: Attempt, text: str | None = None) -> bool:
+    """Store the attempt's final log once Ray says its job has finished; True once there is
+    nothing left to wait for (stored, or Ray has no such job). ``text``: the log, if already read."""
+    state = jobs.status(attempt.job_id)
+    if state is not None and state not in FINISHED_JOB_STATES:
+        return False  # still stopping: copy once it has ended
+    text = jobs.job_logs(attempt.job_id) if text is None else text
+    if text is not None:
+        store.save(attempt.run_id, attempt.attempt, text, project=attempt.project)
+    return True
 
 
 class LogArchiver:
@@ -42,7 +55,7 @@ class LogArchiver:
     def tick(self) -> None:
         """Copy live attempts' logs every ``every_ticks`` ticks, and ended attempts' final logs."""
         self._ticks += 1
-        live = {Attempt(run.id, run.attempt, run.ray_job_id)
+        live = {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
                 for run in self.repo.with_status(RUN_JOBS.policy.followed)
                 if RUN_JOBS.owns(run) and run.ray_job_id}
         if self._ticks % self.every_ticks == 0:
@@ -58,13 +71,10 @@ class LogArchiver:
         or Ray has no such job). A Ray or storage error is logged and retried next tick."""
         try:
             if final:
-                state = self.jobs.status(attempt.job_id)
-                if state is not None and state not in FINISHED_JOB_STATES:
-                    return False  # still stopping: copy once it has ended
+                return archive_final_log(self.jobs, self.store, attempt)
             text = self.jobs.job_logs(attempt.job_id)
-            if text is None:
-                return True
-            self.store.save(attempt.run_id, attempt.attempt, text)
+            if text is not None:
+                self.store.save(attempt.run_id, attempt.attempt, text, project=attempt.project)
             return True
         except Exception:
             log.warning("could not copy the log of %s; will retry", attempt.job_id, exc_info=True)

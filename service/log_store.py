@@ -1,4 +1,4 @@
-"""Run logs in storage: ``{TESSERA_STORAGE_URL}/runs/{run_id}/logs/attempt-{n}.log``.
+"""Run logs in storage: ``{project storage}/runs/{run_id}/logs/attempt-{n}.log``.
 
 Ray keeps a job's driver log only as long as the Ray cluster lives; the service copies each
 attempt's log here (``service.log_archive``) so it outlives the cluster. The URL comes from
@@ -11,26 +11,28 @@ from fastapi import Request
 from fsspec.core import url_to_fs
 
 from service.code_store import write_whole
-from service.storage_paths import attempt_log_url
+from service.db.models import DEFAULT_PROJECT
+from service.storage_paths import attempt_log_url, project_storage_url
 
 
 class LogStore:
-    """Write and read attempt logs under one storage URL (``file://`` or ``s3://``)."""
+    """Write and read attempt logs under a storage root (``file://`` or ``s3://``), each in its
+    run's folder under the run's project prefix, beside the checkpoints and exports."""
 
     def __init__(self, storage_url: str):
         self.storage_url = storage_url.rstrip("/")
         self.fs, _ = url_to_fs(self.storage_url)
 
-    def _path(self, run_id: str, attempt: int) -> str:
-        return url_to_fs(attempt_log_url(self.storage_url, run_id, attempt))[1]
+    def _path(self, run_id: str, attempt: int, project: str) -> str:
+        return url_to_fs(attempt_log_url(project_storage_url(self.storage_url, project), run_id, attempt))[1]
 
-    def save(self, run_id: str, attempt: int, text: str) -> None:
+    def save(self, run_id: str, attempt: int, text: str, *, project: str = DEFAULT_PROJECT) -> None:
         """Store (replace) the attempt's log; readers see the old copy or the new one, never half."""
-        write_whole(self.fs, self._path(run_id, attempt), text.encode())
+        write_whole(self.fs, self._path(run_id, attempt, project), text.encode())
 
-    def read(self, run_id: str, attempt: int) -> bytes | None:
+    def read(self, run_id: str, attempt: int, *, project: str = DEFAULT_PROJECT) -> bytes | None:
         """The stored log's bytes, or None if none was stored."""
-        path = self._path(run_id, attempt)
+        path = self._path(run_id, attempt, project)
         self.fs.invalidate_cache(path)
         try:
             return self.fs.cat_file(path)

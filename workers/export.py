@@ -73,7 +73,6 @@ def read_export(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     if data[:2] == b"PK":  # torch.save's zip
         saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         return saved["state_dict"], saved["metadata"]
-    from safetensors import safe_open
     from safetensors.torch import load
 
     header_len = int.from_bytes(data[:8], "little")
@@ -124,10 +123,13 @@ def _fetch(source: str, *, step: int | None, service_url: str | None, fmt: str) 
         source = "file://" + os.path.abspath(source)
     if "://" in source:
         return storage_for(source).read_bytes(source)
-    import httpx
+    import tempfile
 
-    base = (service_url or os.environ.get("TESSERA_URL", "http://127.0.0.1:8000")).rstrip("/")
-    params: dict[str, Any] = {"format": fmt} | ({"step": step} if step is not None else {})
-    response = httpx.get(f"{base}/api/v1/runs/{source}/model", params=params, timeout=300, follow_redirects=True)
-    response.raise_for_status()
-    return response.content
+    from api.client import Client
+
+    with Client(service_url or os.environ.get("TESSERA_URL", "http://127.0.0.1:8000")) as client, \
+            tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model")
+        client.download_model(source, path, fmt=fmt, step=step)
+        with open(path, "rb") as file:
+            return file.read()

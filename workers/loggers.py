@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from typing import Any
 
 from api.specs import RunSpec
@@ -83,6 +84,7 @@ class TensorBoardSink:
         self.target = tensorboard_url(run)
         self.local = tempfile.mkdtemp(prefix="tessera-tb-")
         self.writer = SummaryWriter(log_dir=self.local)
+        self._uploaded: dict[str, int] = {}  # file name -> size last copied
         self.writer.add_text("spec", f"```\n{spec.model_dump_json(indent=2)}\n```")
         if spec.tags:
             self.writer.add_text("tags", ", ".join(spec.tags))
@@ -105,10 +107,17 @@ class TensorBoardSink:
         self._upload()
 
     def _upload(self) -> None:
+        """Copy the event files that grew since the last copy (scalar events are small: the
+        trainer flushes at epoch ends and evaluations, not per step)."""
         storage = storage_for(self.target)
         for name in sorted(os.listdir(self.local)):
-            with open(os.path.join(self.local, name), "rb") as file:
-                storage.write_bytes(join(self.target, name), file.read())
+            path = os.path.join(self.local, name)
+            if self._uploaded.get(name) == os.path.getsize(path):
+                continue
+            with open(path, "rb") as file:
+                data = file.read()
+            storage.write_bytes(join(self.target, name), data)
+            self._uploaded[name] = len(data)
 
 
 class MLflowSink:
@@ -122,19 +131,16 @@ class MLflowSink:
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         tags = {"tessera.run_id": run_id or "", "mlflow.runName": spec.name} | {f"tag.{t}": "true" for t in spec.tags}
         self.run_id = self.client.create_run(experiment_id, tags=tags, run_name=spec.name).info.run_id
-        from mlflow.entities import Param
+        from mlflow.entities import Metric, Param
 
         params = [Param(k, v[:6000]) for k, v in flatten(spec.model_dump(mode="json")).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         self.pending: list[Any] = []
+        self._metric = Metric
 
     def add(self, step: int, key: str, value: float) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
-        self.pending.append(Metric(key, float(value), int(time.time() * 1000), int(step)))
+        self.pending.append(self._metric(key, float(value), int(time.time() * 1000), int(step)))
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
         ended = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED"}

@@ -67,7 +67,7 @@ def attempt_marker_url(run: str, attempt: int) -> str:
 
 def attempt_log_url(run: str, attempt: int) -> str:
     """``{run}/logs/attempt-{attempt}.log``: the service copies the attempt's Ray job log here
-    (``service.log_store.attempt_log_url`` builds the same URL; the service cannot import workers)."""
+    (``service.storage_paths.attempt_log_url`` builds the same URL; the service cannot import workers)."""
     return join(run, "logs", f"attempt-{attempt}.log")
 
 

@@ -144,5 +144,7 @@ def _is_restart(run: str, attempt: int) -> bool:
 
 def _sink_for(config: dict[str, Any]) -> MetricSink:
     if config.get("service_url") and config.get("token"):
-        return ServiceReporter(Client(config["service_url"]), config["run_id"], config["token"])
+        # The attempt token, never a user key: worker processes run user code.
+        return ServiceReporter(Client(config["service_url"], api_key=config["token"]), config["run_id"],
+                               config["token"])
     return ConsoleReporter(prefix=f"[{config['run_id']}] ")

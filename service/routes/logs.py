@@ -18,8 +18,8 @@ from service.attempt_store import attempt_job_id
 from service.access import Role
 from service.deps import CallerDep, JobsDep, RepoDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.log_archive import Attempt, archive_final_log
 from service.log_store import LogStore, get_log_store
-from service.ray_client import FINISHED_JOB_STATES
 from service.routes.runs import scoped_run
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def get_run_logs(run_id: str, repo: RepoDep, caller: CallerDep, jobs: JobsDep, s
             "attempt", ["query", "attempt"], f"run {run_id} has attempts 1..{run.attempt}", attempt)])
     live = attempt == run.attempt and not run.status.is_terminal
     job_id = run.ray_job_id if run.driven_by_sweep else attempt_job_id("run", run_id, attempt)
-    data, source = _read(run_id, attempt, job_id, live=live, jobs=jobs, store=store)
+    data, source = _read(Attempt(run_id, attempt, job_id, run.project), live=live, jobs=jobs, store=store)
     chunk = data[after:after + limit]
     if len(chunk) == limit and b"\n" in chunk:
         chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines: never split a UTF-8 character
@@ -52,19 +52,22 @@ def get_run_logs(run_id: str, repo: RepoDep, caller: CallerDep, jobs: JobsDep, s
                     offset=after, next_offset=after + len(chunk), size=len(data), live=live, source=source)
 
 
-def _read(run_id: str, attempt: int, job_id: str | None, *, live: bool, jobs, store: LogStore) -> tuple[bytes, str]:
+def _read(attempt: Attempt, *, live: bool, jobs, store: LogStore) -> tuple[bytes, str]:
     """The attempt's whole log and where it came from (see the module docstring for the order)."""
-    if live and job_id:
-        text = _from_ray(jobs, job_id)
+    if live and attempt.job_id:
+        text = _from_ray(jobs, attempt.job_id)
         if text is not None:
             return text.encode(), "ray"
-    stored = store.read(run_id, attempt)
+    stored = store.read(attempt.run_id, attempt.attempt, project=attempt.project)
     if stored is not None:
         return stored, "storage"
-    if not live and job_id:
-        text = _from_ray(jobs, job_id)
+    if not live and attempt.job_id:
+        text = _from_ray(jobs, attempt.job_id)
         if text is not None:
-            _archive_if_finished(jobs, store, run_id, attempt, job_id, text)
+            try:  # an attempt that ended while the service was down: store it now
+                archive_final_log(jobs, store, attempt, text)
+            except Exception as exc:  # the reader still gets the log; a later read stores it
+                log.info("could not store the log of %s: %s", attempt.job_id, exc)
             return text.encode(), "ray"
     return b"", "none"
 
@@ -75,11 +78,3 @@ def _from_ray(jobs, job_id: str) -> str | None:
     except Exception as exc:  # Ray unreachable: the stored copy (or nothing) is the answer
         log.info("could not read Ray's log of %s: %s", job_id, exc)
         return None
-
-
-def _archive_if_finished(jobs, store: LogStore, run_id: str, attempt: int, job_id: str, text: str) -> None:
-    try:
-        if jobs.status(job_id) in FINISHED_JOB_STATES:
-            store.save(run_id, attempt, text)
-    except Exception as exc:  # the reader still gets the log; the dispatcher or a later read stores it
-        log.info("could not store the log of %s: %s", job_id, exc)

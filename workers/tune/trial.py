@@ -59,7 +59,8 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     sweep = SweepSpec.model_validate_json(context.sweep_json)
     params = dict(config.get("params") or {})
     spec = trial_spec(sweep.base, tuple(config["algorithms"]), params, name=f"{sweep.name}-{trial_id}"[:128])
-    client = Client(context.service_url) if context.service_url else None
+    # The sweep token, never a user key found on this machine: trials run user code.
+    client = Client(context.service_url, api_key=context.token) if context.service_url else None
     # Without a service the run id only names the trial's folders; keep it unique per sweep so
     # that a trial never resumes from another sweep's checkpoints.
     run_id, token, attempt = f"{context.key}-{trial_id}", None, 1
