@@ -86,9 +86,32 @@ class Run(AttemptedRow, Base):
     trial_params: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # {key: [min, max]} over every reported point: the best value per api.views.metric_mode.
     extrema: Mapped[dict[str, list[float]]] = mapped_column(JSON, default=dict)
+    # Lineage: the run this one was forked from, and how ({"from": ..., "patch": {...}}).
+    parent_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    fork: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    notes: Mapped[str | None] = mapped_column(Text, nullable=True)
+    archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The client's Idempotency-Key of the submit that made this run (unique per project).
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
     __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),
-                      Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True))
+                      Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True),
+                      Index("uq_runs_project_idempotency_key", "project", "idempotency_key", unique=True))
+
+
+class RunBest(Base):
+    """A run's min and max of one metric key, kept beside ``runs.extrema`` so lists can sort
+    by a metric's best value through an index (``GET /runs?order_by=best:<key>``)."""
+
+    __tablename__ = "run_bests"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    min_value: Mapped[float] = mapped_column(Float)
+    max_value: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_run_bests_key_min", "key", "min_value"),
+                      Index("ix_run_bests_key_max", "key", "max_value"))
 
 
 class Sweep(AttemptedRow, Base):
@@ -99,6 +122,7 @@ class Sweep(AttemptedRow, Base):
     driver: Mapped[str] = mapped_column(String(16))  # "service" (a Ray job we submit) or "external"
     skipped: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     __table_args__ = (Index("ix_sweeps_created_at_id", "created_at", "id"),)
 
@@ -166,6 +190,8 @@ class Project(Base):
     # global caps (None: the service's settings apply).
     default_max_wall_time_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     max_wall_time_cap_s: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # An admin's raise of the service's upper bounds on max_duration, per unit ({"ep": 5000}).
+    max_duration_caps: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
 
 
 class ApiKey(Base):
