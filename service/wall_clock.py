@@ -5,9 +5,7 @@ it counts from the moment the current attempt was submitted (its latest STARTING
 resumed run gets its full time again. A run past it has its Ray job stopped and ends FAILED
 with the reason; its committed checkpoints stay, so it can be resumed (with a longer limit).
 
-How long a run may ask for is capped too (``max_wall_time_cap``): the service's
-``TESSERA_MAX_WALL_TIME_S``, which a project's ``max_wall_time_cap_s`` (set by an admin of
-every project) replaces.
+How long a run may ask for is capped at submit (``service.spec_caps``).
 """
 
 from __future__ import annotations
@@ -26,11 +24,6 @@ from service.lifecycle import IllegalTransition
 log = logging.getLogger(__name__)
 
 LIMITED = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RESTARTING)
-
-
-def wall_time_cap(settings: Any, project: Any) -> int | None:
-    """The longest ``max_wall_time`` (seconds) a run of ``project`` may ask for; None: no cap."""
-    return project.max_wall_time_cap_s if project.max_wall_time_cap_s is not None else settings.max_wall_time_s
 
 
 def limit_of(spec: dict[str, Any], project: Any) -> int | None:

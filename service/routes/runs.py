@@ -18,6 +18,7 @@ from service.tokens import bearer_token
 from service.repository import Repository, RunNotFound, RunRecord
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.settings import Settings
+from service.spec_caps import spec_cap_problems
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
 
@@ -84,23 +85,10 @@ def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep
             "parallelism.num_workers", ["body", "parallelism", "num_workers"],
             f"this run can never start: it {never}, and no autoscaler is configured (TESSERA_AUTOSCALER)",
             spec.parallelism.num_workers)])
-    too_long = wall_time_problem(request.app.state.settings, access.get_project(name), spec)
-    if too_long is not None:
-        return validation_response([field_error("max_wall_time", ["body", "max_wall_time"], too_long,
-                                                spec.max_wall_time)])
+    too_much = spec_cap_problems(settings, access.get_project(name), spec)
+    if too_much:
+        return validation_response(too_much)
     return queued_view(request, repo.create_run(spec, project=name))
-
-
-def wall_time_problem(settings, project, spec: RunSpec) -> str | None:
-    """Why ``spec.max_wall_time`` is more than the project may ask for, or None."""
-    from api.specs import wall_time_seconds
-    from service.wall_clock import wall_time_cap
-
-    cap = wall_time_cap(settings, project)
-    if spec.max_wall_time is None or cap is None or wall_time_seconds(spec.max_wall_time) <= cap:
-        return None
-    return (f"max_wall_time {spec.max_wall_time} is more than project {project.name} may ask for: at most {cap}s "
-            f"(an admin of every project can raise the project's max_wall_time_cap_s)")
 
 
 def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> list[dict]:

@@ -23,6 +23,7 @@ from service.tokens import bearer_token
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
                             validation_response)
+from service.spec_caps import searched_duration_problems, spec_cap_problems
 from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, data_root_errors
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
@@ -31,6 +32,16 @@ NOT_FOUND = {404: {"model": ErrorBody}}
 CONFLICT = {409: {"model": ErrorBody}}
 DRIVER = {401: {"model": ErrorBody}, **NOT_FOUND}
 REPORTABLE = (SweepStatus.RUNNING, SweepStatus.COMPLETED, SweepStatus.FAILED)
+
+
+def queued_sweep(request: Request, view: SweepView) -> SweepView:
+    """``view`` with, while it is QUEUED, its place in the queue and why it waits (runs and
+    sweeps share one queue; as of the dispatcher's last tick)."""
+    if view.status is not SweepStatus.QUEUED:
+        return view
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    info = dispatcher.admission.waiting.get(view.id) if dispatcher is not None else None
+    return view.model_copy(update={"queue": info}) if info is not None else view
 
 
 @router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
@@ -46,6 +57,11 @@ def create_sweep(spec: SweepSpec, sweeps: SweepsDep, caller: CallerDep, access: 
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
     refused = data_root_errors(spec.base, settings, prefix="base.")
+    refused += spec_cap_problems(settings, access.get_project(name), spec.base, prefix="base.")
+    searched = spec.search.params.get("max_duration")
+    if searched is not None and searched.kind in ("grid", "choice"):
+        refused += searched_duration_problems(settings, access.get_project(name), searched.extremes(),
+                                              field=f"search.params.max_duration.{searched.kind}")
     if refused:
         return validation_response(refused)
     token = secrets.token_urlsafe(32) if driver == "external" else None
@@ -58,7 +74,8 @@ def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SweepsPage:
     """The newest ``limit`` sweeps of the key's projects, newest first, with their trials.
     ETag / If-None-Match → 304."""
-    return conditional_json(request, SweepsPage(data=sweeps.list_sweep_views(limit=limit, projects=caller.visible())))
+    views = sweeps.list_sweep_views(limit=limit, projects=caller.visible())
+    return conditional_json(request, SweepsPage(data=[queued_sweep(request, view) for view in views]))
 
 
 @router.get("/{sweep_id}", response_model=SweepView, operation_id="get_sweep", responses={**NOT_FOUND, **NOT_MODIFIED})
@@ -68,7 +85,7 @@ def get_sweep(sweep_id: str, request: Request, sweeps: SweepsDep, access: Access
     token = bearer_token(request.headers.get("authorization", ""))
     if token is None or token.startswith(KEY_PREFIX) or not sweeps.check_token(sweep_id, token):
         scoped_sweep(sweeps, require_caller(request, access), sweep_id, Role.VIEWER)
-    return conditional_json(request, sweeps.sweep_view(sweep_id))
+    return conditional_json(request, queued_sweep(request, sweeps.sweep_view(sweep_id)))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepView, operation_id="cancel_sweep",
