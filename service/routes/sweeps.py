@@ -23,8 +23,8 @@ from service.tokens import bearer_token
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
                             validation_response)
-from service.spec_caps import searched_duration_problems, spec_cap_problems
-from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, data_root_errors
+from service.spec_caps import searched_duration_problems
+from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, submit_problems
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
 
@@ -45,7 +45,8 @@ def queued_sweep(request: Request, view: SweepView) -> SweepView:
 
 
 @router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
-def create_sweep(spec: SweepSpec, sweeps: SweepsDep, caller: CallerDep, access: AccessDep, settings: SettingsDep,
+def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: CallerDep, access: AccessDep,
+                 settings: SettingsDep,
                  driver: Literal["service", "external"] = "service",
                  project: Annotated[str | None, PROJECT_QUERY] = None) -> SweepView:
     """Validate a sweep and store it: ``service`` queues it for the dispatcher, which runs its
@@ -56,8 +57,7 @@ def create_sweep(spec: SweepSpec, sweeps: SweepsDep, caller: CallerDep, access: 
     too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
-    refused = data_root_errors(spec.base, settings, prefix="base.")
-    refused += spec_cap_problems(settings, access.get_project(name), spec.base, prefix="base.")
+    refused = submit_problems(request, spec.base, project=access.get_project(name), prefix="base.")
     searched = spec.search.params.get("max_duration")
     if searched is not None and searched.kind in ("grid", "choice"):
         refused += searched_duration_problems(settings, access.get_project(name), searched.extremes(),
@@ -125,8 +125,8 @@ def report_sweep_status(sweep_id: SweepTokenDep, report: SweepStatusReport, swee
 
 @router.post("/{sweep_id}/trials", response_model=TrialTicket, operation_id="register_trial",
              responses={**DRIVER, **CONFLICT})
-def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, sweeps: SweepsDep,
-                   settings: SettingsDep):
+def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, request: Request, sweeps: SweepsDep,
+                   access: AccessDep):
     """Start a trial: creates its run the first time, else a new attempt of the same run (which
     resumes from its newest committed checkpoint). Returns the run id and the attempt's run
     token. 409 for a COMPLETED trial; 422 if ``spec`` is not a valid RunSpec."""
@@ -136,7 +136,9 @@ def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, swe
         errors = [{**e, "loc": ("body", "spec", *e["loc"])} for e in exc.errors()]
         return validation_response(format_validation_errors(errors, registration.model_dump(mode="json"),
                                                             _registration_schema()))
-    refused = data_root_errors(spec, settings, prefix="spec.")  # an external driver is a user's code
+    # An external driver is a user's code: its trials are checked as any submitted run is.
+    project = access.get_project(sweeps.get_sweep(sweep_id).project)
+    refused = submit_problems(request, spec, project=project, prefix="spec.")
     if refused:
         return validation_response(refused)
     token = secrets.token_urlsafe(32)

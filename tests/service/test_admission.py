@@ -252,3 +252,17 @@ def test_a_sweep_waits_in_the_same_queue_as_runs_and_starts_when_its_first_trial
                                               "mode": "max", "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}})
     dispatcher.tick()
     assert client.get(f"{API}/sweeps/{held.json()['id']}").json()["queue"]["reason"] == "quota"
+
+
+def test_a_sweep_is_checked_at_submit_as_a_run_is(sized, example_body):
+    """Its base names a code package the project lacks and asks for more workers than the
+    cluster holds: both refused at once, with the base's field paths."""
+    client, _jobs = sized
+    client.app.state.dispatcher.tick()  # the dispatcher has read the cluster's size
+    base = {**example_body, "code": {"digest": "0" * 64},
+            "parallelism": {"strategy": "ddp", "num_workers": 8}}
+    refused = client.post(f"{API}/sweeps", json={"name": "s", "base": base, "metric": "eval/accuracy", "mode": "max",
+                                                 "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}})
+    assert refused.status_code == 422, refused.text
+    assert sorted(item["field"] for item in refused.json()["detail"]) == ["base.code.digest",
+                                                                        "base.parallelism.num_workers"]
