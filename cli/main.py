@@ -231,9 +231,11 @@ def _print_summary(run) -> None:
 
 
 from cli.access import keys_app, projects_app  # noqa: E402  (sub-apps register after the commands above)
+from cli.sweeps import sweeps_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(projects_app, name="projects")
+app.add_typer(sweeps_app, name="sweeps")
 
 
 def main() -> None:
