@@ -32,22 +32,27 @@ def limit_of(spec: dict[str, Any], project: Any) -> int | None:
     return wall_time_seconds(text) if text else (project.default_max_wall_time_s if project else None)
 
 
-def attempt_started(repo: Any, run_id: str, attempt: int) -> datetime | None:
-    query = (select(func.max(RunEvent.time))
-             .where(RunEvent.run_id == run_id, RunEvent.attempt == attempt, RunEvent.to_status == "STARTING"))
+def attempts_started(repo: Any, run_ids: list[str]) -> dict[tuple[str, int], datetime]:
+    """When each attempt of ``run_ids`` was submitted (its latest STARTING event), in one query."""
+    if not run_ids:
+        return {}
+    query = (select(RunEvent.run_id, RunEvent.attempt, func.max(RunEvent.time))
+             .where(RunEvent.run_id.in_(run_ids), RunEvent.to_status == "STARTING")
+             .group_by(RunEvent.run_id, RunEvent.attempt))
     with repo.db.read() as session:
-        return session.execute(query).scalar_one_or_none()
+        return {(run_id, attempt): time for run_id, attempt, time in session.execute(query)}
 
 
 def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None = None) -> list[str]:
     """Stop every active run past its limit; return the ids stopped."""
     now = now or utcnow()
     stopped = []
-    for run in repo.with_status(LIMITED):
-        limit = limit_of(run.spec, projects.get(run.project))
-        if limit is None or run.driven_by_sweep:  # a trial's time belongs to its sweep's driver
-            continue
-        started = attempt_started(repo, run.id, run.attempt)
+    limited = [(run, limit) for run in repo.with_status(LIMITED)
+               if not run.driven_by_sweep  # a trial's time belongs to its sweep's driver
+               and (limit := limit_of(run.spec, projects.get(run.project))) is not None]
+    started_at = attempts_started(repo, [run.id for run, _ in limited])
+    for run, limit in limited:
+        started = started_at.get((run.id, run.attempt))
         if started is None or (now - started).total_seconds() <= limit:
             continue
         try:
