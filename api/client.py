@@ -16,7 +16,7 @@ import httpx
 
 from api.code_package import CodePackage, CodeView, inspect_package, pack_directory
 from api.credentials import find_api_key
-from api.errors import ApiError
+from api.errors import ApiError, ExportFailed
 from api.logs import LogsPage
 from api.specs import RunSpec
 from api.views import (
@@ -24,6 +24,8 @@ from api.views import (
     CheckpointReport,
     CheckpointsPage,
     CheckpointView,
+    ExportsPage,
+    ExportView,
     MetricsPage,
     MetricsReport,
     RunEventsPage,
@@ -108,6 +110,28 @@ class Client:
                     size += len(chunk)
             partial.replace(out)
             return size, answer.headers.get("x-tessera-step", "?")
+
+    def request_export(self, run_id: str, step: int) -> ExportView:
+        """Export the model of the committed checkpoint at ``step``: READY at once if it is
+        exported already, else PENDING while a Ray job consolidates it (poll ``list_exports``)."""
+        return ExportView.model_validate(self._request("POST", f"{API}/runs/{run_id}/exports", json={"step": step}))
+
+    def list_exports(self, run_id: str) -> list[ExportView]:
+        """The run's exports by step (READY, PENDING or FAILED)."""
+        return ExportsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/exports")).data
+
+    def wait_export(self, run_id: str, step: int, *, timeout: float = 1800.0, poll_interval: float = 1.0) -> ExportView:
+        """Request the export of ``step`` and poll until it is READY; ``ExportFailed`` if its job failed."""
+        deadline = time.monotonic() + timeout
+        view = self.request_export(run_id, step)
+        while view.status == "PENDING":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the export of run {run_id} at step {step} still PENDING after {timeout:.0f}s")
+            time.sleep(poll_interval)
+            view = next((v for v in self.list_exports(run_id) if v.step == step), view)
+        if view.status == "FAILED":
+            raise ExportFailed(view.error or f"the export of run {run_id} at step {step} failed")
+        return view
 
     # --- code packages -------------------------------------------------------------------
     def upload_code(self, code: str | Path | CodePackage, *, project: str | None = None) -> CodeView:

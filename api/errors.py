@@ -14,6 +14,10 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status_code}: {format_detail(detail)}")
 
 
+class ExportFailed(Exception):
+    """The Ray job that was to export a checkpoint failed; the message holds its error."""
+
+
 def format_detail(detail: Any) -> str:
     """Render a 422 detail list as one line per field: ``field: message (got value)``."""
     if isinstance(detail, list):

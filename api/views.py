@@ -123,6 +123,27 @@ class CheckpointsPage(BaseModel):
     data: list[CheckpointView]
 
 
+class ExportRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(..., ge=0, le=2**63 - 1, description="a committed checkpoint's step (GET .../checkpoints)")
+
+
+class ExportView(BaseModel):
+    """A model export of one step: READY to download (``GET /runs/{id}/model?step=``), PENDING
+    while a Ray job consolidates the checkpoint, or FAILED with the job's error."""
+
+    step: int
+    status: Literal["READY", "PENDING", "FAILED"]
+    formats: list[Literal["safetensors", "torch"]] = Field(default_factory=list)
+    job_id: str | None = None
+    error: str | None = None
+
+
+class ExportsPage(BaseModel):
+    data: list[ExportView]
+
+
 class ResumeRequest(BaseModel):
     """``POST /runs/{id}/resume``: optionally run the resumed attempt on a different number of workers."""
 

@@ -7,7 +7,7 @@ import httpx
 import typer
 
 from api.client import Client
-from api.errors import ApiError
+from api.errors import ApiError, ExportFailed
 
 
 def register(app: typer.Typer, url_option, default_url: str) -> None:
@@ -17,15 +17,22 @@ def register(app: typer.Typer, url_option, default_url: str) -> None:
     def export(run_id: str, url: url_option = default_url,
                output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write")] = None,
                format: Annotated[str, typer.Option(help="safetensors or torch")] = "safetensors",
-               step: Annotated[Optional[int], typer.Option(help="exported step (default: the final one)")] = None,
+               step: Annotated[Optional[int], typer.Option(
+                   help="a committed checkpoint's step (default: the final export); exported first if needed")] = None,
                ) -> None:
-        """Download a run's trained model (load it with workers.export.load_model)."""
+        """Download a run's trained model (load it with workers.export.load_model). With --step,
+        a checkpoint not exported yet is exported first by a Ray job, and the command waits for it."""
         if format not in ("safetensors", "torch"):
             raise typer.BadParameter(f"{format!r}; use safetensors or torch", param_hint="--format")
         out = output or Path(f"{run_id}.{'pt' if format == 'torch' else 'safetensors'}")
         try:
             with Client(url) as client:
+                if step is not None:
+                    client.wait_export(run_id, step)
                 size, chosen = client.download_model(run_id, out, fmt=format, step=step)
+        except ExportFailed as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1)
         except ApiError as exc:
             raise typer.BadParameter(str(exc), param_hint="RUN_ID")
         except httpx.HTTPError as exc:

@@ -335,6 +335,15 @@ class Repository(AttemptStore):
                       for m in session.execute(query).scalars()]
         return points, (points[-1].seq if points else after)
 
+    def eval_metrics_at(self, run_id: str, step: int) -> dict[str, float]:
+        """The latest value of each ``eval/`` key reported at or before ``step`` (what a model
+        exported at ``step`` scored)."""
+        query = (select(Metric.key, Metric.value)
+                 .where(Metric.run_id == run_id, Metric.step <= step, Metric.key.like("eval/%"))
+                 .order_by(Metric.step, Metric.seq))
+        with self.db.read() as session:
+            return {key: value for key, value in session.execute(query)}
+
     def count_metrics(self, run_id: str) -> int:
         with self.db.read() as session:
             return session.execute(select(func.count()).select_from(Metric).where(Metric.run_id == run_id)).scalar_one()

@@ -133,3 +133,59 @@ def _fetch(source: str, *, step: int | None, service_url: str | None, fmt: str) 
         client.download_model(source, path, fmt=fmt, step=step)
         with open(path, "rb") as file:
             return file.read()
+
+
+# --- an earlier step, on request ---------------------------------------------------------
+# ``POST /api/v1/runs/{id}/exports {"step": N}`` has the service write an export request next to
+# the run's exports and submit ``python -m workers.export --request URL`` as a Ray job: the
+# service never imports torch, so consolidating a sharded checkpoint happens here, on a worker.
+
+def export_checkpoint(checkpoint_url: str, *, spec: RunSpec, metrics: dict[str, float] | None = None,
+                      storage_url: str | None = None) -> dict[str, str]:
+    """Consolidate the model weights of the committed checkpoint at ``checkpoint_url`` (any world
+    size, DDP or FSDP) into one file per format under the run's ``exports/``; return their URLs.
+
+    The model is rebuilt from ``spec`` and the checkpoint's marker (classes, channels, image
+    size), its surgery replayed, and the weights loaded strictly before anything is written, so a
+    file that cannot be loaded back is never exported."""
+    from algorithms.registry import build_algorithms
+    from workers.checkpoint import MARKER, join, read_checkpoint
+    from workers.paths import run_of_checkpoints
+
+    storage = storage_for(checkpoint_url)
+    marker = json.loads(storage.read_bytes(join(checkpoint_url, MARKER)))
+    fingerprint = marker["fingerprint"]
+    if spec.code is not None:  # the run's own model code, as its workers installed it
+        from workers.models.user_code import install_code
+
+        install_code(spec.code.digest, storage_url=storage_url)
+    surgery = [s for s, a in zip(spec.algorithms, build_algorithms(spec.algorithms)) if a.changes_model]
+    metadata = export_metadata(spec, surgery=surgery, step=int(marker["step"]),
+                               num_classes=int(fingerprint["num_classes"]),
+                               in_channels=int(fingerprint["in_channels"]),
+                               image_size=marker.get("inputs", {}).get("image_size"), metrics=metrics or {})
+    model = rebuild_model(metadata)
+    state = {key: value.detach().cpu().contiguous() for key, value in read_checkpoint(checkpoint_url)["model"].items()
+             if isinstance(value, torch.Tensor)}
+    model.load_state_dict(state)  # strict: the export must rebuild
+    return write_exports(run_of_checkpoints(run_of_checkpoints(checkpoint_url)), state, metadata)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.export --request URL``: carry out one export request (a JSON file
+    the service wrote: ``{spec, checkpoint_url, metrics}``)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m workers.export")
+    parser.add_argument("--request", required=True, help="URL of the export request JSON")
+    args = parser.parse_args(argv)
+    request = json.loads(storage_for(args.request).read_bytes(args.request))
+    urls = export_checkpoint(request["checkpoint_url"], spec=RunSpec.model_validate(request["spec"]),
+                             metrics=request.get("metrics"), storage_url=os.environ.get("TESSERA_STORAGE_URL"))
+    print(json.dumps({"exported": urls}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

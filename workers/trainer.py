@@ -142,7 +142,8 @@ class Trainer:
         return Checkpointer(checkpoint_url, keep_last=spec.checkpoint.keep_last, async_save=spec.checkpoint.async_save,
                             rank=self.rank, world_size=self.world_size, on_report=self.sink.checkpoint,
                             fingerprint=fingerprint(spec, surgery=surgery, num_classes=state.num_classes,
-                                                    in_channels=in_channels))
+                                                    in_channels=in_channels),
+                            inputs={"image_size": getattr(self.train_loader, "image_size", None)})
 
     def _batches(self, duration: Time | str, max_batches: int | None = None) -> int:
         """``duration`` in batches of this run (``dur`` fractions need ``max_batches``)."""

@@ -1,4 +1,5 @@
-"""The trained model out: ``GET /api/v1/runs/{run_id}/model?format=safetensors|torch&step=``.
+"""The trained model out: ``GET /api/v1/runs/{run_id}/model?format=safetensors|torch&step=``,
+and ``POST``/``GET /api/v1/runs/{run_id}/exports`` to export another step (``service.export_jobs``).
 
 Workers write the final model as one file per format at the end of training
 (``workers.export``), under ``{storage}/runs/{id}/exports/step-{N}.safetensors`` / ``.pt``.
@@ -12,12 +13,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.responses import StreamingResponse
 from fsspec.core import url_to_fs
 
+from api.views import ExportRequest, ExportsPage, ExportView
 from service.access import Role
-from service.deps import CallerDep, RepoDep, SettingsDep
+from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep
+from service.export_jobs import ExportRequests
 from service.storage_paths import EXPORT_SUFFIXES, export_url, exports_url, project_storage_url
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.routes.runs import scoped_run
@@ -53,7 +56,7 @@ def get_run_model(run_id: str, repo: RepoDep, caller: CallerDep, settings: Setti
     steps = exported_steps(storage_url, run_id, format)
     if not steps or (step is not None and step not in steps):
         what = "no exported model yet (the model is exported when training ends)" if not steps else \
-            f"no export at step {step}; exported steps: {steps}"
+            f"no export at step {step}; exported steps: {steps} (POST .../exports {{\"step\": {step}}} exports it)"
         raise HTTPException(status_code=404, detail=f"run {run_id} ({run.status.value}) has {what}")
     chosen = steps[-1] if step is None else step
     fs, path = url_to_fs(export_url(storage_url, run_id, chosen, format))
@@ -68,3 +71,41 @@ def get_run_model(run_id: str, repo: RepoDep, caller: CallerDep, settings: Setti
     return StreamingResponse(chunks(), media_type="application/octet-stream",
                              headers={"Content-Disposition": f'attachment; filename="{filename}"',
                                       "Content-Length": str(size), "X-Tessera-Step": str(chosen)})
+
+
+@router.post("/{run_id}/exports", response_model=ExportView, operation_id="request_run_export",
+             responses={200: {"model": ExportView, "description": "already exported (READY)"},
+                        202: {"model": ExportView, "description": "a Ray job is exporting it (PENDING)"},
+                        404: {"model": ErrorBody}})
+def request_export(run_id: str, body: ExportRequest, response: Response, repo: RepoDep, caller: CallerDep,
+                   settings: SettingsDep, jobs: JobsDep) -> ExportView:
+    """Export the model of the committed checkpoint at ``step`` (a ``member`` of the run's
+    project): a Ray job consolidates it; poll ``GET .../exports`` until READY, then download it
+    with ``GET .../model?step=``. 404 when the run has no committed checkpoint at that step."""
+    run = scoped_run(repo, caller, run_id, Role.MEMBER)
+    committed = {c.step: c for c in repo.checkpoints(run_id) if c.committed}
+    checkpoint = committed.get(body.step)
+    if checkpoint is None or not _marker_exists(checkpoint.url):
+        kept = sorted(step for step, c in committed.items() if _marker_exists(c.url)) if committed else []
+        raise HTTPException(status_code=404, detail=f"run {run_id} has no committed checkpoint at step {body.step}; "
+                                                    f"steps with one: {kept} (retention keeps checkpoint.keep_last)")
+    exports = ExportRequests(project_storage_url(settings.storage_url, run.project), jobs, settings)
+    view = exports.request(run_id, checkpoint, spec=run.spec, metrics=repo.eval_metrics_at(run_id, body.step))
+    response.status_code = 200 if view.status == "READY" else 202
+    return view
+
+
+@router.get("/{run_id}/exports", response_model=ExportsPage, operation_id="list_run_exports",
+            responses={404: {"model": ErrorBody}})
+def list_exports(run_id: str, repo: RepoDep, caller: CallerDep, settings: SettingsDep, jobs: JobsDep) -> ExportsPage:
+    """The run's exports by step: READY, PENDING (a job is consolidating the checkpoint) or FAILED."""
+    run = scoped_run(repo, caller, run_id, Role.VIEWER)
+    exports = ExportRequests(project_storage_url(settings.storage_url, run.project), jobs, settings)
+    return ExportsPage(data=exports.list(run_id))
+
+
+def _marker_exists(checkpoint_url: str) -> bool:
+    """Whether the checkpoint is still there (retention deletes old ones; their rows stay)."""
+    fs, path = url_to_fs(checkpoint_url.rstrip("/") + "/COMMITTED")
+    fs.invalidate_cache(path.rsplit("/", 1)[0])
+    return fs.exists(path)

@@ -90,8 +90,9 @@ def test_events_timeline_shows_restarts_even_between_two_polls(page, local_servi
     expect(restart).to_have_count(2)
 
 
-def test_run_page_lists_committed_and_failed_checkpoints(page, local_service):
+def test_run_page_lists_checkpoints_and_exports_and_downloads_a_committed_ones_model(page, local_service):
     from api.views import CheckpointReport
+    from service.storage_paths import export_url
 
     repo = local_service.repo
     run = make_run(repo, "checkpointed")
@@ -99,16 +100,32 @@ def test_run_page_lists_committed_and_failed_checkpoints(page, local_service):
     expect(page.locator("#checkpoints")).to_contain_text("None yet.")
 
     now = datetime.now(timezone.utc)
+    storage = local_service.app.state.settings.storage_url
+    folder = f"{storage}/runs/{run.id}/checkpoints/ep1-ba100"
+    Path(folder.removeprefix("file://")).mkdir(parents=True)
+    Path(folder.removeprefix("file://"), "COMMITTED").write_text("{}")
     repo.add_checkpoint(run.id, CheckpointReport(step=100, epoch=1, time=now, bytes=3 * 2**20, committed=True,
-                                                 url="file:///tmp/ckpt/ba100", world_size=2))
+                                                 url=folder, world_size=2))
     repo.add_checkpoint(run.id, CheckpointReport(step=200, epoch=2, time=now, committed=False, world_size=2,
                                                  url="file:///tmp/ckpt/ba200", error="OSError: disk full"))
     rows = page.locator("#checkpoints tbody tr")
     expect(rows).to_have_count(2, timeout=15_000)  # on the events' cadence
     expect(rows.nth(0)).to_contain_text("✓ committed")
     expect(rows.nth(0)).to_contain_text("3.0 MB")
-    expect(rows.nth(0)).to_contain_text("file:///tmp/ckpt/ba100")
+    expect(rows.nth(0)).to_contain_text(folder)
     expect(rows.nth(1)).to_contain_text("✕ failed: OSError: disk full")
+
+    # Export the committed checkpoint's model (a Ray job would write the file), then download it.
+    rows.nth(0).locator('[data-action="export-model"]').click()
+    expect(rows.nth(0)).to_contain_text("exporting…")
+    exported = Path(export_url(storage, run.id, 100, "safetensors").removeprefix("file://"))
+    exported.write_bytes(b"the weights")
+    download_button = rows.nth(0).locator('[data-action="download-model"]')
+    expect(download_button).to_be_visible(timeout=15_000)  # on the checkpoints' cadence
+    with page.expect_download() as download:
+        download_button.click()
+    assert download.value.suggested_filename == f"{run.id}-step-100.safetensors"
+    assert Path(download.value.path()).read_bytes() == b"the weights"
 
 
 def test_runs_page_sends_one_conditional_request_per_poll_and_filters_by_status(page, local_service):

@@ -1,7 +1,8 @@
 """A run's outputs end to end, on a live service with Ray and S3 storage (moto over HTTP): it
 trains to COMPLETED with a tensorboard logger; its log is read through the API (and lands in
 S3); its model is exported with ``tessera export`` and reloaded with ``load_model`` to give
-exactly the eval accuracy the run reported."""
+exactly the eval accuracy the run reported; an earlier checkpoint is exported on request by a Ray
+job (``tessera export --step``) and holds exactly that checkpoint's weights."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _keys(s3_server, prefix: str) -> list[str]:
 
 def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, s3_server, tmp_path):
     spec = digits_spec(name="outputs-e2e", max_duration="1ep", algorithms=[{"name": "blurpool"}],
-                       loggers=[{"name": "tensorboard"}])
+                       loggers=[{"name": "tensorboard"}], checkpoint={"interval": "11ba", "keep_last": 3})
     client = s3_service.client()
     run_id = client.create_run(spec.model_dump(mode="json")).id
     run = wait_for_status(client, run_id, {RunStatus.FAILED, RunStatus.COMPLETED}, timeout=300)
@@ -47,12 +48,25 @@ def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, 
     assert any("/tensorboard/events.out.tfevents" in key for key in _keys(s3_server, f"{prefix}/tensorboard/"))
 
     out = tmp_path / "model.safetensors"
+    cli_env = {"PATH": str(Path(sys.executable).parent), "TESSERA_API_KEY": os.environ["TESSERA_API_KEY"],
+               "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     exported = subprocess.run([TESSERA, "export", run_id, "-o", str(out), "--url", s3_service.url],
-                              capture_output=True, text=True, timeout=120,
-                              env={"PATH": str(Path(sys.executable).parent),
-                                   "TESSERA_API_KEY": os.environ["TESSERA_API_KEY"],
-                                   "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+                              capture_output=True, text=True, timeout=120, env=cli_env)
     assert exported.returncode == 0, exported.stdout + exported.stderr
     model = load_model(str(out))
     with torch.no_grad():
         assert eval_metrics_of(model, spec)["eval/accuracy"] == run.summary["eval/accuracy"]
+
+    # An earlier checkpoint, exported on request: a Ray job consolidates the sharded checkpoint.
+    first = next(c for c in client.list_checkpoints(run_id) if c.committed)
+    assert first.step == 11
+    early = tmp_path / "early.pt"
+    exported = subprocess.run([TESSERA, "export", run_id, "--step", "11", "--format", "torch", "-o", str(early),
+                               "--url", s3_service.url], capture_output=True, text=True, timeout=300, env=cli_env)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert [(e.step, e.status) for e in client.list_exports(run_id)] == [(11, "READY"), (22, "READY")]
+    from workers.checkpoint import read_checkpoint
+
+    expected = read_checkpoint(first.url)["model"]
+    weights = load_model(str(early)).state_dict()
+    assert all(torch.equal(weights[key], expected[key]) for key in expected)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from service.storage_paths import export_url
@@ -33,3 +35,54 @@ def test_the_newest_or_chosen_export_is_streamed(client, example_body, settings)
     assert client.get(f"/api/v1/runs/{run_id}/model", params={"format": "torch"}).status_code == 404
     assert client.get(f"/api/v1/runs/{run_id}/model", params={"format": "onnx"}).status_code == 422
     assert client.get("/api/v1/runs/nope/model").status_code == 404
+
+
+def test_exporting_an_earlier_step_submits_one_job_and_reads_its_state_back(client, example_body, settings,
+                                                                            fake_jobs):
+    """POST /exports writes a request and submits a Ray job (202, PENDING); asking again while it
+    runs submits nothing; a failed job reads FAILED with its log and a new request retries; the
+    file's arrival makes it READY (200). Steps without a committed, still-present checkpoint: 404."""
+    import os
+    from datetime import datetime, timezone
+
+    from api.views import CheckpointReport, ReportedMetric
+
+    run_id = client.post("/api/v1/runs", json=example_body).json()["id"]
+    repo = client.app.state.repo
+    folder = f"{settings.storage_url}/runs/{run_id}/checkpoints/ep1-ba10"
+    now = datetime.now(timezone.utc)
+    for step, url in ((10, folder), (20, folder.replace("ba10", "ba20"))):
+        repo.add_checkpoint(run_id, CheckpointReport(step=step, epoch=1, time=now, committed=True, url=url,
+                                                     world_size=2))
+    repo.add_metrics(run_id, [ReportedMetric(step=s, key=k, value=v, time=now) for s, k, v in
+                              ((10, "eval/accuracy", 0.5), (20, "eval/accuracy", 0.75), (10, "train/loss", 1.0))])
+    os.makedirs(folder.removeprefix("file://"))
+    open(folder.removeprefix("file://") + "/COMMITTED", "w").write("{}")  # step 20's folder is gone (retention)
+
+    gone = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 20})
+    assert gone.status_code == 404 and "steps with one: [10]" in gone.json()["detail"]
+    assert client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 11}).status_code == 404
+
+    first = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10})
+    assert first.status_code == 202 and first.json()["status"] == "PENDING"
+    job_id = first.json()["job_id"]
+    job = fake_jobs.jobs[job_id]
+    assert "-m workers.export --request" in job["entrypoint"]
+    request = json.loads(open(job["entrypoint"].split("--request ")[1].removeprefix("file://")).read())
+    assert request["checkpoint_url"] == folder and request["metrics"] == {"eval/accuracy": 0.5}
+    assert client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10}).json()["job_id"] == job_id
+
+    fake_jobs.set_status(job_id, "FAILED")
+    fake_jobs.logs[job_id] = "Traceback\nRuntimeError: out of memory"
+    [failed] = client.get(f"/api/v1/runs/{run_id}/exports").json()["data"]
+    assert failed["status"] == "FAILED" and "out of memory" in failed["error"]
+    retried = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10}).json()
+    assert retried["status"] == "PENDING" and retried["job_id"] != job_id
+
+    path = export_url(settings.storage_url, run_id, 10, "safetensors").removeprefix("file://")
+    open(path, "wb").write(b"weights")
+    ready = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10})
+    assert ready.status_code == 200 and ready.json()["status"] == "READY"
+    assert client.get(f"/api/v1/runs/{run_id}/model", params={"step": 10}).content == b"weights"
+    assert client.post("/api/v1/runs/nope/exports", json={"step": 10}).status_code == 404
+    assert client.post(f"/api/v1/runs/{run_id}/exports", json={"step": -1}).status_code == 422

@@ -46,3 +46,35 @@ def test_export_reloads_with_surgery_and_matches_the_reported_accuracy(tmp_path)
         model = load_model(path)
         assert any(type(m).__name__.lower().startswith("blur") for m in model.modules())  # surgery replayed
         assert eval_metrics_of(model, spec)["eval/accuracy"] == reported
+
+
+def test_an_earlier_checkpoint_exports_on_request_and_the_final_one_matches_the_trainers_export(tmp_path):
+    """``export_checkpoint`` (what a requested export runs on a worker) consolidates a committed
+    DCP checkpoint: the final checkpoint gives bit for bit the trainer's own final export, and an
+    earlier one gives that step's weights, loadable by ``load_model`` with surgery replayed."""
+    from workers.checkpoint import Checkpointer, read_checkpoint
+    from workers.export import export_checkpoint
+
+    spec = digits_spec(max_duration="1ep", algorithms=[{"name": "blurpool"}],
+                       checkpoint={"interval": "11ba", "keep_last": 3})
+    run = run_url(f"file://{tmp_path}", "r1")
+    train(spec, sink=MemorySink(), checkpoint_url=checkpoints_url(run))
+    committed = [info for info in Checkpointer(checkpoints_url(run), fingerprint={}).checkpoints() if info.committed]
+    first, last = committed[0], committed[-1]
+    assert first.step < last.step
+
+    final_path = export_url(run, last.step, "safetensors").removeprefix("file://")
+    trainer_state, _ = read_export(open(final_path, "rb").read())
+    urls = export_checkpoint(last.url, spec=spec)  # overwrites the same step with the consolidated checkpoint
+    consolidated, metadata = read_export(open(urls["safetensors"].removeprefix("file://"), "rb").read())
+    assert consolidated.keys() == trainer_state.keys()
+    assert all(torch.equal(consolidated[k], trainer_state[k]) for k in trainer_state)
+
+    urls = export_checkpoint(first.url, spec=spec, metrics={"eval/accuracy": 0.5})
+    assert urls["safetensors"].endswith(f"step-{first.step}.safetensors")
+    model = load_model(urls["torch"])
+    assert any(type(m).__name__.lower().startswith("blur") for m in model.modules())
+    expected = read_checkpoint(first.url)["model"]
+    assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)
+    _, early = read_export(open(urls["safetensors"].removeprefix("file://"), "rb").read())
+    assert early["tessera.step"] == str(first.step) and json.loads(early["tessera.metrics"]) == {"eval/accuracy": 0.5}

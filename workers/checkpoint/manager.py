@@ -7,7 +7,8 @@ Layout under ``{storage}/runs/{run_id}/checkpoints/``::
         trainer.pt          rank 0: LR scheduler, grad scaler, algorithm state, time, data position
                             (sharded tensors in it, e.g. EMA/SWA averages under FSDP, stored whole)
         rank{r}.pt          every rank: its RNG states
-        COMMITTED           JSON, written last by rank 0: step, epoch, time, bytes, world size, fingerprint
+        COMMITTED           JSON, written last by rank 0: step, epoch, time, bytes, world size, fingerprint,
+                            inputs (the image size: what else rebuilds the model, for exports)
 
 A checkpoint counts only once ``COMMITTED`` exists. DCP's final step gathers every rank's write
 result on rank 0 and broadcasts the outcome, so when ``dcp.save`` returns on rank 0 every rank
@@ -158,10 +159,13 @@ class Checkpointer:
 
     def __init__(self, root_url: str, *, fingerprint: dict[str, Any], keep_last: int = 3, async_save: bool = False,
                  rank: int = 0, world_size: int = 1, on_report: Callable[[dict[str, Any]], None] | None = None,
-                 attempts: int = 3, first_delay_s: float = 1.0):
+                 attempts: int = 3, first_delay_s: float = 1.0, inputs: dict[str, Any] | None = None):
         self.storage = FsspecStorage(root_url)
         self.root_url = self.storage.root
         self.fingerprint = fingerprint
+        # What else rebuilds the model from the checkpoint alone (the image size picks a stem):
+        # kept in the marker, outside the fingerprint, so older checkpoints stay loadable.
+        self.inputs = dict(inputs or {})
         self.keep_last, self.async_save = keep_last, async_save
         self.rank, self.world_size = rank, world_size
         self.on_report = on_report
@@ -227,7 +231,7 @@ class Checkpointer:
             size = self.storage.size(url)
             meta = {"step": step, "epoch": epoch, "time": datetime.now(timezone.utc).isoformat(),
                     "bytes": size, "world_size": self.world_size, "fingerprint": self.fingerprint,
-                    "spec_hash": spec_hash(self.fingerprint)}
+                    "spec_hash": spec_hash(self.fingerprint), "inputs": self.inputs}
             with_retries(lambda: self.storage.write_bytes(join(url, MARKER), json.dumps(meta).encode()),
                          what=f"committing checkpoint {name}", attempts=self.attempts,
                          first_delay_s=self.first_delay_s)

@@ -149,6 +149,25 @@ export const getJSON = async (path) => (await request("GET", path)).data;
 export const getIfChanged = (path) => request("GET", path, { conditional: true });
 export const postJSON = async (path, body) => (await request("POST", path, { body })).data;
 
+/**
+ * Download `path` as a file named `filename`. A plain link cannot send the API key (a header,
+ * never a cookie), so the bytes are fetched with it and handed to the browser as a blob.
+ */
+export async function downloadFile(path, filename) {
+  const response = await fetch(API + path, { headers: { Authorization: `Bearer ${apiKey()}` } });
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = (await response.json()).detail; } catch { /* not JSON */ }
+    throw new ApiError(response.status, detail);
+  }
+  const url = URL.createObjectURL(await response.blob());
+  const link = Object.assign(document.createElement("a"), { href: url, download: filename });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
+
 export async function getText(path) {
   const response = await fetch(API + path, { cache: "no-store" });
   if (!response.ok) throw new ApiError(response.status, response.statusText);

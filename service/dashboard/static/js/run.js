@@ -7,7 +7,7 @@
 // RUNNING -> RESTARTING -> RUNNING blip can fall between two polls); checkpoints likewise.
 
 import { dump } from "../vendor/js-yaml.mjs";
-import { ApiError, errorText, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
+import { ApiError, downloadFile, errorText, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
 import { ChartGrid } from "./charts.js";
 import { LogPane } from "./logs.js";
 import {
@@ -152,13 +152,41 @@ export function mount(root, ctx) {
     e.message ? el("div", { class: "event-message" }, e.message) : "")));
   }
 
-  function renderCheckpoints(list) {
+  // The model of a committed checkpoint: download it if exported, else export it (a Ray job
+  // consolidates the sharded checkpoint; the next checkpoint poll shows when it is READY).
+  function modelCell(checkpoint, exported) {
+    if (!checkpoint.committed) return el("td", {}, "–");
+    const name = `${runId}-step-${checkpoint.step}.safetensors`;
+    const problem = el("span", { class: "field-error small", role: "alert" });
+    const act = (label, onclick, attrs = {}) => el("button", { type: "button", class: "small", onclick, ...attrs }, label);
+    if (exported?.status === "READY") {
+      return el("td", {}, act("Download", () => downloadFile(`${path}/model?step=${checkpoint.step}`, name)
+        .catch((error) => setText(problem, errorText(error))), { "data-action": "download-model" }), problem);
+    }
+    if (exported?.status === "PENDING") return el("td", { class: "muted" }, "exporting…");
+    const request = act(exported?.status === "FAILED" ? "Retry export" : "Export", async () => {
+      request.disabled = true;
+      try {
+        await postJSON(`${path}/exports`, { step: checkpoint.step });
+        await pollCheckpoints();
+      } catch (error) {
+        setText(problem, errorText(error));
+        request.disabled = false;
+      }
+    }, { "data-needs": "member", "data-action": "export-model",
+         title: exported?.error || "write this checkpoint's model as one file (safetensors and torch)" });
+    return el("td", {}, exported?.status === "FAILED" ? el("span", { class: "failed", title: exported.error }, "✕ ") : "",
+      request, problem);
+  }
+
+  function renderCheckpoints(list, exports = []) {
     if (!list.length) {
       checkpoints.replaceChildren(el("p", { class: "muted" }, "None yet."));
       return;
     }
+    const byStep = new Map(exports.map((e) => [e.step, e]));
     checkpoints.replaceChildren(el("div", { class: "table-wrap" }, el("table", { class: "checkpoints-table" },
-      el("thead", {}, el("tr", {}, ["step", "epoch", "attempt", "workers", "saved", "size", "state", "location"]
+      el("thead", {}, el("tr", {}, ["step", "epoch", "attempt", "workers", "saved", "size", "state", "model", "location"]
         .map((h) => el("th", { scope: "col" }, h)))),
       el("tbody", {}, list.map((c) => el("tr", { dataset: { step: String(c.step), committed: String(c.committed) } },
         el("td", { class: "num" }, String(c.step)),
@@ -169,12 +197,15 @@ export function mount(root, ctx) {
         el("td", { class: "num" }, formatBytes(c.bytes)),
         el("td", {}, c.committed ? "✓ committed" : el("span", { class: "failed", title: c.error || "" },
           `✕ failed${c.error ? `: ${c.error.split("\n")[0].slice(0, 80)}` : ""}`)),
+        modelCell(c, byStep.get(c.step)),
         el("td", {}, el("code", { class: "small url" }, c.url))))))));
   }
 
   async function pollCheckpoints() {
     try {
-      renderCheckpoints((await getJSON(`${path}/checkpoints`)).data);
+      const [list, exports] = await Promise.all([getJSON(`${path}/checkpoints`),
+        getJSON(`${path}/exports`).catch(() => ({ data: [] }))]);
+      renderCheckpoints(list.data, exports.data);
     } catch (error) {
       // Not worth marking the whole page stale: keep the last list and try again next time.
       if (error instanceof ApiError && error.status === 404) {
