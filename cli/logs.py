@@ -3,14 +3,15 @@
 
 import sys
 import time
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from api.client import Client
+if TYPE_CHECKING:
+    from api.client import Client
 
 
-def print_logs(client: Client, run_id: str, *, attempt: int | None, follow: bool, poll_interval: float = 1.0) -> None:
+def print_logs(client: "Client", run_id: str, *, attempt: int | None, follow: bool, poll_interval: float = 1.0) -> None:
     """Write the attempt's log to stdout from the start; with ``follow``, keep polling by byte
     offset until the attempt is no longer live."""
     after = 0
@@ -35,5 +36,7 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
              follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing while the run is live")] = False,
              ) -> None:
         """Print a run's worker stdout/stderr (one attempt's Ray job log)."""
+        from api.client import Client
+
         with Client(url) as client:
             call(print_logs, client, run_id, attempt=attempt, follow=follow)
