@@ -19,6 +19,7 @@ from typing import Annotated, Any, Callable, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1  # the service refused the request (4xx), a bad file, a run that did not complete
@@ -45,7 +46,7 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
