@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve test data browser clean requirements composer-venv bench-algorithms bench-recipes
+.PHONY: venv serve test data browser clean requirements lock composer-venv bench-algorithms bench-recipes
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,3 +75,8 @@ bench-recipes: venv data
 # pinned to requirements.lock; rerun after editing either (tests/test_packaging.py checks).
 requirements:
 	$(PYTHON) scripts/requirements.py
+
+# requirements.lock is a freeze of .venv once the suite passes in it (after moving a pin there).
+lock: venv
+	$(PY) scripts/requirements.py --lock
+	$(PY) scripts/requirements.py

