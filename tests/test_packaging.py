@@ -2,10 +2,11 @@
 generated from them, and the wheel installed into fresh virtualenvs.
 
 The bare package and ``[cli]`` are installed for real into fresh virtualenvs (pydantic, httpx,
-typer, rich at the versions in requirements.lock, downloaded once from the package registry). ``[service]`` and ``[workers]`` bring Ray and
-torch (hundreds of MB), so for them the test follows their declared requirements through the
-installed metadata and checks every module their layers import is provided
-(tests/test_layers.py imports ``service.app`` and checks torch stays out).
+typer, rich at the versions in requirements.lock, downloaded once from the package registry).
+``[service]`` and ``[workers]`` bring Ray and torch (hundreds of MB, minutes), so for them the
+test follows their declared requirements through the installed metadata and checks every module
+their layers import is provided (tests/test_layers.py imports ``service.app`` and checks torch
+stays out).
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def fresh_install(wheelhouse: Path, venv: Path, extra: str | None) -> tuple[Path
     environment that sees nothing of this checkout."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
-    result = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile", "--no-index",
-                             "--find-links", str(wheelhouse), "-c", str(ROOT / "requirements.lock"),
+    result = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
+                             "--no-index", "--find-links", str(wheelhouse), "-c", str(ROOT / "requirements.lock"),
                              f"tessera{f'[{extra}]' if extra else ''}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
