@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve test data browser clean composer-venv bench-algorithms bench-recipes
+.PHONY: venv serve test data browser clean requirements lock composer-venv bench-algorithms bench-recipes
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,3 +70,13 @@ bench-algorithms: composer-venv
 # seeds) and ASHA vs the full grid on Fashion-MNIST (~25 min on 2 cores; --quick for a smoke run).
 bench-recipes: venv data
 	$(PY) bench/recipes.py --out bench/results/recipes.json
+
+# requirements.txt and deploy/requirements-{service,worker}.txt come from pyproject.toml's extras
+# pinned to requirements.lock; rerun after editing either (tests/test_packaging.py checks).
+requirements:
+	$(PYTHON) scripts/requirements.py
+
+# requirements.lock is a freeze of .venv once the suite passes in it (after moving a pin there).
+lock: venv
+	$(PY) scripts/requirements.py --lock
+	$(PY) scripts/requirements.py

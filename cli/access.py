@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from cli.output import JsonOption, emit
+
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (shown once), list, revoke.")
 projects_app = typer.Typer(no_args_is_help=True, help="Projects: create, list, set quotas.")
 
@@ -37,15 +39,16 @@ def create_key(
 
 
 @keys_app.command("list")
-def list_keys(url: UrlOption = DEFAULT_URL) -> None:
+def list_keys(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """Keys you administer (never their secrets)."""
     main = _main()
     table = Table("id", "name", "prefix", "roles", "created", "revoked")
-    for key in main._call(main._client(url).list_keys):
+    keys = main._call(main._client(url).list_keys)
+    for key in keys:
         roles = ", ".join(f"{p}:{r}" for p, r in sorted(key["roles"].items()))
         table.add_row(key["id"], key["name"], key["prefix"] + "…", roles, str(key["created_at"])[:19],
                       str(key["revoked_at"])[:19] if key["revoked_at"] else "-")
-    main.console.print(table)
+    emit(keys, as_json=as_json, render=lambda: main.console.print(table))
 
 
 @keys_app.command("revoke")
@@ -65,16 +68,17 @@ def create_project(name: str, url: UrlOption = DEFAULT_URL) -> None:
 
 
 @projects_app.command("list")
-def list_projects(url: UrlOption = DEFAULT_URL) -> None:
+def list_projects(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """Projects your key has a role in, with that role and the quotas."""
     main = _main()
     table = Table("name", "your role", "max_running_runs", "max_workers", "max_gpus")
-    for project in main._call(main._client(url).list_projects):
+    projects = main._call(main._client(url).list_projects)
+    for project in projects:
         quota = project["quota"]
         table.add_row(project["name"], project["role"] or "-",
                       *[str(quota[k]) if quota[k] is not None else "-" for k in ("max_running_runs", "max_workers",
                                                                                  "max_gpus")])
-    main.console.print(table)
+    emit(projects, as_json=as_json, render=lambda: main.console.print(table))
 
 
 @projects_app.command("quota")

@@ -33,8 +33,13 @@ def pack(
     if split not in ("train", "test"):
         err_console.print(f"[red]error:[/red] --split {split!r}: allowed are train, test", highlight=False)
         raise typer.Exit(2)
-    from workers.data.errors import DataError
-    from workers.data.pack import pack as pack_shards
+    try:
+        from workers.data.errors import DataError
+        from workers.data.pack import pack as pack_shards
+    except ModuleNotFoundError as exc:
+        from cli.output import needs_extra
+
+        needs_extra("workers", exc)
 
     try:
         result = pack_shards(src, dest, shard_size=shard_size, split=split, limit=limit, name=name, seed=seed,

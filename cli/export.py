@@ -3,11 +3,9 @@
 from pathlib import Path
 from typing import Annotated, Optional
 
-import httpx
 import typer
 
-from api.client import Client
-from api.errors import ApiError, ExportFailed
+from cli.output import call, fail
 
 
 def register(app: typer.Typer, url_option, default_url: str) -> None:
@@ -25,17 +23,14 @@ def register(app: typer.Typer, url_option, default_url: str) -> None:
         if format not in ("safetensors", "torch"):
             raise typer.BadParameter(f"{format!r}; use safetensors or torch", param_hint="--format")
         out = output or Path(f"{run_id}.{'pt' if format == 'torch' else 'safetensors'}")
-        try:
-            with Client(url) as client:
-                if step is not None:
-                    client.wait_export(run_id, step)
-                size, chosen = client.download_model(run_id, out, fmt=format, step=step)
-        except ExportFailed as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1)
-        except ApiError as exc:
-            raise typer.BadParameter(str(exc), param_hint="RUN_ID")
-        except httpx.HTTPError as exc:
-            typer.echo(f"error: cannot reach the service: {exc}", err=True)
-            raise typer.Exit(1)
+        from api.client import Client
+        from api.errors import ExportFailed
+
+        with Client(url) as client:
+            if step is not None:
+                try:
+                    call(client.wait_export, run_id, step)
+                except ExportFailed as exc:
+                    fail(str(exc))
+            size, chosen = call(client.download_model, run_id, out, fmt=format, step=step)
         typer.echo(f"wrote {out} ({size} bytes, step {chosen})")

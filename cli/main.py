@@ -9,47 +9,35 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from api.client import Client
-from api.errors import ApiError, format_detail
 from cli.data import app as data_app
 from cli.export import register as register_export
 from cli.logs import register as register_logs
-from cli.specfile import SpecFileError, load_spec, load_spec_dict
+from cli.output import EPILOG, JsonOption, call, console, emit, err_console, fail, needs_extra
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tessera: fast PyTorch training runs as a service.")
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from api.client import Client
+
+# Exit codes, --json and the environment are one convention for every command: cli/output.py.
+app = typer.Typer(no_args_is_help=True, help="Tessera: fast PyTorch training runs as a service.", epilog=EPILOG)
 app.add_typer(data_app, name="data")
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _fail(message: str, code: int = 1) -> None:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(code)
+_fail = fail  # the names the commands (and cli/access.py) use
+_call = call
 
 
 def _client(url: str) -> Client:
+    from api.client import Client
+
     return Client(url)
-
-
-def _call(fn, *args, **kwargs):
-    """Run an SDK call, turning API and connection errors into one clear line."""
-    import httpx
-
-    try:
-        return fn(*args, **kwargs)
-    except ApiError as exc:
-        _fail(f"HTTP {exc.status_code}\n{format_detail(exc.detail)}")
-    except httpx.HTTPError as exc:
-        _fail(f"cannot reach the service: {exc}")
 
 
 register_logs(app, UrlOption, DEFAULT_URL, _call)
@@ -62,7 +50,10 @@ def serve(
     port: Annotated[Optional[int], typer.Option(help="port (env TESSERA_PORT)")] = None,
 ) -> None:
     """Run the control plane (API, dispatcher, dashboard) with settings from TESSERA_* env vars."""
-    from service.main import run
+    try:
+        from service.main import run
+    except ModuleNotFoundError as exc:
+        needs_extra("service", exc)
 
     run(host=host, port=port)
 
@@ -77,28 +68,35 @@ def submit(
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
     url: UrlOption = DEFAULT_URL,
+    as_json: JsonOption = False,
 ) -> None:
-    """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED)."""
+    """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED).
+
+    With --json, stdout is the RunView as JSON (the final one with --follow; progress on stderr)."""
+    from cli.specfile import SpecFileError, load_spec_dict
+
     try:
         body = load_spec_dict(file)
     except SpecFileError as exc:
         _fail(str(exc))
     client = _client(url)
+    out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is not None:
-        body["code"] = {"digest": _upload_code(client, code, project=project)}
+        body["code"] = {"digest": _upload_code(client, code, project=project, out=out)}
     run = _call(client.create_run, body, project=project)
-    console.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
+    out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
+        emit(run, as_json=as_json, render=lambda: None)
         return
     from cli.follow import follow_run
 
-    final = _call(follow_run, client, run.id, console=console)
-    _print_summary(final)
+    final = _call(follow_run, client, run.id, console=out)
+    emit(final, as_json=as_json, render=lambda: _print_summary(final))
     if final.status.value != "COMPLETED":
         raise typer.Exit(1)
 
 
-def _upload_code(client: Client, folder: str, *, project: str | None = None) -> str:
+def _upload_code(client: Client, folder: str, *, project: str | None = None, out=console) -> str:
     """Pack and upload ``folder`` to ``project`` (unless it has it); returns its digest."""
     from api.code_package import CodePackageError, pack_directory
 
@@ -110,8 +108,8 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None) -> 
     if not stored:
         _call(client.upload_code, package, project=project)
     what = "already on the service" if stored else "uploaded"
-    console.print(f"code package {package.digest[:12]} ({len(package.files)} files, {len(package.data) / 1024:.1f} "
-                  f"KiB) {what}", highlight=False)
+    out.print(f"code package {package.digest[:12]} ({len(package.files)} files, {len(package.data) / 1024:.1f} "
+              f"KiB) {what}", highlight=False)
     return package.digest
 
 
@@ -120,24 +118,24 @@ def runs(
     status: Annotated[Optional[str], typer.Option(help="only runs with this status")] = None,
     limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
     url: UrlOption = DEFAULT_URL,
+    as_json: JsonOption = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (--json: a list of RunViews)."""
     page = _call(_client(url).list_runs, status=status, limit=limit)
     table = Table("id", "name", "status", "attempt", "created", "eval/accuracy", "train/loss")
     for run in page.data:
         table.add_row(run.id, run.name, _status(run), str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                       _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"))
-    console.print(table)
+    emit(page.data, as_json=as_json, render=lambda: console.print(table))
 
 
 @app.command()
-def show(run_id: str, url: UrlOption = DEFAULT_URL,
-         as_json: Annotated[bool, typer.Option("--json", help="print the RunView as JSON")] = False) -> None:
-    """Show one run: status, times, summary, error and its status events."""
+def show(run_id: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+    """Show one run: status, times, summary, error and its status events (--json: the RunView)."""
     client = _client(url)
     run = _call(client.get_run, run_id)
     if as_json:
-        console.print_json(run.model_dump_json())
+        emit(run, as_json=True, render=lambda: None)
         return
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
     console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}")
@@ -194,6 +192,8 @@ def train(
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
+    from cli.specfile import SpecFileError, load_spec
+
     try:
         spec = load_spec(file)
     except SpecFileError as exc:
@@ -201,8 +201,11 @@ def train(
     if code is not None:
         spec = spec.model_copy(update={"code": None})  # imported from the folder, not fetched from a service
         _put_code_on_path(code)
-    from workers.checkpoint import IncompatibleCheckpoint
-    from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
+    try:
+        from workers.checkpoint import IncompatibleCheckpoint
+        from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
+    except ModuleNotFoundError as exc:
+        needs_extra("workers", exc)
 
     checkpoint_dir = None if no_checkpoints else checkpoint_dir or default_checkpoint_dir()
     if checkpoint_dir is not None:

@@ -14,9 +14,9 @@ from tests.dashboard.conftest import LocalService
 
 def test_a_sweep_from_the_cli_submit_list_show_json_cancel_and_a_capped_one_refused(tmp_path, monkeypatch,
                                                                                   example_body):
-    from cli import main
+    from cli.output import console
 
-    monkeypatch.setattr(main.console, "_width", 240)  # tables unclipped
+    monkeypatch.setattr(console, "_width", 240)  # tables unclipped
     runner = CliRunner()
     sweep = {"name": "lr-search", "base": example_body, "metric": "eval/accuracy", "mode": "max",
              "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}
@@ -29,7 +29,8 @@ def test_a_sweep_from_the_cli_submit_list_show_json_cancel_and_a_capped_one_refu
         sweep_id = submitted.output.split()[2]
         listed = runner.invoke(app, ["sweeps", "list", *url])
         assert sweep_id in listed.output and "lr-search" in listed.output and "QUEUED" in listed.output
-        shown = json.loads(runner.invoke(app, ["sweeps", "show", sweep_id, "--json", *url]).output)
+        shown = json.loads(runner.invoke(app, ["sweeps", "show", sweep_id, "--json", *url]).stdout)
+        assert json.loads(runner.invoke(app, ["sweeps", "list", "--json", *url]).stdout)[0]["id"] == sweep_id
         assert shown["id"] == sweep_id and shown["spec"]["search"]["params"]["optimizer.lr"]["grid"] == [0.05, 0.1]
         canceled = runner.invoke(app, ["sweeps", "cancel", sweep_id, *url])
         assert canceled.exit_code == 0 and "CANCEL" in canceled.output

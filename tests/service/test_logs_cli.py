@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from api.client import Client
-from cli.logs import print_logs
+from cli.logs import print_logs, read_log
 
 
 def test_follow_prints_every_byte_once_and_stops_when_the_attempt_ends(capsys):
@@ -27,3 +27,18 @@ def test_follow_prints_every_byte_once_and_stops_when_the_attempt_ends(capsys):
         print_logs(client, "r", attempt=None, follow=True, poll_interval=0)
     assert capsys.readouterr().out == "a\nb\nc\n"
     assert calls == [0, 2, 4]
+
+
+def test_the_json_form_reads_every_page_of_the_log_so_far():
+    text = b"line one\nline two\nline three\n"
+
+    def service(request: httpx.Request) -> httpx.Response:
+        after = int(request.url.params["after"])
+        chunk = text[after:after + 10]  # the service answers in pages of 10 bytes
+        return httpx.Response(200, json={"run_id": "r", "attempt": 2, "attempts": 2, "text": chunk.decode(),
+                                         "offset": after, "next_offset": after + len(chunk), "size": len(text),
+                                         "live": True, "source": "ray"})
+
+    with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
+        page = read_log(client, "r", attempt=None)
+    assert (page.text, page.offset, page.next_offset, page.attempt) == (text.decode(), 0, len(text), 2)

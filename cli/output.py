@@ -1,0 +1,109 @@
+"""How every ``tessera`` command answers: exit codes, ``--json``, errors on stderr.
+
+One mechanism for all commands, so scripts can rely on it:
+
+- ``call(fn, ...)`` runs an SDK call and turns its failure into a line on stderr and an exit
+  code (below); ``fail(message)`` does the same for errors the CLI finds itself.
+- ``emit(data, as_json=..., render=...)`` prints either one JSON document on stdout or the
+  human view; a read command takes ``as_json: JsonOption`` and ends with ``emit``.
+
+Heavy modules (httpx, the SDK) are imported inside the functions: ``tessera --help`` and shell
+completion stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any, Callable, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 1  # a run that did not complete, the service refused the request (4xx), a bad file
+EXIT_USAGE = 2  # typer/click's own code: unknown option, missing argument, bad option value
+EXIT_NOT_FOUND = 3  # 404: no such run, sweep, key or project (or not in the key's projects)
+EXIT_UNREACHABLE = 4  # no HTTP answer: connection refused, DNS, timeout
+EXIT_SERVICE_ERROR = 5  # the service answered 5xx
+
+EPILOG = (
+    "Exit codes: 0 ok; 1 a run that did not complete, a request the service refused (4xx, its detail on "
+    "stderr) or a bad file; 2 usage error; 3 not found (404); 4 service unreachable; 5 service error (5xx).\n\n"
+    "Environment: TESSERA_URL is the service (default http://127.0.0.1:8000; --url overrides it); "
+    "TESSERA_API_KEY is your key (default: the key in $TESSERA_HOME/credentials, which a local "
+    "`tessera serve` writes).\n\n"
+    "Scripts: read commands take --json (one JSON document on stdout, errors on stderr).\n\n"
+    "Shell completion: tessera --install-completion (bash, zsh, fish, PowerShell); "
+    "--show-completion prints the script instead."
+)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON (one document on stdout) for scripts")]
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run an SDK call; API and connection errors become one clear message and their exit code."""
+    import httpx
+
+    from api.errors import ApiError, format_detail
+
+    try:
+        return fn(*args, **kwargs)
+    except ApiError as exc:
+        fail(f"HTTP {exc.status_code}\n{format_detail(exc.detail)}", _code_of(exc.status_code))
+    except httpx.HTTPStatusError as exc:
+        fail(f"HTTP {exc.response.status_code}\n{exc.response.text}", _code_of(exc.response.status_code))
+    except httpx.HTTPError as exc:
+        url = exc.request.url if _has_request(exc) else None
+        where = f" at {url.scheme}://{url.netloc.decode()}" if url else ""
+        fail(f"cannot reach the service{where}: {exc or type(exc).__name__}\n"
+             "(is it running? set --url or TESSERA_URL)", EXIT_UNREACHABLE)
+
+
+def _code_of(status: int) -> int:
+    if status == 404:
+        return EXIT_NOT_FOUND
+    return EXIT_SERVICE_ERROR if status >= 500 else EXIT_USER_ERROR
+
+
+def _has_request(exc: Exception) -> bool:
+    try:
+        return exc.request is not None  # httpx raises RuntimeError when the error carries none
+    except RuntimeError:
+        return False
+
+
+def to_jsonable(data: Any) -> Any:
+    """Pydantic models (also inside lists and dicts) as their JSON form; the rest unchanged."""
+    if hasattr(data, "model_dump"):
+        return data.model_dump(mode="json")
+    if isinstance(data, (list, tuple)):
+        return [to_jsonable(item) for item in data]
+    if isinstance(data, dict):
+        return {key: to_jsonable(value) for key, value in data.items()}
+    return data
+
+
+def emit(data: Any, *, as_json: bool, render: Callable[[], None]) -> None:
+    """With ``as_json``, write ``data`` as one JSON document on stdout; otherwise ``render()``."""
+    if not as_json:
+        render()
+        return
+    sys.stdout.write(json.dumps(to_jsonable(data), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def needs_extra(extra: str, exc: ModuleNotFoundError) -> NoReturn:
+    """A command whose optional dependencies are not installed: say which extra brings them."""
+    fail(f"this command needs the {extra} dependencies ({exc.name} is not installed): "
+         f"pip install 'tessera[{extra}]'")

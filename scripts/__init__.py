@@ -1,0 +1,1 @@
+"""Maintenance scripts run from a checkout (not part of the installed package)."""

@@ -1,0 +1,98 @@
+"""The CLI's conventions (cli/output.py) against the real app on a loopback port (no Ray): every
+read command's --json parses, exit codes tell errors apart, help documents it, completion works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from api.errors import ApiError
+from cli.main import app
+from cli.output import EXIT_NOT_FOUND, EXIT_SERVICE_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_USER_ERROR, call
+from tests.conftest import REPO_ROOT, free_port
+from tests.dashboard.conftest import LocalService
+
+runner = CliRunner()
+
+
+def tessera(*args: str, **env: str):
+    return runner.invoke(app, list(args), prog_name="tessera", env=env or None)
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory) -> str:
+    with LocalService(tmp_path_factory.mktemp("cli-conventions")) as service:
+        yield service.url
+
+
+def test_every_read_command_prints_json_that_parses(url):
+    submitted = tessera("submit", str(REPO_ROOT / "examples" / "digits_resnet.yaml"), "--json", "--url", url)
+    assert submitted.exit_code == 0, submitted.output
+    run = json.loads(submitted.stdout)  # stdout holds nothing but the RunView
+    assert run["status"] == "QUEUED" and run["spec"]["name"]
+
+    listed = json.loads(tessera("runs", "--json", "--url", url).stdout)
+    assert run["id"] in [r["id"] for r in listed]
+    shown = json.loads(tessera("show", run["id"], "--json", "--url", url).stdout)
+    assert shown["id"] == run["id"] and shown["status"] == "QUEUED"
+    keys = json.loads(tessera("keys", "list", "--json", "--url", url).stdout)
+    assert keys and {"id", "prefix", "roles"} <= set(keys[0]) and "key" not in keys[0]  # never a secret
+    projects = json.loads(tessera("projects", "list", "--json", "--url", url).stdout)
+    assert "default" in [p["name"] for p in projects]
+    log = json.loads(tessera("logs", run["id"], "--json", "--url", url).stdout)  # queued: nothing logged yet
+    assert (log["run_id"], log["text"], log["offset"], log["live"]) == (run["id"], "", 0, True)
+
+
+def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_on_stderr(url):
+    missing = tessera("show", "doesnotexist", "--json", "--url", url)
+    assert missing.exit_code == EXIT_NOT_FOUND
+    assert "HTTP 404" in missing.stderr and "doesnotexist" in missing.stderr and missing.stdout == ""
+    refused = tessera("projects", "create", "Not A Name", "--url", url)
+    assert refused.exit_code == EXIT_USER_ERROR and "HTTP 422" in refused.stderr
+
+
+def test_a_usage_error_exits_2(url):
+    assert tessera("runs", "--limit", "many", "--url", url).exit_code == EXIT_USAGE
+    assert tessera("no-such-command").exit_code == EXIT_USAGE
+    assert tessera("logs", "some-run", "--json", "--follow", "--url", url).exit_code == EXIT_USAGE
+
+
+def test_an_unreachable_service_exits_4_and_names_the_url():
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    result = tessera("runs", "--json", TESSERA_URL=nowhere)  # the URL from the environment
+    assert result.exit_code == EXIT_UNREACHABLE
+    assert f"cannot reach the service at {nowhere}" in result.stderr and result.stdout == ""
+
+
+def test_a_server_error_exits_5():
+    def broken():
+        raise ApiError(503, "the database is down")
+
+    with pytest.raises(typer.Exit) as exited:
+        call(broken)
+    assert exited.value.exit_code == EXIT_SERVICE_ERROR
+
+
+def test_help_documents_exit_codes_environment_json_and_completion():
+    text = " ".join(tessera("--help", COLUMNS="200").stdout.split())
+    for phrase in ("Exit codes: 0 ok", "3 not found (404)", "4 service unreachable", "TESSERA_URL", "TESSERA_API_KEY", "--json",
+                   "--install-completion"):
+        assert phrase in text
+
+
+def test_shell_completion_completes_commands_and_options():
+    commands = tessera(_TESSERA_COMPLETE="complete_bash", COMP_WORDS="tessera ru", COMP_CWORD="1")
+    assert commands.exit_code == 0 and commands.stdout.split() == ["runs"]
+    options = tessera(_TESSERA_COMPLETE="complete_bash", COMP_WORDS="tessera show --js", COMP_CWORD="2")
+    assert options.stdout.split() == ["--json"]
+
+
+def test_install_completion_hooks_the_script_into_the_users_shell(tmp_path):
+    installed = tessera("--install-completion", "bash", HOME=str(tmp_path))
+    assert installed.exit_code == 0, installed.output
+    script = tmp_path / ".bash_completions" / "tessera.sh"
+    assert "_TESSERA_COMPLETE=complete_bash" in script.read_text()
+    assert f"source '{script}'" in (tmp_path / ".bashrc").read_text()
