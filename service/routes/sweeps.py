@@ -55,10 +55,14 @@ def create_sweep(spec: SweepSpec, sweeps: SweepsDep, caller: CallerDep, access: 
 
 @router.get("", response_model=SweepsPage, operation_id="list_sweeps", responses=NOT_MODIFIED)
 def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
-                limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SweepsPage:
+                limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                archived: Annotated[Literal["true", "false", "all"],
+                                    Query(description="archived sweeps: hidden (false), only (true) or both (all)")]
+                = "false") -> SweepsPage:
     """The newest ``limit`` sweeps of the key's projects, newest first, with their trials.
     ETag / If-None-Match → 304."""
-    return conditional_json(request, SweepsPage(data=sweeps.list_sweep_views(limit=limit, projects=caller.visible())))
+    return conditional_json(request, SweepsPage(data=sweeps.list_sweep_views(limit=limit, projects=caller.visible(),
+                                                                             archived=archived)))
 
 
 @router.get("/{sweep_id}", response_model=SweepView, operation_id="get_sweep", responses={**NOT_FOUND, **NOT_MODIFIED})
