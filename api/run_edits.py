@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 # Tags travel in URLs (`?tag=`) and CLI arguments (`+a -b`), so they keep to characters that
 # need no quoting there; a leading `+`/`-` would read as an edit in `tessera tag`.
@@ -16,7 +16,16 @@ MAX_TAG_LENGTH = 64
 MAX_TAGS = 32
 MAX_NOTES_LENGTH = 10_000
 
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TAG_LENGTH, pattern=TAG_PATTERN)]
+
+
+def _checked_tag(tag: str) -> str:
+    problem = tag_problem(tag)
+    if problem is not None:
+        raise ValueError(problem)
+    return tag
+
+
+Tag = Annotated[str, AfterValidator(_checked_tag)]
 
 ORDER_BY_PREFIX = "best:"
 

@@ -151,9 +151,9 @@ class Repository(AttemptStore):
     def get_run(self, run_id: str) -> RunRecord:
         return self.get(run_id)
 
-    def list_runs(self, *, status: RunStatus | None = None, sweep_id: str | None = None, limit: int = 50,
-                  cursor: str | None = None, projects: list[str] | None = None, where: RunFilter | None = None,
-                  order_by_best: str | None = None) -> tuple[list[RunRecord], str | None]:
+    def list_runs(self, where: RunFilter | None = None, *, status: RunStatus | None = None,
+                  sweep_id: str | None = None, limit: int = 50, cursor: str | None = None,
+                  projects: list[str] | None = None, order_by_best: str | None = None) -> tuple[list[RunRecord], str | None]:
         """Newest first (or, with ``order_by_best=KEY``, KEY's best value first), kept by ``where``
         (default: unarchived runs; ``status``/``sweep_id``/``projects`` narrow it, None: any).
         Returns the page and the cursor of the next page (None on the last); ``InvalidCursor``
