@@ -46,9 +46,9 @@ class RunUpdate(BaseModel):
 def tag_problem(tag: str) -> str | None:
     """Why ``tag`` is not a valid tag, or None."""
     if not 1 <= len(tag) <= MAX_TAG_LENGTH:
-        return f"a tag has 1 to {MAX_TAG_LENGTH} characters"
+        return f"tag {tag[:80]!r} has {len(tag)} characters; a tag has 1 to {MAX_TAG_LENGTH}"
     if re.fullmatch(TAG_PATTERN, tag) is None:
-        return f"a tag may hold only {TAG_CHARSET}"
+        return f"tag {tag!r} is not allowed: a tag may hold only {TAG_CHARSET}"
     return None
 
 
