@@ -1,8 +1,10 @@
 """Deleting ended runs and sweeps: their rows and everything they left in storage.
 
 A run's storage is its folder ``{project storage}/runs/{id}`` (checkpoints, attempt logs,
-exports, TensorBoard files: ``service.storage_paths`` / ``workers.paths``); a sweep's is
-``{project storage}/sweeps/{id}`` (Tune's experiment) plus each trial's run folder.
+exports, TensorBoard files) and Ray Train's folder of each attempt,
+``{project storage}/ray/attempt-{n}/tessera-{id}`` (``service.storage_paths`` mirrors
+``workers.paths``); a sweep's is ``{project storage}/sweeps/{id}`` (Tune's experiment) plus
+each trial's folders.
 
 Order, so nothing is left half-deleted: the rows are deleted inside a transaction that holds the
 row lock; the storage is removed before that transaction commits. If storage cannot be removed
@@ -21,7 +23,7 @@ from sqlalchemy import delete, select
 from api.views import RunStatus, SweepStatus
 from service.db.models import Run, Sweep
 from service.repository import Repository, RunNotFound
-from service.storage_paths import project_storage_url, run_url
+from service.storage_paths import project_storage_url, ray_attempt_url, run_url, sweep_url
 from service.sweep_repository import SweepNotFound
 
 audit = logging.getLogger("tessera.audit")
@@ -54,9 +56,10 @@ class Deletion:
     storage_urls: list[str] = field(default_factory=list)
 
 
-def sweep_url(storage_url: str, sweep_id: str) -> str:
-    """``{storage}/sweeps/{sweep_id}`` (the folder of ``workers.paths.sweep_experiment_path``)."""
-    return f"{storage_url.rstrip('/')}/sweeps/{sweep_id}"
+def run_storage_urls(storage_url: str, run_id: str, attempts: int) -> list[str]:
+    """Every folder a run wrote under its project's storage: its run folder and Ray Train's
+    folder of each attempt."""
+    return [run_url(storage_url, run_id), *(ray_attempt_url(storage_url, run_id, n) for n in range(1, attempts + 1))]
 
 
 def remove_folder(url: str) -> None:
@@ -86,7 +89,7 @@ def delete_run(repo: Repository, storage_root: str, run_id: str, *, by: str) -> 
                 raise NotEnded(f"run {run_id} is a trial of sweep {run.sweep_id}, which is {live}; delete it once "
                                f"the sweep has ended")
         done = Deletion("run", run_id, run.project, [run_id],
-                        [run_url(project_storage_url(storage_root, run.project), run_id)])
+                        run_storage_urls(project_storage_url(storage_root, run.project), run_id, run.attempt))
         session.execute(delete(Run).where(Run.id == run_id))
         session.flush()
         for url in done.storage_urls:
@@ -101,13 +104,14 @@ def delete_sweep(repo: Repository, storage_root: str, sweep_id: str, *, by: str)
         status = SweepStatus(sweep.status)
         if not status.is_terminal:
             raise NotEnded(f"sweep {sweep_id} is {status.value}; only ended sweeps can be deleted: cancel it first")
-        trials = session.execute(select(Run.id, Run.status).where(Run.sweep_id == sweep_id)).all()
-        live = [run_id for run_id, run_status in trials if not RunStatus(run_status).is_terminal]
+        trials = session.execute(select(Run.id, Run.status, Run.attempt).where(Run.sweep_id == sweep_id)).all()
+        live = [run_id for run_id, run_status, _ in trials if not RunStatus(run_status).is_terminal]
         if live:
             raise NotEnded(f"sweep {sweep_id} still has live trials {live}; wait until they end or cancel them")
         storage = project_storage_url(storage_root, sweep.project)
-        done = Deletion("sweep", sweep_id, sweep.project, [run_id for run_id, _ in trials],
-                        [run_url(storage, run_id) for run_id, _ in trials] + [sweep_url(storage, sweep_id)])
+        done = Deletion("sweep", sweep_id, sweep.project, [run_id for run_id, _, _ in trials],
+                        [url for run_id, _, attempts in trials for url in run_storage_urls(storage, run_id, attempts)]
+                        + [sweep_url(storage, sweep_id)])
         session.execute(delete(Run).where(Run.sweep_id == sweep_id))
         session.execute(delete(Sweep).where(Sweep.id == sweep_id))
         session.flush()

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from api.views import ReportedMetric, RunStatus
-from service.storage_paths import project_storage_url, run_url
+from service.cleanup import delete_run
+from service.storage_paths import project_storage_url, ray_attempt_url, run_url
 
 API = "/api/v1"
 
@@ -139,14 +140,17 @@ def test_delete_refuses_a_live_run_and_removes_an_ended_runs_rows_and_storage(ad
     refused = admin.delete(f"{API}/runs/{live}")
     assert refused.status_code == 409 and "RUNNING" in refused.json()["detail"]
     ended = _run(admin, example_spec, metrics={"eval/accuracy": [0.5]})
-    folder = Path(run_url(project_storage_url(admin.app.state.settings.storage_url, "default"), ended)
-                  .removeprefix("file://"))
+    storage = project_storage_url(admin.app.state.settings.storage_url, "default")
+    folder = Path(run_url(storage, ended).removeprefix("file://"))
+    ray_folder = Path(ray_attempt_url(storage, ended, 1).removeprefix("file://"))
     for name in ("checkpoints/step-1/.metadata", "logs/attempt-1.log", "exports/step-1.safetensors"):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text("x")
+    ray_folder.mkdir(parents=True)
+    (ray_folder / "result.json").write_text("{}")
     body = admin.delete(f"{API}/runs/{ended}").json()
     assert body["run_ids"] == [ended] and body["storage_urls"][0].endswith(f"/runs/{ended}")
-    assert not folder.exists()
+    assert not folder.exists() and not ray_folder.exists() and ray_folder.parent.exists()
     assert admin.get(f"{API}/runs/{ended}").status_code == 404
     assert _ids(admin, archived="all", order_by="best:eval/accuracy") == []  # its bests went with it
     assert admin.delete(f"{API}/runs/{ended}").status_code == 404
@@ -190,3 +194,21 @@ def test_new_routes_are_404_for_another_project_and_403_for_a_viewer(admin, exam
     outsider = key(other, "member")
     assert admin.get(f"{API}/runs", params={"tag": "mine"}, headers=outsider).json()["data"] == []
     assert admin.get(f"{API}/runs/{run}").json()["tags"] == ["mine"]  # nothing changed
+
+
+def test_delete_removes_the_runs_folder_on_s3(sqlite_repo, example_spec, s3_server):
+    import fsspec
+
+    root = s3_server.url(f"cleanup-{uuid.uuid4().hex[:8]}")
+    run = sqlite_repo.create_run(example_spec)
+    sqlite_repo.begin_attempt(run.id, token="t")
+    sqlite_repo.transition(run.id, RunStatus.FAILED)
+    kept = f"{root}/runs/{run.id}-other/logs/attempt-1.log"  # a neighbour whose id starts the same
+    for url in (f"{run_url(root, run.id)}/checkpoints/ep1-ba10/COMMITTED", f"{run_url(root, run.id)}/logs/attempt-1.log",
+                kept):
+        with fsspec.open(url, "wb") as file:
+            file.write(b"x")
+    done = delete_run(sqlite_repo, root, run.id, by="test")
+    fs, path = fsspec.core.url_to_fs(run_url(root, run.id))
+    fs.invalidate_cache()
+    assert done.run_ids == [run.id] and not fs.exists(path) and fs.exists(kept.removeprefix("s3://"))
