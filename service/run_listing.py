@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
@@ -92,8 +93,7 @@ def best_first(query: Select, key: str, cursor: str | None) -> Select:
     query = query.join(RunBest, and_(RunBest.run_id == Run.id, RunBest.key == key)).order_by(ordered, Run.id.desc())
     if cursor is not None:
         value, run_id = _decode(cursor, f"best:{key}")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise _invalid()
+        value = _finite(value)
         beyond = column < value if metric_mode(key) == "max" else column > value
         query = query.where(or_(beyond, and_(column == value, Run.id < run_id)))
     return query
@@ -121,6 +121,16 @@ def _decode(cursor: str, order: str):
     if cursor_order != order or not isinstance(run_id, str) or not is_possible_id(run_id):
         raise _invalid()
     return position, run_id
+
+
+def _finite(value) -> float:
+    """A cursor's metric value as the float the database compares (a huge integer would not bind)."""
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(number := float(value)):
+            raise ValueError("not a finite number")
+        return number
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _invalid() from exc
 
 
 def _utc(created_at) -> datetime:

@@ -212,3 +212,15 @@ def test_delete_removes_the_runs_folder_on_s3(sqlite_repo, example_spec, s3_serv
     fs, path = fsspec.core.url_to_fs(run_url(root, run.id))
     fs.invalidate_cache()
     assert done.run_ids == [run.id] and not fs.exists(path) and fs.exists(kept.removeprefix("s3://"))
+
+
+@pytest.mark.parametrize("position", [10**400, "NaN", True, "0.5", None])
+def test_a_forged_best_cursor_is_a_422_not_a_database_error(admin, example_spec, position):
+    import base64
+    import json
+
+    _run(admin, example_spec, metrics={"eval/accuracy": [0.5]})
+    raw = json.dumps(["best:eval/accuracy", position, "0123456789ab"]).encode()
+    cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    response = admin.get(f"{API}/runs", params={"order_by": "best:eval/accuracy", "cursor": cursor})
+    assert response.status_code == 422 and response.json()["detail"][0]["field"] == "cursor"
