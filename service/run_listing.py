@@ -115,7 +115,10 @@ def _decode(cursor: str, order: str):
     """The position and run id of a cursor handed out for ``order``."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        cursor_order, position, run_id = json.loads(raw)
+        fields = json.loads(raw)
+        if isinstance(fields, list) and len(fields) == 2:
+            fields = ["created", *fields]  # a newest-first cursor from before orders existed
+        cursor_order, position, run_id = fields
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise _invalid() from exc
     if cursor_order != order or not isinstance(run_id, str) or not is_possible_id(run_id):
