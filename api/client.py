@@ -302,8 +302,9 @@ class Client:
     def list_projects(self) -> list[dict[str, Any]]:
         return self._request("GET", f"{API}/projects")["data"]
 
-    def set_quota(self, project: str, **quota: int | None) -> dict[str, Any]:
-        """Replace ``project``'s quotas (``max_running_runs``, ``max_workers``, ``max_gpus``, ...)."""
+    def set_quota(self, project: str, **quota: Any) -> dict[str, Any]:
+        """Replace ``project``'s quotas (``max_running_runs``, ``max_workers``, ``max_gpus``,
+        ``default_max_wall_time_s``, ``max_wall_time_cap_s``, ``max_duration_caps``)."""
         return self._request("PUT", f"{API}/projects/{project}/quota", json=quota)
 
     # --- catalog -------------------------------------------------------------------------

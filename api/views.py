@@ -248,6 +248,7 @@ class SweepView(BaseModel):
     best_run_id: str | None = None
     counts: dict[str, int] = Field(default_factory=dict, description="trials per status")
     driver_token: str | None = Field(None, description="only in the answer to creating an external-driver sweep")
+    queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
     archived_at: datetime | None = Field(None, description="when the sweep was archived (hidden from default lists)")
 
 

@@ -83,10 +83,24 @@ def set_quota(
     max_running_runs: Annotated[Optional[int], typer.Option(help="runs admitted at once")] = None,
     max_workers: Annotated[Optional[int], typer.Option(help="workers of admitted runs, together")] = None,
     max_gpus: Annotated[Optional[int], typer.Option(help="GPUs of admitted runs, together")] = None,
+    default_max_wall_time: Annotated[Optional[int], typer.Option(
+        help="seconds: the wall-clock limit of runs that set none")] = None,
+    max_wall_time_cap: Annotated[Optional[int], typer.Option(
+        help="seconds: the longest max_wall_time a run may ask for (every-project admin only)")] = None,
+    max_duration_cap: Annotated[Optional[list[str]], typer.Option(
+        help="UNIT=N, e.g. ep=20000: the largest max_duration per unit (ep, ba, sp, tok); repeatable "
+             "(every-project admin only)")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Replace a project's quotas (an option left out is no limit); needs the project's admin."""
     main = _main()
+    caps = None
+    if max_duration_cap:
+        try:
+            caps = {unit: int(n) for unit, n in (item.split("=", 1) for item in max_duration_cap)}
+        except ValueError:
+            raise typer.BadParameter(f"{max_duration_cap!r}: give UNIT=N, e.g. ep=20000", param_hint="--max-duration-cap")
     main._call(main._client(url).set_quota, name, max_running_runs=max_running_runs, max_workers=max_workers,
-               max_gpus=max_gpus)
+               max_gpus=max_gpus, default_max_wall_time_s=default_max_wall_time,
+               max_wall_time_cap_s=max_wall_time_cap, max_duration_caps=caps)
     main.console.print(f"project {name}: quotas set", highlight=False)

@@ -176,6 +176,27 @@ def cancel(run_id: str, url: UrlOption = DEFAULT_URL) -> None:
 
 
 @app.command()
+def resume(
+    run_id: str,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="resume on this many workers (the checkpoint reshards); default: as before")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Resume a FAILED, CANCELED or STOPPED run as a new attempt from its newest committed checkpoint."""
+    client = _client(url)
+    run = _call(client.resume_run, run_id, num_workers=workers)
+    console.print(f"run {run.id} is {run.status.value} (attempt {run.attempt})", highlight=False)
+    if follow:
+        from cli.follow import follow_run
+
+        final = _call(follow_run, client, run.id, console=console)
+        _print_summary(final)
+        if final.status.value != "COMPLETED":
+            raise typer.Exit(1)
+
+
+@app.command()
 def train(
     file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
     checkpoint_dir: Annotated[Optional[str], typer.Option(
@@ -245,9 +266,11 @@ def _print_summary(run) -> None:
 
 
 from cli.access import keys_app, projects_app  # noqa: E402  (sub-apps register after the commands above)
+from cli.sweeps import sweeps_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(projects_app, name="projects")
+app.add_typer(sweeps_app, name="sweeps")
 
 
 def main() -> None:

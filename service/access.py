@@ -138,7 +138,10 @@ class KeyRecord:
                 "created_at": self.created_at, "revoked_at": self.revoked_at}
 
 
-QUOTA_FIELDS = ("max_running_runs", "max_workers", "max_gpus", "default_max_wall_time_s", "max_wall_time_cap_s")
+QUOTA_FIELDS = ("max_running_runs", "max_workers", "max_gpus", "default_max_wall_time_s", "max_wall_time_cap_s",
+                "max_duration_caps")
+# Quota fields that raise a bound the service sets for everyone: only an admin of every project may.
+RAISING_FIELDS = ("max_wall_time_cap_s", "max_duration_caps")
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class ProjectRecord:
     max_gpus: int | None = None
     default_max_wall_time_s: int | None = None
     max_wall_time_cap_s: int | None = None
+    max_duration_caps: dict[str, int] | None = None
 
     @classmethod
     def from_row(cls, row: Project) -> "ProjectRecord":
@@ -238,7 +242,7 @@ class AccessStore:
         with self.db.read() as session:
             return ProjectRecord.from_row(_require_project(session, name))
 
-    def set_quota(self, name: str, quota: dict[str, int | None]) -> ProjectRecord:
+    def set_quota(self, name: str, quota: dict[str, Any]) -> ProjectRecord:
         """Replace the project's quotas with ``quota`` (missing fields: no limit)."""
         with self.db.write() as session:
             row = _require_project(session, name)

@@ -14,6 +14,11 @@ runs, the active runs, the cluster's total resources and the projects' quotas:
 * a run bigger than the whole cluster (it shrank after the run was accepted) waits with
   reason ``resources`` and a detail saying so, without holding up the rest.
 
+Sweeps wait in the same queue: a QUEUED sweep whose driver the service runs is a candidate
+with its base run's demand (one trial's workers: the least it needs to make progress), its
+base's priority and its project, and it counts as one run against the project's
+``max_running_runs``. Once admitted, its trials are runs and hold the cluster like any other.
+
 Resources are accounted from the runs Tessera admitted, against the cluster's total, not
 from Ray's "available" figure: that lags a submission by seconds (a job's workers are placed
 after it starts), and would let one tick admit more than the cluster holds. A Ray Train run
@@ -173,11 +178,12 @@ class Admission:
     """The dispatcher's side of the queue: reads the cluster's size (one call per tick), the
     active runs and the quotas, and keeps the last ``plan``'s reasons for ``RunView.queue``."""
 
-    def __init__(self, repo: Any, jobs: Any, access: Any, *, autoscaler: bool = False):
-        self.repo, self.jobs, self.access = repo, jobs, access
+    def __init__(self, repo: Any, jobs: Any, access: Any, *, sweeps: Any = None, autoscaler: bool = False):
+        self.repo, self.jobs, self.access, self.sweeps = repo, jobs, access, sweeps
         self.autoscaler = autoscaler
         self.capacity: Capacity | None = None  # last known; None until Ray has answered once
-        self.waiting: dict[str, QueueInfo] = {}
+        self.waiting: dict[str, QueueInfo] = {}  # run and sweep ids (both random: they never collide)
+        self._admitted_sweeps: set[str] = set()  # from this tick's plan, for ``admit_sweeps``
 
     def read_capacity(self) -> Capacity | None:
         """Ask Ray for the cluster's size; keep the last answer when Ray cannot be asked. A Jobs
@@ -201,19 +207,45 @@ class Admission:
         return capacity.why_never(Demand.of(spec)) if capacity is not None else None
 
     def __call__(self, queued: list[Any]) -> list[Any]:
-        """The records of ``queued`` (oldest first) to submit now, in queue order."""
+        """The runs of ``queued`` (oldest first) to submit now, in queue order. Plans the
+        service's QUEUED sweeps in the same pass; ``admit_sweeps`` then hands those out."""
         from api.views import ACTIVE_STATUSES
 
-        if not queued:
+        sweeps = self._queued_sweeps()
+        self._admitted_sweeps = set()
+        if not queued and not sweeps:
             self.waiting = {}
             return []
         capacity = self.read_capacity()  # every tick with a queue, so a submit is checked against a fresh size
         active = [_candidate(run) for run in self.repo.with_status(ACTIVE_STATUSES)]
         quotas = {p.name: Quota(p.max_running_runs, p.max_workers, p.max_gpus) for p in self.access.list_projects()}
-        decided = plan([_candidate(run) for run in queued], active, capacity, quotas)
+        candidates = sorted([(run.created_at, _candidate(run)) for run in queued]
+                            + [(sweep.created_at, _sweep_candidate(sweep)) for sweep in sweeps],
+                            key=lambda pair: pair[0])  # oldest first across both kinds
+        decided = plan([candidate for _, candidate in candidates], active, capacity, quotas)
         self.waiting = decided.waiting
+        self._admitted_sweeps = {sweep.id for sweep in sweeps} & set(decided.admit)
         by_id = {run.id: run for run in queued}
-        return [by_id[run_id] for run_id in decided.admit]
+        return [by_id[run_id] for run_id in decided.admit if run_id in by_id]
+
+    def admit_sweeps(self, queued: list[Any]) -> list[Any]:
+        """The sweeps of ``queued`` that this tick's plan admitted (the run follower plans first)."""
+        admitted = [sweep for sweep in queued if sweep.id in self._admitted_sweeps]
+        self._admitted_sweeps = set()
+        return admitted
+
+    def _queued_sweeps(self) -> list[Any]:
+        if self.sweeps is None:
+            return []
+        from api.views import SweepStatus
+
+        return [sweep for sweep in self.sweeps.with_status([SweepStatus.QUEUED]) if sweep.driver == "service"]
+
+
+def _sweep_candidate(sweep: Any) -> Candidate:
+    base = sweep.spec.get("base", {})
+    return Candidate(id=sweep.id, project=sweep.project, priority=str(base.get("priority", "normal")),
+                     demand=Demand.of(base))
 
 
 def _candidate(run: Any) -> Candidate:

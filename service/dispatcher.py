@@ -37,12 +37,12 @@ class Dispatcher:
         self.jobs = jobs
         self.settings = settings
         self.access = AccessStore(repo.db)
-        # Runs go to Ray through the admission queue; sweep drivers are submitted at once (their
-        # trials count against the cluster once they run, and each driver caps its trials).
-        self.admission = Admission(repo, jobs, self.access, autoscaler=settings.autoscaler)
+        # Runs and sweep drivers go to Ray through one admission queue, planned once per tick by
+        # the run follower (which ticks first); the sweep follower takes the sweeps it admitted.
+        self.admission = Admission(repo, jobs, self.access, sweeps=self.sweeps, autoscaler=settings.autoscaler)
         self.followers = (
             JobFollower(RUN_JOBS, repo, jobs, settings, admit=self.admission),
-            JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
+            JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings, admit=self.admission.admit_sweeps),
         )
         self.tick_listeners: list[Callable[[float], None]] = []  # each gets a tick's duration (s)
         self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url))

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     max_wall_time_s: int | None = Field(None, ge=1, le=10 * 365 * 86400,
                                         description="the longest wall-clock time any run may ask for; "
                                                     "an admin raises it per project")
+    max_duration_caps: dict[Literal["ep", "ba", "sp", "tok"], Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="the largest max_duration per unit any run may ask for, as JSON ({\"ep\": 20000}); units not "
+                    "given keep the defaults (10000ep, 1e8ba, 1e11sp, 1e13tok); an admin raises them per project")
     worker_python: str = Field(default_factory=lambda: sys.executable,
                                description="Python that runs `-m workers.launch` on the Ray nodes")
     # --- limits on input (README "Limits"); each refusal is a 4xx naming the setting -------

@@ -5,9 +5,7 @@ it counts from the moment the current attempt was submitted (its latest STARTING
 resumed run gets its full time again. A run past it has its Ray job stopped and ends FAILED
 with the reason; its committed checkpoints stay, so it can be resumed (with a longer limit).
 
-How long a run may ask for is capped too (``max_wall_time_cap``): the service's
-``TESSERA_MAX_WALL_TIME_S``, which a project's ``max_wall_time_cap_s`` (set by an admin of
-every project) replaces.
+How long a run may ask for is capped at submit (``service.spec_caps``).
 """
 
 from __future__ import annotations
@@ -28,33 +26,33 @@ log = logging.getLogger(__name__)
 LIMITED = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RESTARTING)
 
 
-def wall_time_cap(settings: Any, project: Any) -> int | None:
-    """The longest ``max_wall_time`` (seconds) a run of ``project`` may ask for; None: no cap."""
-    return project.max_wall_time_cap_s if project.max_wall_time_cap_s is not None else settings.max_wall_time_s
-
-
 def limit_of(spec: dict[str, Any], project: Any) -> int | None:
     """A run's wall-clock limit in seconds: its spec's, else its project's default; None: none."""
     text = spec.get("max_wall_time")
     return wall_time_seconds(text) if text else (project.default_max_wall_time_s if project else None)
 
 
-def attempt_started(repo: Any, run_id: str, attempt: int) -> datetime | None:
-    query = (select(func.max(RunEvent.time))
-             .where(RunEvent.run_id == run_id, RunEvent.attempt == attempt, RunEvent.to_status == "STARTING"))
+def attempts_started(repo: Any, run_ids: list[str]) -> dict[tuple[str, int], datetime]:
+    """When each attempt of ``run_ids`` was submitted (its latest STARTING event), in one query."""
+    if not run_ids:
+        return {}
+    query = (select(RunEvent.run_id, RunEvent.attempt, func.max(RunEvent.time))
+             .where(RunEvent.run_id.in_(run_ids), RunEvent.to_status == "STARTING")
+             .group_by(RunEvent.run_id, RunEvent.attempt))
     with repo.db.read() as session:
-        return session.execute(query).scalar_one_or_none()
+        return {(run_id, attempt): time for run_id, attempt, time in session.execute(query)}
 
 
 def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None = None) -> list[str]:
     """Stop every active run past its limit; return the ids stopped."""
     now = now or utcnow()
     stopped = []
-    for run in repo.with_status(LIMITED):
-        limit = limit_of(run.spec, projects.get(run.project))
-        if limit is None or run.driven_by_sweep:  # a trial's time belongs to its sweep's driver
-            continue
-        started = attempt_started(repo, run.id, run.attempt)
+    limited = [(run, limit) for run in repo.with_status(LIMITED)
+               if not run.driven_by_sweep  # a trial's time belongs to its sweep's driver
+               and (limit := limit_of(run.spec, projects.get(run.project))) is not None]
+    started_at = attempts_started(repo, [run.id for run, _ in limited])
+    for run, limit in limited:
+        started = started_at.get((run.id, run.attempt))
         if started is None or (now - started).total_seconds() <= limit:
             continue
         try:

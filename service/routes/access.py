@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
-from service.access import EVERY_PROJECT, Forbidden, ProjectNotFound, Role
+from service.access import EVERY_PROJECT, RAISING_FIELDS, Forbidden, ProjectNotFound, Role
 from service.deps import AccessDep, CallerDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 
@@ -57,6 +57,9 @@ class Quota(BaseModel):
     max_wall_time_cap_s: int | None = Field(None, ge=1, le=10 * 365 * 86400,
                                             description="the longest max_wall_time this project's runs may ask "
                                                         "for (raises the service's cap)")
+    max_duration_caps: dict[Literal["ep", "ba", "sp", "tok"], Annotated[int, Field(ge=1, le=2**62)]] | None = Field(
+        None, description="the largest max_duration per unit this project's runs may ask for, e.g. "
+                          "{\"ep\": 20000} (raises the service's caps; units not given keep them)")
 
 
 class ProjectView(BaseModel):
@@ -129,9 +132,13 @@ def list_projects(caller: CallerDep, access: AccessDep) -> ProjectsPage:
             responses=NOT_FOUND)
 def set_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: CallerDep,
               access: AccessDep) -> ProjectView:
-    """Replace the project's quotas (admin of the project). Raising ``max_wall_time_cap_s``
-    above the service's cap needs an admin of every project."""
+    """Replace the project's quotas (admin of the project). Setting ``max_wall_time_cap_s`` or
+    ``max_duration_caps`` (bounds the service sets for everyone) to a new value needs an admin of
+    every project; a project admin may send them back unchanged."""
     caller.require(name, Role.ADMIN, ProjectNotFound(name))
-    if quota.max_wall_time_cap_s is not None and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
-        raise Forbidden("only an admin of every project ('*') may raise a project's max_wall_time cap")
+    current = access.get_project(name)
+    raising = [field for field in RAISING_FIELDS
+               if getattr(quota, field) is not None and getattr(quota, field) != getattr(current, field)]
+    if raising and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
+        raise Forbidden(f"only an admin of every project ('*') may set {', '.join(raising)}")
     return _project_view(access.set_quota(name, quota.model_dump()), caller)

@@ -15,13 +15,14 @@ from api.specs import RunSpec
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import project_code_store
 from service.access import KEY_PREFIX, Caller, Role
-from service.deps import AccessDep, CallerDep, RepoDep, SettingsDep, project_for_create, require_caller
+from service.deps import AccessDep, CallerDep, RepoDep, project_for_create, require_caller
 from service.tokens import bearer_token
 from service.db.session import clean_text
 from service.repository import Repository, RunNotFound, RunRecord
 from service.run_listing import Archived, RunFilter
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.settings import Settings
+from service.spec_caps import spec_cap_problems
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
 
@@ -69,42 +70,37 @@ def conditional_json(request: Request, view: BaseModel) -> Response:
 
 @router.post("", status_code=201, response_model=RunView, operation_id="create_run")
 def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep, access: AccessDep,
-               settings: SettingsDep, project: Annotated[str | None, PROJECT_QUERY] = None) -> RunView:
+               project: Annotated[str | None, PROJECT_QUERY] = None) -> RunView:
     """Validate a run spec and queue it in ``project`` (a ``member`` role there is needed); the
     dispatcher admits it to Ray when the cluster and the project's quota have room. Local data
     roots must lie under ``TESSERA_DATA_DIRS``, and a ``code.digest`` must name a package stored
     in the project (``POST /api/v1/code``): 422 otherwise."""
     name = project_for_create(caller, access, project)
-    refused = data_root_errors(spec, settings)
+    refused = submit_problems(request, spec, project=access.get_project(name))
     if refused:
         return validation_response(refused)
-    if spec.code is not None and not project_code_store(request, name).exists(spec.code.digest):
-        return validation_response([field_error(
-            "code.digest", ["body", "code", "digest"], f"no code package with this digest in project {name}; upload "
-            "it first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest)])
-    never = request.app.state.dispatcher.admission.never_fits(spec.model_dump(mode="json"))
-    if never is not None:
-        return validation_response([field_error(
-            "parallelism.num_workers", ["body", "parallelism", "num_workers"],
-            f"this run can never start: it {never}, and no autoscaler is configured (TESSERA_AUTOSCALER)",
-            spec.parallelism.num_workers)])
-    too_long = wall_time_problem(request.app.state.settings, access.get_project(name), spec)
-    if too_long is not None:
-        return validation_response([field_error("max_wall_time", ["body", "max_wall_time"], too_long,
-                                                spec.max_wall_time)])
     return queued_view(request, repo.create_run(spec, project=name))
 
 
-def wall_time_problem(settings, project, spec: RunSpec) -> str | None:
-    """Why ``spec.max_wall_time`` is more than the project may ask for, or None."""
-    from api.specs import wall_time_seconds
-    from service.wall_clock import wall_time_cap
+def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "") -> list[dict]:
+    """422 items for what only the service can check about a run about to be queued in
+    ``project`` (a run, a sweep's base with ``prefix="base."``): data roots outside the data
+    directories, a code package the project does not hold, a size the cluster can never hold,
+    and the project's caps."""
+    settings = request.app.state.settings
+    refused = data_root_errors(spec, settings, prefix=prefix)
+    if spec.code is not None and not project_code_store(request, project.name).exists(spec.code.digest):
+        refused.append(_item(prefix + "code.digest", f"no code package with this digest in project {project.name}; "
+                             "upload it first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest))
+    never = request.app.state.dispatcher.admission.never_fits(spec.model_dump(mode="json"))
+    if never is not None:
+        refused.append(_item(prefix + "parallelism.num_workers", f"this run can never start: it {never}, and no "
+                             "autoscaler is configured (TESSERA_AUTOSCALER)", spec.parallelism.num_workers))
+    return refused + spec_cap_problems(settings, project, spec, prefix=prefix)
 
-    cap = wall_time_cap(settings, project)
-    if spec.max_wall_time is None or cap is None or wall_time_seconds(spec.max_wall_time) <= cap:
-        return None
-    return (f"max_wall_time {spec.max_wall_time} is more than project {project.name} may ask for: at most {cap}s "
-            f"(an admin of every project can raise the project's max_wall_time_cap_s)")
+
+def _item(field: str, message: str, value) -> dict:
+    return field_error(field, ["body", *field.split(".")], message, value)
 
 
 def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> list[dict]:

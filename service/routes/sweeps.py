@@ -23,7 +23,8 @@ from service.tokens import bearer_token
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
                             validation_response)
-from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, data_root_errors
+from service.spec_caps import searched_duration_problems
+from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, submit_problems
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
 
@@ -33,8 +34,19 @@ DRIVER = {401: {"model": ErrorBody}, **NOT_FOUND}
 REPORTABLE = (SweepStatus.RUNNING, SweepStatus.COMPLETED, SweepStatus.FAILED)
 
 
+def queued_sweep(request: Request, view: SweepView) -> SweepView:
+    """``view`` with, while it is QUEUED, its place in the queue and why it waits (runs and
+    sweeps share one queue; as of the dispatcher's last tick)."""
+    if view.status is not SweepStatus.QUEUED:
+        return view
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    info = dispatcher.admission.waiting.get(view.id) if dispatcher is not None else None
+    return view.model_copy(update={"queue": info}) if info is not None else view
+
+
 @router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
-def create_sweep(spec: SweepSpec, sweeps: SweepsDep, caller: CallerDep, access: AccessDep, settings: SettingsDep,
+def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: CallerDep, access: AccessDep,
+                 settings: SettingsDep,
                  driver: Literal["service", "external"] = "service",
                  project: Annotated[str | None, PROJECT_QUERY] = None) -> SweepView:
     """Validate a sweep and store it: ``service`` queues it for the dispatcher, which runs its
@@ -45,7 +57,11 @@ def create_sweep(spec: SweepSpec, sweeps: SweepsDep, caller: CallerDep, access: 
     too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
-    refused = data_root_errors(spec.base, settings, prefix="base.")
+    refused = submit_problems(request, spec.base, project=access.get_project(name), prefix="base.")
+    searched = spec.search.params.get("max_duration")
+    if searched is not None and searched.kind in ("grid", "choice"):
+        refused += searched_duration_problems(settings, access.get_project(name), searched.extremes(),
+                                              field=f"search.params.max_duration.{searched.kind}")
     if refused:
         return validation_response(refused)
     token = secrets.token_urlsafe(32) if driver == "external" else None
@@ -61,8 +77,8 @@ def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
                 = "false") -> SweepsPage:
     """The newest ``limit`` sweeps of the key's projects, newest first, with their trials.
     ETag / If-None-Match → 304."""
-    return conditional_json(request, SweepsPage(data=sweeps.list_sweep_views(limit=limit, projects=caller.visible(),
-                                                                             archived=archived)))
+    views = sweeps.list_sweep_views(limit=limit, projects=caller.visible(), archived=archived)
+    return conditional_json(request, SweepsPage(data=[queued_sweep(request, view) for view in views]))
 
 
 @router.get("/{sweep_id}", response_model=SweepView, operation_id="get_sweep", responses={**NOT_FOUND, **NOT_MODIFIED})
@@ -72,7 +88,7 @@ def get_sweep(sweep_id: str, request: Request, sweeps: SweepsDep, access: Access
     token = bearer_token(request.headers.get("authorization", ""))
     if token is None or token.startswith(KEY_PREFIX) or not sweeps.check_token(sweep_id, token):
         scoped_sweep(sweeps, require_caller(request, access), sweep_id, Role.VIEWER)
-    return conditional_json(request, sweeps.sweep_view(sweep_id))
+    return conditional_json(request, queued_sweep(request, sweeps.sweep_view(sweep_id)))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepView, operation_id="cancel_sweep",
@@ -112,8 +128,8 @@ def report_sweep_status(sweep_id: SweepTokenDep, report: SweepStatusReport, swee
 
 @router.post("/{sweep_id}/trials", response_model=TrialTicket, operation_id="register_trial",
              responses={**DRIVER, **CONFLICT})
-def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, sweeps: SweepsDep,
-                   settings: SettingsDep):
+def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, request: Request, sweeps: SweepsDep,
+                   access: AccessDep):
     """Start a trial: creates its run the first time, else a new attempt of the same run (which
     resumes from its newest committed checkpoint). Returns the run id and the attempt's run
     token. 409 for a COMPLETED trial; 422 if ``spec`` is not a valid RunSpec."""
@@ -123,7 +139,9 @@ def register_trial(sweep_id: SweepTokenDep, registration: TrialRegistration, swe
         errors = [{**e, "loc": ("body", "spec", *e["loc"])} for e in exc.errors()]
         return validation_response(format_validation_errors(errors, registration.model_dump(mode="json"),
                                                             _registration_schema()))
-    refused = data_root_errors(spec, settings, prefix="spec.")  # an external driver is a user's code
+    # An external driver is a user's code: its trials are checked as any submitted run is.
+    project = access.get_project(sweeps.get_sweep(sweep_id).project)
+    refused = submit_problems(request, spec, project=project, prefix="spec.")
     if refused:
         return validation_response(refused)
     token = secrets.token_urlsafe(32)

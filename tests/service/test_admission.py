@@ -186,3 +186,83 @@ def test_max_wall_time_is_capped_by_the_service_and_a_project_cap_raises_it(tmp_
         assert client.post(f"{API}/runs", json={**example_body, "max_wall_time": "1h"}).status_code == 201
         assert client.put(f"{API}/projects/default/quota", json={"max_wall_time_cap_s": 86400}).status_code == 200
         assert client.post(f"{API}/runs", json={**example_body, "max_wall_time": "2h"}).status_code == 201
+
+
+def test_max_duration_is_capped_per_unit_and_an_every_project_admin_raises_it(tmp_path, fake_jobs, example_body):
+    """The service's caps refuse a typo'd duration on runs and sweeps (base and searched values);
+    a project admin cannot raise them, an admin of every project can, and a project admin can
+    send the raised value back unchanged when setting other quotas."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    settings = Settings(home=tmp_path / "home", max_duration_caps={"ep": 50}, public_url="http://tessera.test:8000")
+    with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False), headers=ADMIN_HEADERS) as client:
+        refused = client.post(f"{API}/runs", json={**example_body, "max_duration": "51ep"})
+        assert refused.status_code == 422
+        [item] = refused.json()["detail"]
+        assert item["field"] == "max_duration" and item["input"] == "51ep" and "at most 50ep" in item["msg"]
+        assert client.post(f"{API}/runs", json={**example_body, "max_duration": "50ep"}).status_code == 201
+        # another unit keeps the service's default
+        assert client.post(f"{API}/runs", json={**example_body, "max_duration": "100000001ba"}).status_code == 422
+
+        sweep = {"name": "capped", "base": {**example_body, "max_duration": "2ep"}, "metric": "eval/accuracy", "mode": "max",
+                 "search": {"params": {"max_duration": {"choice": ["3ep", "80ep"]}}}}
+        refused = client.post(f"{API}/sweeps", json=sweep)
+        assert refused.status_code == 422, refused.text
+        assert [(i["field"], i["input"]) for i in refused.json()["detail"]] == [
+            ("search.params.max_duration.choice", "80ep")]
+
+        client.post(f"{API}/projects", json={"name": "vision"})
+        key = client.post(f"{API}/keys", json={"project": "vision", "role": "admin", "name": "lead"}).json()["key"]
+        lead = {"Authorization": f"Bearer {key}"}
+        assert client.put(f"{API}/projects/vision/quota", json={"max_duration_caps": {"ep": 500}},
+                          headers=lead).status_code == 403
+        assert client.put(f"{API}/projects/vision/quota", json={"max_duration_caps": {"ep": 500}}).status_code == 200
+        assert client.put(f"{API}/projects/vision/quota", json={"max_duration_caps": {"ep": 500}, "max_running_runs": 2},
+                          headers=lead).status_code == 200
+        assert client.post(f"{API}/runs?project=vision", json={**example_body, "max_duration": "80ep"},
+                           headers=lead).status_code == 201
+        bad_unit = client.put(f"{API}/projects/vision/quota", json={"max_duration_caps": {"dur": 1}})
+        assert bad_unit.status_code == 422 and "max_duration_caps" in bad_unit.text
+
+
+def test_a_sweep_waits_in_the_same_queue_as_runs_and_starts_when_its_first_trial_fits(sized, example_body):
+    client, _jobs = sized
+    dispatcher = client.app.state.dispatcher
+    runs = [_submit(client, {**example_body, "name": f"r{i}"}) for i in range(2)]  # 2 x 2 CPUs: the cluster is full
+    sweep = client.post(f"{API}/sweeps", json={"name": "s", "base": example_body, "metric": "eval/accuracy",
+                                               "mode": "max", "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}})
+    assert sweep.status_code == 201, sweep.text
+    sweep_id = sweep.json()["id"]
+    dispatcher.tick()
+    waiting = client.get(f"{API}/sweeps/{sweep_id}").json()
+    assert waiting["status"] == "QUEUED" and waiting["queue"]["reason"] == "resources"
+    assert waiting["queue"]["position"] == 1 and "needs 2 CPUs" in waiting["queue"]["detail"]
+
+    assert client.post(f"{API}/runs/{runs[0]}/cancel").status_code == 200
+    dispatcher.tick()  # the canceled run's job is stopped and its CPUs are free
+    dispatcher.tick()
+    started = client.get(f"{API}/sweeps/{sweep_id}").json()
+    assert started["status"] == "STARTING" and started["queue"] is None
+
+    assert client.put(f"{API}/projects/default/quota", json={"max_running_runs": 1}).status_code == 200
+    held = client.post(f"{API}/sweeps", json={"name": "s2", "base": example_body, "metric": "eval/accuracy",
+                                              "mode": "max", "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}})
+    dispatcher.tick()
+    assert client.get(f"{API}/sweeps/{held.json()['id']}").json()["queue"]["reason"] == "quota"
+
+
+def test_a_sweep_is_checked_at_submit_as_a_run_is(sized, example_body):
+    """Its base names a code package the project lacks and asks for more workers than the
+    cluster holds: both refused at once, with the base's field paths."""
+    client, _jobs = sized
+    client.app.state.dispatcher.tick()  # the dispatcher has read the cluster's size
+    base = {**example_body, "code": {"digest": "0" * 64},
+            "parallelism": {"strategy": "ddp", "num_workers": 8}}
+    refused = client.post(f"{API}/sweeps", json={"name": "s", "base": base, "metric": "eval/accuracy", "mode": "max",
+                                                 "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}})
+    assert refused.status_code == 422, refused.text
+    assert sorted(item["field"] for item in refused.json()["detail"]) == ["base.code.digest",
+                                                                        "base.parallelism.num_workers"]

@@ -8,7 +8,7 @@ import { ParetoChart } from "./pareto.js";
 import { bestTrial, trialCounts } from "./sweeps.js";
 import {
   algorithmChips, el, errorBox, formatNumber, formatSeconds, formatTime, progressBar, runDuration, setText,
-  statusBadge, STATUSES, TERMINAL, updateStatusBadge,
+  queueText, statusBadge, STATUSES, TERMINAL, updateStatusBadge,
 } from "./ui.js";
 
 const FINISHED_SLOWDOWN = 5;
@@ -129,6 +129,7 @@ export function mount(root, ctx) {
       sweep.error ? el("details", { class: "error-box", open: true },
         el("summary", {}, `Error: ${sweep.error.split("\n")[0].slice(0, 200)}`), el("pre", {}, sweep.error)) : null,
       sweep.message ? el("p", { class: "muted", id: "sweep-message" }, sweep.message) : null,
+      sweep.queue ? el("p", { class: "muted queue-note", id: "sweep-queue" }, queueText(sweep)) : null,
     ].filter(Boolean));
     pareto.update(sweep);
     renderTrials();

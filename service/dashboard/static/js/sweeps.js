@@ -3,7 +3,7 @@
 
 import { getIfChanged, Poller } from "./api.js";
 import {
-  el, formatNumber, formatTime, runDuration, setText, statusBadge, TERMINAL, updateStatusBadge,
+  el, formatNumber, formatTime, queueText, runDuration, setText, statusBadge, TERMINAL, updateStatusBadge,
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
@@ -113,13 +113,14 @@ function createRow(sweep) {
   };
   cells.name.append(el("a", { href: `#/sweeps/${encodeURIComponent(sweep.id)}` }, sweep.name),
     el("div", { class: "muted mono small" }, sweep.id));
-  cells.status.append(statusBadge(sweep.status));
+  cells.status.append(statusBadge(sweep.status), el("div", { class: "queue-note muted small" }));
   return { tr: el("tr", { dataset: { sweepId: sweep.id } }, Object.values(cells)), cells };
 }
 
 function updateRow(row, sweep) {
   row.tr.dataset.status = sweep.status;
   updateStatusBadge(row.cells.status.firstChild, sweep.status);
+  setText(row.cells.status.lastChild, queueText(sweep));
   const { done, total } = trialCounts(sweep);
   setText(row.cells.trials, `${done}/${total}`);
   const best = bestTrial(sweep);
