@@ -49,7 +49,8 @@ export function mount(root, ctx) {
   const tbody = el("tbody");
   const table = el("table", { class: "runs-table", id: "runs-table" },
     el("caption", { class: "visually-hidden" }, "Runs, newest first"),
-    el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}` }, h)))),
+    el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}` },
+      h === "Select" ? el("span", { class: "visually-hidden" }, "Select to compare") : h)))),
     tbody);
   const nameFilter = el("input", { type: "search", id: "name-filter", value: name, placeholder: "name contains…",
                                    "aria-label": "Search run names", maxlength: "128", onchange: (e) => {
