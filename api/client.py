@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,6 +19,7 @@ from api.code_package import CodePackage, CodeView, inspect_package, pack_direct
 from api.credentials import find_api_key
 from api.errors import ApiError, ExportFailed
 from api.logs import LogsPage
+from api.run_edits import DeletionView, RunUpdate
 from api.specs import RunSpec
 from api.views import (
     CatalogPage,
@@ -164,25 +166,58 @@ class Client:
         return RunView.model_validate(self._request("GET", f"{API}/runs/{run_id}"))
 
     def list_runs(self, *, status: RunStatus | str | None = None, sweep_id: str | None = None, limit: int = 50,
-                  cursor: str | None = None) -> RunsPage:
-        """Runs newest first; ``sweep_id`` keeps only that sweep's trials."""
-        params: dict[str, Any] = {"limit": limit}
+                  cursor: str | None = None, tag: str | None = None, name: str | None = None,
+                  created_after: datetime | str | None = None, created_before: datetime | str | None = None,
+                  archived: bool | str = False, order_by: str | None = None) -> RunsPage:
+        """Runs newest first (``order_by="best:eval/accuracy"``: that metric's best value first);
+        ``sweep_id`` keeps only that sweep's trials, ``tag`` runs with that tag, ``name`` runs
+        whose name contains it; ``archived``: False (default) hides archived runs, True shows only
+        them, ``"all"`` both. Pass ``next_cursor`` back as ``cursor`` with the same filters."""
+        params: dict[str, Any] = {"limit": limit, "archived": str(archived).lower()}
         if status is not None:
             params["status"] = RunStatus(status).value
-        if sweep_id is not None:
-            params["sweep_id"] = sweep_id
-        if cursor is not None:
-            params["cursor"] = cursor
+        for key, value in (("sweep_id", sweep_id), ("cursor", cursor), ("tag", tag), ("name", name),
+                           ("order_by", order_by)):
+            if value is not None:
+                params[key] = value
+        for key, when in (("created_after", created_after), ("created_before", created_before)):
+            if when is not None:
+                params[key] = when.isoformat() if isinstance(when, datetime) else when
         return RunsPage.model_validate(self._request("GET", f"{API}/runs", params=params))
 
-    def iter_runs(self, *, status: RunStatus | str | None = None, sweep_id: str | None = None) -> Iterator[RunView]:
+    def iter_runs(self, *, status: RunStatus | str | None = None, sweep_id: str | None = None,
+                  **filters: Any) -> Iterator[RunView]:
+        """Every run ``list_runs`` would page through with the same filters."""
         cursor = None
         while True:
-            page = self.list_runs(status=status, sweep_id=sweep_id, cursor=cursor)
+            page = self.list_runs(status=status, sweep_id=sweep_id, cursor=cursor, **filters)
             yield from page.data
             if page.next_cursor is None:
                 return
             cursor = page.next_cursor
+
+    def update_run(self, run_id: str, *, tags: list[str] | None = None, notes: str | None = None) -> RunView:
+        """Replace the run's tags and/or notes (None leaves a field as it is; ``notes=""`` clears)."""
+        body = RunUpdate(tags=tags, notes=notes).model_dump(exclude_none=True)
+        return RunView.model_validate(self._request("PATCH", f"{API}/runs/{run_id}", json=body))
+
+    def delete_run(self, run_id: str) -> DeletionView:
+        """Delete an ended run with its checkpoints, logs and exports (409 while it is live)."""
+        return DeletionView.model_validate(self._request("DELETE", f"{API}/runs/{run_id}"))
+
+    def archive_run(self, run_id: str, *, archived: bool = True) -> RunView:
+        """Hide the run from default lists (``archived=False``: show it again)."""
+        action = "archive" if archived else "unarchive"
+        return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/{action}"))
+
+    def delete_sweep(self, sweep_id: str) -> DeletionView:
+        """Delete an ended sweep with its trials and their storage (409 while it is live)."""
+        return DeletionView.model_validate(self._request("DELETE", f"{API}/sweeps/{sweep_id}"))
+
+    def archive_sweep(self, sweep_id: str, *, archived: bool = True) -> SweepView:
+        """Hide the sweep from default lists (``archived=False``: show it again)."""
+        action = "archive" if archived else "unarchive"
+        return SweepView.model_validate(self._request("POST", f"{API}/sweeps/{sweep_id}/{action}"))
 
     def cancel_run(self, run_id: str) -> RunView:
         return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/cancel"))

@@ -59,6 +59,8 @@ class RunView(BaseModel):
     trial_id: str | None = Field(None, description="the trial's id within its sweep (Ray Tune's)")
     project: str = Field("default", description="the project the run belongs to")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
+    notes: str | None = Field(None, description="free text a member wrote about the run (PATCH /runs/{id})")
+    archived_at: datetime | None = Field(None, description="when the run was archived (hidden from default lists)")
 
     @property
     def restarts(self) -> int:
@@ -268,6 +270,7 @@ class SweepView(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict, description="trials per status")
     driver_token: str | None = Field(None, description="only in the answer to creating an external-driver sweep")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
+    archived_at: datetime | None = Field(None, description="when the sweep was archived (hidden from default lists)")
 
 
 class SweepsPage(BaseModel):

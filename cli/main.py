@@ -16,8 +16,9 @@ from rich.table import Table
 
 from cli.data import app as data_app
 from cli.export import register as register_export
+from cli.housekeeping import register as register_housekeeping
 from cli.logs import register as register_logs
-from cli.output import EPILOG, JsonOption, call, console, emit, err_console, fail, needs_extra
+from cli.output import EPILOG, EXIT_USAGE, JsonOption, call, console, emit, err_console, fail, needs_extra
 
 if TYPE_CHECKING:
     from api.client import Client
@@ -42,6 +43,7 @@ def _client(url: str) -> Client:
 
 register_logs(app, UrlOption, DEFAULT_URL, _call)
 register_export(app, UrlOption, DEFAULT_URL)
+register_housekeeping(app, UrlOption, DEFAULT_URL, _call)
 
 
 @app.command()
@@ -115,17 +117,29 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None, out
 
 @app.command()
 def runs(
+    action: Annotated[Optional[str], typer.Argument(metavar="[list]", help="`list` (the default)")] = None,
     status: Annotated[Optional[str], typer.Option(help="only runs with this status")] = None,
+    tag: Annotated[Optional[str], typer.Option(help="only runs with this tag")] = None,
+    name: Annotated[Optional[str], typer.Option(help="only runs whose name contains this")] = None,
+    order_by: Annotated[Optional[str], typer.Option(help="best:<metric key>, e.g. best:eval/accuracy")] = None,
+    archived: Annotated[str, typer.Option(help="false (hide archived runs), true (only them) or all")] = "false",
     limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
     url: UrlOption = DEFAULT_URL,
     as_json: JsonOption = False,
 ) -> None:
-    """List runs, newest first (--json: a list of RunViews)."""
-    page = _call(_client(url).list_runs, status=status, limit=limit)
-    table = Table("id", "name", "status", "attempt", "created", "eval/accuracy", "train/loss")
+    """List runs (``tessera runs list``), newest first or by a metric's best value (--json: a list of RunViews)."""
+    if action not in (None, "list"):
+        _fail(f"unknown action {action!r}: `tessera runs` or `tessera runs list`", EXIT_USAGE)
+    page = _call(_client(url).list_runs, status=status, limit=limit, tag=tag, name=name, order_by=order_by,
+                 archived=archived)
+    best_key = order_by.removeprefix("best:") if order_by else None
+    columns = ["id", "name", "status", "attempt", "created", "tags", "eval/accuracy", "train/loss"]
+    table = Table(*columns, *([f"best {best_key}"] if best_key else []))
     for run in page.data:
+        best = [_metric(run.best, best_key)] if best_key else []
         table.add_row(run.id, run.name, _status(run), str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"))
+                      " ".join(run.tags), _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"),
+                      *best)
     emit(page.data, as_json=as_json, render=lambda: console.print(table))
 
 

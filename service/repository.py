@@ -7,16 +7,13 @@ the dispatcher) are serialized and the state machine always decides on the store
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, or_, select, text
+from sqlalchemy import Engine, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
@@ -24,6 +21,8 @@ from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, Metric
                        RunStatus, RunView, metric_mode)
 from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import DEFAULT_PROJECT, Checkpoint, Metric, Run, RunEvent, utcnow
+from service.run_bests import upsert_bests
+from service.run_listing import InvalidCursor, RunFilter, best_first, filtered, newest_first, next_cursor
 from service.db.session import Database, clean_text, is_possible_id
 from service.metric_limits import MetricLimits, non_finite_note
 from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
@@ -38,10 +37,6 @@ class RunNotFound(LookupError):
         self.run_id = run_id
         self.detail = f"run {run_id} not found"
         super().__init__(self.detail)
-
-
-class InvalidCursor(ValueError):
-    """A ``cursor`` that this service did not hand out."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +61,8 @@ class RunRecord:
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
+    notes: str | None = None
+    archived_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Run) -> "RunRecord":
@@ -73,7 +70,8 @@ class RunRecord:
                    spec=row.spec, project=row.project, summary=dict(row.summary or {}), error=row.error, tags=list(row.tags or []),
                    ray_job_id=row.ray_job_id, sweep_id=row.sweep_id, trial_id=row.trial_id,
                    trial_params=row.trial_params, extrema=dict(row.extrema or {}), created_at=row.created_at,
-                   started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at)
+                   started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at,
+                   notes=row.notes, archived_at=row.archived_at)
 
     @property
     def driven_by_sweep(self) -> bool:
@@ -88,7 +86,8 @@ class RunRecord:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
                        created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
-                       sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project)
+                       sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project,
+                       notes=self.notes, archived_at=self.archived_at)
 
 
 def best_values(extrema: dict[str, list[float]]) -> dict[str, float]:
@@ -118,26 +117,6 @@ def _refuse_after_end(run: Run, what: str) -> None:
 def _checkpoint_view(row: Checkpoint) -> CheckpointView:
     return CheckpointView(step=row.step, epoch=row.epoch, attempt=row.attempt, time=row.time, bytes=row.bytes,
                           committed=row.committed, url=row.url, world_size=row.world_size, error=row.error)
-
-
-def _encode_cursor(run: Run) -> str:
-    raw = json.dumps([run.created_at.isoformat(), run.id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, run_id = json.loads(raw)
-        if not isinstance(run_id, str) or not is_possible_id(run_id):
-            raise ValueError("bad run id in cursor")
-        when = datetime.fromisoformat(created_at)
-        # In UTC, where the database compares it: an offset that moves it out of the years
-        # 1..9999 raises OverflowError here instead of a database error later.
-        return (when.astimezone(timezone.utc) if when.tzinfo is not None else when), run_id
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
-        raise InvalidCursor("cursor is not one this service returned; pass next_cursor from a previous "
-                            "page, or omit it for the first page") from exc
 
 
 class Repository(AttemptStore):
@@ -172,25 +151,47 @@ class Repository(AttemptStore):
     def get_run(self, run_id: str) -> RunRecord:
         return self.get(run_id)
 
-    def list_runs(self, *, status: RunStatus | None = None, sweep_id: str | None = None, limit: int = 50,
-                  cursor: str | None = None, projects: list[str] | None = None) -> tuple[list[RunRecord], str | None]:
-        """Newest first, optionally only one sweep's trials, only ``projects``' runs (None: all).
-        Returns the page and the cursor of the next page (None on the last)."""
-        query = select(Run).order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)
-        if projects is not None:
-            query = query.where(Run.project.in_(projects))
-        if status is not None:
-            query = query.where(Run.status == status.value)
-        if sweep_id is not None:
-            query = query.where(Run.sweep_id == sweep_id)
-        if cursor is not None:
-            created_at, run_id = _decode_cursor(cursor)
-            query = query.where(or_(Run.created_at < created_at,
-                                    and_(Run.created_at == created_at, Run.id < run_id)))
+    def list_runs(self, where: RunFilter | None = None, *, status: RunStatus | None = None,
+                  sweep_id: str | None = None, limit: int = 50, cursor: str | None = None,
+                  projects: list[str] | None = None, order_by_best: str | None = None) -> tuple[list[RunRecord], str | None]:
+        """Newest first (or, with ``order_by_best=KEY``, KEY's best value first), kept by ``where``
+        (default: unarchived runs; ``status``/``sweep_id``/``projects`` narrow it, None: any).
+        Returns the page and the cursor of the next page (None on the last); ``InvalidCursor``
+        for a cursor of another order."""
+        narrower = {"status": status, "sweep_id": sweep_id, "projects": projects}
+        where = replace(where or RunFilter(), **{name: v for name, v in narrower.items() if v is not None})
+        query = filtered(select(Run), where, self.engine.dialect.name)
+        if order_by_best is None:
+            query, order = newest_first(query, cursor), "created"
+        else:
+            query, order = best_first(query, order_by_best, cursor), f"best:{order_by_best}"
         with self.db.read() as session:
-            rows = list(session.execute(query).scalars())
-        next_cursor = _encode_cursor(rows[limit - 1]) if len(rows) > limit else None
-        return [RunRecord.from_row(row) for row in rows[:limit]], next_cursor
+            rows = list(session.execute(query.limit(limit + 1)).scalars())
+            following = next_cursor(rows[limit - 1], order) if len(rows) > limit else None
+            return [RunRecord.from_row(row) for row in rows[:limit]], following
+
+    def update_run(self, run_id: str, *, tags: list[str] | None = None, notes: str | None = None) -> RunRecord:
+        """Replace the run's tags (duplicates dropped, first kept) and/or notes (``""`` clears them);
+        None leaves a field as it is. Allowed in any status."""
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            if tags is not None:
+                run.tags = list(dict.fromkeys(tags))
+            if notes is not None:
+                run.notes = clean_text(notes) or None
+            run.updated_at = utcnow()
+            session.flush()
+            return RunRecord.from_row(run)
+
+    def set_archived(self, run_id: str, archived: bool) -> RunRecord:
+        """Hide the run from default lists (``archived``) or show it again; archiving an archived
+        run keeps its first ``archived_at``."""
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            if not archived:
+                run.archived_at = None
+            elif run.archived_at is None:
+                run.archived_at = utcnow()
+            session.flush()
+            return RunRecord.from_row(run)
 
     # --- status --------------------------------------------------------------------------
     def cancel_run(self, run_id: str) -> RunRecord:
@@ -322,6 +323,7 @@ class Repository(AttemptStore):
                 summary[row["key"]] = row["value"]
             run.summary = summary
             run.extrema = with_extrema(run.extrema or {}, ((row["key"], row["value"]) for row in rows))
+            upsert_bests(session, run_id, {row["key"]: run.extrema[row["key"]] for row in rows})
             run.updated_at = utcnow()
             return len(rows)
 

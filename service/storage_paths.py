@@ -43,3 +43,14 @@ def exports_url(storage_url: str, run_id: str) -> str:
 def export_url(storage_url: str, run_id: str, step: int, fmt: str) -> str:
     """``{storage}/runs/{run_id}/exports/step-{step}.{safetensors|pt}`` (``workers.paths.export_url``)."""
     return f"{exports_url(storage_url, run_id)}/step-{step}.{EXPORT_SUFFIXES[fmt]}"
+
+
+def ray_attempt_url(storage_url: str, run_id: str, attempt: int) -> str:
+    """``{storage}/ray/attempt-{n}/tessera-{run_id}``: Ray Train's own folder for one attempt
+    (``workers.paths.ray_storage_path`` and the ``RunConfig`` name in ``workers.ray_train``)."""
+    return f"{storage_url.rstrip('/')}/ray/attempt-{attempt}/tessera-{run_id}"
+
+
+def sweep_url(storage_url: str, sweep_id: str) -> str:
+    """``{storage}/sweeps/{sweep_id}``, the folder of ``workers.paths.sweep_experiment_path``."""
+    return f"{storage_url.rstrip('/')}/sweeps/{sweep_id}"

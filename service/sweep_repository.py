@@ -127,16 +127,28 @@ class SweepRepository(AttemptStore):
                 raise SweepNotFound(sweep_id)
             return build_sweep_view(sweep, self._trials(session, [sweep_id])[sweep_id], utcnow())
 
-    def list_sweep_views(self, *, limit: int = 50, projects: list[str] | None = None) -> list[SweepView]:
-        """The newest ``limit`` sweeps of ``projects`` (None: all), newest first, with their trials."""
+    def list_sweep_views(self, *, limit: int = 50, projects: list[str] | None = None,
+                         archived: Literal["true", "false", "all"] = "false") -> list[SweepView]:
+        """The newest ``limit`` sweeps of ``projects`` (None: all), newest first, with their
+        trials; archived ones only, unarchived ones only (default) or ``all``."""
         query = select(Sweep).order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)
         if projects is not None:
             query = query.where(Sweep.project.in_(projects))
+        if archived != "all":
+            query = query.where(Sweep.archived_at.is_not(None) if archived == "true" else Sweep.archived_at.is_(None))
         with self.db.read() as session:
             sweeps = list(session.execute(query).scalars())
             trials = self._trials(session, [s.id for s in sweeps])
             now = utcnow()
             return [build_sweep_view(s, trials[s.id], now) for s in sweeps]
+
+    def set_archived(self, sweep_id: str, archived: bool) -> None:
+        """Hide the sweep from default lists (``archived``) or show it again (its trials stay as they are)."""
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (_session, sweep):
+            if not archived:
+                sweep.archived_at = None
+            elif sweep.archived_at is None:
+                sweep.archived_at = utcnow()
 
     # --- status --------------------------------------------------------------------------
     def apply_driver_report(self, sweep_id: str, status: SweepStatus, *, message: str | None = None,

@@ -25,7 +25,7 @@ def build_sweep_view(sweep: Sweep, trials: list[Run], now: datetime) -> SweepVie
         finished_at=sweep.finished_at, error=sweep.error, message=sweep.message, trials=views,
         skipped=[SkippedSet(**s) for s in sweep.skipped or []], pareto=pareto_front(points, mode),
         best_run_id=best.run_id if best is not None else None,
-        counts=dict(Counter(t.status.value for t in views)))
+        counts=dict(Counter(t.status.value for t in views)), archived_at=sweep.archived_at)
 
 
 def _trial_view(run: Run, metric: str, mode: str, now: datetime) -> TrialView:

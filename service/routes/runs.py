@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timezone
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from api.data_roots import data_root_problems
+from api.run_edits import order_by_key
 from api.specs import RunSpec
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import project_code_store
 from service.access import KEY_PREFIX, Caller, Role
 from service.deps import AccessDep, CallerDep, RepoDep, project_for_create, require_caller
 from service.tokens import bearer_token
+from service.db.session import clean_text
 from service.repository import Repository, RunNotFound, RunRecord
+from service.run_listing import Archived, RunFilter
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.settings import Settings
 from service.spec_caps import spec_cap_problems
@@ -110,17 +114,53 @@ def list_runs(request: Request, repo: RepoDep, caller: CallerDep, status: RunSta
               sweep_id: Annotated[str | None, Query(max_length=64, description="only this sweep's trials")] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               cursor: Annotated[str | None, Query(max_length=512)] = None,
-              project: Annotated[str | None, Query(max_length=64, description="only this project's runs")] = None
+              project: Annotated[str | None, Query(max_length=64, description="only this project's runs")] = None,
+              tag: Annotated[str | None, Query(max_length=64, description="only runs with this tag")] = None,
+              name: Annotated[str | None, Query(max_length=128, description="only runs whose name contains this "
+                                                                             "(case-insensitive)")] = None,
+              created_after: Annotated[datetime | None, Query(description="only runs created after this time "
+                                                                          "(ISO 8601; no offset: UTC)")] = None,
+              created_before: Annotated[datetime | None, Query(description="only runs created before this time")] = None,
+              archived: Annotated[Archived, Query(description="archived runs: hidden (false), only (true) or "
+                                                              "both (all)")] = "false",
+              order_by: Annotated[str | None, Query(max_length=140, description="best:<metric key>: that key's best "
+                                                    "value first (max or min by api.views.metric_mode); only "
+                                                    "runs that reported the key. Default: newest first")] = None,
               ) -> RunsPage:
-    """Runs of the API key's projects, newest first; pass ``next_cursor`` back as ``cursor`` for
-    the next page. ETag / If-None-Match → 304."""
+    """Runs of the API key's projects, newest first (or by a metric's best value), filtered by
+    tag, name, status, sweep, creation time and archive state; pass ``next_cursor`` back as
+    ``cursor`` for the next page (with the same filters and order). ETag / If-None-Match → 304."""
     projects = caller.visible()
     if project is not None:
         projects = [project] if caller.role_in(project) is not None else []
-    runs, next_cursor = repo.list_runs(status=status, sweep_id=sweep_id, limit=limit, cursor=cursor,
-                                       projects=projects)
+    problems, after, before, best_key = list_query_values(created_after, created_before, order_by)
+    if problems:
+        return validation_response(problems)
+    where = RunFilter(projects=projects, status=status, sweep_id=sweep_id, tag=clean_text(tag), name=clean_text(name),
+                      created_after=after, created_before=before, archived=archived)
+    runs, next_cursor = repo.list_runs(where, limit=limit, cursor=cursor, order_by_best=best_key)
     return conditional_json(request, RunsPage(data=[queued_view(request, run) for run in runs],
                                               next_cursor=next_cursor))
+
+
+def list_query_values(created_after: datetime | None, created_before: datetime | None, order_by: str | None):
+    """The 422 items for ``GET /runs``' time bounds and ``order_by``, the bounds in UTC (naive
+    ones are UTC already) and the ``order_by`` metric key."""
+    problems, bounds = [], []
+    for field, when in (("created_after", created_after), ("created_before", created_before)):
+        try:
+            bounds.append(when.astimezone(timezone.utc) if when is not None and when.tzinfo is not None else when)
+        except OverflowError:
+            bounds.append(None)
+            problems.append(field_error(field, ["query", field], "a time between the years 1 and 9999 in UTC",
+                                        when.isoformat()))
+    key = None
+    if order_by is not None:
+        try:
+            key = order_by_key(clean_text(order_by))
+        except ValueError as exc:
+            problems.append(field_error("order_by", ["query", "order_by"], str(exc), order_by))
+    return problems, bounds[0], bounds[1], key
 
 
 @router.get("/{run_id}", response_model=RunView, operation_id="get_run", responses={**NOT_FOUND, **NOT_MODIFIED})

@@ -71,10 +71,13 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
 
 @router.get("", response_model=SweepsPage, operation_id="list_sweeps", responses=NOT_MODIFIED)
 def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
-                limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SweepsPage:
+                limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                archived: Annotated[Literal["true", "false", "all"],
+                                    Query(description="archived sweeps: hidden (false), only (true) or both (all)")]
+                = "false") -> SweepsPage:
     """The newest ``limit`` sweeps of the key's projects, newest first, with their trials.
     ETag / If-None-Match → 304."""
-    views = sweeps.list_sweep_views(limit=limit, projects=caller.visible())
+    views = sweeps.list_sweep_views(limit=limit, projects=caller.visible(), archived=archived)
     return conditional_json(request, SweepsPage(data=[queued_sweep(request, view) for view in views]))
 
 

@@ -79,7 +79,8 @@ def save_screenshot(page, name: str, *, full_page: bool = True) -> Path:
     return path
 
 
-DOC_SCREENSHOT_NAMES = {"runs-1280", "run-1280", "submit-error-800", "sweep-1280", "sweep-800", "run-logs-1280"}
+DOC_SCREENSHOT_NAMES = {"runs-1280", "run-1280", "submit-error-800", "sweep-1280", "sweep-800", "run-logs-1280",
+                        "compare-1280"}
 
 
 def assert_fits_width(page, width: int) -> None:

@@ -30,3 +30,14 @@ def test_a_code_package_is_where_the_workers_fetch_it(storage):
 def test_the_default_project_keeps_the_root_and_others_get_a_prefix():
     assert service_paths.project_storage_url("s3://b/t", "default") == "s3://b/t"
     assert service_paths.project_storage_url("s3://b/t/", "vision") == "s3://b/t/projects/vision"
+
+
+@pytest.mark.parametrize("storage", STORAGE)
+def test_ray_and_sweep_folders_that_deletion_removes_are_where_the_workers_write(storage):
+    # Ray Train names an attempt's folder after the RunConfig name in workers.ray_train: tessera-{run_id}
+    local = storage.removeprefix("file://")
+    ray = worker_paths.ray_storage_path(storage, attempt=2)
+    assert service_paths.ray_attempt_url(storage, "abc", 2).removeprefix("file://") == f"{ray}/tessera-abc"
+    assert ray.startswith(local)
+    tune = worker_paths.sweep_experiment_path(storage, "s1")
+    assert tune.startswith(service_paths.sweep_url(storage, "s1").removeprefix("file://") + "/")

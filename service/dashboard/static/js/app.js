@@ -6,6 +6,7 @@
 
 import { setUpAccess } from "./access.js";
 import * as algorithmsView from "./algorithms.js";
+import * as compareView from "./compare.js";
 import * as runView from "./run.js";
 import * as runsView from "./runs.js";
 import * as submitView from "./submit.js";
@@ -16,6 +17,7 @@ import { formatClock, formatDuration } from "./ui.js";
 const ROUTES = [
   { pattern: /^\/runs$/, nav: "runs", view: runsView },
   { pattern: /^\/runs\/([^/]+)$/, nav: "runs", view: runView },
+  { pattern: /^\/compare$/, nav: "runs", view: compareView },
   { pattern: /^\/sweeps$/, nav: "sweeps", view: sweepsView },
   { pattern: /^\/sweeps\/([^/]+)$/, nav: "sweeps", view: sweepView },
   { pattern: /^\/algorithms$/, nav: "algorithms", view: algorithmsView },

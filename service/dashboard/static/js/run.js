@@ -10,6 +10,7 @@ import { dump } from "../vendor/js-yaml.mjs";
 import { ApiError, downloadFile, errorText, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
 import { ChartGrid } from "./charts.js";
 import { LogPane } from "./logs.js";
+import { RunNotes } from "./run_notes.js";
 import {
   algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, RESUMABLE,
   queueText, runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
@@ -25,6 +26,7 @@ export function mount(root, ctx) {
   const path = `/runs/${encodeURIComponent(runId)}`;
   const charts = new ChartGrid();
   const logPane = new LogPane(path);
+  const notes = new RunNotes(path, () => poller.poke());
   let cursor = 0;
   let polls = 0;
   let lastRun = null;
@@ -82,6 +84,7 @@ export function mount(root, ctx) {
       el("div", { class: "actions" }, resubmit, resumeButton, cancelButton)),
     el("section", { class: "run-overview", "aria-label": "overview" }, progress, facts),
     errorSlot,
+    notes.element,
     el("section", { "aria-labelledby": "charts-h" }, el("h2", { id: "charts-h" }, "Metrics"), charts.element),
     el("div", { class: "two-col" },
       el("section", { "aria-labelledby": "events-h" },
@@ -136,6 +139,7 @@ export function mount(root, ctx) {
     summaryTable.replaceChildren(...Object.keys(run.summary).sort().map((key) =>
       el("tr", {}, el("td", { class: "mono" }, key), el("td", { class: "num" }, formatNumber(run.summary[key])))));
     if (first) specBlock.textContent = dump(run.spec);
+    notes.render(run);
   }
 
   function renderEvents(list) {

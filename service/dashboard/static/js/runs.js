@@ -1,6 +1,7 @@
 // Runs: the table a researcher keeps open. One conditional GET /runs per poll (ETag: a 304
 // changes nothing but the running clocks); rows are keyed by run id and updated in place.
-// Filters live in the URL (`#/runs?status=FAILED&sweep_id=...`), so a filtered view can be linked.
+// Filters live in the URL (`#/runs?status=FAILED&sweep_id=...&tag=...&name=...`), so a filtered
+// view can be linked. Ticking 2–8 rows enables "Compare", which opens `#/compare?ids=...`.
 
 import { getIfChanged, getJSON, Poller } from "./api.js";
 import {
@@ -9,12 +10,14 @@ import {
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
-const COLUMNS = ["Run", "Status", "Progress", "Algorithms", "Best", "Latest", "Restarts", "Duration", "Created"];
+const COLUMNS = ["Select", "Run", "Status", "Progress", "Algorithms", "Best", "Latest", "Restarts", "Duration", "Created"];
 
-function runsHash({ status, sweepId }) {
+function runsHash({ status, sweepId, tag, name }) {
   const query = new URLSearchParams();
   if (status) query.set("status", status);
   if (sweepId) query.set("sweep_id", sweepId);
+  if (tag) query.set("tag", tag);
+  if (name) query.set("name", name);
   const text = query.toString();
   return text ? `#/runs?${text}` : "#/runs";
 }
@@ -23,13 +26,16 @@ export function mount(root, ctx) {
   let alive = true;
   const status = STATUSES.includes(ctx.query.get("status")) ? ctx.query.get("status") : "";
   const sweepId = ctx.query.get("sweep_id") || "";
+  const tag = ctx.query.get("tag") || "";
+  const name = ctx.query.get("name") || "";
+  const filters = { status, sweepId, tag, name };
   const filter = el("select", { id: "status-filter", onchange: (e) => {
-    window.location.hash = runsHash({ status: e.target.value, sweepId });
+    window.location.hash = runsHash({ ...filters, status: e.target.value });
   } },
   el("option", { value: "" }, "all statuses"),
   STATUSES.map((s) => el("option", { value: s, selected: s === status }, s)));
   const sweepFilter = el("select", { id: "sweep-filter", onchange: (e) => {
-    window.location.hash = runsHash({ status, sweepId: e.target.value });
+    window.location.hash = runsHash({ ...filters, sweepId: e.target.value });
   } },
   el("option", { value: "" }, "all runs"),
   sweepId ? el("option", { value: sweepId, selected: true }, sweepId) : null);
@@ -43,16 +49,35 @@ export function mount(root, ctx) {
   const tbody = el("tbody");
   const table = el("table", { class: "runs-table", id: "runs-table" },
     el("caption", { class: "visually-hidden" }, "Runs, newest first"),
-    el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}` }, h)))),
+    el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}` },
+      h === "Select" ? el("span", { class: "visually-hidden" }, "Select to compare") : h)))),
     tbody);
-  const emptyText = sweepId ? `No ${status ? `${status} ` : ""}trials in this sweep.` : status ? `No ${status} runs.` : null;
+  const nameFilter = el("input", { type: "search", id: "name-filter", value: name, placeholder: "name contains…",
+                                   "aria-label": "Search run names", maxlength: "128", onchange: (e) => {
+    window.location.hash = runsHash({ ...filters, name: e.target.value.trim() });
+  } });
+  const tagNote = el("p", { id: "tag-note", hidden: !tag }, "Tagged ", el("span", { class: "chip tag-chip" }, tag),
+    " · ", el("a", { href: runsHash({ ...filters, tag: "" }), id: "clear-tag" }, "show every tag"));
+  const selected = new Set();
+  const compareButton = el("button", { type: "button", id: "compare-runs", disabled: true, onclick: () => {
+    window.location.hash = `#/compare?ids=${[...selected].map(encodeURIComponent).join(",")}`;
+  } }, "Compare");
+  function onSelect(runId, checked) {
+    if (checked) selected.add(runId); else selected.delete(runId);
+    compareButton.disabled = selected.size < 2 || selected.size > 8;
+    setText(compareButton, selected.size ? `Compare ${selected.size}` : "Compare");
+    compareButton.title = selected.size > 8 ? "at most 8 runs" : "tick 2 to 8 runs";
+  }
+  const emptyText = tag || name ? "No runs match these filters." : sweepId ? `No ${status ? `${status} ` : ""}trials in this sweep.` : status ? `No ${status} runs.` : null;
   const empty = el("p", { class: "empty", hidden: true },
     emptyText || "No runs yet. ", emptyText ? null : el("a", { href: "#/submit" }, "Submit one."));
   root.append(
     el("div", { class: "page-head" },
       el("h1", {}, "Runs"),
-      el("div", { class: "filters" }, sweepFilterBox, el("label", { for: "status-filter" }, "Status "), filter)),
+      el("div", { class: "filters" }, nameFilter, sweepFilterBox, el("label", { for: "status-filter" }, "Status "),
+        filter, compareButton)),
     sweepNote,
+    tagNote,
     count,
     el("div", { class: "table-wrap" }, table),
     empty,
@@ -86,14 +111,14 @@ export function mount(root, ctx) {
       seen.add(run.id);
       let row = rows.get(run.id);
       if (!row) {
-        row = createRow(run);
+        row = createRow(run, filters, onSelect);
         rows.set(run.id, row);
       }
       updateRow(row, run);
       if (tbody.children[index] !== row.tr) tbody.insertBefore(row.tr, tbody.children[index] || null);
     });
     for (const [id, row] of rows) {
-      if (!seen.has(id)) { row.tr.remove(); rows.delete(id); }
+      if (!seen.has(id)) { row.tr.remove(); rows.delete(id); onSelect(id, false); }
     }
     empty.hidden = runs.length > 0;
     table.hidden = runs.length === 0;
@@ -104,7 +129,8 @@ export function mount(root, ctx) {
   }
 
   const query = `/runs?limit=${PAGE_SIZE}` + (status ? `&status=${status}` : "") +
-    (sweepId ? `&sweep_id=${encodeURIComponent(sweepId)}` : "");
+    (sweepId ? `&sweep_id=${encodeURIComponent(sweepId)}` : "") + (tag ? `&tag=${encodeURIComponent(tag)}` : "") +
+    (name ? `&name=${encodeURIComponent(name)}` : "");
   const poller = new Poller(async () => {
     const { data, changed } = await getIfChanged(query);
     if (changed) render(data.data);
@@ -125,8 +151,16 @@ function columnId(header) {
   return header === "Latest" ? "metric" : header.toLowerCase(); // .col-metric: the latest value
 }
 
-function createRow(run) {
+/** A run's tags as chips, each a link to the runs with that tag. */
+function tagChips(tags, filters) {
+  return el("ul", { class: "chips tags", "aria-label": "tags" }, tags.map((t) => el("li", {},
+    el("a", { class: "chip tag-chip", href: runsHash({ ...filters, tag: t }) }, t))));
+}
+
+function createRow(run, filters, onSelect) {
   const cells = {
+    select: el("td", { class: "col-select" }, el("input", { type: "checkbox", class: "select-run",
+      "aria-label": `select ${run.name} to compare`, onchange: (e) => onSelect(run.id, e.target.checked) })),
     name: el("td", { class: "col-run" }),
     status: el("td", { class: "col-status" }),
     progress: el("td", { class: "col-progress" }),
@@ -144,12 +178,14 @@ function createRow(run) {
                                 dataset: { sweepId: run.sweep_id } },
       `trial ${run.trial_id || "?"} of sweep ${run.sweep_id.slice(0, 8)}`));
   }
+  const tags = el("div", { class: "run-tags" });
+  cells.name.append(tags);
   cells.status.append(statusBadge(run.status), el("div", { class: "queue-note muted small" }));
   cells.progress.append(progressBar(undefined));
   cells.algorithms.append(algorithmChips(run.spec));
   cells.created.append(formatTime(run.created_at));
   const tr = el("tr", { dataset: { runId: run.id } }, Object.values(cells));
-  return { tr, cells };
+  return { tr, cells, tags, filters };
 }
 
 function setMetricCell(cell, metric) {
@@ -161,6 +197,11 @@ function setMetricCell(cell, metric) {
 
 function updateRow(row, run) {
   row.tr.dataset.status = run.status;
+  const tagKey = (run.tags || []).join(" ");
+  if (row.tags.dataset.tags !== tagKey) {
+    row.tags.dataset.tags = tagKey;
+    row.tags.replaceChildren(...(run.tags?.length ? [tagChips(run.tags, row.filters)] : []));
+  }
   updateStatusBadge(row.cells.status.firstChild, run.status);
   setText(row.cells.status.lastChild, queueText(run));
   const { fraction, detail } = runProgress(run);

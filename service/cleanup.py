@@ -1,0 +1,127 @@
+"""Deleting ended runs and sweeps: their rows and everything they left in storage.
+
+A run's storage is its folder ``{project storage}/runs/{id}`` (checkpoints, attempt logs,
+exports, TensorBoard files) and Ray Train's folder of each attempt,
+``{project storage}/ray/attempt-{n}/tessera-{id}`` (``service.storage_paths`` mirrors
+``workers.paths``); a sweep's is ``{project storage}/sweeps/{id}`` (Tune's experiment) plus
+each trial's folders.
+
+Order, so nothing is left half-deleted: the rows are deleted inside a transaction that holds the
+row lock; the storage is removed before that transaction commits. If storage cannot be removed
+the transaction rolls back and the run is still listed (a retry removes what is left); once the
+rows are gone, so is the storage. Every deletion is logged as one structured ``audit`` record.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from fsspec.core import url_to_fs
+from sqlalchemy import delete, select
+
+from api.views import RunStatus, SweepStatus
+from service.db.models import Run, Sweep
+from service.repository import Repository, RunNotFound
+from service.storage_paths import project_storage_url, ray_attempt_url, run_url, sweep_url
+from service.sweep_repository import SweepNotFound
+
+audit = logging.getLogger("tessera.audit")
+
+
+class NotEnded(Exception):
+    """The run or sweep is still live (HTTP 409): cancel it first."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(detail)
+
+
+class StorageUnavailable(Exception):
+    """Storage refused the deletion (HTTP 503); nothing was deleted from the database."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(detail)
+
+
+@dataclass
+class Deletion:
+    """What a deletion removed: the runs (a sweep's trials too) and the storage folders."""
+
+    kind: str
+    id: str
+    project: str
+    run_ids: list[str] = field(default_factory=list)
+    storage_urls: list[str] = field(default_factory=list)
+
+
+def run_storage_urls(storage_url: str, run_id: str, attempts: int) -> list[str]:
+    """Every folder a run wrote under its project's storage: its run folder and Ray Train's
+    folder of each attempt."""
+    return [run_url(storage_url, run_id), *(ray_attempt_url(storage_url, run_id, n) for n in range(1, attempts + 1))]
+
+
+def remove_folder(url: str) -> None:
+    """Remove ``url`` and everything under it; a folder that is not there is already removed."""
+    fs, path = url_to_fs(url)
+    fs.invalidate_cache(path)
+    try:
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StorageUnavailable(f"could not delete {url}: {exc}; nothing was deleted, try again") from exc
+
+
+def delete_run(repo: Repository, storage_root: str, run_id: str, *, by: str) -> Deletion:
+    """Delete an ended run (409 ``NotEnded`` otherwise): its rows (events, metrics, checkpoints
+    and bests go with it) and its storage folder. ``by`` names who asked, for the audit record."""
+    with repo.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+        status = RunStatus(run.status)
+        if not status.is_terminal:
+            raise NotEnded(f"run {run_id} is {status.value}; only ended runs (COMPLETED, FAILED, CANCELED, "
+                           f"STOPPED) can be deleted: cancel it first")
+        if run.sweep_id is not None:
+            live = session.execute(select(Sweep.status).where(Sweep.id == run.sweep_id)).scalar_one_or_none()
+            if live is not None and not SweepStatus(live).is_terminal:
+                raise NotEnded(f"run {run_id} is a trial of sweep {run.sweep_id}, which is {live}; delete it once "
+                               f"the sweep has ended")
+        done = Deletion("run", run_id, run.project, [run_id],
+                        run_storage_urls(project_storage_url(storage_root, run.project), run_id, run.attempt))
+        session.execute(delete(Run).where(Run.id == run_id))
+        session.flush()
+        for url in done.storage_urls:
+            remove_folder(url)
+    _log(done, by)
+    return done
+
+
+def delete_sweep(repo: Repository, storage_root: str, sweep_id: str, *, by: str) -> Deletion:
+    """Delete an ended sweep (409 otherwise), its trial runs and their storage, and its own."""
+    with repo.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
+        status = SweepStatus(sweep.status)
+        if not status.is_terminal:
+            raise NotEnded(f"sweep {sweep_id} is {status.value}; only ended sweeps can be deleted: cancel it first")
+        trials = session.execute(select(Run.id, Run.status, Run.attempt).where(Run.sweep_id == sweep_id)).all()
+        live = [run_id for run_id, run_status, _ in trials if not RunStatus(run_status).is_terminal]
+        if live:
+            raise NotEnded(f"sweep {sweep_id} still has live trials {live}; wait until they end or cancel them")
+        storage = project_storage_url(storage_root, sweep.project)
+        done = Deletion("sweep", sweep_id, sweep.project, [run_id for run_id, _, _ in trials],
+                        [url for run_id, _, attempts in trials for url in run_storage_urls(storage, run_id, attempts)]
+                        + [sweep_url(storage, sweep_id)])
+        session.execute(delete(Run).where(Run.sweep_id == sweep_id))
+        session.execute(delete(Sweep).where(Sweep.id == sweep_id))
+        session.flush()
+        for url in done.storage_urls:
+            remove_folder(url)
+    _log(done, by)
+    return done
+
+
+def _log(done: Deletion, by: str) -> None:
+    audit.info("deleted %s %s", done.kind, done.id,
+               extra={"audit": {"action": f"{done.kind}.delete", "id": done.id, "project": done.project, "by": by,
+                                "run_ids": done.run_ids, "storage_urls": done.storage_urls}})

@@ -1,0 +1,120 @@
+// Compare: 2–8 runs (`#/compare?ids=a,b,c`) on one page. Their curves overlaid, one chart per
+// metric key; the spec fields that differ (dotted paths, `specDiff` below: the twin of
+// api/spec_diff.py, a test holds the two together); their latest and best values side by side.
+// Ended runs do not change, so the page loads once instead of polling.
+
+import { getJSON } from "./api.js";
+import { MetricChart } from "./charts.js";
+import { el, errorBox, formatNumber, statusBadge } from "./ui.js";
+
+export const MIN_RUNS = 2;
+export const MAX_RUNS = 8;
+const METRICS_PAGE = 10_000;
+const MAX_PAGES = 20; // 200k points per run: enough for any chart a person reads
+
+/** `{path: leaf}` of a JSON value: objects by key, arrays by index; `{}` and `[]` are leaves. */
+export function flatten(value, prefix = "", out = {}) {
+  const entries = Array.isArray(value) ? value.map((v, i) => [String(i), v])
+    : value !== null && typeof value === "object" ? Object.entries(value) : [];
+  if (!entries.length) {
+    out[prefix] = value;
+    return out;
+  }
+  for (const [key, child] of entries) flatten(child, prefix ? `${prefix}.${key}` : key, out);
+  return out;
+}
+
+/** The dotted paths whose values differ across `specs`, sorted, each with every spec's value
+ *  (null where a spec lacks the path). Same paths as api.spec_diff.spec_diff. */
+export function specDiff(specs) {
+  const flats = specs.map((spec) => flatten(spec));
+  const paths = [...new Set(flats.flatMap((f) => Object.keys(f)))].sort();
+  const diff = {};
+  for (const path of paths) {
+    const values = flats.map((f) => (path in f ? f[path] : null));
+    const same = flats.every((f) => path in f) && values.every((v) => JSON.stringify(v) === JSON.stringify(values[0]));
+    if (!same) diff[path] = values;
+  }
+  return diff;
+}
+
+export function mount(root, ctx) {
+  const ids = [...new Set((ctx.query.get("ids") || "").split(",").map((s) => s.trim()).filter(Boolean))];
+  const heading = el("h1", {}, "Compare runs");
+  root.append(el("p", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), heading);
+  if (ids.length < MIN_RUNS || ids.length > MAX_RUNS) {
+    root.append(errorBox(`Pick ${MIN_RUNS} to ${MAX_RUNS} runs to compare (got ${ids.length}): tick them in the ` +
+      "runs table, then “Compare”."));
+    return null;
+  }
+  const charts = [];
+  let alive = true;
+  const body = el("div", { id: "compare", "aria-busy": "true" }, el("p", { class: "muted" }, "Loading…"));
+  root.append(body);
+  load(ids).then(({ runs, points }) => {
+    if (!alive) return;
+    body.replaceChildren(...render(runs, points, charts));
+    charts.forEach((c) => c.flush()); // drawn once in the page, at its width
+    body.setAttribute("aria-busy", "false");
+    ctx.setLive(null);
+  }).catch((error) => {
+    if (alive) body.replaceChildren(errorBox(`Could not load the runs: ${error.message}`));
+  });
+  return () => { alive = false; charts.forEach((c) => c.destroy()); };
+}
+
+async function load(ids) {
+  const runs = await Promise.all(ids.map((id) => getJSON(`/runs/${encodeURIComponent(id)}`)));
+  const points = await Promise.all(ids.map(async (id) => {
+    const all = [];
+    let after = 0;
+    for (let page = 0; page < MAX_PAGES; page += 1) {
+      const result = await getJSON(`/runs/${encodeURIComponent(id)}/metrics?after=${after}&limit=${METRICS_PAGE}`);
+      all.push(...result.data);
+      after = result.last_seq;
+      if (result.data.length < METRICS_PAGE) break;
+    }
+    return all;
+  }));
+  return { runs, points };
+}
+
+function label(run) {
+  return `${run.name} (${run.id.slice(0, 6)})`;
+}
+
+function render(runs, points, charts) {
+  const keys = [...new Set(points.flat().map((p) => p.key))].sort();
+  keys.forEach((key, i) => {
+    const chart = new MetricChart({ id: `compare-${i}`, title: key });
+    chart.figure.dataset.key = key;
+    runs.forEach((run, r) => {
+      for (const p of points[r]) if (p.key === key) chart.add(label(run), p.step, p.value);
+    });
+    charts.push(chart);
+  });
+  const header = el("tr", {}, el("th", { scope: "col" }, ""), runs.map((run) => el("th", { scope: "col" },
+    el("a", { href: `#/runs/${encodeURIComponent(run.id)}` }, run.name), " ", statusBadge(run.status),
+    el("div", { class: "muted mono small" }, run.id))));
+  const diff = specDiff(runs.map((r) => r.spec));
+  const diffRows = Object.entries(diff).map(([path, values]) => el("tr", { dataset: { path } },
+    el("th", { scope: "row", class: "mono" }, path),
+    values.map((v) => el("td", { class: "mono" }, v === null ? "–" : JSON.stringify(v)))));
+  const metricKeys = [...new Set(runs.flatMap((r) => [...Object.keys(r.summary), ...Object.keys(r.best)]))].sort();
+  const summaryRows = metricKeys.map((key) => el("tr", { dataset: { key } },
+    el("th", { scope: "row", class: "mono" }, key),
+    runs.map((run) => el("td", { class: "num" }, formatNumber(run.best[key]),
+      el("span", { class: "muted small" }, ` best · ${formatNumber(run.summary[key])} latest`)))));
+  return [
+    el("section", { "aria-labelledby": "compare-charts-h" }, el("h2", { id: "compare-charts-h" }, "Curves"),
+      keys.length ? el("div", { class: "chart-grid" }, charts.map((c) => c.figure))
+        : el("p", { class: "muted" }, "None of these runs reported metrics.")),
+    el("section", { "aria-labelledby": "compare-diff-h" }, el("h2", { id: "compare-diff-h" }, "Spec differences"),
+      diffRows.length ? el("div", { class: "table-wrap" }, el("table", { id: "spec-diff", class: "compare-table" },
+        el("thead", {}, header.cloneNode(true)), el("tbody", {}, diffRows)))
+        : el("p", { class: "muted", id: "spec-diff-none" }, "The specs are identical.")),
+    el("section", { "aria-labelledby": "compare-summary-h" }, el("h2", { id: "compare-summary-h" }, "Summaries"),
+      el("div", { class: "table-wrap" }, el("table", { id: "compare-summary", class: "compare-table" },
+        el("thead", {}, header), el("tbody", {}, summaryRows)))),
+  ];
+}

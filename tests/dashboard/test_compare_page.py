@@ -1,0 +1,87 @@
+"""Finding and comparing runs in a real browser: tick runs in the runs table, compare them
+(overlaid curves, the spec fields that differ, summaries side by side), and the JS spec diff
+gives the same dotted paths as ``api.spec_diff``; tags and notes edited on the run page."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from playwright.sync_api import expect
+
+from api.spec_diff import spec_diff
+from api.views import ReportedMetric, RunStatus
+from tests.dashboard.conftest import dashboard_url, save_screenshot
+from tests.dashboard.test_dashboard_pages import make_run
+
+
+def _report(repo, run_id: str, final_accuracy: float) -> None:
+    now = datetime.now(timezone.utc)
+    points = [ReportedMetric(step=s, key="train/loss", value=2.0 / (1 + s * final_accuracy), time=now)
+              for s in range(1, 21)]
+    points += [ReportedMetric(step=s, key="eval/accuracy", value=final_accuracy * s / 20, time=now)
+               for s in (5, 10, 15, 20)]
+    repo.add_metrics(run_id, points)
+
+
+# Edge cases both diffs must agree on: a longer list, a missing key, an empty dict, true vs 1.
+TRICKY = ({"a": [1, 2], "b": {"c": True}, "e": {}, "f": 1.5},
+          {"a": [1, 2, 3], "b": {"c": 1}, "d": None, "e": {"x": 0}, "f": 1.5})
+
+
+def test_compare_page_overlays_curves_and_shows_the_spec_fields_that_differ(page, local_service):
+    repo = local_service.repo
+    a = make_run(repo, "compare-sgd", seed=1)
+    b = make_run(repo, "compare-adam", seed=2, optimizer={"name": "adamw", "lr": 0.001},
+                 algorithms=[{"name": "channels_last"}])
+    for run, accuracy in ((a, 0.8), (b, 0.9)):
+        _report(repo, run.id, accuracy)
+        repo.transition(run.id, RunStatus.COMPLETED)
+
+    page.goto(dashboard_url(local_service.url, "runs?name=compare-"))
+    rows = page.locator("#runs-table tbody tr")
+    expect(rows).to_have_count(2)
+    compare = page.locator("#compare-runs")
+    expect(compare).to_be_disabled()
+    for run in (a, b):
+        page.locator(f'tr[data-run-id="{run.id}"] .select-run').check()
+    expect(compare).to_be_enabled()
+    compare.click()
+    expect(page).to_have_url(f"{local_service.url}/?poll_ms=500#/compare?ids={a.id},{b.id}")
+
+    for key in ("eval/accuracy", "train/loss"):  # one chart per key, both runs' points on it
+        expected = "8" if key == "eval/accuracy" else "40"
+        expect(page.locator(f'figure[data-key="{key}"]')).to_have_attribute("data-points", expected)
+    expect(page.locator('figure[data-key="train/loss"] canvas')).to_have_count(1)
+    paths = page.locator("#spec-diff tbody tr").evaluate_all("rows => rows.map(r => r.dataset.path)")
+    specs = [repo.get_run(run.id).spec for run in (a, b)]
+    assert paths == list(spec_diff(*specs)) and "seed" in paths and "optimizer.name" in paths
+    expect(page.locator('#compare-summary tr[data-key="eval/accuracy"] td').first).to_contain_text("0.8")
+    save_screenshot(page, "compare-1280", full_page=False)
+
+    js = page.evaluate("async (specs) => Object.keys((await import('/static/js/compare.js')).specDiff(specs))",
+                       list(TRICKY))
+    assert js == list(spec_diff(*TRICKY)) == ["a.2", "b.c", "d", "e", "e.x"]
+
+    page.goto(dashboard_url(local_service.url, f"compare?ids={a.id}"))
+    expect(page.locator(".error-box")).to_contain_text("Pick 2 to 8 runs")
+
+
+def test_tags_and_notes_are_edited_on_the_run_page_and_tag_chips_filter_the_list(page, local_service):
+    run = make_run(local_service.repo, "notes-run", status=RunStatus.COMPLETED)
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    page.locator("#edit-notes-button").click()
+    page.locator("#edit-tags").fill("baseline has:colon")
+    page.locator("#edit-notes").fill("lr was too high")
+    page.locator("#save-notes").click()
+    expect(page.locator("#run-notes")).to_have_text("lr was too high")
+    expect(page.locator("#run-tags .tag-chip")).to_have_text(["baseline", "has:colon"])
+    page.locator("#edit-notes-button").click()
+    page.locator("#edit-tags").fill("no!good")
+    page.locator("#save-notes").click()
+    expect(page.locator("#notes-error")).to_contain_text("no!good")  # the 422, word for word
+    assert local_service.repo.get_run(run.id).tags == ["baseline", "has:colon"]
+
+    page.goto(dashboard_url(local_service.url, "runs"))
+    page.locator(f'tr[data-run-id="{run.id}"] .tag-chip', has_text="has:colon").click()
+    expect(page.locator("#tag-note")).to_be_visible()
+    expect(page.locator("#runs-table tbody tr")).to_have_count(1)
