@@ -28,7 +28,7 @@ def test_quick_loop_bench_compares_trainer_and_plain_loop_and_counts_engine_call
     assert report["quick"] is True and report["calls_per_step"] == ENGINE_CALLS_PER_STEP
     tiny = report["cases"]["tiny"]
     assert tiny["rounds"] == len(tiny["ratio_per_round"]) == 2
-    assert all(ratio > 0 for ratio in tiny["ratio_per_round"])
+    assert all(ratio > 0 for ratio in tiny["ratio_per_round"] + tiny["step_ratio_per_round"])
     assert tiny["plain_steps_per_s"] > 0 and tiny["trainer_steps_per_s"] > 0 and tiny["noop5_ratio_median"] > 0
     engine = report["engine"]
     assert 0 < engine["seconds_per_event_no_algorithms"] and 0 < engine["seconds_per_event_5_noop_algorithms"]
