@@ -35,6 +35,7 @@ import json
 import os
 import pathlib
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,12 +54,17 @@ BATCH_SIZE, IMAGE_SIZE, NUM_WORKERS = 32, 32, 2
 
 # --- part A: the driver's imports --------------------------------------------------------
 
-def import_seconds(code: str, root: pathlib.Path) -> float:
-    """Wall seconds of a fresh interpreter running ``code`` with ``root`` first on the path."""
+def import_seconds(code: str, root: pathlib.Path) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of a fresh interpreter running ``code`` with ``root``
+    first on the path. CPU time is the load-robust figure: on a shared machine the wall time
+    mostly measures waiting for a core."""
     env = {**os.environ, "PYTHONPATH": str(root)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=root, env=env, check=True)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def checkout(ref: str) -> pathlib.Path:
@@ -70,7 +76,7 @@ def checkout(ref: str) -> pathlib.Path:
 
 
 def driver_imports(rounds: int, before: str | None) -> dict[str, Any]:
-    sides: dict[str, Callable[[], float]] = {
+    sides: dict[str, Callable[[], tuple[float, float]]] = {
         "floor_ray_train_torch": lambda: import_seconds(FLOOR_IMPORTS, REPO_ROOT),
         "driver": lambda: import_seconds(DRIVER_IMPORTS, REPO_ROOT),
     }
@@ -78,23 +84,28 @@ def driver_imports(rounds: int, before: str | None) -> dict[str, Any]:
         old = checkout(before)
         sides["driver_before"] = lambda: import_seconds(DRIVER_IMPORTS, old)
     import_seconds(DRIVER_IMPORTS, REPO_ROOT)  # warm the page cache, untimed
-    times: dict[str, list[float]] = {side: [] for side in sides}
+    wall: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
     names = list(sides)
     for r in range(rounds):
         for side in names if r % 2 == 0 else names[::-1]:
-            times[side].append(sides[side]())
-        print(f"imports round {r}: " + ", ".join(f"{s} {times[s][-1]:.2f}s" for s in names), file=sys.stderr, flush=True)
+            seconds, cpu_seconds = sides[side]()
+            wall[side].append(seconds)
+            cpu[side].append(cpu_seconds)
+        print(f"imports round {r}: " + ", ".join(f"{s} {wall[s][-1]:.2f}s (CPU {cpu[s][-1]:.2f}s)" for s in names),
+              file=sys.stderr, flush=True)
     row: dict[str, Any] = {"rounds": rounds, "driver_code": DRIVER_IMPORTS, "floor_code": FLOOR_IMPORTS,
                            "before_ref": before}
-    for side in names:
-        row[f"{side}_s_median"] = round(statistics.median(times[side]), 3)
-    floor = times["floor_ray_train_torch"]
-    row["driver_over_floor_median"] = round(statistics.median(d / f for d, f in zip(times["driver"], floor)), 4)
+    pairs = [("driver", "floor_ray_train_torch")]
     if before:
-        row["driver_before_over_floor_median"] = round(
-            statistics.median(d / f for d, f in zip(times["driver_before"], floor)), 4)
-        row["driver_over_before_median"] = round(
-            statistics.median(d / b for d, b in zip(times["driver"], times["driver_before"])), 4)
+        pairs += [("driver_before", "floor_ray_train_torch"), ("driver", "driver_before")]
+    for kind, times in (("wall", wall), ("cpu", cpu)):
+        for side in names:
+            row[f"{side}_{kind}_s_median"] = round(statistics.median(times[side]), 3)
+        for a, b in pairs:
+            row[f"{a}_over_{b}_{kind}_median"] = round(statistics.median(x / y for x, y in zip(times[a], times[b])), 4)
+        for a, b in pairs:
+            row[f"{a}_minus_{b}_{kind}_s_median"] = round(statistics.median(x - y for x, y in zip(times[a], times[b])), 3)
     return row
 
 
