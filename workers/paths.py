@@ -24,7 +24,16 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from workers.checkpoint.storage import join, normalize_url
+
+def join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def normalize_url(url: str) -> str:
+    """An fsspec URL: a bare path becomes ``file:///abs/path``."""
+    if "://" in url:
+        return url.rstrip("/")
+    return "file://" + os.path.abspath(url)
 
 TUNE_EXPERIMENT = "tune"  # the Tune experiment's name: the last folder of sweep_experiment_path
 

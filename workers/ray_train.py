@@ -8,26 +8,24 @@ creates the process group: gloo on CPU, nccl on GPU.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from api.client import Client
 from api.specs import RunSpec
-from api.views import RunStatus
-from workers.checkpoint import storage_for
 from workers.errors import TrainingError, describe
-from workers.fault_injection import install_fault_injection
-from workers.loggers import with_loggers
-from workers.models.user_code import install_code
 from workers.paths import attempt_marker_url, checkpoints_url, default_ray_storage_path, run_url
-from workers.reporter import ConsoleReporter, MetricSink, NullSink, ServiceReporter
-from workers.surgery_notes import with_notes
-from workers.trainer import Trainer, process_settings
+
+if TYPE_CHECKING:
+    from workers.reporter import MetricSink
 
 log = logging.getLogger(__name__)
+
+# The job driver imports this module only to start the TorchTrainer: what the workers need
+# (the trainer, models, checkpoints, algorithms) is imported inside ``train_loop_per_worker``,
+# so the driver does not load torchvision and torch.distributed.checkpoint (bench/startup.py).
 
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
@@ -93,9 +91,20 @@ def _run_config(spec: RunSpec, run_id: str, storage_path: str | None, *, tune: b
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     """One Ray Train worker: build from the spec, report RUNNING (rank 0), train."""
+    entered = time.time()
     import ray.train
     import ray.train.torch
+    import torch
 
+    from api.views import RunStatus
+    from workers.fault_injection import install_fault_injection
+    from workers.loggers import with_loggers
+    from workers.models.user_code import install_code
+    from workers.reporter import NullSink
+    from workers.surgery_notes import with_notes
+    from workers.trainer import Trainer, process_settings
+
+    imported = time.time()
     spec = RunSpec.model_validate_json(config["spec"])
     os.environ.update(config.get("test_env") or {})
     context = ray.train.get_context()
@@ -118,10 +127,25 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
             if restarted:
                 sink.status(RunStatus.RESTARTING, message="Ray Train restarted the worker group")
             sink.status(RunStatus.RUNNING, message=message)
+            built = time.time()
             metrics = trainer.fit()
     finally:
         sink.close()
+    if rank == 0:
+        _record_startup({"worker_entered": entered, "worker_imported": imported, "trainer_built": built,
+                         "fit_returned": time.time()})
     return metrics if rank == 0 else None
+
+
+def _record_startup(phases: dict[str, float]) -> None:
+    """Rank 0's start-up timestamps (Unix seconds) into the worker log, and into the file
+    ``TESSERA_TEST_STARTUP_FILE`` names when set (``bench/startup.py``): three clock reads per
+    run, nothing per step."""
+    log.info("startup phases: %s", json.dumps(phases))
+    path = os.environ.get("TESSERA_TEST_STARTUP_FILE")
+    if path:
+        with open(path, "w") as file:
+            json.dump(phases, file)
 
 
 def _report_to_tune(results: dict[str, float]) -> None:
@@ -134,6 +158,8 @@ def _report_to_tune(results: dict[str, float]) -> None:
 def _is_restart(run: str, attempt: int) -> bool:
     """Whether this job attempt already started the train function once: Ray Train v2 re-runs
     it on a worker-group restart. Rank 0 leaves a marker the first time."""
+    from workers.checkpoint import storage_for
+
     storage = storage_for(run)
     marker = attempt_marker_url(run, attempt)
     if storage.isfile(marker):
@@ -142,7 +168,10 @@ def _is_restart(run: str, attempt: int) -> bool:
     return False
 
 
-def _sink_for(config: dict[str, Any]) -> MetricSink:
+def _sink_for(config: dict[str, Any]) -> "MetricSink":
+    from api.client import Client
+    from workers.reporter import ConsoleReporter, ServiceReporter
+
     if config.get("service_url") and config.get("token"):
         # The attempt token, never a user key: worker processes run user code.
         return ServiceReporter(Client(config["service_url"], api_key=config["token"]), config["run_id"],

@@ -257,6 +257,13 @@ class Trainer:
         bounds = self.microbatches.bounds(batch_size)
         defer_sync = self.microbatches.defer_gradient_sync
         state.optimizer.zero_grad(set_to_none=True)
+        if len(bounds) == 1:
+            # The whole batch at once (the usual case): no slices, no weighting, no running sum.
+            # Four fewer tensor ops per step, which a small model's step time feels (bench/loop.py).
+            state.inputs, state.targets = batch_inputs, batch_targets
+            with no_sync(state.model, skip=defer_sync):
+                self._forward_backward(1.0)
+            return state.loss.detach()
         batch_loss = torch.zeros((), device=self.device)
         for i, (start, end) in enumerate(bounds):
             state.inputs, state.targets = batch_inputs[start:end], batch_targets[start:end]
@@ -280,7 +287,7 @@ class Trainer:
             state.loss = state.loss_fn(state.outputs, state.targets)
         engine.run_event(Event.AFTER_LOSS, state)
         engine.run_event(Event.BEFORE_BACKWARD, state)
-        state.scaler.scale(state.loss * weight).backward()
+        state.scaler.scale(state.loss if weight == 1.0 else state.loss * weight).backward()
         engine.run_event(Event.AFTER_BACKWARD, state)
 
     # --- evaluation ---------------------------------------------------------------------

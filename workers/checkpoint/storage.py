@@ -15,6 +15,11 @@ from typing import Callable, Protocol, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 
+# URL building lives in workers.paths, which must not import this package: importing
+# workers.checkpoint loads torch.distributed.checkpoint, seconds that the Ray job driver
+# (which builds paths but never reads a checkpoint) should not pay.
+from workers.paths import join, normalize_url  # noqa: F401  (re-exported)
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -27,19 +32,6 @@ class Storage(Protocol):
     def listdir(self, path: str) -> list[str]: ...
 
     def remove(self, path: str) -> None: ...
-
-
-def join(url: str, *parts: str) -> str:
-    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts)])
-
-
-def normalize_url(url: str) -> str:
-    """An fsspec URL: a bare path becomes ``file:///abs/path``."""
-    if "://" in url:
-        return url.rstrip("/")
-    import os
-
-    return "file://" + os.path.abspath(url)
 
 
 class FsspecStorage:

@@ -1,0 +1,35 @@
+"""``bench/loop.py --quick`` runs end to end, and the Trainer's per-step work stays what it is.
+
+Not timed (a 2-core machine shared with other jobs cannot hold a speed threshold): the smoke
+test pins the structure instead. ``calls_per_step`` is the number of engine dispatches per
+training step; a change that adds per-step events shows up here and should be measured with
+the full bench before it lands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+# AFTER_DATALOADER, BEFORE/AFTER_FORWARD, BEFORE/AFTER_LOSS, BEFORE/AFTER_BACKWARD, BATCH_END
+ENGINE_CALLS_PER_STEP = 8
+
+
+def test_quick_loop_bench_compares_trainer_and_plain_loop_and_counts_engine_calls(tmp_path):
+    out = tmp_path / "loop.json"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "loop.py"), "--quick", "--cases", "tiny",
+                           "--out", str(out)], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["quick"] is True and report["calls_per_step"] == ENGINE_CALLS_PER_STEP
+    tiny = report["cases"]["tiny"]
+    assert tiny["rounds"] == len(tiny["ratio_per_round"]) == 2
+    assert all(ratio > 0 for ratio in tiny["ratio_per_round"] + tiny["step_ratio_per_round"])
+    assert tiny["plain_steps_per_s"] > 0 and tiny["trainer_steps_per_s"] > 0 and tiny["noop5_ratio_median"] > 0
+    engine = report["engine"]
+    assert 0 < engine["seconds_per_event_no_algorithms"] and 0 < engine["seconds_per_event_5_noop_algorithms"]
+    assert "tiny: Trainer / plain steps/s" in done.stdout
