@@ -76,6 +76,9 @@ def submit(
         "uploaded once, recorded as the spec's code.digest")] = None,
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
+    idempotency_key: Annotated[Optional[str], typer.Option(
+        "--idempotency-key", help="submitting again with the same key (in the project) returns the first run "
+        "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED)."""
@@ -86,7 +89,7 @@ def submit(
     client = _client(url)
     if code is not None:
         body["code"] = {"digest": _upload_code(client, code, project=project)}
-    run = _call(client.create_run, body, project=project)
+    run = _call(client.create_run, body, project=project, idempotency_key=idempotency_key)
     console.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
         return
