@@ -50,7 +50,8 @@ class Dispatcher:
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings),
         )
         self.tick_listeners: list[Callable[[float], None]] = []  # each gets a tick's duration (s)
-        self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url))
+        self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url,
+                                                                    timeout_s=settings.storage_timeout_s))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_tick_at = time.monotonic()  # when the loop last finished a tick (ok or not)
