@@ -52,6 +52,7 @@ def _ray_jobs_of(ray_head, run_id: str) -> list[str]:
 
 def test_a_hung_then_failing_ray_blocks_nothing_fails_no_run_and_the_run_completes_once(
         tmp_path, ray_head, postgres_url, proxy):
+    (tmp_path / "home").mkdir()
     with cluster_service(tmp_path / "home", ray_address=proxy.url, postgres_url=postgres_url,
                          env={"TESSERA_RAY_TIMEOUT_S": "2", "TESSERA_RAY_SUBMIT_RETRIES": "1"}) as svc:
         client = svc.client()
