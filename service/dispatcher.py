@@ -65,9 +65,12 @@ class Dispatcher:
         except OSError as exc:  # Ray down or hung: this tick costs one timeout, and does no Ray work
             self._ray_unreachable(exc)
         else:
+            down = False
             for follower in self.followers:
-                follower.tick(lambda: listed[0])
-            down = any(follower.ray_down for follower in self.followers)
+                follower.ray_down = False
+                if not down:  # once Ray failed a call this tick, the next follower waits too
+                    follower.tick(lambda: listed[0])
+                    down = follower.ray_down
             self.ray_error = "a call to Ray failed during the last tick" if down else None
             if not down:
                 self.log_archiver.tick()
