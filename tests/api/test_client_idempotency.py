@@ -57,3 +57,17 @@ def test_a_4xx_is_not_retried_and_retries_are_bounded():
     with pytest.raises(httpx.ConnectError):
         client.create_run({"name": "n"})
     assert len(seen) == 4
+
+
+def test_tessera_submit_sends_the_given_key(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import cli.main
+
+    client, seen = _client([httpx.Response(201, json=RUN)])
+    monkeypatch.setattr(cli.main, "_client", lambda url: client)
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"name": "n"}')
+    result = CliRunner().invoke(cli.main.app, ["submit", str(spec), "--idempotency-key", "nightly-2026-12-01"])
+    assert result.exit_code == 0, result.output
+    assert [request.headers["Idempotency-Key"] for request in seen] == ["nightly-2026-12-01"]
