@@ -111,7 +111,10 @@ class JobFollower:
         the fixes made. A record whose job is PENDING or RUNNING is left alone: its worker
         still holds the token stored in the database and keeps reporting."""
         fixes = []
+        self.ray_down = False
         for record in self.owned(self.kind.policy.followed):
+            if self.ray_down:  # a hung Ray costs the startup one timeout; the ticks catch up later
+                break
             fix = self._guarded(self.follow, record, context="reconciler")
             if fix is not None:
                 fixes.append(f"{self.kind.name} {record.id}: {fix}")
