@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -44,6 +45,8 @@ from api.views import (
 )
 
 API = "/api/v1"
+RETRIED_STATUSES = frozenset({502, 503, 504})  # a proxy or the service is briefly away
+SUBMIT_RETRY_DELAYS_S = (0.5, 1.0, 2.0)
 
 
 def _raise_for_status(response: httpx.Response) -> None:
@@ -84,15 +87,35 @@ class Client:
 
     # --- runs ----------------------------------------------------------------------------
     def create_run(self, spec: RunSpec | dict[str, Any], *, code: str | Path | CodePackage | None = None,
-                   project: str | None = None) -> RunView:
+                   project: str | None = None, idempotency_key: str | None = None) -> RunView:
         """Queue a run in ``project`` (default: the key's only project, else ``default``). ``code``:
         a folder (or a ``CodePackage``) with the code that ``model.import`` names; it is packed,
-        uploaded to the project unless the service has it, and recorded as the spec's ``code.digest``."""
+        uploaded to the project unless the service has it, and recorded as the spec's ``code.digest``.
+
+        The request carries an ``Idempotency-Key`` (``idempotency_key``, default a fresh one per
+        call) and is retried with it when the answer is lost (a connection error, a timeout, a
+        502/503/504): the service returns the first request's run, so a retry never makes two."""
         body = spec.model_dump(mode="json") if isinstance(spec, RunSpec) else dict(spec)
         params = {"project": project} if project is not None else None
         if code is not None:
             body["code"] = {"digest": self.upload_code(code, project=project).digest}
-        return RunView.model_validate(self._request("POST", f"{API}/runs", json=body, params=params))
+        headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
+        return RunView.model_validate(self._post_with_retries(f"{API}/runs", json=body, params=params,
+                                                              headers=headers))
+
+    def _post_with_retries(self, path: str, **kwargs: Any) -> Any:
+        """POST that is safe to repeat (it carries an Idempotency-Key), retried on a lost answer."""
+        for delay in (*SUBMIT_RETRY_DELAYS_S, None):
+            try:
+                response = self._http.request("POST", path, **kwargs)
+            except httpx.TransportError:
+                if delay is None:
+                    raise
+            else:
+                if response.status_code not in RETRIED_STATUSES or delay is None:
+                    _raise_for_status(response)
+                    return response.json() if response.content else None
+            time.sleep(delay)
 
     def download_model(self, run_id: str, out: str | Path, *, fmt: str = "safetensors",
                        step: int | None = None) -> tuple[int, str]:

@@ -69,6 +69,9 @@ def submit(
         "uploaded once, recorded as the spec's code.digest")] = None,
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
+    idempotency_key: Annotated[Optional[str], typer.Option(
+        "--idempotency-key", help="submitting again with the same key (in the project) returns the first run "
+        "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
     url: UrlOption = DEFAULT_URL,
     as_json: JsonOption = False,
 ) -> None:
@@ -85,7 +88,7 @@ def submit(
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is not None:
         body["code"] = {"digest": _upload_code(client, code, project=project, out=out)}
-    run = _call(client.create_run, body, project=project)
+    run = _call(client.create_run, body, project=project, idempotency_key=idempotency_key)
     out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     if not follow:
         emit(run, as_json=as_json, render=lambda: None)

@@ -17,7 +17,7 @@ RUN pip install --no-cache-dir --no-deps . \
 USER tessera
 ENV TESSERA_HOST=0.0.0.0 TESSERA_PORT=8000 TESSERA_HOME=/data
 EXPOSE 8000
-# /livez answers while the process serves; readiness (/readyz) is the orchestrator's business.
+# /healthz/live answers while the process serves and its dispatcher ticks; readiness (/healthz/ready) is the orchestrator's business.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/livez', timeout=4)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz/live', timeout=4)"]
 CMD ["tessera", "serve"]

@@ -110,10 +110,10 @@ def _jobs_client(settings: Settings, jobs: JobsClient | None) -> Iterator[JobsCl
         yield jobs
         return
     if settings.ray_address is not None:
-        yield RayJobsClient(settings.ray_address)
+        yield RayJobsClient(settings.ray_address, timeout_s=settings.ray_timeout_s)
         return
     address = start_embedded_ray(settings)
     try:
-        yield RayJobsClient(address)
+        yield RayJobsClient(address, timeout_s=settings.ray_timeout_s)
     finally:
         stop_embedded_ray()

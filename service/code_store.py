@@ -13,6 +13,7 @@ from fastapi import Request
 from fsspec.core import url_to_fs
 
 from api.code_package import CodeView, inspect_package
+from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.storage_paths import code_url, project_storage_url
 
 
@@ -31,9 +32,10 @@ def write_whole(fs, path: str, data: bytes) -> None:
 class CodeStore:
     """Put, check and describe packages under one storage URL (``file://`` or ``s3://``)."""
 
-    def __init__(self, storage_url: str):
+    def __init__(self, storage_url: str, *, timeout_s: float = DEFAULT_STORAGE_TIMEOUT_S):
         self.storage_url = storage_url.rstrip("/")
         self.fs, self.root = url_to_fs(self.storage_url)
+        self.timeout_s = timeout_s  # each storage call gives up after this (StorageTimeout)
 
     def _path(self, digest: str) -> str:
         return url_to_fs(code_url(self.storage_url, digest))[1]
@@ -41,20 +43,22 @@ class CodeStore:
     def exists(self, digest: str) -> bool:
         path = self._path(digest)
         self.fs.invalidate_cache(path)  # another service replica may have stored it since
-        return self.fs.exists(path)
+        return bounded(f"checking {path}", self.timeout_s, self.fs.exists, path)
 
     def put(self, digest: str, data: bytes) -> bool:
         """Store ``data`` (already checked) under ``digest``; False if it was there already."""
         if self.exists(digest):
             return False
-        write_whole(self.fs, self._path(digest), data)
+        path = self._path(digest)
+        bounded(f"writing {path}", self.timeout_s, write_whole, self.fs, path, data)
         return True
 
     def describe(self, digest: str) -> CodeView | None:
         """The stored package's view, or None if there is none."""
         if not self.exists(digest):
             return None
-        return inspect_package(self.fs.cat_file(self._path(digest)))
+        path = self._path(digest)
+        return inspect_package(bounded(f"reading {path}", self.timeout_s, self.fs.cat_file, path))
 
 
 def project_code_store(request: Request, project: str) -> CodeStore:
@@ -63,5 +67,7 @@ def project_code_store(request: Request, project: str) -> CodeStore:
     visible to another. Built once per project and app."""
     stores = request.app.state.__dict__.setdefault("code_stores", {})
     if project not in stores:
-        stores[project] = CodeStore(project_storage_url(request.app.state.settings.storage_url, project))
+        settings = request.app.state.settings
+        stores[project] = CodeStore(project_storage_url(settings.storage_url, project),
+                                    timeout_s=settings.storage_timeout_s)
     return stores[project]

@@ -4,6 +4,11 @@ It drives two ``JobFollower``s, one per ``JobKind``: run attempts and sweep driv
 ``tick()`` does one pass over both and is what the tests drive; ``start()`` runs it every
 ``dispatch_interval_s`` on a background thread for the app's lifetime; ``reconcile()`` makes
 the database agree with Ray once at startup, before anything new is submitted.
+
+A tick never waits on Ray without a bound: it starts with one bounded call (the job list);
+if Ray cannot be asked, the rest of the tick's Ray work is skipped and ``ray_error`` says
+why, and the followers stop asking Ray as soon as one call fails. ``last_tick_at`` is what
+``/healthz/live`` reads: a thread that stops ticking is a wedged service.
 """
 
 from __future__ import annotations
@@ -45,28 +50,40 @@ class Dispatcher:
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings, admit=self.admission.admit_sweeps),
         )
         self.tick_listeners: list[Callable[[float], None]] = []  # each gets a tick's duration (s)
-        self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url))
+        self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url,
+                                                                    timeout_s=settings.storage_timeout_s))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.last_tick_at = time.monotonic()  # when the loop last finished a tick (ok or not)
+        self.ray_error: str | None = None  # why the last tick could not ask Ray; None: it could
 
     def tick(self) -> None:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
         started = time.perf_counter()
-        listed: list[dict[str, str] | None] = []
-
-        def job_states() -> dict[str, str] | None:  # at most one list_jobs per tick, shared
-            if not listed:
-                listed.append(self.followers[0].job_states_now())
-            return listed[0]
-
-        for follower in self.followers:
-            follower.tick(job_states)
-        self.log_archiver.tick()
-        projects = {p.name: p for p in self.access.list_projects()}
-        for run_id in wall_clock.enforce(self.repo, self.jobs, projects):
-            log.info("run %s: stopped at its wall-clock limit", run_id)
+        try:
+            listed = [self.followers[0].job_states_now()]  # one list_jobs per tick, shared
+        except OSError as exc:  # Ray down or hung: this tick costs one timeout, and does no Ray work
+            self._ray_unreachable(exc)
+        else:
+            down = False
+            for follower in self.followers:
+                follower.ray_down = False
+                if not down:  # once Ray failed a call this tick, the next follower waits too
+                    follower.tick(lambda: listed[0])
+                    down = follower.ray_down
+            self.ray_error = "a call to Ray failed during the last tick" if down else None
+            if not down:
+                self.log_archiver.tick()
+                projects = {p.name: p for p in self.access.list_projects()}
+                for run_id in wall_clock.enforce(self.repo, self.jobs, projects):
+                    log.info("run %s: stopped at its wall-clock limit", run_id)
         for listener in self.tick_listeners:
             listener(time.perf_counter() - started)
+
+    def _ray_unreachable(self, exc: OSError) -> None:
+        if self.ray_error is None:
+            log.warning("Ray cannot be asked; skipping Ray work until it answers: %s", exc)
+        self.ray_error = str(exc)
 
     def reconcile(self) -> list[str]:
         """Compare every active run and sweep with Ray once (at startup); return the fixes made."""
@@ -78,8 +95,14 @@ class Dispatcher:
         if self._thread is not None:
             return
         self._stop.clear()
+        self.last_tick_at = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="tessera-dispatcher", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the background thread was started (and not stopped)."""
+        return self._thread is not None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
@@ -93,4 +116,5 @@ class Dispatcher:
                 self.tick()
             except Exception:  # e.g. the database is briefly unreachable
                 log.exception("dispatcher tick failed; retrying in %.1fs", self.settings.dispatch_interval_s)
+            self.last_tick_at = time.monotonic()
             self._stop.wait(self.settings.dispatch_interval_s)

@@ -27,6 +27,7 @@ from service.repository import InvalidCursor, RunNotFound
 from service.sweep_repository import SweepNotFound
 from service.lifecycle import IllegalTransition
 from service.metric_limits import MetricLimitExceeded
+from service.bounded_storage import StorageTimeout
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,10 @@ def install_error_handlers(app: FastAPI) -> None:
     for error, status in ((RunNotFound, 404), (SweepNotFound, 404), (ProjectNotFound, 404), (KeyNotFound, 404),
                           (Forbidden, 403), (ProjectExists, 409), (IllegalTransition, 409)):
         app.add_exception_handler(error, _detail_handler(status))
+
+    @app.exception_handler(StorageTimeout)
+    async def _storage_timeout(_request: Request, exc: StorageTimeout) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": exc.detail}, headers={"Retry-After": "10"})
 
     @app.exception_handler(MetricLimitExceeded)
     async def _metric_limit(_request: Request, exc: MetricLimitExceeded) -> JSONResponse:

@@ -24,7 +24,10 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 from api.views import CheckpointView, ExportView
-from service.ray_client import failure_from_logs
+from service.bounded_storage import bounded
+from fastapi import HTTPException
+
+from service.ray_client import RayAmbiguous, RayRefused, RayUnavailable, failure_from_logs
 from service.ray_head import forwarded_env
 from service.storage_paths import export_url, exports_url
 
@@ -52,11 +55,19 @@ class ExportRequests:
         url = request_url(self.storage_url, run_id, checkpoint.step)
         body = {"spec": spec, "checkpoint_url": checkpoint.url, "metrics": metrics, "job_id": job_id}
         fs, path = url_to_fs(url)
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        fs.pipe_file(path, json.dumps(body).encode())
+        self._storage(f"writing {url}", fs.makedirs, path.rsplit("/", 1)[0], exist_ok=True)
+        self._storage(f"writing {url}", fs.pipe_file, path, json.dumps(body).encode())
         env = {**forwarded_env(), "TESSERA_STORAGE_URL": self.storage_url}
         entrypoint = f"{shlex.quote(self.settings.worker_python)} -m workers.export --request {shlex.quote(url)}"
-        self.jobs.submit(job_id, entrypoint, env)
+        try:
+            self.jobs.submit(job_id, entrypoint, env)
+        except RayAmbiguous:
+            pass  # Ray may have the job: reading the export's state asks Ray for it by its id
+        except RayUnavailable as exc:
+            raise HTTPException(503, f"Ray cannot be reached to export step {checkpoint.step}: {exc}; try again",
+                                headers={"Retry-After": "10"}) from None
+        except RayRefused as exc:
+            raise HTTPException(502, f"Ray refused the export job of step {checkpoint.step}: {exc}") from None
         return ExportView(step=checkpoint.step, status="PENDING", job_id=job_id)
 
     def list(self, run_id: str) -> list[ExportView]:
@@ -66,21 +77,25 @@ class ExportRequests:
         steps = set()
         for base in (folder, f"{folder}/requests"):
             try:
-                names = [p.rsplit("/", 1)[-1] for p in fs.ls(base, detail=False)]
+                names = [p.rsplit("/", 1)[-1] for p in self._storage(f"listing {base}", fs.ls, base, detail=False)]
             except FileNotFoundError:
                 continue
             steps |= {int(m.group(1)) for m in map(re.compile(r"step-(\d+)\.(?:safetensors|json)$").match, names) if m}
         return [view for step in sorted(steps) if (view := self.state(run_id, step)) is not None]
 
+    def _storage(self, what: str, call, *args, **kwargs):
+        """A storage call bounded by ``TESSERA_STORAGE_TIMEOUT_S`` (a 503 for the request)."""
+        return bounded(what, self.settings.storage_timeout_s, call, *args, **kwargs)
+
     def state(self, run_id: str, step: int) -> ExportView | None:
         """The export at ``step``: READY, PENDING or FAILED; None if never exported nor requested."""
         fs, path = url_to_fs(export_url(self.storage_url, run_id, step, "safetensors"))
         fs.invalidate_cache(path.rsplit("/", 1)[0])
-        if fs.exists(path):
+        if self._storage(f"looking for {path}", fs.exists, path):
             return ExportView(step=step, status="READY", formats=["safetensors", "torch"])
         fs, path = url_to_fs(request_url(self.storage_url, run_id, step))
         try:
-            job_id = json.loads(fs.cat_file(path))["job_id"]
+            job_id = json.loads(self._storage(f"reading {path}", fs.cat_file, path))["job_id"]
         except FileNotFoundError:
             return None
         try:

@@ -5,18 +5,29 @@ Ray for the job's state (while canceling, ask it to stop the job first), let the
 ``service.lifecycle.decide`` pick the fix, and apply that fix as one compare-and-set transition
 whose event message says why. Only an answer from Ray leads to a fix: when Ray cannot be asked,
 the record is left as it is and looked at again on the next tick.
+
+Submitting is careful about answers that were lost (docs/outages-service.md). A submit Ray
+may have received without the service seeing the answer (a timeout, a reset, a 5xx) leaves
+the attempt STARTING and remembered in ``pending``; the next tick asks Ray for the job by its
+deterministic id: if Ray has it, the attempt proceeds; if Ray answers "no such job", the same
+job is submitted again (Ray refuses a second job with one id, so this never runs it twice), up
+to ``settings.ray_submit_retries`` times before the record fails with the last reason. Only a
+definite refusal (a 4xx) fails it at once. A re-queued attempt is submitted only once its
+previous attempt's job is stopped or gone, so two attempts of one record never train at once.
+A tick stops asking Ray as soon as Ray cannot be asked, so a hung Ray costs one timeout.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from service.attempt_store import AttemptStore
 from service.job_kinds import JobKind
 from service.lifecycle import Fix, IllegalTransition, Verdict, decide
-from service.ray_client import JobsClient, failure_from_logs, stop_and_check
+from service.ray_client import LIVE_JOB_STATES, JobsClient, RayRefused, failure_from_logs, stop_and_check
 from service.settings import Settings
 from service.tokens import new_token
 
@@ -25,6 +36,18 @@ log = logging.getLogger(__name__)
 # How Ray's answer reads in event messages: "Ray job X failed", "driver job X was stopped".
 WHAT_HAPPENED = {None: "not found", "FAILED": "failed", "STOPPED": "was stopped",
                  "SUCCEEDED": "succeeded without a result"}
+
+
+@dataclass(frozen=True)
+class PendingSubmit:
+    """A submit whose answer was lost: what to send again, and how often it was sent."""
+
+    job_id: str
+    attempt: int
+    entrypoint: str
+    env: dict[str, str]
+    sends: int
+    last_error: str
 
 
 class JobFollower:
@@ -37,6 +60,10 @@ class JobFollower:
         self.jobs = jobs
         self.settings = settings
         self.admit = admit  # picks which QUEUED records to submit (the run queue); None: all
+        # Submits whose answer was lost, by record id. In memory: after a service restart the
+        # follower's "no such job" path re-queues such an attempt instead, which is also safe.
+        self.pending: dict[str, PendingSubmit] = {}
+        self.ray_down = False  # set when Ray could not be asked this tick: ask no more until the next
 
     def owned(self, statuses: Iterable[Any]) -> list[Any]:
         """This kind's records in one of ``statuses`` whose jobs it submits and follows, oldest first."""
@@ -46,23 +73,33 @@ class JobFollower:
         """One pass: submit every QUEUED record, then follow every other active one.
         ``job_states``: where to read every job's state (the dispatcher shares one list per
         tick between its followers); default: this follower's own ``job_states_now``."""
+        self.ray_down = False
+        active = self.owned(self.kind.policy.followed)
+        self._forget_settled(active)
+        unsettled = set(self.pending)  # asked about or sent again this tick: not in the job list yet
+        for record in active:  # submits whose answer was lost, first: they are the oldest
+            if record.id in self.pending and not self.ray_down:
+                self._guarded(self.resolve_pending, record)
         queued = self.owned([self.kind.status.QUEUED])
         admitted = self.admit(queued) if self.admit is not None else queued
         for record in admitted:
-            self._guarded(self.submit, record)
+            if not self.ray_down:
+                self._guarded(self.submit, record)
         # A job submitted a moment ago is looked at from the next tick on: a submission whose
         # answer was lost may not be visible in Ray yet, and must not read as "job gone".
-        just_submitted = {record.id for record in admitted}
-        followed = [r for r in self.owned(self.kind.policy.followed) if r.id not in just_submitted]
-        if not followed:
+        just_submitted = {record.id for record in admitted} | unsettled | set(self.pending)
+        followed = [r for r in active if r.id not in just_submitted]
+        if not followed or self.ray_down:
             return
         try:
             states = (job_states or self.job_states_now)()
         except Exception as exc:  # Ray cannot be asked: "unknown" never reads as "gone"
             log.warning("could not list Ray's jobs; following again next tick: %s", exc)
+            self.ray_down = isinstance(exc, OSError)
             return
         for record in followed:
-            self._guarded(self.follow, record, states=states)
+            if not self.ray_down:
+                self._guarded(self.follow, record, states=states)
 
     def job_states_now(self) -> dict[str, str] | None:
         """Every job's state in one call, if the Jobs client can list them; None: ask per job."""
@@ -74,7 +111,10 @@ class JobFollower:
         the fixes made. A record whose job is PENDING or RUNNING is left alone: its worker
         still holds the token stored in the database and keeps reporting."""
         fixes = []
+        self.ray_down = False
         for record in self.owned(self.kind.policy.followed):
+            if self.ray_down:  # a hung Ray costs the startup one timeout; the ticks catch up later
+                break
             fix = self._guarded(self.follow, record, context="reconciler")
             if fix is not None:
                 fixes.append(f"{self.kind.name} {record.id}: {fix}")
@@ -86,31 +126,83 @@ class JobFollower:
             return action(record, **kwargs)
         except IllegalTransition as exc:  # a user, worker or driver changed the record first; theirs stands
             log.debug("%s %s: %s", self.kind.name, record.id, exc.detail)
+        except OSError as exc:  # Ray (or the database) cannot be asked: skip Ray for the rest of this tick
+            self.ray_down = True
+            log.warning("%s %s: Ray could not be asked; looking again next tick: %s", self.kind.name, record.id, exc)
         except Exception:
             log.exception("%s %s (%s) could not be handled; will retry", self.kind.name, record.id,
                           record.status.value)
         return None
 
     def submit(self, record: Any) -> None:
-        """QUEUED → STARTING with a fresh token, and submit this attempt's job."""
+        """QUEUED → STARTING with a fresh token, and submit this attempt's job; a re-queued
+        record waits (stays QUEUED) until its previous attempt's job is stopped or gone."""
+        if not self._previous_job_gone(record):
+            return
         token = new_token()
         started = self.store.begin_attempt(
             record.id, token=token, message=f"submitting {self.kind.attempt_noun} {record.attempt} to Ray")
-        job_id = started.ray_job_id
+        self._send(started, self.kind.entrypoint(self.settings, record.id),
+                   self.kind.job_env(self.settings, started, token), sends=1)
+
+    def _send(self, record: Any, entrypoint: str, env: dict[str, str], *, sends: int) -> None:
+        """Submit ``record``'s current job; a lost answer leaves it in ``pending``, a refusal fails it."""
+        job_id = record.ray_job_id
         try:
-            self.jobs.submit(job_id, self.kind.entrypoint(self.settings, record.id),
-                             self.kind.job_env(self.settings, started, token))
-        except OSError:
-            # Ray unreachable: the attempt stays STARTING. Once Ray answers again and has no such
-            # job, following it queues the next attempt, so no attempt is lost or runs twice.
-            log.warning("Ray unreachable while submitting %s; will retry", job_id)
+            self.jobs.submit(job_id, entrypoint, env)
+        except RayRefused as exc:
+            self._fail(record, f"Ray refused job {job_id}: {exc}")
             return
-        except Exception as exc:
-            self.store.transition(record.id, self.kind.status.FAILED, error=f"Ray refused job {job_id}: {exc}",
-                                  only_from=[self.kind.status.STARTING], attempt=started.attempt)
-            log.warning("Ray refused %s: %s", job_id, exc)
+        except OSError as exc:  # unreachable, timed out, reset or 5xx: Ray may or may not have the job
+            self.pending[record.id] = PendingSubmit(job_id, record.attempt, entrypoint, env, sends, str(exc))
+            self.ray_down = True
+            log.warning("submit of %s got no clear answer (%s); will ask Ray for it next tick", job_id, exc)
             return
+        except Exception as exc:  # anything else a Jobs client raises is Ray saying no
+            self._fail(record, f"Ray refused job {job_id}: {exc}")
+            return
+        self.pending.pop(record.id, None)
         log.info("%s %s: submitted %s %s", self.kind.name, record.id, self.kind.job_noun, job_id)
+
+    def resolve_pending(self, record: Any) -> None:
+        """Ask Ray for the job of a submit whose answer was lost: proceed if Ray has it, send it
+        again if Ray does not (while sends are left), else fail the record with the reason."""
+        pending = self.pending[record.id]
+        state = self.jobs.status(pending.job_id)  # raises while Ray cannot be asked: keep waiting
+        if state is not None:
+            del self.pending[record.id]
+            log.info("%s %s: Ray has %s (%s) after all; proceeding", self.kind.name, record.id, pending.job_id, state)
+        elif pending.sends > self.settings.ray_submit_retries:
+            del self.pending[record.id]
+            self._fail(record, f"Ray did not create job {pending.job_id} after {pending.sends} submit(s); "
+                               f"last answer: {pending.last_error}")
+        else:
+            self._send(record, pending.entrypoint, pending.env, sends=pending.sends + 1)
+
+    def _fail(self, record: Any, error: str) -> None:
+        self.store.transition(record.id, self.kind.status.FAILED, error=error,
+                              only_from=[self.kind.status.STARTING], attempt=record.attempt)
+        log.warning("%s %s: %s", self.kind.name, record.id, error)
+
+    def _forget_settled(self, active: list[Any]) -> None:
+        # A pending submit matters only while its attempt is STARTING; a cancel or a report wins.
+        starting = {r.id: r.attempt for r in active if r.status is self.kind.status.STARTING}
+        for record_id, pending in list(self.pending.items()):
+            if starting.get(record_id) != pending.attempt:
+                del self.pending[record_id]
+
+    def _previous_job_gone(self, record: Any) -> bool:
+        """Whether the job of ``record``'s previous attempt is stopped or gone; asks Ray to stop
+        it while it is still PENDING or RUNNING (a trial's job is its sweep driver's: not ours)."""
+        previous = record.ray_job_id
+        if previous is None or not previous.startswith(f"{self.kind.name}-{record.id}-"):
+            return True
+        state = stop_and_check(self.jobs, previous)
+        if state in LIVE_JOB_STATES:
+            log.info("%s %s: waiting for %s of the previous attempt to stop before submitting attempt %d",
+                     self.kind.name, record.id, previous, record.attempt)
+            return False
+        return True
 
     def follow(self, record: Any, *, context: str = "dispatcher", states: dict[str, str] | None = None
                ) -> str | None:

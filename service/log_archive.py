@@ -51,18 +51,21 @@ class LogArchiver:
         self.every_ticks = every_ticks
         self._ticks = 0
         self._watched: set[Attempt] = set()
+        self._stalled = False
 
     def tick(self) -> None:
         """Copy live attempts' logs every ``every_ticks`` ticks, and ended attempts' final logs."""
         self._ticks += 1
+        self._stalled = False  # a hung store or Ray: one timeout per tick, not one per attempt
         live = {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
                 for run in self.repo.with_status(RUN_JOBS.policy.followed)
                 if RUN_JOBS.owns(run) and run.ray_job_id}
         if self._ticks % self.every_ticks == 0:
             for attempt in live:
-                self._copy(attempt, final=False)
+                if not self._stalled:
+                    self._copy(attempt, final=False)
         for attempt in self._watched - live:
-            if self._copy(attempt, final=True):
+            if not self._stalled and self._copy(attempt, final=True):
                 self._watched.discard(attempt)
         self._watched |= live
 
@@ -76,6 +79,7 @@ class LogArchiver:
             if text is not None:
                 self.store.save(attempt.run_id, attempt.attempt, text, project=attempt.project)
             return True
-        except Exception:
+        except Exception as exc:
             log.warning("could not copy the log of %s; will retry", attempt.job_id, exc_info=True)
+            self._stalled = isinstance(exc, OSError)  # StorageTimeout and RayUnavailable both are
             return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import Request
 from fsspec.core import url_to_fs
 
+from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.code_store import write_whole
 from service.db.models import DEFAULT_PROJECT
 from service.storage_paths import attempt_log_url, project_storage_url
@@ -19,23 +20,25 @@ class LogStore:
     """Write and read attempt logs under a storage root (``file://`` or ``s3://``), each in its
     run's folder under the run's project prefix, beside the checkpoints and exports."""
 
-    def __init__(self, storage_url: str):
+    def __init__(self, storage_url: str, *, timeout_s: float = DEFAULT_STORAGE_TIMEOUT_S):
         self.storage_url = storage_url.rstrip("/")
         self.fs, _ = url_to_fs(self.storage_url)
+        self.timeout_s = timeout_s  # each save or read gives up after this (StorageTimeout)
 
     def _path(self, run_id: str, attempt: int, project: str) -> str:
         return url_to_fs(attempt_log_url(project_storage_url(self.storage_url, project), run_id, attempt))[1]
 
     def save(self, run_id: str, attempt: int, text: str, *, project: str = DEFAULT_PROJECT) -> None:
         """Store (replace) the attempt's log; readers see the old copy or the new one, never half."""
-        write_whole(self.fs, self._path(run_id, attempt, project), text.encode())
+        path = self._path(run_id, attempt, project)
+        bounded(f"saving log {path}", self.timeout_s, write_whole, self.fs, path, text.encode())
 
     def read(self, run_id: str, attempt: int, *, project: str = DEFAULT_PROJECT) -> bytes | None:
         """The stored log's bytes, or None if none was stored."""
         path = self._path(run_id, attempt, project)
         self.fs.invalidate_cache(path)
         try:
-            return self.fs.cat_file(path)
+            return bounded(f"reading log {path}", self.timeout_s, self.fs.cat_file, path)
         except FileNotFoundError:
             return None
 
@@ -44,5 +47,6 @@ def get_log_store(request: Request) -> LogStore:
     """The app's ``LogStore`` on its settings' storage URL (built on first use)."""
     store = getattr(request.app.state, "log_store", None)
     if store is None:
-        store = request.app.state.log_store = LogStore(request.app.state.settings.storage_url)
+        settings = request.app.state.settings
+        store = request.app.state.log_store = LogStore(settings.storage_url, timeout_s=settings.storage_timeout_s)
     return store

@@ -1,20 +1,43 @@
 """Ray's Jobs API as the service uses it: submit, status, stop and log tails of one job.
 
-Ray is imported lazily, here and in ``service.ray_head`` only, so Ray's API churn touches two
-modules and ``import service`` stays light.
+The client speaks the Jobs REST API (``/api/jobs/``) over httpx rather than through Ray's SDK,
+because the SDK sets no timeout on its requests: a Ray head that accepts connections and then
+hangs would block the dispatcher's thread forever. Every call here is bounded by
+``timeout_s``, and every failure is one of three kinds, which the callers decide on:
+
+* ``RayUnavailable``: Ray could not be asked (connection refused, connect timeout, a 5xx on a
+  read). What Ray holds is unknown, and "unknown" never reads as "gone".
+* ``RayAmbiguous`` (a ``RayUnavailable``): the request may have reached Ray (read timeout,
+  connection reset after sending, a 5xx): a submit may or may not have created the job, so
+  the caller asks Ray for the job by its id before deciding.
+* ``RayRefused``: a 4xx, a definite "no" to a bad request.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Literal, Protocol
+
+import httpx
 
 log = logging.getLogger(__name__)
 
 JobState = Literal["PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"]
 FINISHED_JOB_STATES: frozenset[str] = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
 LIVE_JOB_STATES: frozenset[str] = frozenset({"PENDING", "RUNNING"})
+DEFAULT_RAY_TIMEOUT_S = 10.0
+
+
+class RayUnavailable(OSError):
+    """Ray could not be asked or did not answer in time; what it holds is unknown."""
+
+
+class RayAmbiguous(RayUnavailable):
+    """The request may have reached Ray, but its answer is unknown (timeout, reset, 5xx)."""
+
+
+class RayRefused(RuntimeError):
+    """Ray answered a definite refusal (a 4xx): repeating the same request will not help."""
 
 
 class JobsClient(Protocol):
@@ -56,72 +79,62 @@ def failure_from_logs(jobs: JobsClient, job_id: str) -> str:
     return f"Ray job {job_id} failed; last lines of its log:\n{tail}" if tail else f"Ray job {job_id} failed"
 
 
-def _is_not_found(exc: Exception) -> bool:
-    # The SDK wraps HTTP errors as RuntimeError("Request failed with status code 404: Job x does not exist.")
-    return isinstance(exc, RuntimeError) and "status code 404" in str(exc)
-
-
-def _is_already_exists(exc: Exception) -> bool:
-    return isinstance(exc, RuntimeError) and "already exists" in str(exc)
-
-
 class RayJobsClient:
-    """``JobsClient`` over ``ray.job_submission.JobSubmissionClient``.
+    """``JobsClient`` over the Jobs REST API of the Ray dashboard at ``address``, every call
+    bounded by ``timeout_s`` (connect, read and write each)."""
 
-    The SDK client checks the cluster when it is built, so it is built on first use (and again
-    after a connection error): the service can start, and report Ray as unreachable, before the
-    Ray head is up.
-    """
+    def __init__(self, address: str, *, timeout_s: float = DEFAULT_RAY_TIMEOUT_S,
+                 transport: httpx.BaseTransport | None = None):
+        self.address = address.rstrip("/")
+        self.timeout_s = timeout_s
+        self._http = httpx.Client(base_url=self.address, timeout=timeout_s, transport=transport)
 
-    def __init__(self, address: str):
-        self.address = address
-        self._client = None
-        self._lock = threading.Lock()
+    def close(self) -> None:
+        self._http.close()
 
-    def _sdk(self):
-        with self._lock:
-            if self._client is None:
-                from ray.job_submission import JobSubmissionClient
-
-                self._client = JobSubmissionClient(self.address)
-            return self._client
-
-    def _call(self, method: str, *args, **kwargs):
+    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """The response of a 2xx or 404 (the callers read 404 as "no such job"); raise
+        ``RayUnavailable``, ``RayAmbiguous`` or ``RayRefused`` otherwise."""
         try:
-            return getattr(self._sdk(), method)(*args, **kwargs)
-        except OSError:  # builtin and requests' ConnectionError both land here
-            with self._lock:
-                self._client = None  # rebuild (and re-check the cluster) next time
-            raise
+            response = self._http.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise RayUnavailable(f"Ray's Jobs API at {self.address} is unreachable: {exc!r}") from exc
+        except (httpx.TimeoutException, httpx.TransportError) as exc:  # sent, answer lost
+            raise RayAmbiguous(f"Ray's Jobs API at {self.address} did not answer {method} {path} "
+                               f"within {self.timeout_s:g}s: {exc!r}") from exc
+        if response.status_code >= 500:
+            raise RayAmbiguous(f"Ray answered {method} {path} with {response.status_code}: "
+                               f"{response.text[-500:]}")
+        if response.status_code >= 400 and response.status_code != 404:
+            raise RayRefused(f"Ray refused {method} {path} with {response.status_code}: {response.text[-500:]}")
+        return response
 
     def submit(self, submission_id: str, entrypoint: str, env_vars: dict[str, str]) -> None:
+        body = {"entrypoint": entrypoint, "submission_id": submission_id,
+                "runtime_env": {"env_vars": dict(env_vars)}}
         try:
-            self._call("submit_job", entrypoint=entrypoint, submission_id=submission_id,
-                       runtime_env={"env_vars": dict(env_vars)})
-        except RuntimeError as exc:
-            if not _is_already_exists(exc):
+            response = self._request("POST", "/api/jobs/", json=body)
+        except (RayAmbiguous, RayRefused) as exc:
+            # Ray 2.60 answers a second submit of one id with a 500 whose traceback says so.
+            if "already exists" not in str(exc):
                 raise
             log.info("Ray job %s already exists; not submitting it again", submission_id)
+            return
+        if response.status_code == 404:
+            raise RayRefused(f"Ray at {self.address} has no Jobs API (404 on POST /api/jobs/)")
 
     def status(self, submission_id: str) -> str | None:
-        try:
-            return str(self._call("get_job_info", submission_id).status.value)
-        except RuntimeError as exc:
-            if _is_not_found(exc):
-                return None
-            raise
+        response = self._request("GET", f"/api/jobs/{submission_id}")
+        return None if response.status_code == 404 else str(response.json()["status"])
 
     def stop(self, submission_id: str) -> None:
-        try:
-            self._call("stop_job", submission_id)
-        except RuntimeError as exc:
-            if not _is_not_found(exc):
-                raise
+        self._request("POST", f"/api/jobs/{submission_id}/stop")
 
     def states(self) -> dict[str, str]:
-        """Every job's state by submission id, in one call (``list_jobs``): the follower reads
-        this once per tick instead of asking about each active run."""
-        return {job.submission_id: str(job.status.value) for job in self._call("list_jobs") if job.submission_id}
+        """Every job's state by submission id, in one call: the follower reads this once per
+        tick instead of asking about each active run."""
+        jobs = self._request("GET", "/api/jobs/").json()
+        return {job["submission_id"]: str(job["status"]) for job in jobs if job.get("submission_id")}
 
     def cluster_capacity(self) -> tuple[float, float]:
         """The cluster's total logical (CPUs, GPUs) over its alive nodes, in one HTTP call.
@@ -130,10 +143,7 @@ class RayJobsClient:
         autoscaler's monitor first reports; in Ray 2.60 the dashboard's ``GET
         /nodes?view=summary`` answers at once, with ``data.summary[i].raylet.resourcesTotal``
         and ``.state`` per node (cached by the dashboard for a few seconds)."""
-        import httpx
-
-        response = httpx.get(f"{self.address.rstrip('/')}/nodes", params={"view": "summary"}, timeout=10)
-        response.raise_for_status()
+        response = self._request("GET", "/nodes", params={"view": "summary"})
         cpus = gpus = 0.0
         for node in response.json()["data"]["summary"]:
             raylet = node.get("raylet", {})
@@ -144,18 +154,9 @@ class RayJobsClient:
         return cpus, gpus
 
     def logs_tail(self, submission_id: str, lines: int = 40) -> str:
-        try:
-            text = self._call("get_job_logs", submission_id)
-        except RuntimeError as exc:
-            if _is_not_found(exc):
-                return ""
-            raise
-        return "\n".join(text.splitlines()[-lines:])
+        text = self.job_logs(submission_id)
+        return "\n".join((text or "").splitlines()[-lines:])
 
     def job_logs(self, submission_id: str) -> str | None:
-        try:
-            return self._call("get_job_logs", submission_id)
-        except RuntimeError as exc:
-            if _is_not_found(exc):
-                return None
-            raise
+        response = self._request("GET", f"/api/jobs/{submission_id}/logs")
+        return None if response.status_code == 404 else str(response.json().get("logs", ""))

@@ -1,7 +1,7 @@
 """The embedded Ray head: a Ray cluster inside the service process, for a service run without
 ``TESSERA_RAY_ADDRESS``; and the environment the service forwards to every job it submits.
 
-Ray is imported lazily, here and in ``service.ray_client`` only.
+Ray is imported lazily, here only (``service.ray_client`` speaks the Jobs REST API over httpx).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, select, text
+from sqlalchemy import Engine, and_, func, insert, or_, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
@@ -147,6 +148,30 @@ class Repository(AttemptStore):
             run = insert_run(session, spec, message="created", sweep_id=sweep_id, project=project)
             session.flush()
             return RunRecord.from_row(run)
+
+    def create_run_once(self, spec: RunSpec, *, project: str, idempotency_key: str) -> tuple[RunRecord, bool]:
+        """``create_run`` once per ``(project, idempotency_key)``: the run and True when this call
+        made it; the run an earlier call with the key made and False otherwise. Two concurrent
+        calls make one run: the unique index refuses the loser's insert, which reads the winner's."""
+        existing = self.run_by_idempotency_key(project, idempotency_key)
+        if existing is not None:
+            return existing, False
+        try:
+            with self.db.write() as session:
+                run = insert_run(session, spec, message="created", project=project, idempotency_key=idempotency_key)
+                session.flush()
+                return RunRecord.from_row(run), True
+        except IntegrityError:
+            winner = self.run_by_idempotency_key(project, idempotency_key)
+            if winner is None:
+                raise
+            return winner, False
+
+    def run_by_idempotency_key(self, project: str, idempotency_key: str) -> RunRecord | None:
+        query = select(Run).where(Run.project == project, Run.idempotency_key == idempotency_key)
+        with self.db.read() as session:
+            row = session.execute(query).scalars().first()
+            return RunRecord.from_row(row) if row is not None else None
 
     def get_run(self, run_id: str) -> RunRecord:
         return self.get(run_id)

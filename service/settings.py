@@ -41,6 +41,19 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     public_url: str | None = Field(None, description="URL workers use to reach the service; default http://{host}:{port}")
     dispatch_interval_s: float = Field(0.5, gt=0.0, le=60.0)
+    # --- outages (docs/outages-service.md): nothing waits on Ray or storage without a bound --
+    ray_timeout_s: float = Field(10.0, gt=0.0, le=600.0,
+                                 description="longest wait for one answer from Ray's Jobs API; "
+                                             "longer: Ray counts as unreachable for that call")
+    storage_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
+                                     description="longest wait for one storage operation the service makes "
+                                                 "(log archive, code store, exports, deletes)")
+    ray_submit_retries: int = Field(3, ge=0, le=100,
+                                    description="times an attempt whose submit Ray may not have received, "
+                                                "and then did not have, is submitted again before the run fails")
+    liveness_max_tick_age_s: float = Field(120.0, gt=0.0, le=3600.0,
+                                           description="/healthz/live fails when the dispatcher thread has not "
+                                                       "finished a tick for this long")
     ray_num_cpus: int | None = Field(None, ge=1, le=4096, description="logical CPUs of the embedded head")
     sweep_driver_restarts: int = Field(2, ge=0, le=100,
                                        description="times a sweep whose driver job died is re-queued before it fails")

@@ -19,6 +19,7 @@ from fsspec.core import url_to_fs
 
 from api.views import ExportRequest, ExportsPage, ExportView
 from service.access import Role
+from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep
 from service.export_jobs import ExportRequests
 from service.storage_paths import EXPORT_SUFFIXES, export_url, exports_url, project_storage_url
@@ -30,12 +31,14 @@ router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RE
 CHUNK_BYTES = 1 << 20
 
 
-def exported_steps(storage_url: str, run_id: str, fmt: str) -> list[int]:
+def exported_steps(storage_url: str, run_id: str, fmt: str, *,
+                   timeout_s: float = DEFAULT_STORAGE_TIMEOUT_S) -> list[int]:
     """The steps with an export in ``fmt``, ascending."""
     fs, folder = url_to_fs(exports_url(storage_url, run_id))
     fs.invalidate_cache(folder)
     try:
-        names = [path.rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False)]
+        listed = bounded(f"listing {folder}", timeout_s, fs.ls, folder, detail=False)
+        names = [path.rsplit("/", 1)[-1] for path in listed]
     except FileNotFoundError:
         return []
     pattern = re.compile(rf"step-(\d+)\.{EXPORT_SUFFIXES[fmt]}$")
@@ -53,14 +56,14 @@ def get_run_model(run_id: str, repo: RepoDep, caller: CallerDep, settings: Setti
     spec in its metadata. 404 while the run has not finished training, or for a step without export."""
     run = scoped_run(repo, caller, run_id, Role.VIEWER)  # 404 for an unknown run or another project's
     storage_url = project_storage_url(settings.storage_url, run.project)  # where its workers wrote
-    steps = exported_steps(storage_url, run_id, format)
+    steps = exported_steps(storage_url, run_id, format, timeout_s=settings.storage_timeout_s)
     if not steps or (step is not None and step not in steps):
         what = "no exported model yet (the model is exported when training ends)" if not steps else \
             f"no export at step {step}; exported steps: {steps} (POST .../exports {{\"step\": {step}}} exports it)"
         raise HTTPException(status_code=404, detail=f"run {run_id} ({run.status.value}) has {what}")
     chosen = steps[-1] if step is None else step
     fs, path = url_to_fs(export_url(storage_url, run_id, chosen, format))
-    size = fs.size(path)
+    size = bounded(f"reading the size of {path}", settings.storage_timeout_s, fs.size, path)
 
     def chunks():
         with fs.open(path, "rb") as file:
@@ -85,8 +88,8 @@ def request_export(run_id: str, body: ExportRequest, response: Response, repo: R
     run = scoped_run(repo, caller, run_id, Role.MEMBER)
     committed = {c.step: c for c in repo.checkpoints(run_id) if c.committed}
     checkpoint = committed.get(body.step)
-    if checkpoint is None or not _marker_exists(checkpoint.url):
-        kept = sorted(step for step, c in committed.items() if _marker_exists(c.url)) if committed else []
+    if checkpoint is None or not _marker_exists(checkpoint.url, settings):
+        kept = sorted(step for step, c in committed.items() if _marker_exists(c.url, settings)) if committed else []
         raise HTTPException(status_code=404, detail=f"run {run_id} has no committed checkpoint at step {body.step}; "
                                                     f"steps with one: {kept} (retention keeps checkpoint.keep_last)")
     exports = ExportRequests(project_storage_url(settings.storage_url, run.project), jobs, settings)
@@ -104,8 +107,8 @@ def list_exports(run_id: str, repo: RepoDep, caller: CallerDep, settings: Settin
     return ExportsPage(data=exports.list(run_id))
 
 
-def _marker_exists(checkpoint_url: str) -> bool:
+def _marker_exists(checkpoint_url: str, settings) -> bool:
     """Whether the checkpoint is still there (retention deletes old ones; their rows stay)."""
     fs, path = url_to_fs(checkpoint_url.rstrip("/") + "/COMMITTED")
     fs.invalidate_cache(path.rsplit("/", 1)[0])
-    return fs.exists(path)
+    return bounded(f"looking for {path}", settings.storage_timeout_s, fs.exists, path)

@@ -6,7 +6,7 @@ import hashlib
 from datetime import datetime, timezone
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from api.data_roots import data_root_problems
@@ -21,6 +21,7 @@ from service.db.session import clean_text
 from service.repository import Repository, RunNotFound, RunRecord
 from service.run_listing import Archived, RunFilter
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service import idempotency
 from service.settings import Settings
 from service.spec_caps import spec_cap_problems
 
@@ -68,18 +69,54 @@ def conditional_json(request: Request, view: BaseModel) -> Response:
     return Response(body, media_type="application/json", headers=headers)
 
 
-@router.post("", status_code=201, response_model=RunView, operation_id="create_run")
-def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep, access: AccessDep,
-               project: Annotated[str | None, PROJECT_QUERY] = None) -> RunView:
+IDEMPOTENCY_HEADER = Header(alias=idempotency.HEADER, description=(
+    "a key (1-128 printable ASCII characters) that makes retries of this submit safe: a request "
+    "with a key already used in the project returns that run (200), or 422 if its spec differs"))
+
+
+@router.post("", status_code=201, response_model=RunView, operation_id="create_run",
+             responses={200: {"model": RunView, "description": "the run an earlier request with this Idempotency-Key made"}})
+def create_run(spec: RunSpec, request: Request, response: Response, repo: RepoDep, caller: CallerDep,
+               access: AccessDep, project: Annotated[str | None, PROJECT_QUERY] = None,
+               idempotency_key: Annotated[str | None, IDEMPOTENCY_HEADER] = None) -> RunView | Response:
     """Validate a run spec and queue it in ``project`` (a ``member`` role there is needed); the
     dispatcher admits it to Ray when the cluster and the project's quota have room. Local data
     roots must lie under ``TESSERA_DATA_DIRS``, and a ``code.digest`` must name a package stored
-    in the project (``POST /api/v1/code``): 422 otherwise."""
+    in the project (``POST /api/v1/code``): 422 otherwise. With an ``Idempotency-Key``, a retry
+    returns the first request's run."""
     name = project_for_create(caller, access, project)
+    if idempotency_key is not None:
+        earlier = replayed_run(repo, name, idempotency_key, spec)
+        if earlier is not None:
+            return earlier if isinstance(earlier, Response) else _replayed(request, response, earlier)
     refused = submit_problems(request, spec, project=access.get_project(name))
     if refused:
         return validation_response(refused)
-    return queued_view(request, repo.create_run(spec, project=name))
+    if idempotency_key is None:
+        return queued_view(request, repo.create_run(spec, project=name))
+    run, created = repo.create_run_once(spec, project=name, idempotency_key=idempotency_key)
+    if created:
+        return queued_view(request, run)
+    problem = idempotency.replay_problem(idempotency_key, run.spec, spec)  # a concurrent request won the race
+    return validation_response([problem]) if problem is not None else _replayed(request, response, run)
+
+
+def replayed_run(repo: Repository, project: str, key: str, spec: RunSpec) -> RunRecord | Response | None:
+    """The run an earlier request with ``key`` made in ``project``; a 422 response for a bad key or
+    a different spec; None when the key is new."""
+    problem = idempotency.key_problem(key)
+    if problem is not None:
+        return validation_response([problem])
+    run = repo.run_by_idempotency_key(project, key)
+    if run is None:
+        return None
+    problem = idempotency.replay_problem(key, run.spec, spec)
+    return validation_response([problem]) if problem is not None else run
+
+
+def _replayed(request: Request, response: Response, run: RunRecord) -> RunView:
+    response.status_code = 200
+    return queued_view(request, run)
 
 
 def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "") -> list[dict]:

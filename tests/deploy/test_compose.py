@@ -109,8 +109,8 @@ def test_every_long_running_service_has_a_health_check():
 
 def test_the_service_health_check_is_readiness_and_its_image_checks_liveness():
     test = " ".join(SERVICES["service"]["healthcheck"]["test"])
-    assert "http://127.0.0.1:8000/readyz" in test
-    assert "/livez" in (ROOT / "deploy" / "service.Dockerfile").read_text()
+    assert "http://127.0.0.1:8000/healthz/ready" in test
+    assert "http://127.0.0.1:8000/healthz/live" in (ROOT / "deploy" / "service.Dockerfile").read_text()
 
 
 def test_worker_nodes_scale_and_join_the_head_and_the_gpu_worker_is_behind_a_profile():

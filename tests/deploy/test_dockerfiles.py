@@ -127,7 +127,7 @@ def test_the_service_runs_as_a_non_root_user_with_a_health_check():
     last_run = max(i for i, (kind, _) in enumerate(steps) if kind == "RUN")
     assert [kind for kind, _ in steps].index("USER") > last_run, "USER must follow the last RUN"
     [healthcheck] = [arg for kind, arg in steps if kind == "HEALTHCHECK"]
-    assert "/livez" in healthcheck
+    assert "http://127.0.0.1:8000/healthz/live" in healthcheck
 
 
 def test_the_worker_image_has_a_health_check_and_rays_non_root_user():

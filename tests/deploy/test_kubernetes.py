@@ -144,13 +144,13 @@ def test_every_container_has_requests_and_limits(overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_service_probes_livez_and_readyz_and_reads_credentials_from_secrets(overlay, tmp_path):
+def test_the_service_probes_liveness_and_readiness_and_reads_credentials_from_secrets(overlay, tmp_path):
     [deployment] = by_kind(rendered(overlay), "Deployment")
     [container] = containers(deployment)
-    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
-    assert container["startupProbe"]["httpGet"]["path"] == "/livez"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert probe_statuses(tmp_path, ["/livez", "/readyz"]) == [200, 200]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz/live"
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz/ready"
+    assert probe_statuses(tmp_path, ["/healthz/live", "/healthz/ready"]) == [200, 200]
     env = {e["name"]: e for e in container["env"]}
     for name in ("TESSERA_DATABASE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "RAY_AUTH_TOKEN"):
         assert "secretKeyRef" in env[name]["valueFrom"], name

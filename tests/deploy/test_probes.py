@@ -1,7 +1,10 @@
-"""The probes Kubernetes and compose use: ``/livez`` answers while the process serves,
-``/readyz`` is 503 while the database or Ray cannot be reached, and names which."""
+"""The probes Kubernetes and compose use: ``/healthz/live`` (alias ``/livez``) answers while the
+process serves and its dispatcher ticks; ``/healthz/ready`` (alias ``/readyz``) is 503 while the
+database or Ray cannot be reached, and names which."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -59,3 +62,22 @@ def test_the_probes_stay_out_of_the_published_api(app_and_jobs):
     _, _, client = app_and_jobs
     paths = set(client.get("/api/v1/openapi.json").json()["paths"])
     assert "/healthz" in paths and not {"/livez", "/readyz"} & paths
+
+
+def test_the_healthz_paths_answer_like_their_aliases(app_and_jobs):
+    _, jobs, client = app_and_jobs
+    assert client.get("/healthz/live").json() == client.get("/livez").json() == {"status": "ok"}
+    jobs.status = ray_down
+    ready = client.get("/healthz/ready")
+    assert (ready.status_code, ready.json()["ray"]) == (503, "unreachable")
+
+
+def test_liveness_fails_once_the_dispatcher_thread_stops_ticking(app_and_jobs, monkeypatch):
+    app, _, client = app_and_jobs
+    dispatcher = app.state.dispatcher
+    monkeypatch.setattr(type(dispatcher), "running", property(lambda self: True))
+    dispatcher.last_tick_at = time.monotonic()
+    assert client.get("/healthz/live").status_code == 200
+    dispatcher.last_tick_at -= app.state.settings.liveness_max_tick_age_s + 1  # wedged since then
+    stalled = client.get("/healthz/live")
+    assert stalled.status_code == 503 and "liveness_max_tick_age_s" in stalled.json()["detail"]

@@ -112,24 +112,27 @@ def test_cancel_of_a_finished_run_is_a_conflict(service):
     assert info.value.status_code == 409
 
 
-def test_service_restart_during_a_run_neither_loses_nor_duplicates_it(service, ray_head):
+def test_service_restart_during_two_runs_neither_loses_nor_duplicates_them(service, ray_head):
     client = service.client()
-    run = client.create_run(long_synthetic_spec("survives-restart", batches=300))
-    wait_until(lambda: client.metrics(run.id).data, timeout=180, what="first metrics of the run")
+    batches = {"survives-restart": 300, "survives-restart-too": 250}
+    runs = [client.create_run(long_synthetic_spec(name, batches=n)) for name, n in batches.items()]
+    for run in runs:
+        wait_until(lambda: client.metrics(run.id).data, timeout=180, what=f"first metrics of run {run.name}")
 
-    service.kill()
-    service.start()  # same database, same Ray head: the reconciler must find the job still running
+    service.kill()  # SIGKILL with both in flight
+    service.start()  # same database, same Ray head: the reconciler must find both jobs still running
 
     client = service.client()
-    final = wait_for_status(client, run.id, TERMINAL_STATUSES, timeout=300)
-    assert final.status is RunStatus.COMPLETED, final.error
-    assert final.attempt == 1
-    assert final.summary["time/batch"] == 300
-    transitions = [e.to_status for e in client.run_events(run.id).data]
-    assert transitions == [RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.COMPLETED]
-    jobs = [j for j in JobSubmissionClient(ray_head.dashboard_url).list_jobs()
-            if (j.submission_id or "").startswith(f"run-{run.id}-")]
-    assert [j.submission_id for j in jobs] == [f"run-{run.id}-attempt-1"]
-    # The worker kept its points while the service was down and delivered them afterwards.
-    steps = {p.step for p in client.metrics(run.id, limit=100_000).data if p.key == "train/loss"}
-    assert max(steps) == 300
+    for run in runs:
+        final = wait_for_status(client, run.id, TERMINAL_STATUSES, timeout=300)
+        assert final.status is RunStatus.COMPLETED, final.error
+        assert final.attempt == 1
+        assert final.summary["time/batch"] == batches[run.name]
+        transitions = [e.to_status for e in client.run_events(run.id).data]
+        assert transitions == [RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING, RunStatus.COMPLETED]
+        listed = JobSubmissionClient(ray_head.dashboard_url).list_jobs()
+        jobs = [j.submission_id for j in listed if (j.submission_id or "").startswith(f"run-{run.id}-")]
+        assert jobs == [f"run-{run.id}-attempt-1"]
+        # The worker kept its points while the service was down and delivered them afterwards.
+        steps = {p.step for p in client.metrics(run.id, limit=100_000).data if p.key == "train/loss"}
+        assert max(steps) == batches[run.name]

@@ -1,74 +1,109 @@
-"""RayJobsClient: Ray's error shapes mapped to the JobsClient contract; one test on a real head."""
+"""RayJobsClient: Ray's answers mapped to the JobsClient contract (refused, ambiguous, unavailable,\nbounded by a timeout); one test on a real head."""
 
 from __future__ import annotations
 
+import json
+import socket
 import sys
 import time
 import uuid
-from types import SimpleNamespace
 
+import httpx
 import pytest
 
-from service.ray_client import RayJobsClient
+from service.ray_client import RayAmbiguous, RayJobsClient, RayRefused, RayUnavailable
 
 
-class StubSDK:
-    """Raises exactly what ray.job_submission.JobSubmissionClient raises (measured on Ray 2.60)."""
+class FakeRayJobsAPI:
+    """Ray 2.60's Jobs REST API as the dashboard answers it (shapes measured on a real head)."""
 
     def __init__(self):
         self.submitted: list[str] = []
+        self.fail_with: tuple[int, str] | Exception | None = None
 
-    def submit_job(self, *, entrypoint, submission_id, runtime_env):
-        if submission_id in self.submitted:
-            raise RuntimeError("Request failed with status code 500: Traceback (most recent call last):\n"
-                               f"ValueError: Job with submission_id {submission_id} already exists. "
-                               "Please use a different submission_id.")
-        self.submitted.append(submission_id)
-        return submission_id
-
-    def get_job_info(self, job_id):
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if isinstance(self.fail_with, Exception):
+            raise self.fail_with
+        if self.fail_with is not None:
+            return httpx.Response(self.fail_with[0], text=self.fail_with[1])
+        path = request.url.path
+        if request.method == "POST" and path == "/api/jobs/":
+            job_id = json.loads(request.content)["submission_id"]
+            if job_id in self.submitted:
+                return httpx.Response(500, text="Traceback (most recent call last):\n"
+                                                f"ValueError: Job with submission_id {job_id} already exists. "
+                                                "Please use a different submission_id.")
+            self.submitted.append(job_id)
+            return httpx.Response(200, json={"job_id": None, "submission_id": job_id})
+        if request.method == "GET" and path == "/api/jobs/":
+            return httpx.Response(200, json=[{"submission_id": j, "status": "RUNNING"} for j in self.submitted])
+        job_id = path.removeprefix("/api/jobs/").split("/")[0]
         if job_id not in self.submitted:
-            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
-        return SimpleNamespace(status=SimpleNamespace(value="RUNNING"))
-
-    def stop_job(self, job_id):
-        if job_id not in self.submitted:
-            raise RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
-        return True
-
-    def get_job_logs(self, job_id):
-        return "\n".join(f"line {i}" for i in range(100))
+            return httpx.Response(404, text=f"Job {job_id} does not exist")
+        if path.endswith("/logs"):
+            return httpx.Response(200, json={"logs": "\n".join(f"line {i}" for i in range(100))})
+        if path.endswith("/stop"):
+            return httpx.Response(200, json={"stopped": True})
+        return httpx.Response(200, json={"submission_id": job_id, "status": "RUNNING"})
 
 
 @pytest.fixture
-def stubbed() -> RayJobsClient:
-    client = RayJobsClient("http://127.0.0.1:1")
-    client._client = StubSDK()
-    return client
+def ray_api() -> FakeRayJobsAPI:
+    return FakeRayJobsAPI()
 
 
-def test_second_submit_of_an_attempt_is_treated_as_already_submitted(stubbed):
+@pytest.fixture
+def stubbed(ray_api) -> RayJobsClient:
+    return RayJobsClient("http://ray.test:8265", transport=httpx.MockTransport(ray_api))
+
+
+def test_second_submit_of_an_attempt_is_treated_as_already_submitted(stubbed, ray_api):
     stubbed.submit("run-a-attempt-1", "echo", {})
     stubbed.submit("run-a-attempt-1", "echo", {})
-    assert stubbed._client.submitted == ["run-a-attempt-1"]
+    assert ray_api.submitted == ["run-a-attempt-1"]
+    assert stubbed.states() == {"run-a-attempt-1": "RUNNING"}
 
 
-def test_other_submit_errors_propagate(stubbed):
-    stubbed._client.submit_job = lambda **kw: (_ for _ in ()).throw(RuntimeError("status code 400: bad env"))
-    with pytest.raises(RuntimeError, match="bad env"):
+def test_a_4xx_is_a_definite_refusal(stubbed, ray_api):
+    ray_api.fail_with = (400, "bad runtime_env")
+    with pytest.raises(RayRefused, match="bad runtime_env"):
         stubbed.submit("run-b-attempt-1", "echo", {})
+
+
+@pytest.mark.parametrize("failure", [(500, "no available agent to submit job"), (503, "busy"),
+                                     httpx.ReadTimeout("timed out"), httpx.RemoteProtocolError("reset")])
+def test_a_5xx_a_read_timeout_or_a_reset_is_ambiguous(stubbed, ray_api, failure):
+    ray_api.fail_with = failure
+    with pytest.raises(RayAmbiguous):
+        stubbed.submit("run-c-attempt-1", "echo", {})
+    with pytest.raises(RayUnavailable):  # and never reads as "no such job"
+        stubbed.status("run-c-attempt-1")
 
 
 def test_unknown_job_reads_as_none_and_stopping_it_is_harmless(stubbed):
     assert stubbed.status("run-x-attempt-1") is None
     stubbed.stop("run-x-attempt-1")
-    assert stubbed.logs_tail("run-x-attempt-1", lines=3) == "line 97\nline 98\nline 99"
+    assert stubbed.logs_tail("run-x-attempt-1", lines=3) == ""
+    stubbed.submit("run-y-attempt-1", "echo", {})
+    assert stubbed.logs_tail("run-y-attempt-1", lines=3) == "line 97\nline 98\nline 99"
 
 
 def test_unreachable_ray_raises_instead_of_reading_as_gone():
     client = RayJobsClient("http://127.0.0.1:9")  # discard port: nothing listens
-    with pytest.raises(ConnectionError):
+    with pytest.raises(RayUnavailable) as raised:
         client.status("run-x-attempt-1")
+    assert not isinstance(raised.value, RayAmbiguous)  # refused: the request never reached Ray
+
+
+def test_a_ray_that_accepts_and_never_answers_costs_one_timeout():
+    with socket.socket() as silent:  # listens, never answers: a hung dashboard
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        client = RayJobsClient(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.3)
+        started = time.monotonic()
+        with pytest.raises(RayAmbiguous, match="did not answer"):
+            client.submit("run-z-attempt-1", "echo", {})
+        assert time.monotonic() - started < 5
 
 
 def _wait_for(client: RayJobsClient, job_id: str, states: set[str], timeout_s: float = 60.0) -> str:

@@ -1,0 +1,73 @@
+"""The SDK's submit carries one Idempotency-Key per call and repeats it on its own retries."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+import api.client as client_module
+from api.client import Client
+from api.errors import ApiError
+
+RUN = {"id": "r1", "name": "n", "status": "QUEUED", "attempt": 1, "spec": {}, "created_at": "2026-01-01T00:00:00Z",
+       "updated_at": "2026-01-01T00:00:00Z"}
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch):
+    monkeypatch.setattr(client_module, "SUBMIT_RETRY_DELAYS_S", (0.0, 0.0, 0.0))
+
+
+def _client(answers: list) -> tuple[Client, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return Client("http://tessera.test", transport=httpx.MockTransport(handle), api_key="tsk_test"), seen
+
+
+def test_a_lost_answer_is_retried_with_the_same_key_and_returns_the_first_run():
+    client, seen = _client([httpx.ReadTimeout("lost"), httpx.Response(503, json={"detail": "restarting"}),
+                            httpx.Response(200, json=RUN)])
+    assert client.create_run({"name": "n"}).id == "r1"
+    keys = {request.headers["Idempotency-Key"] for request in seen}
+    assert len(seen) == 3 and len(keys) == 1 and next(iter(keys)).startswith("sdk-")
+
+
+def test_each_call_gets_its_own_key_unless_one_is_given():
+    client, seen = _client([httpx.Response(201, json=RUN) for _ in range(3)])
+    client.create_run({"name": "n"})
+    client.create_run({"name": "n"})
+    client.create_run({"name": "n"}, idempotency_key="mine")
+    keys = [request.headers["Idempotency-Key"] for request in seen]
+    assert keys[0] != keys[1] and keys[2] == "mine"
+
+
+def test_a_4xx_is_not_retried_and_retries_are_bounded():
+    client, seen = _client([httpx.Response(422, json={"detail": "bad"})])
+    with pytest.raises(ApiError):
+        client.create_run({"name": "n"})
+    assert len(seen) == 1
+    client, seen = _client([httpx.ConnectError("down")] * 4)
+    with pytest.raises(httpx.ConnectError):
+        client.create_run({"name": "n"})
+    assert len(seen) == 4
+
+
+def test_tessera_submit_sends_the_given_key(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import cli.main
+
+    client, seen = _client([httpx.Response(201, json=RUN)])
+    monkeypatch.setattr(cli.main, "_client", lambda url: client)
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"name": "n"}')
+    result = CliRunner().invoke(cli.main.app, ["submit", str(spec), "--idempotency-key", "nightly-2026-12-01"])
+    assert result.exit_code == 0, result.output
+    assert [request.headers["Idempotency-Key"] for request in seen] == ["nightly-2026-12-01"]
