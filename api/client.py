@@ -176,9 +176,12 @@ class Client:
     def run_events(self, run_id: str) -> RunEventsPage:
         return RunEventsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/events"))
 
-    def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000) -> MetricsPage:
-        return MetricsPage.model_validate(
-            self._request("GET", f"{API}/runs/{run_id}/metrics", params={"after": after, "limit": limit}))
+    def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000, all_attempts: bool = False) -> MetricsPage:
+        """One page of points; with ``all_attempts`` also those a resumed attempt superseded."""
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if all_attempts:
+            params["all_attempts"] = "true"
+        return MetricsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/metrics", params=params))
 
     def logs(self, run_id: str, *, attempt: int | None = None, after: int = 0) -> LogsPage:
         """One page of an attempt's log from byte ``after`` (default: the newest attempt)."""

@@ -59,6 +59,9 @@ class RunView(BaseModel):
     trial_id: str | None = Field(None, description="the trial's id within its sweep (Ray Tune's)")
     project: str = Field("default", description="the project the run belongs to")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
+    final_checkpoint: Literal["saved", "missing"] | None = Field(
+        None, description="once ended: whether the final weights were checkpointed (None: the run saves no "
+                          "checkpoints); 'missing' means the final save failed after its retries")
 
     @property
     def restarts(self) -> int:
@@ -97,6 +100,9 @@ class MetricPoint(BaseModel):
     key: str
     value: float
     time: datetime
+    attempt: int | None = Field(None, description="the run's attempt that reported it (None: before attempts were kept)")
+    superseded: bool = Field(False, description="a later attempt resumed from an earlier step and reported this "
+                                                "step again; listed only with all_attempts=true")
 
 
 class MetricsPage(BaseModel):
@@ -153,8 +159,14 @@ class ReportedMetric(BaseModel):
 
 
 class MetricsReport(BaseModel):
+    """A batch of points. ``session`` (the worker reporter's random id) and ``batch`` (its batch
+    number, from 1, in order) make a replayed batch idempotent: the service stores each
+    (session, batch) once and acknowledges a repeat without storing it again."""
+
     model_config = ConfigDict(extra="forbid")
     points: list[ReportedMetric] = Field(..., max_length=10_000)
+    session: str | None = Field(None, min_length=1, max_length=32, pattern=r"^[0-9a-f]+$")
+    batch: int | None = Field(None, ge=1, le=INT64_MAX)
 
 
 class StatusReport(BaseModel):
@@ -165,6 +177,11 @@ class StatusReport(BaseModel):
     status: RunStatus
     error: str | None = Field(None, max_length=20_000)
     message: str | None = Field(None, max_length=2_000)
+    step: int | None = Field(None, ge=0, le=INT64_MAX,
+                             description="with RUNNING: the step this attempt starts from (its checkpoint's; 0 "
+                                         "for a fresh start); points of earlier attempts after it are superseded")
+    final_checkpoint: Literal["saved", "missing"] | None = Field(
+        None, description="with COMPLETED: whether the final weights were checkpointed")
 
 
 class CheckpointReport(BaseModel):
