@@ -50,6 +50,7 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
 
 
 @router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics",
+             response_model_exclude_defaults=True,  # "replayed" only when true: answers stay as they were
              responses={413: {"model": ErrorBody}})
 def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, settings: SettingsDep,
                    request: Request):

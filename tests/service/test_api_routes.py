@@ -127,7 +127,7 @@ def test_metrics_after_returns_only_new_points(client, fake_jobs, example_body):
     run, token = _start(client, fake_jobs, example_body)
     auth = {"Authorization": f"Bearer {token}"}
     url = f"{API}/runs/{run['id']}/metrics"
-    assert client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(2.0, 1.5), headers=auth).json() == {"stored": 2, "replayed": False}
+    assert client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(2.0, 1.5), headers=auth).json() == {"stored": 2}
     first = client.get(url).json()
     assert [p["value"] for p in first["data"]] == [2.0, 1.5] and first["last_seq"] == first["data"][-1]["seq"]
     client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(1.0, first_step=2), headers=auth)
@@ -143,7 +143,7 @@ def test_reports_after_the_run_completed_are_refused_and_change_nothing(client, 
     run, token = _start(client, fake_jobs, example_body)
     _report(client, run["id"], token, "RUNNING")
     assert client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(0.5),
-                       headers={"Authorization": f"Bearer {token}"}).json() ["stored"] == 1
+                       headers={"Authorization": f"Bearer {token}"}).json() == {"stored": 1}
     _report(client, run["id"], token, "COMPLETED")
     before = client.get(f"{API}/runs/{run['id']}").json()
     late = client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(0.01),
