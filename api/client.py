@@ -26,6 +26,7 @@ from api.views import (
     CheckpointView,
     MetricsPage,
     MetricsReport,
+    NoteReport,
     RunEventsPage,
     RunsPage,
     RunStatus,
@@ -298,6 +299,12 @@ class Client:
         body = self._request("POST", f"{API}/runs/{run_id}/report/metrics", json=report.model_dump(mode="json"),
                              headers={"Authorization": f"Bearer {token}"})
         return int(body["stored"])
+
+    def report_note(self, run_id: str, token: str, report: NoteReport) -> RunView:
+        """Record a worker's note on its run as a run event."""
+        return RunView.model_validate(self._request(
+            "POST", f"{API}/runs/{run_id}/report/note", json=report.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"}))
 
     def report_checkpoint(self, run_id: str, token: str, report: CheckpointReport) -> CheckpointView:
         """Tell the service about a committed (or failed) checkpoint."""

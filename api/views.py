@@ -184,6 +184,14 @@ class StatusReport(BaseModel):
         None, description="with COMPLETED: whether the final weights were checkpointed")
 
 
+class NoteReport(BaseModel):
+    """A worker's note on its run that is not a status change (e.g. old checkpoints could not
+    be deleted): recorded as a run event."""
+
+    model_config = ConfigDict(extra="forbid")
+    message: str = Field(..., min_length=1, max_length=2_000)
+
+
 class CheckpointReport(BaseModel):
     """A worker's word on one checkpoint: committed (its marker is written), or failed with why."""
 

@@ -272,6 +272,15 @@ class Repository(AttemptStore):
             session.flush()
             return _checkpoint_view(row)
 
+    def add_note(self, run_id: str, message: str) -> RunRecord:
+        """A worker's note: a run event that keeps the run's status (refused once it ended)."""
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            _refuse_after_end(run, "a note")
+            status = RunStatus(run.status)
+            add_run_event(session, run, status, status, clean_text(message), utcnow())
+            session.flush()
+            return RunRecord.from_row(run)
+
     def checkpoints(self, run_id: str) -> list[CheckpointView]:
         """The run's checkpoints, oldest first."""
         with self.db.read() as session:

@@ -117,7 +117,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
                 message += f"; resuming from {latest.url}"
             if restarted:
                 sink.status(RunStatus.RESTARTING, message="Ray Train restarted the worker group")
-            sink.status(RunStatus.RUNNING, message=message)
+            # The step it starts from: what earlier attempts reported after it is superseded.
+            sink.status(RunStatus.RUNNING, message=message, step=latest.step if latest is not None else 0)
             metrics = trainer.fit()
     finally:
         sink.close()

@@ -24,8 +24,8 @@ from algorithms.registry import build_algorithms
 from api.catalog import DATASETS
 from api.specs import RunSpec
 from workers.checkpoint import Checkpointer, fingerprint
-from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stateful, TimestampState,
-                                         TrainingCheckpoints, scaler_state)
+from workers.checkpoint.training import (FINAL_SAVED_KEY, AlgorithmStates, RankRng, StateOf, Stateful,
+                                         TimestampState, TrainingCheckpoints, scaler_state)
 from workers.data import build_eval_loader, build_train_loader
 from workers.engine import Callback, Engine
 from workers.events import Event
@@ -141,6 +141,7 @@ class Trainer:
         surgery = [s for s, a in zip(spec.algorithms, state.algorithms) if a.changes_model]
         return Checkpointer(checkpoint_url, keep_last=spec.checkpoint.keep_last, async_save=spec.checkpoint.async_save,
                             rank=self.rank, world_size=self.world_size, on_report=self.sink.checkpoint,
+                            on_note=self.sink.note,
                             fingerprint=fingerprint(spec, surgery=surgery, num_classes=state.num_classes,
                                                     in_channels=in_channels))
 
@@ -202,6 +203,9 @@ class Trainer:
         if self._last_eval_batch != state.timestamp.batch:
             self.evaluate()  # always end with an evaluation of the final model
         self.checkpoints.wait()
+        final_saved = self.checkpoints.final_saved()
+        if final_saved is not None:  # visible in the summary; the launcher reports it with COMPLETED
+            self.metrics.record(state.timestamp.batch, FINAL_SAVED_KEY, 1.0 if final_saved else 0.0)
         engine.run_event(Event.FIT_END, state)
         self._flush_metrics()
         self.sink.flush()

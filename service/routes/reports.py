@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from api.views import CheckpointReport, CheckpointView, MetricsReport, RunStatus, RunView, StatusReport
+from api.views import CheckpointReport, CheckpointView, MetricsReport, NoteReport, RunStatus, RunView, StatusReport
 from service.deps import RepoDep, RunTokenDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.metric_limits import MetricLimits
@@ -84,3 +84,11 @@ def report_checkpoint(run_id: RunTokenDep, report: CheckpointReport, repo: RepoD
     """A committed checkpoint (listed by ``GET /runs/{id}/checkpoints``), or a save that failed
     (recorded as a run event saying why; training went on)."""
     return repo.add_checkpoint(run_id, report)
+
+
+@router.post("/{run_id}/report/note", response_model=RunView, operation_id="report_note",
+             responses={409: {"model": ErrorBody}})
+def report_note(run_id: RunTokenDep, report: NoteReport, repo: RepoDep):
+    """Something the run's owner must see that is not a status change (old checkpoints could not
+    be deleted, for instance): a run event with the worker's message (409 once the run ended)."""
+    return repo.add_note(run_id, report.message).to_view()
