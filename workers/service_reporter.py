@@ -105,6 +105,7 @@ class ServiceReporter:
             self._wake.set()
             self._thread.join()
         self._raise_if_failed()
+        self.spool.remove_if_empty()
 
     # --- spooling -----------------------------------------------------------------------
     def _raise_if_failed(self) -> None:

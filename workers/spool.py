@@ -107,6 +107,15 @@ class Spool:
     def __len__(self) -> int:
         return len(self._sizes)
 
+    def remove_if_empty(self) -> None:
+        """Remove the run's folder once everything in it was delivered."""
+        with self._lock:
+            if not self._sizes:
+                try:
+                    self.directory.rmdir()
+                except OSError:  # something else is in it (another reporter's entry): keep it
+                    pass
+
     def has_room(self) -> bool:
         with self._lock:
             return not self._sizes or self.bytes < self.max_bytes

@@ -187,6 +187,8 @@ class Trainer:
                 self.train_batch(inputs, targets)
                 if self._eval_due() and not self.train_loader.exhausted:
                     self.evaluate()
+                elif self.checkpoints.due(state.timestamp.batch):
+                    self._flush_metrics_to_spool()
                 elif self.metrics.due():
                     self._flush_metrics()
                 self.checkpoints.maybe_save(state.timestamp.batch)
@@ -199,6 +201,7 @@ class Trainer:
                 if self._eval_due():
                     self.evaluate()
                 self.sink.flush()
+        self._flush_metrics_to_spool()
         self.checkpoints.maybe_save(state.timestamp.batch, last=True)  # always end with the final state
         if self._last_eval_batch != state.timestamp.batch:
             self.evaluate()  # always end with an evaluation of the final model
@@ -342,6 +345,13 @@ class Trainer:
 
     def _flush_metrics(self, *, epoch_end: bool = False) -> None:
         self.metrics.flush(self.state.timestamp, self.state.progress, epoch_end=epoch_end)
+
+    def _flush_metrics_to_spool(self) -> None:
+        """Before a checkpoint: what was measured up to it is handed to the sink (the service
+        reporter spools it to disk) before the checkpoint exists, so a run resumed from that
+        checkpoint has lost no point, whatever kills the worker after."""
+        self._flush_metrics()
+        self.sink.flush()
 
 
 def train(spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device | None = None,

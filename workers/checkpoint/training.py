@@ -119,6 +119,10 @@ class TrainingCheckpoints:
         self.shared, self.per_rank = dict(shared), dict(per_rank)
         self.last_saved_batch = -1
 
+    def due(self, step: int) -> bool:
+        """Whether ``maybe_save(step)`` will save."""
+        return self.checkpointer is not None and bool(self.every) and step % self.every == 0
+
     def maybe_save(self, step: int, *, last: bool = False) -> None:
         """Save if ``step`` is on the interval or, with ``last``, if ``step`` is not saved yet
         (collective: every rank calls this at every step)."""
