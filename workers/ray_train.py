@@ -29,6 +29,9 @@ from workers.trainer import Trainer, process_settings
 
 log = logging.getLogger(__name__)
 
+# The driver's variables every Ray Train worker gets: test hooks, and how reports wait out outages.
+WORKER_ENV_PREFIXES = ("TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_")
+
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                  storage_path: str | None = None, storage_url: str | None = None,
@@ -56,9 +59,10 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         train_loop_per_worker,
         train_loop_config={"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
                            "run_url": run_url(storage_url, run_id) if storage_url else None,
-                           # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) reach the workers this way
+                           # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) and the report patience and
+                           # spool settings reach the workers this way
                            # whether the driver is a Ray job or a test process.
-                           "test_env": {k: v for k, v in os.environ.items() if k.startswith("TESSERA_TEST_")},
+                           "test_env": {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)},
                            "service_url": service_url, "token": token, "tune": tune,
                            "storage_url": storage_url},  # where workers fetch the run's code package
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,

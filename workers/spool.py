@@ -116,6 +116,3 @@ class Spool:
                 except OSError:  # something else is in it (another reporter's entry): keep it
                     pass
 
-    def has_room(self) -> bool:
-        with self._lock:
-            return not self._sizes or self.bytes < self.max_bytes
