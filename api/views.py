@@ -100,7 +100,8 @@ class MetricPoint(BaseModel):
     key: str
     value: float
     time: datetime
-    attempt: int | None = Field(None, description="the run's attempt that reported it (None: before attempts were kept)")
+    attempt: int | None = Field(None, description="the run's attempt that reported it (None: stored before "
+                                                  "attempts were kept)")
     superseded: bool = Field(False, description="a later attempt resumed from an earlier step and reported this "
                                                 "step again; listed only with all_attempts=true")
 

@@ -37,7 +37,8 @@ def bench_spec():
     from tests.workers.helpers_specs import tiny_spec
 
     return tiny_spec(max_duration=f"{BATCHES}ba", deterministic=True, max_restarts=1, eval_interval="8ba",
-                     algorithms=[{"name": "cutmix"}], checkpoint={"interval": "3ba", "keep_last": 2, "async_save": True},
+                     algorithms=[{"name": "cutmix"}],
+                     checkpoint={"interval": "3ba", "keep_last": 2, "async_save": True},
                      parallelism={"strategy": "ddp", "num_workers": 2})
 
 
@@ -47,8 +48,9 @@ def run_point(spec, root: Path, plain_id: str, storage_url: str, kill_at: int, d
     started = time.monotonic()
     entry = {"kill_at": kill_at, "during": during}
     try:
-        run = run_killed(spec, storage_url=storage_url, ray_dir=root / "ray", marker=root / f"killed-{kill_at}-{during}",
-                         plain_id=plain_id, kill_at_batch=kill_at, during=during)
+        run = run_killed(spec, storage_url=storage_url, ray_dir=root / "ray",
+                         marker=root / f"killed-{kill_at}-{during}", plain_id=plain_id, kill_at_batch=kill_at,
+                         during=during)
         steps = run.service.steps("train/loss")
         entry.update(resumed_from=run.service.statuses[-1].get("step"),
                      statuses=[s["status"] for s in run.service.statuses],

@@ -41,7 +41,8 @@ def _batch(steps, value, *, session="a1", batch=1, key="train/loss") -> dict:
 
 
 def _events(api, run_id):
-    return [(e["from_status"], e["to_status"], e["message"]) for e in api.get(f"{API}/runs/{run_id}/events").json()["data"]]
+    events = api.get(f"{API}/runs/{run_id}/events").json()["data"]
+    return [(e["from_status"], e["to_status"], e["message"]) for e in events]
 
 
 def test_completed_after_a_lost_running_is_the_legal_sequence_and_repeats_are_no_ops(api, fake_jobs, example_body):
