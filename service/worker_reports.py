@@ -5,9 +5,10 @@ A worker spools what it cannot deliver and replays it in order once the service 
 
 - a repeat of the status the run already has is acknowledged and changes nothing, terminal
   statuses included (a COMPLETED whose answer was lost is sent again);
-- COMPLETED while the run is still STARTING or RESTARTING means the RUNNING report before it
-  was lost for good (the worker gave up on it, or its answer never came): the service records
-  the missing RUNNING, saying so, then COMPLETED — the legal sequence the run went through;
+- COMPLETED while the run is still STARTING or RESTARTING, or RESTARTING while it is STARTING,
+  means the RUNNING report before it was lost for good (refused while the service was half
+  up, or spooled on a machine that died): the service records the missing RUNNING, saying so,
+  then the report — the legal sequence the run went through;
 - RUNNING with ``step`` (where the attempt resumes from) supersedes earlier attempts' points
   after that step (``service.metric_writes``);
 - COMPLETED with ``final_checkpoint`` records whether the final weights were saved; a missing
@@ -26,8 +27,9 @@ from service.db.models import Run, utcnow
 from service.metric_writes import supersede_after
 from service.run_writes import add_run_event, apply_run_status
 
-# A COMPLETED from these statuses went through RUNNING; its RUNNING report was lost.
-LOST_RUNNING = (RunStatus.STARTING, RunStatus.RESTARTING)
+# (status now, report) pairs that went through a RUNNING whose report was lost.
+LOST_RUNNING = {(RunStatus.STARTING, RunStatus.COMPLETED), (RunStatus.RESTARTING, RunStatus.COMPLETED),
+                (RunStatus.STARTING, RunStatus.RESTARTING)}
 
 
 def apply_report(session: Session, run: Run, status: RunStatus, *, message: str | None, error: str | None,
@@ -36,10 +38,10 @@ def apply_report(session: Session, run: Run, status: RunStatus, *, message: str 
     current = RunStatus(run.status)
     if current is RunStatus.CANCELING or (current is status and current.is_terminal):
         return
-    if status is RunStatus.COMPLETED and current in LOST_RUNNING:
+    if (current, status) in LOST_RUNNING:
         apply_run_status(session, run, RunStatus.RUNNING, error=None,
-                         message="RUNNING report lost (the service was unreachable); filled in when COMPLETED "
-                                 "arrived")
+                         message=f"RUNNING report lost (the service was unreachable); filled in when {status.value} "
+                                 f"arrived")
     apply_run_status(session, run, status, message=message, error=error)
     if status is RunStatus.RUNNING and step is not None:
         superseded = supersede_after(session, run, step)

@@ -58,6 +58,13 @@ def test_completed_after_a_lost_running_is_the_legal_sequence_and_repeats_are_no
     assert _post(api, run_id, token, "status", {"status": "FAILED", "error": "x"}).status_code == 409
 
 
+def test_a_restart_after_a_lost_running_fills_it_in(api, fake_jobs, example_body):
+    run_id, token = _start(api, fake_jobs, example_body)
+    restarting = _post(api, run_id, token, "status", {"status": "RESTARTING"})
+    assert restarting.status_code == 200 and restarting.json()["attempt"] == 2
+    assert [(f, t) for f, t, _ in _events(api, run_id)[-2:]] == [("STARTING", "RUNNING"), ("RUNNING", "RESTARTING")]
+
+
 def test_a_replayed_metric_batch_is_acknowledged_and_stored_once(api, fake_jobs, example_body):
     run_id, token = _start(api, fake_jobs, example_body)
     _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
