@@ -88,7 +88,7 @@ class ServiceReporter:
         self._put("checkpoint", CheckpointReport.model_validate(report))
 
     def note(self, message: str) -> None:
-        """A run event saying ``message`` (after the pending metrics)."""
+        """A run event saying ``message`` (from the checkpoint writer: retention failed)."""
         self._put("note", NoteReport(message=message[:MAX_NOTE_CHARS]))
 
     def flush(self) -> None:
