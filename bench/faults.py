@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BATCHES = 24  # 6 epochs of 4 batches; checkpoints every 3 batches (async), evaluation every 8
+FINAL_CHECKPOINT = f"checkpoints/ep5-ba{BATCHES}"  # saved at the last batch, before the epoch count moves on
 # (kill at batch, during): "batch" = at the end of that batch (before a save or evaluation due
 # there); "eval" = as the evaluation at that batch starts; "save" = at the end of that batch
 # without waiting for the asynchronous save in flight (a torn write).
@@ -56,11 +57,14 @@ def run_point(spec, root: Path, plain_id: str, storage_url: str, kill_at: int, d
         entry.update(resumed_from=run.service.statuses[-1].get("step"),
                      statuses=[s["status"] for s in run.service.statuses],
                      every_step_reported=set(steps) == set(range(1, BATCHES + 1)),
-                     tensors_compared=run.assert_final_checkpoints_bitwise_equal(f"checkpoints/ep6-ba{BATCHES}"),
+                     tensors_compared=run.assert_final_checkpoints_bitwise_equal(FINAL_CHECKPOINT),
                      bitwise_equal=True)
     except AssertionError as exc:
         entry.update(bitwise_equal=False, error=str(exc)[:500])
-    except Exception as exc:  # a run that failed outright is a failed point, not a crashed bench
+    except BaseException as exc:  # a run that failed outright (DCP raises CheckpointException, a
+        # BaseException) is a failed point, not a crashed bench
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         entry.update(bitwise_equal=False, error=f"{type(exc).__name__}: {exc}"[:500])
     entry["seconds"] = round(time.monotonic() - started, 1)
     return entry
