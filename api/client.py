@@ -31,6 +31,7 @@ from api.views import (
     ExportView,
     MetricsPage,
     MetricsReport,
+    NoteReport,
     RunEventsPage,
     RunsPage,
     RunStatus,
@@ -258,9 +259,12 @@ class Client:
     def run_events(self, run_id: str) -> RunEventsPage:
         return RunEventsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/events"))
 
-    def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000) -> MetricsPage:
-        return MetricsPage.model_validate(
-            self._request("GET", f"{API}/runs/{run_id}/metrics", params={"after": after, "limit": limit}))
+    def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000, all_attempts: bool = False) -> MetricsPage:
+        """One page of points; with ``all_attempts`` also those a resumed attempt superseded."""
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if all_attempts:
+            params["all_attempts"] = "true"
+        return MetricsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/metrics", params=params))
 
     def logs(self, run_id: str, *, attempt: int | None = None, after: int = 0) -> LogsPage:
         """One page of an attempt's log from byte ``after`` (default: the newest attempt)."""
@@ -378,6 +382,12 @@ class Client:
         body = self._request("POST", f"{API}/runs/{run_id}/report/metrics", json=report.model_dump(mode="json"),
                              headers={"Authorization": f"Bearer {token}"})
         return int(body["stored"])
+
+    def report_note(self, run_id: str, token: str, report: NoteReport) -> RunView:
+        """Record a worker's note on its run as a run event."""
+        return RunView.model_validate(self._request(
+            "POST", f"{API}/runs/{run_id}/report/note", json=report.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"}))
 
     def report_checkpoint(self, run_id: str, token: str, report: CheckpointReport) -> CheckpointView:
         """Tell the service about a committed (or failed) checkpoint."""

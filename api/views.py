@@ -61,6 +61,9 @@ class RunView(BaseModel):
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
     notes: str | None = Field(None, description="free text a member wrote about the run (PATCH /runs/{id})")
     archived_at: datetime | None = Field(None, description="when the run was archived (hidden from default lists)")
+    final_checkpoint: Literal["saved", "missing"] | None = Field(
+        None, description="once ended: whether the final weights were checkpointed (None: the run saves no "
+                          "checkpoints); 'missing' means the final save failed after its retries")
 
     @property
     def restarts(self) -> int:
@@ -99,6 +102,10 @@ class MetricPoint(BaseModel):
     key: str
     value: float
     time: datetime
+    attempt: int | None = Field(None, description="the run's attempt that reported it (None: stored before "
+                                                  "attempts were kept)")
+    superseded: bool = Field(False, description="a later attempt resumed from an earlier step and reported this "
+                                                "step again; listed only with all_attempts=true")
 
 
 class MetricsPage(BaseModel):
@@ -176,8 +183,14 @@ class ReportedMetric(BaseModel):
 
 
 class MetricsReport(BaseModel):
+    """A batch of points. ``session`` (the worker reporter's random id) and ``batch`` (its batch
+    number, from 1, in order) make a replayed batch idempotent: the service stores each
+    (session, batch) once and acknowledges a repeat without storing it again."""
+
     model_config = ConfigDict(extra="forbid")
     points: list[ReportedMetric] = Field(..., max_length=10_000)
+    session: str | None = Field(None, min_length=1, max_length=32, pattern=r"^[0-9a-f]+$")
+    batch: int | None = Field(None, ge=1, le=INT64_MAX)
 
 
 class StatusReport(BaseModel):
@@ -188,6 +201,19 @@ class StatusReport(BaseModel):
     status: RunStatus
     error: str | None = Field(None, max_length=20_000)
     message: str | None = Field(None, max_length=2_000)
+    step: int | None = Field(None, ge=0, le=INT64_MAX,
+                             description="with RUNNING: the step this attempt starts from (its checkpoint's; 0 "
+                                         "for a fresh start); points of earlier attempts after it are superseded")
+    final_checkpoint: Literal["saved", "missing"] | None = Field(
+        None, description="with COMPLETED: whether the final weights were checkpointed")
+
+
+class NoteReport(BaseModel):
+    """A worker's note on its run that is not a status change (e.g. old checkpoints could not
+    be deleted): recorded as a run event."""
+
+    model_config = ConfigDict(extra="forbid")
+    message: str = Field(..., min_length=1, max_length=2_000)
 
 
 class CheckpointReport(BaseModel):

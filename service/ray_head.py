@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 
 # Forwarded from the service's environment to every job it submits (runs and sweep drivers),
 # so a deployment (or a test) can tune Ray Train and reach object storage without code changes.
-FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_")
+# TESSERA_REPORT_ and TESSERA_SPOOL_: how long workers wait out an outage of the service and
+# where they spool reports meanwhile (workers.service_reporter), set once on the service.
+FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_")
 
 # The folder that holds `service/` and `workers/`: embedded Ray workers import from it.
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -26,9 +26,11 @@ from service.run_bests import upsert_bests
 from service.run_listing import InvalidCursor, RunFilter, best_first, filtered, newest_first, next_cursor
 from service.db.session import Database, clean_text, is_possible_id
 from service.metric_limits import MetricLimits, non_finite_note
+from service.metric_writes import is_replayed_batch, remember_batch
 from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
 from service.state_machine import RUN_TRANSITIONS
 from service.tokens import hash_token
+from service.worker_reports import apply_report
 
 
 class RunNotFound(LookupError):
@@ -58,6 +60,7 @@ class RunRecord:
     trial_id: str | None
     trial_params: dict[str, Any] | None
     extrema: dict[str, list[float]]
+    final_checkpoint: str | None
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -70,7 +73,8 @@ class RunRecord:
         return cls(id=row.id, name=row.name, status=RunStatus(row.status), attempt=row.attempt,
                    spec=row.spec, project=row.project, summary=dict(row.summary or {}), error=row.error, tags=list(row.tags or []),
                    ray_job_id=row.ray_job_id, sweep_id=row.sweep_id, trial_id=row.trial_id,
-                   trial_params=row.trial_params, extrema=dict(row.extrema or {}), created_at=row.created_at,
+                   trial_params=row.trial_params, extrema=dict(row.extrema or {}),
+                   final_checkpoint=row.final_checkpoint, created_at=row.created_at,
                    started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at,
                    notes=row.notes, archived_at=row.archived_at)
 
@@ -88,7 +92,7 @@ class RunRecord:
                        created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
                        sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project,
-                       notes=self.notes, archived_at=self.archived_at)
+                       notes=self.notes, archived_at=self.archived_at, final_checkpoint=self.final_checkpoint)
 
 
 def best_values(extrema: dict[str, list[float]]) -> dict[str, float]:
@@ -233,14 +237,14 @@ class Repository(AttemptStore):
             return RunRecord.from_row(run)
 
     def apply_worker_report(self, run_id: str, status: RunStatus, *, message: str | None = None,
-                            error: str | None = None) -> RunRecord:
-        """A worker's status report, through the state machine; while the run is CANCELING it
-        changes nothing: stopping the job is what makes its worker fail or stop, and the
-        dispatcher ends the run as CANCELED once Ray confirms."""
+                            error: str | None = None, step: int | None = None,
+                            final_checkpoint: str | None = None) -> RunRecord:
+        """A worker's status report, through the state machine (``service.worker_reports``
+        says how lost and repeated reports are taken)."""
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
-            if RunStatus(run.status) is not RunStatus.CANCELING:
-                apply_run_status(session, run, status, message=message, error=error)
-                session.flush()
+            apply_report(session, run, status, message=message, error=error, step=step,
+                         final_checkpoint=final_checkpoint)
+            session.flush()
             return RunRecord.from_row(run)
 
     def resume_run(self, run_id: str, *, num_workers: int | None = None) -> RunRecord:
@@ -293,6 +297,15 @@ class Repository(AttemptStore):
             session.flush()
             return _checkpoint_view(row)
 
+    def add_note(self, run_id: str, message: str) -> RunRecord:
+        """A worker's note: a run event that keeps the run's status (refused once it ended)."""
+        with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            _refuse_after_end(run, "a note")
+            status = RunStatus(run.status)
+            add_run_event(session, run, status, status, clean_text(message), utcnow())
+            session.flush()
+            return RunRecord.from_row(run)
+
     def checkpoints(self, run_id: str) -> list[CheckpointView]:
         """The run's checkpoints, oldest first."""
         with self.db.read() as session:
@@ -317,9 +330,11 @@ class Repository(AttemptStore):
             run.token_hash = hash_token(token)
 
     # --- metrics -------------------------------------------------------------------------
-    def add_metrics(self, run_id: str, points: list[ReportedMetric], limits: MetricLimits | None = None) -> int:
+    def add_metrics(self, run_id: str, points: list[ReportedMetric], limits: MetricLimits | None = None, *,
+                    session_id: str | None = None, batch: int | None = None) -> int | None:
         """Store a batch of points and update the run's summary (last value per key) and extrema
-        (min and max per key); returns how many were stored.
+        (min and max per key); returns how many were stored, or None for a batch replayed after it
+        was stored (``session_id`` and ``batch``, see ``service.metric_writes``): stored once.
 
         Non-finite values (a diverged loss) are not stored as points (they would poison the
         summary, extrema and charts); each report that has them leaves a run event naming the
@@ -329,7 +344,10 @@ class Repository(AttemptStore):
         # The row lock orders concurrent batches of one run: their seqs are assigned in
         # commit order, so a reader polling `after=last_seq` never skips a point.
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
+            if is_replayed_batch(run, session_id, batch):
+                return None  # checked first: a replay whose answer was lost, even after the run ended
             _refuse_after_end(run, "metrics")
+            remember_batch(run, session_id, batch)
             if limits is not None:
                 stored = session.execute(select(func.count()).select_from(Metric)
                                          .where(Metric.run_id == run_id)).scalar_one()
@@ -338,7 +356,8 @@ class Repository(AttemptStore):
             if note is not None:
                 status = RunStatus(run.status)
                 add_run_event(session, run, status, status, note, utcnow())
-            rows = [{"run_id": run_id, "step": p.step, "key": p.key, "value": p.value, "time": p.time}
+            rows = [{"run_id": run_id, "step": p.step, "key": p.key, "value": p.value, "time": p.time,
+                     "attempt": run.attempt}
                     for p in points if math.isfinite(p.value)]
             if not rows:
                 return 0
@@ -352,13 +371,18 @@ class Repository(AttemptStore):
             run.updated_at = utcnow()
             return len(rows)
 
-    def metrics_after(self, run_id: str, after: int = 0, limit: int = 5000) -> tuple[list[MetricPoint], int]:
-        """Points with ``seq > after`` in seq order, and the largest seq returned (or ``after``)."""
+    def metrics_after(self, run_id: str, after: int = 0, limit: int = 5000, *,
+                      all_attempts: bool = False) -> tuple[list[MetricPoint], int]:
+        """Points with ``seq > after`` in seq order, and the largest seq returned (or ``after``);
+        points superseded by a resumed attempt only with ``all_attempts``."""
         query = (select(Metric).where(Metric.run_id == run_id, Metric.seq > after)
                  .order_by(Metric.seq).limit(limit))
+        if not all_attempts:
+            query = query.where(Metric.superseded.is_(False))
         with self.db.read() as session:
             self._require_run(session, run_id)
-            points = [MetricPoint(seq=m.seq, step=m.step, key=m.key, value=m.value, time=m.time)
+            points = [MetricPoint(seq=m.seq, step=m.step, key=m.key, value=m.value, time=m.time,
+                                  attempt=m.attempt, superseded=m.superseded)
                       for m in session.execute(query).scalars()]
         return points, (points[-1].seq if points else after)
 

@@ -9,6 +9,9 @@ through the environment, which the dispatcher and ``fit_with_ray`` forward (``TE
   ``TESSERA_TEST_KILL_RANK`` (default: the last) SIGKILLs itself at the end of batch B, before
   an evaluation or checkpoint due at B, once (the marker file records that it happened, so the
   restarted worker trains on). An asynchronous checkpoint still being written is finished first.
+  ``TESSERA_TEST_KILL_DURING`` moves the kill: ``eval`` kills as the evaluation at batch B
+  starts; ``save`` kills at the end of batch B without waiting for an asynchronous checkpoint
+  in flight (a torn write, never loaded).
 
 ``install_fault_injection`` adds the ``FaultInjection`` callback to a trainer only when one of
 these is set; otherwise the loop runs without it.
@@ -31,6 +34,8 @@ DELAY_ENV = "TESSERA_TEST_BATCH_DELAY_S"
 KILL_AT_ENV = "TESSERA_TEST_KILL_AT_BATCH"
 KILL_MARKER_ENV = "TESSERA_TEST_KILL_MARKER"
 KILL_RANK_ENV = "TESSERA_TEST_KILL_RANK"
+KILL_DURING_ENV = "TESSERA_TEST_KILL_DURING"
+KILL_DURING = ("batch", "eval", "save")
 
 
 class FaultInjection:
@@ -38,9 +43,13 @@ class FaultInjection:
     after batch ``kill_at_batch`` on rank ``kill_rank`` (None: the last) unless ``marker`` exists."""
 
     def __init__(self, *, delay_s: float = 0.0, kill_at_batch: int | None = None, marker: str | None = None,
-                 kill_rank: int | None = None, before_kill: Callable[[], None] = lambda: None):
+                 kill_rank: int | None = None, before_kill: Callable[[], None] = lambda: None,
+                 during: str = "batch"):
+        if during not in KILL_DURING:
+            raise ValueError(f"{KILL_DURING_ENV}={during!r}: use one of {', '.join(KILL_DURING)}")
         self.delay_s, self.kill_at_batch, self.marker, self.kill_rank = delay_s, kill_at_batch, marker, kill_rank
-        self.before_kill = before_kill
+        self.during = during
+        self.before_kill = before_kill if during != "save" else (lambda: None)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, before_kill: Callable[[], None] = lambda: None,
@@ -53,14 +62,13 @@ class FaultInjection:
         rank = environ.get(KILL_RANK_ENV)
         return cls(delay_s=float(delay or 0.0), kill_at_batch=int(at) if kill else None,
                    marker=marker if kill else None, kill_rank=int(rank) if rank else None,
-                   before_kill=before_kill)
+                   before_kill=before_kill, during=environ.get(KILL_DURING_ENV) or "batch")
 
     def run_event(self, event: Event, state: State) -> None:
-        if event is not Event.BATCH_END:
-            return
-        if self.delay_s:
+        if event is Event.BATCH_END and self.delay_s:
             time.sleep(self.delay_s)
-        if self.kill_at_batch is None or state.timestamp.batch != self.kill_at_batch:
+        kill_event = Event.EVAL_START if self.during == "eval" else Event.BATCH_END
+        if event is not kill_event or self.kill_at_batch is None or state.timestamp.batch != self.kill_at_batch:
             return
         kill_rank = self.kill_rank if self.kill_rank is not None else state.world_size - 1
         if state.rank != kill_rank or os.path.exists(self.marker):

@@ -10,8 +10,9 @@ The service's dispatcher submits this as a Ray job with the environment:
   storage (optional).
 
 It fetches and validates the spec, trains with ``fit_with_ray``, and reports COMPLETED, or
-FAILED with the root cause as ``"Type: message"`` and exit code 1. Status reports retry
-through a service restart.
+FAILED with the root cause as ``"Type: message"`` and exit code 1. Reading the run and the final
+status report retry through service and database outages for ``TESSERA_REPORT_PATIENCE_S``
+(``workers.retry``); rank 0's reports in between go through its spool (``workers.spool``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from api.client import Client
 from api.specs import RunSpec
 from workers.outcome import RunOutcome, summary_of
 from workers.paths import ray_storage_path
-from workers.reporter import call_with_retries
+from workers.retry import call_with_retries
 
 log = logging.getLogger("workers.launch")
 

@@ -62,11 +62,15 @@ class FanoutSink:
     def add(self, step: int, key: str, value: float) -> None:
         self._each("add", step, key, value)
 
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
-        self._each("status", status, error=error, message=message)
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
+               step: int | None = None) -> None:
+        self._each("status", status, error=error, message=message, step=step)
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         self._each("checkpoint", report)
+
+    def note(self, message: str) -> None:
+        self._each("note", message)
 
     def flush(self) -> None:
         self._each("flush")
@@ -92,11 +96,15 @@ class TensorBoardSink:
     def add(self, step: int, key: str, value: float) -> None:
         self.writer.add_scalar(key, value, step)
 
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
+               step: int | None = None) -> None:
         """TensorBoard has scalars only: statuses stay in Tessera's own store."""
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         """Checkpoints stay in Tessera's own store."""
+
+    def note(self, message: str) -> None:
+        """Notes are run events in Tessera."""
 
     def flush(self) -> None:
         self.writer.flush()
@@ -142,7 +150,8 @@ class MLflowSink:
     def add(self, step: int, key: str, value: float) -> None:
         self.pending.append(self._metric(key, float(value), int(time.time() * 1000), int(step)))
 
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
+               step: int | None = None) -> None:
         ended = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED"}
         if status in ended:
             self.flush()
@@ -150,6 +159,9 @@ class MLflowSink:
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         """Checkpoints stay in Tessera's own store (MLflow would copy their bytes as artifacts)."""
+
+    def note(self, message: str) -> None:
+        """Notes are run events in Tessera."""
 
     def flush(self) -> None:
         while self.pending:  # at most 1000 metrics per batch

@@ -3,8 +3,10 @@ job) and ``workers.tune`` (a sweep's trials).
 
 The trainer reports RUNNING and its metrics itself (``ServiceReporter``); the process that
 called ``fit_with_ray`` reports the end: COMPLETED with a summary of the final evaluation, or
-FAILED with the root cause as ``"Type: message"``. Reports retry through a service restart;
-one that still fails is logged, never raised, so the caller's own outcome stands.
+FAILED with the root cause as ``"Type: message"``. COMPLETED says whether the final state was
+checkpointed (``final_checkpoint``: a failed final save is recorded, not hidden). Reports retry
+for the run's patience (``TESSERA_REPORT_PATIENCE_S``) through service and database outages; one
+that still fails is logged, never raised, so the caller's own outcome stands.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Mapping
 
 from api.client import Client
 from api.views import RunStatus, StatusReport
+from workers.checkpoint.training import FINAL_SAVED_KEY
 from workers.errors import describe
-from workers.reporter import call_with_retries
+from workers.retry import call_with_retries
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,13 @@ class RunOutcome:
         return error
 
     def completed(self, metrics: Mapping[str, float]) -> bool:
-        """Report COMPLETED with ``summary_of(metrics)``; False if the service never heard it."""
-        return self._report(StatusReport(status=RunStatus.COMPLETED, message=summary_of(metrics)))
+        """Report COMPLETED with ``summary_of(metrics)`` and whether the final state was
+        checkpointed; False if the service never heard it."""
+        saved = metrics.get(FINAL_SAVED_KEY)
+        final = None if saved is None else ("saved" if saved else "missing")
+        message = summary_of(metrics) + ("; final checkpoint missing" if final == "missing" else "")
+        return self._report(StatusReport(status=RunStatus.COMPLETED, message=message[:MAX_MESSAGE_CHARS],
+                                         final_checkpoint=final))
 
     def _report(self, body: StatusReport) -> bool:
         if self.client is None:

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 # (the trainer, models, checkpoints, algorithms) is imported inside ``train_loop_per_worker``,
 # so the driver does not load torchvision and torch.distributed.checkpoint (bench/startup.py).
 
+# The driver's variables every Ray Train worker gets: test hooks, and how reports wait out outages.
+WORKER_ENV_PREFIXES = ("TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_")
+
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                  storage_path: str | None = None, storage_url: str | None = None,
@@ -54,9 +57,10 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         train_loop_per_worker,
         train_loop_config={"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
                            "run_url": run_url(storage_url, run_id) if storage_url else None,
-                           # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) reach the workers this way
+                           # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) and the report patience and
+                           # spool settings reach the workers this way
                            # whether the driver is a Ray job or a test process.
-                           "test_env": {k: v for k, v in os.environ.items() if k.startswith("TESSERA_TEST_")},
+                           "test_env": {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)},
                            "service_url": service_url, "token": token, "tune": tune,
                            "storage_url": storage_url},  # where workers fetch the run's code package
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
@@ -126,7 +130,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
                 message += f"; resuming from {latest.url}"
             if restarted:
                 sink.status(RunStatus.RESTARTING, message="Ray Train restarted the worker group")
-            sink.status(RunStatus.RUNNING, message=message)
+            # The step it starts from: what earlier attempts reported after it is superseded.
+            sink.status(RunStatus.RUNNING, message=message, step=latest.step if latest is not None else 0)
             built = time.time()
             metrics = trainer.fit()
     finally:

@@ -1,7 +1,7 @@
 """Where the trainer's metrics and status go: the ``MetricSink`` protocol and its sinks.
 
-- ``ServiceReporter`` posts to the Tessera service over HTTP, in batches from a background
-  thread, retrying through a service restart.
+- ``ServiceReporter`` (``workers.service_reporter``) posts to the Tessera service over HTTP,
+  spooling to local disk what the service cannot take yet and replaying it in order.
 - ``ConsoleReporter`` prints one line per evaluation or epoch, for local runs.
 - ``MemorySink`` keeps everything in memory (tests, notebooks); ``NullSink`` drops everything
   (ranks other than 0).
@@ -9,153 +9,34 @@
 
 from __future__ import annotations
 
-import logging
-import math
 import sys
-import threading
-import time
-from datetime import datetime, timezone
-from typing import Any, Callable, Protocol, TextIO, TypeVar
+from typing import Any, Protocol, TextIO
 
-import httpx
-
-from api.client import Client
-from api.errors import ApiError
-from api.views import CheckpointReport, MetricsReport, ReportedMetric, RunStatus, StatusReport
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-RETRY_BUDGET_S = 120.0  # long enough to outlive a service restart
-MAX_POINTS_PER_POST = 5000  # the service accepts up to 10k per report
+from api.views import RunStatus
 
 
 class MetricSink(Protocol):
     """What the trainer reports to; every sink implements all of it. ``checkpoint`` gets the
     fields of ``api.views.CheckpointReport`` for every commit and every failed save (from the
-    checkpoint writer's thread with ``async_save``). ``flush`` marks a natural boundary (an
+    checkpoint writer's thread with ``async_save``). ``status`` with RUNNING may carry ``step``,
+    the step the attempt resumes from (0: a fresh start). ``flush`` marks a natural boundary (an
     evaluation, the end of an epoch): push what is buffered; it may return before delivery.
-    ``close`` delivers everything and releases resources."""
+    ``note`` is something the run's owner must see that is not a status change (retention of
+    old checkpoints failed): a run event on the service. ``close`` delivers everything and
+    releases resources."""
 
     def add(self, step: int, key: str, value: float) -> None: ...
 
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None: ...
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
+               step: int | None = None) -> None: ...
 
     def checkpoint(self, report: dict[str, Any]) -> None: ...
+
+    def note(self, message: str) -> None: ...
 
     def flush(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Connection problems and 5xx/429 answers are worth retrying; other 4xx answers are not."""
-    if isinstance(exc, httpx.TransportError):
-        return True
-    return isinstance(exc, ApiError) and (exc.status_code >= 500 or exc.status_code == 429)
-
-
-def call_with_retries(fn: Callable[[], T], *, what: str, budget_s: float = RETRY_BUDGET_S,
-                      first_delay_s: float = 0.5, max_delay_s: float = 10.0) -> T:
-    """``fn()``, retried with exponential backoff on retryable errors for up to ``budget_s``."""
-    deadline = time.monotonic() + budget_s
-    delay = first_delay_s
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_retryable(exc) or time.monotonic() + delay > deadline:
-                raise
-            log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(exc).__name__, exc, delay)
-            time.sleep(delay)
-            delay = min(2 * delay, max_delay_s)
-
-
-class ServiceReporter:
-    """A ``MetricSink`` over ``api.client.Client``: buffers points, posts them every
-    ``interval_s`` from a background thread, retries connection errors and 5xx answers with
-    backoff for up to ``budget_s``, and drops (and logs) batches the service refuses with 4xx."""
-
-    def __init__(self, client: Client, run_id: str, token: str, *, interval_s: float = 1.0,
-                 budget_s: float = RETRY_BUDGET_S, first_delay_s: float = 0.5):
-        self.client, self.run_id = client, run_id
-        self._token = token  # never logged
-        self.interval_s, self.budget_s, self.first_delay_s = interval_s, budget_s, first_delay_s
-        self.posted = 0
-        self.dropped = 0
-        self._pending: list[ReportedMetric] = []
-        self._lock = threading.Lock()        # guards _pending
-        self._post_lock = threading.Lock()   # one poster at a time: keeps points in order
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tessera-metrics", daemon=True)
-        self._thread.start()
-
-    def add(self, step: int, key: str, value: float) -> None:
-        value = float(value)
-        if not math.isfinite(value):  # JSON has no NaN/inf; say so instead of failing a batch
-            log.warning("not reporting %s=%s at step %d: not a finite number", key, value, step)
-            return
-        point = ReportedMetric(step=step, key=key, value=value, time=datetime.now(timezone.utc))
-        with self._lock:
-            self._pending.append(point)
-
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
-        """Post a status change now (with retries), after pending metrics. A refused or
-        undeliverable report is logged, not raised: training goes on, and the launcher reports
-        the final status itself."""
-        self._post_pending()
-        report = StatusReport(status=status, error=error, message=message)
-        self._deliver(lambda: self.client.report_status(self.run_id, self._token, report),
-                      f"status {status.value}")
-
-    def checkpoint(self, report: dict[str, Any]) -> None:
-        """Tell the service about a committed or failed checkpoint (with retries; called from the
-        checkpoint writer's thread with ``async_save``). Failures are logged, never raised."""
-        body = CheckpointReport.model_validate(report)
-        self._deliver(lambda: self.client.report_checkpoint(self.run_id, self._token, body),
-                      f"checkpoint {body.url}")
-
-    def _deliver(self, call, what: str) -> None:
-        """Run one report call with retries; log (never raise) if it still fails."""
-        try:
-            self._retry(call, f"reporting {what}")
-        except Exception as exc:
-            log.error("could not report %s for run %s: %s: %s", what, self.run_id, type(exc).__name__, exc)
-
-    def flush(self) -> None:
-        self._wake.set()
-
-    def close(self) -> None:
-        """Stop the thread and deliver everything still buffered (retrying as usual)."""
-        self._stop.set()
-        self._wake.set()
-        self._thread.join()
-        self._post_pending()
-
-    def _retry(self, fn: Callable[[], T], what: str) -> T:
-        return call_with_retries(fn, what=what, budget_s=self.budget_s, first_delay_s=self.first_delay_s)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
-            self._post_pending()
-
-    def _post_pending(self) -> None:
-        with self._post_lock:
-            with self._lock:
-                points, self._pending = self._pending, []
-            for start in range(0, len(points), MAX_POINTS_PER_POST):
-                chunk = points[start:start + MAX_POINTS_PER_POST]
-                try:
-                    self._retry(lambda: self.client.report_metrics(
-                        self.run_id, self._token, MetricsReport(points=chunk)), f"posting {len(chunk)} metrics")
-                    self.posted += len(chunk)
-                except Exception as exc:  # refused (4xx) or retries exhausted: drop, don't kill training
-                    self.dropped += len(chunk)
-                    log.error("dropped %d metric points for run %s: %s: %s",
-                              len(chunk), self.run_id, type(exc).__name__, exc)
 
 
 class ConsoleReporter:
@@ -176,13 +57,17 @@ class ConsoleReporter:
         self._step = max(self._step, step)
         self._fresh = True
 
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
+               step: int | None = None) -> None:
         detail = error or message
         print(f"{self.prefix}status {status.value}" + (f": {detail}" if detail else ""), file=self.stream, flush=True)
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         outcome = "committed" if report["committed"] else f"NOT committed: {report.get('error')}"
         print(f"{self.prefix}checkpoint {report['url']} {outcome}", file=self.stream, flush=True)
+
+    def note(self, message: str) -> None:
+        print(f"{self.prefix}note: {message}", file=self.stream, flush=True)
 
     def flush(self) -> None:
         if not self._fresh:
@@ -207,17 +92,22 @@ class MemorySink:
         self.points: list[tuple[int, str, float]] = []
         self.statuses: list[dict[str, Any]] = []
         self.checkpoints: list[dict[str, Any]] = []
+        self.notes: list[str] = []
         self.flushes = 0
         self.closed = False
 
     def add(self, step: int, key: str, value: float) -> None:
         self.points.append((step, key, float(value)))
 
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
-        self.statuses.append({"status": status, "error": error, "message": message})
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
+               step: int | None = None) -> None:
+        self.statuses.append({"status": status, "error": error, "message": message, "step": step})
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         self.checkpoints.append(dict(report))
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
 
     def flush(self) -> None:
         self.flushes += 1
@@ -236,10 +126,14 @@ class NullSink:
     def add(self, step: int, key: str, value: float) -> None:
         pass
 
-    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None) -> None:
+    def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
+               step: int | None = None) -> None:
         pass
 
     def checkpoint(self, report: dict[str, Any]) -> None:
+        pass
+
+    def note(self, message: str) -> None:
         pass
 
     def flush(self) -> None:
@@ -247,3 +141,8 @@ class NullSink:
 
     def close(self) -> None:
         pass
+
+
+# At the end: the service reporter implements the protocol above.
+from workers.retry import call_with_retries, is_retryable  # noqa: E402,F401  (re-exported)
+from workers.service_reporter import ReportsUndeliverable, ServiceReporter  # noqa: E402,F401

@@ -24,8 +24,8 @@ from algorithms.registry import build_algorithms
 from api.catalog import DATASETS
 from api.specs import RunSpec
 from workers.checkpoint import Checkpointer, fingerprint
-from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stateful, TimestampState,
-                                         TrainingCheckpoints, scaler_state)
+from workers.checkpoint.training import (FINAL_SAVED_KEY, AlgorithmStates, RankRng, StateOf, Stateful,
+                                         TimestampState, TrainingCheckpoints, scaler_state)
 from workers.data import build_eval_loader, build_train_loader
 from workers.engine import Callback, Engine
 from workers.events import Event
@@ -141,6 +141,7 @@ class Trainer:
         surgery = [s for s, a in zip(spec.algorithms, state.algorithms) if a.changes_model]
         return Checkpointer(checkpoint_url, keep_last=spec.checkpoint.keep_last, async_save=spec.checkpoint.async_save,
                             rank=self.rank, world_size=self.world_size, on_report=self.sink.checkpoint,
+                            on_note=self.sink.note,
                             fingerprint=fingerprint(spec, surgery=surgery, num_classes=state.num_classes,
                                                     in_channels=in_channels),
                             inputs={"image_size": getattr(self.train_loader, "image_size", None)})
@@ -187,6 +188,8 @@ class Trainer:
                 self.train_batch(inputs, targets)
                 if self._eval_due() and not self.train_loader.exhausted:
                     self.evaluate()
+                elif self.checkpoints.due(state.timestamp.batch):
+                    self._flush_metrics_to_spool()
                 elif self.metrics.due():
                     self._flush_metrics()
                 self.checkpoints.maybe_save(state.timestamp.batch)
@@ -199,10 +202,14 @@ class Trainer:
                 if self._eval_due():
                     self.evaluate()
                 self.sink.flush()
+        self._flush_metrics_to_spool()
         self.checkpoints.maybe_save(state.timestamp.batch, last=True)  # always end with the final state
         if self._last_eval_batch != state.timestamp.batch:
             self.evaluate()  # always end with an evaluation of the final model
         self.checkpoints.wait()
+        final_saved = self.checkpoints.final_saved()
+        if final_saved is not None:  # visible in the summary; the launcher reports it with COMPLETED
+            self.metrics.record(state.timestamp.batch, FINAL_SAVED_KEY, 1.0 if final_saved else 0.0)
         engine.run_event(Event.FIT_END, state)
         self._flush_metrics()
         self.sink.flush()
@@ -346,6 +353,13 @@ class Trainer:
 
     def _flush_metrics(self, *, epoch_end: bool = False) -> None:
         self.metrics.flush(self.state.timestamp, self.state.progress, epoch_end=epoch_end)
+
+    def _flush_metrics_to_spool(self) -> None:
+        """Before a checkpoint: what was measured up to it is handed to the sink (the service
+        reporter spools it to disk) before the checkpoint exists, so a run resumed from that
+        checkpoint has lost no point, whatever kills the worker after."""
+        self._flush_metrics()
+        self.sink.flush()
 
 
 def train(spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, false,
                         TypeDecorator)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -93,6 +93,12 @@ class Run(AttemptedRow, Base):
     archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     # The client's Idempotency-Key of the submit that made this run (unique per project).
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The last metric batch stored (the worker reporter's session and batch number): a batch
+    # replayed after its answer was lost is acknowledged, not stored twice (migration 0006).
+    report_session: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    report_batch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # "saved" | "missing" once a run that saves checkpoints has ended; None otherwise.
+    final_checkpoint: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),
                       Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True),
@@ -152,6 +158,10 @@ class Metric(Base):
     key: Mapped[str] = mapped_column(String(128))
     value: Mapped[float] = mapped_column(Float)
     time: Mapped[datetime] = mapped_column(UTCDateTime)
+    # The run's attempt when stored (None: stored before migration 0006), and whether a later
+    # attempt resumed from an earlier step (kept for audit; default reads skip it).
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    superseded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (Index("ix_metrics_run_id_seq", "run_id", "seq"),)
 

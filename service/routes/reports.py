@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from api.views import CheckpointReport, CheckpointView, MetricsReport, RunStatus, RunView, StatusReport
+from api.views import CheckpointReport, CheckpointView, MetricsReport, NoteReport, RunStatus, RunView, StatusReport
 from service.deps import RepoDep, RunTokenDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.metric_limits import MetricLimits
@@ -24,6 +24,7 @@ MAX_STEP = 2**63 - 1  # BIGINT column
 
 class MetricsStored(BaseModel):
     stored: int
+    replayed: bool = False  # the batch (session, batch) was stored before: acknowledged, not stored again
 
 
 @router.post("/{run_id}/report/status", response_model=RunView, operation_id="report_status",
@@ -31,6 +32,8 @@ class MetricsStored(BaseModel):
 def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
     """A worker's word on its run, applied through the state machine (409 if illegal now).
 
+    Idempotent: repeating the run's current status (terminal ones too) is a 200 that changes
+    nothing; a COMPLETED after a lost RUNNING fills RUNNING in (``service.worker_reports``).
     While the run is CANCELING the report is acknowledged and changes nothing (the cancel
     wins); the worker sees that in the returned status.
     """
@@ -42,10 +45,12 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
     if report.status is RunStatus.FAILED and not error:
         error = "the worker reported FAILED without an error message"
     message = report.message or f"worker reported {report.status.value}"
-    return repo.apply_worker_report(run_id, report.status, message=message, error=error).to_view()
+    return repo.apply_worker_report(run_id, report.status, message=message, error=error, step=report.step,
+                                    final_checkpoint=report.final_checkpoint).to_view()
 
 
 @router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics",
+             response_model_exclude_defaults=True,  # "replayed" only when true: answers stay as they were
              responses={413: {"model": ErrorBody}})
 def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, settings: SettingsDep,
                    request: Request):
@@ -53,7 +58,9 @@ def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, se
 
     Refused whole, nothing stored: 413 past ``TESSERA_MAX_POINTS_PER_REPORT`` points, 422 past the
     run's ``TESSERA_MAX_METRIC_KEYS_PER_RUN`` keys or ``TESSERA_MAX_POINTS_PER_RUN`` points. NaN and
-    infinite values are not stored; a run event names each such key and its first step."""
+    infinite values are not stored; a run event names each such key and its first step.
+    Idempotent with ``session`` and ``batch``: a batch stored before is acknowledged
+    (``replayed: true``) and not stored twice."""
     limits = MetricLimits(max_keys=settings.max_metric_keys_per_run,
                           max_points_per_report=settings.max_points_per_report,
                           max_points=settings.max_points_per_run)
@@ -65,7 +72,9 @@ def report_metrics(run_id: RunTokenDep, report: MetricsReport, repo: RepoDep, se
         if "\x00" in point.key:
             return validation_response([field_error(f"points[{index}].key", ["body", "points", index, "key"],
                                                     "metric keys must not contain NUL characters", point.key)])
-    stored = repo.add_metrics(run_id, report.points, limits)
+    stored = repo.add_metrics(run_id, report.points, limits, session_id=report.session, batch=report.batch)
+    if stored is None:  # replayed from the worker's spool: stored once already
+        return MetricsStored(stored=0, replayed=True)
     count_metric_points(request, stored)
     return MetricsStored(stored=stored)
 
@@ -75,3 +84,11 @@ def report_checkpoint(run_id: RunTokenDep, report: CheckpointReport, repo: RepoD
     """A committed checkpoint (listed by ``GET /runs/{id}/checkpoints``), or a save that failed
     (recorded as a run event saying why; training went on)."""
     return repo.add_checkpoint(run_id, report)
+
+
+@router.post("/{run_id}/report/note", response_model=RunView, operation_id="report_note",
+             responses={409: {"model": ErrorBody}})
+def report_note(run_id: RunTokenDep, report: NoteReport, repo: RepoDep):
+    """Something the run's owner must see that is not a status change (old checkpoints could not
+    be deleted, for instance): a run event with the worker's message (409 once the run ended)."""
+    return repo.add_note(run_id, report.message).to_view()

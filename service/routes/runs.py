@@ -232,10 +232,13 @@ def list_run_events(run_id: str, repo: RepoDep, caller: CallerDep) -> RunEventsP
 @router.get("/{run_id}/metrics", response_model=MetricsPage, operation_id="list_run_metrics", responses=NOT_FOUND)
 def list_run_metrics(run_id: str, repo: RepoDep, caller: CallerDep,
                      after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
-                     limit: Annotated[int, Query(ge=1, le=100_000)] = 5000) -> MetricsPage:
-    """Metric points with ``seq > after``; poll again with ``after=last_seq`` for new ones."""
+                     limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
+                     all_attempts: bool = False) -> MetricsPage:
+    """Metric points with ``seq > after``; poll again with ``after=last_seq`` for new ones.
+    Points a resumed attempt superseded (it reported their steps again) only with
+    ``all_attempts=true``: by default the series has one value per step, the surviving one."""
     scoped_run(repo, caller, run_id, Role.VIEWER)
-    points, last_seq = repo.metrics_after(run_id, after=after, limit=limit)
+    points, last_seq = repo.metrics_after(run_id, after=after, limit=limit, all_attempts=all_attempts)
     return MetricsPage(data=points, last_seq=last_seq)
 
 

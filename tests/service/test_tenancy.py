@@ -67,7 +67,8 @@ def test_a_key_of_project_b_gets_404_on_every_route_of_project_a(admin, two_proj
     t, other = two_projects, two_projects["key_b"]
     run, sweep = t["run"], t["sweep"]
     for method, path in [("GET", f"runs/{run}"), ("POST", f"runs/{run}/cancel"), ("GET", f"runs/{run}/events"),
-                         ("GET", f"runs/{run}/metrics"), ("POST", f"runs/{run}/resume"),
+                         ("GET", f"runs/{run}/metrics"), ("GET", f"runs/{run}/metrics?all_attempts=true"),
+                         ("POST", f"runs/{run}/resume"),
                          ("GET", f"runs/{run}/checkpoints"), ("GET", f"sweeps/{sweep}"),
                          ("POST", f"sweeps/{sweep}/cancel")]:
         response = admin.request(method, f"{API}/{path}", headers=other)

@@ -1,14 +1,17 @@
-"""One Ray run twice: uninterrupted, then with a worker SIGKILLed at a batch (the test
-``FaultInjection`` hook), so a test compares the two runs' final checkpoints bitwise."""
+"""One Ray run uninterrupted, then again with a worker SIGKILLed at a batch (the test
+``FaultInjection`` hook), so a test (or ``bench/faults.py``) compares the runs' final
+checkpoints bitwise. ``run_plain`` once, then ``run_killed`` at as many points as wanted."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from tests.workers.checkpoint_helpers import assert_bitwise_equal
 from tests.workers.test_ray_training import TOKEN, RecordingService
+from workers.fault_injection import KILL_AT_ENV, KILL_DURING_ENV, KILL_MARKER_ENV
 from workers.paths import run_url
 from workers.ray_train import fit_with_ray
 
@@ -21,21 +24,38 @@ class KilledRun:
     metrics: dict[str, Any]  # the killed run's final metrics
     service: RecordingService  # what the killed run reported
 
-    def assert_final_checkpoints_bitwise_equal(self, final: str) -> None:
-        """``final``: the checkpoint folder, e.g. ``checkpoints/ep1-ba8``."""
-        assert_bitwise_equal(f"{run_url(self.storage_url, self.plain_id)}/{final}",
-                             f"{run_url(self.storage_url, self.killed_id)}/{final}")
+    def assert_final_checkpoints_bitwise_equal(self, final: str) -> int:
+        """``final``: the checkpoint folder, e.g. ``checkpoints/ep1-ba8``; returns tensors compared."""
+        return assert_bitwise_equal(f"{run_url(self.storage_url, self.plain_id)}/{final}",
+                                    f"{run_url(self.storage_url, self.killed_id)}/{final}")
+
+
+def run_plain(spec, *, storage_url: str, ray_dir) -> str:
+    """Train ``spec`` uninterrupted; returns its run id."""
+    plain_id = f"plain-{uuid.uuid4().hex[:6]}"
+    fit_with_ray(spec, run_id=plain_id, storage_path=str(ray_dir), storage_url=storage_url)
+    return plain_id
+
+
+def run_killed(spec, *, storage_url: str, ray_dir, marker, plain_id: str, kill_at_batch: int,
+               during: str = "batch") -> KilledRun:
+    """Train ``spec`` with the last worker SIGKILLed at ``kill_at_batch`` (``during``: ``batch``,
+    ``eval`` or ``save``, see ``workers.fault_injection``), reporting to a recording service."""
+    killed_id = f"killed-{uuid.uuid4().hex[:6]}"
+    saved = {name: os.environ.get(name) for name in (KILL_AT_ENV, KILL_MARKER_ENV, KILL_DURING_ENV)}
+    os.environ.update({KILL_AT_ENV: str(kill_at_batch), KILL_MARKER_ENV: str(marker), KILL_DURING_ENV: during})
+    try:
+        with RecordingService() as service:
+            metrics = fit_with_ray(spec, run_id=killed_id, service_url=service.url, token=TOKEN,
+                                   storage_path=str(ray_dir), storage_url=storage_url)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+    assert os.path.exists(marker), "the worker was never killed"
+    return KilledRun(storage_url, plain_id, killed_id, metrics, service)
 
 
 def run_plain_then_killed(spec, *, storage_url: str, tmp_path, monkeypatch, kill_at_batch: int) -> KilledRun:
-    plain_id, killed_id = f"plain-{uuid.uuid4().hex[:6]}", f"killed-{uuid.uuid4().hex[:6]}"
-    fit_with_ray(spec, run_id=plain_id, storage_path=str(tmp_path / "ray"), storage_url=storage_url)
-
-    marker = tmp_path / "killed"
-    monkeypatch.setenv("TESSERA_TEST_KILL_AT_BATCH", str(kill_at_batch))
-    monkeypatch.setenv("TESSERA_TEST_KILL_MARKER", str(marker))
-    with RecordingService() as service:
-        metrics = fit_with_ray(spec, run_id=killed_id, service_url=service.url, token=TOKEN,
-                               storage_path=str(tmp_path / "ray"), storage_url=storage_url)
-    assert marker.exists(), "the worker was never killed"
-    return KilledRun(storage_url, plain_id, killed_id, metrics, service)
+    plain_id = run_plain(spec, storage_url=storage_url, ray_dir=tmp_path / "ray")
+    return run_killed(spec, storage_url=storage_url, ray_dir=tmp_path / "ray", marker=tmp_path / "killed",
+                      plain_id=plain_id, kill_at_batch=kill_at_batch)

@@ -22,7 +22,7 @@ class RecordingService:
     """A real HTTP server on 127.0.0.1 that accepts worker reports and records them."""
 
     def __init__(self):
-        self.metrics, self.statuses, self.checkpoints, self.auth = [], [], [], set()
+        self.metrics, self.statuses, self.checkpoints, self.notes, self.auth = [], [], [], [], set()
         recorder = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,6 +35,10 @@ class RecordingService:
                 elif self.path.endswith("/report/checkpoint"):
                     recorder.checkpoints.append(body)
                     answer = {**body, "attempt": 1}
+                elif self.path.endswith("/report/note"):
+                    recorder.notes.append(body["message"])
+                    answer = {"id": "r", "name": "n", "status": "RUNNING", "attempt": 1, "spec": {},
+                              "created_at": "2026-01-01T00:00:00Z"}
                 else:
                     recorder.statuses.append(body)
                     answer = {"id": "r", "name": "n", "status": body["status"], "attempt": 1, "spec": {},

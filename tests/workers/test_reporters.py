@@ -1,4 +1,5 @@
-"""ServiceReporter over a fake HTTP transport, and the console sink."""
+"""ServiceReporter over a fake HTTP transport (its spool in a test folder), and the console sink.
+The spool itself and outages longer than a retry budget: test_spool.py."""
 
 import io
 import json
@@ -10,7 +11,7 @@ import pytest
 
 from api.client import Client
 from api.views import RunStatus
-from workers.reporter import ConsoleReporter, ServiceReporter, call_with_retries
+from workers.reporter import ConsoleReporter, ReportsUndeliverable, ServiceReporter, call_with_retries
 
 TOKEN = "secret-token-123"
 RUN_VIEW = {"id": "r1", "name": "n", "status": "RUNNING", "attempt": 1, "spec": {},
@@ -41,10 +42,15 @@ class FakeService:
 
 
 
+@pytest.fixture(autouse=True)
+def _spool_in_tmp_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_SPOOL_DIR", str(tmp_path / "spool"))
+
+
 def reporter(service, **kwargs):
     client = Client("http://tessera.test", transport=httpx.MockTransport(service))
     return ServiceReporter(client, "r1", TOKEN, interval_s=kwargs.pop("interval_s", 60.0), first_delay_s=0.01,
-                           **kwargs)
+                           max_delay_s=0.02, **kwargs)
 
 
 def metric_bodies(service):
@@ -59,7 +65,7 @@ def test_close_delivers_every_buffered_point_in_order_with_the_token():
     sink.close()
     points = [p for body in metric_bodies(service) for p in body]
     assert [p["step"] for p in points] == list(range(1, 1001))
-    assert sink.posted == 1000 and sink.dropped == 0
+    assert sink.posted == 1000 and sink.refused == 0 and len(sink.spool) == 0
     assert all(r.headers["Authorization"] == f"Bearer {TOKEN}" for r in service.requests)
 
 
@@ -70,7 +76,7 @@ def test_connection_errors_and_5xx_are_retried_until_the_service_answers():
     sink.close()
     bodies = metric_bodies(service)
     assert len(bodies) == 5 and bodies[-1][0]["value"] == 0.5
-    assert sink.posted == 1 and sink.dropped == 0
+    assert sink.posted == 1 and sink.refused == 0
 
 
 def test_a_4xx_answer_is_not_retried_and_is_logged_without_the_token(caplog):
@@ -80,16 +86,17 @@ def test_a_4xx_answer_is_not_retried_and_is_logged_without_the_token(caplog):
     with caplog.at_level(logging.WARNING):
         sink.close()
     assert len(metric_bodies(service)) == 1
-    assert sink.dropped == 1
-    assert "dropped 1 metric points" in caplog.text and TOKEN not in caplog.text
+    assert sink.refused == 1 and len(sink.spool) == 0
+    assert "refused metrics report" in caplog.text and TOKEN not in caplog.text
 
 
-def test_retries_stop_after_the_budget_and_the_points_are_dropped():
-    service = FakeService(failures=[503] * 1000)
-    sink = reporter(service, budget_s=0.05)
+def test_past_its_patience_the_reporter_fails_the_run_and_keeps_the_points():
+    service = FakeService(failures=[503] * 10**6)
+    sink = reporter(service, patience_s=0.1)
     sink.add(1, "train/loss", 0.5)
-    sink.close()
-    assert sink.dropped == 1 and 1 < len(service.requests) < 1000
+    with pytest.raises(ReportsUndeliverable, match="TESSERA_REPORT_PATIENCE_S"):
+        sink.close()
+    assert len(sink.spool) == 1 and sink.posted == 0 and len(service.requests) > 1
 
 
 def test_the_background_thread_posts_without_close():
@@ -119,7 +126,7 @@ def test_a_refused_status_report_is_logged_and_training_goes_on(caplog):
     with caplog.at_level(logging.ERROR):
         sink.status(RunStatus.RUNNING)
     sink.close()
-    assert len(service.requests) == 1 and "could not report status RUNNING" in caplog.text
+    assert len(service.requests) == 1 and "refused status report" in caplog.text
 
 
 def test_non_finite_values_are_skipped_not_posted():

@@ -154,12 +154,15 @@ class Checkpointer:
 
     ``on_report(report: dict)`` is called on rank 0 (from a background thread with
     ``async_save``) for every commit and every save that failed, with the fields of
-    ``api.views.CheckpointReport``.
+    ``api.views.CheckpointReport``; ``on_note(message)`` on rank 0 when retention fails (a run
+    event: the folder keeps growing until a later retention succeeds). ``outcomes`` maps each
+    step this rank 0 saved to whether it was committed.
     """
 
     def __init__(self, root_url: str, *, fingerprint: dict[str, Any], keep_last: int = 3, async_save: bool = False,
                  rank: int = 0, world_size: int = 1, on_report: Callable[[dict[str, Any]], None] | None = None,
-                 attempts: int = 3, first_delay_s: float = 1.0, inputs: dict[str, Any] | None = None):
+                 on_note: Callable[[str], None] | None = None, attempts: int = 3, first_delay_s: float = 1.0,
+                 inputs: dict[str, Any] | None = None):
         self.storage = FsspecStorage(root_url)
         self.root_url = self.storage.root
         self.fingerprint = fingerprint
@@ -168,7 +171,8 @@ class Checkpointer:
         self.inputs = dict(inputs or {})
         self.keep_last, self.async_save = keep_last, async_save
         self.rank, self.world_size = rank, world_size
-        self.on_report = on_report
+        self.on_report, self.on_note = on_report, on_note
+        self.outcomes: dict[int, bool] = {}
         self.attempts, self.first_delay_s = attempts, first_delay_s
         self._thread: threading.Thread | None = None
         # Async writes run collectives from a background thread: give them their own group.
@@ -239,14 +243,18 @@ class Checkpointer:
             error = f"{type(exc).__name__}: {exc}"
             log.error("checkpoint %s not committed: %s", url, error)
             if self.rank == 0:
+                self.outcomes[step] = False
                 self._report(step=step, epoch=epoch, url=url, committed=False, error=error[:20_000])
             return
+        self.outcomes[step] = True
         log.info("checkpoint %s committed (%d bytes, %.2fs)", url, size, time.monotonic() - started)
         self._report(step=step, epoch=epoch, url=url, committed=True, bytes=size, time=meta["time"])
         try:
             self.retain()
-        except Exception:  # retention can wait for the next commit
+        except Exception as exc:  # retention can wait for the next commit, but say so
             log.exception("retention of %s failed", self.root_url)
+            self._note(f"old checkpoints in {self.root_url} could not be deleted (keep_last={self.keep_last}): "
+                       f"{type(exc).__name__}: {exc}; the next commit tries again")
 
     def _write_files(self, url: str, state: dict[str, Any], trainer_state: dict[str, Any],
                      rank_state: dict[str, Any], group: Any) -> None:
@@ -278,6 +286,14 @@ class Checkpointer:
             self.on_report({"world_size": self.world_size, **fields})
         except Exception:
             log.exception("reporting checkpoint %s failed", fields.get("url"))
+
+    def _note(self, message: str) -> None:
+        if self.on_note is None:
+            return
+        try:
+            self.on_note(message[:2_000])
+        except Exception:
+            log.exception("reporting a note on %s failed", self.root_url)
 
     def retain(self) -> list[str]:
         """Keep the newest ``keep_last`` committed checkpoints; delete older ones and torn

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from algorithms.base import Algorithm
 
 
+# The metric a run with checkpoints reports at its end: 1 if its final state is committed, 0 if
+# the final save failed after its retries (the service then records ``final_checkpoint: missing``).
+FINAL_SAVED_KEY = "checkpoint/final_saved"
+
+
 class Stateful(Protocol):
     """A part of the run's state that saves and restores itself."""
 
@@ -114,6 +119,10 @@ class TrainingCheckpoints:
         self.shared, self.per_rank = dict(shared), dict(per_rank)
         self.last_saved_batch = -1
 
+    def due(self, step: int) -> bool:
+        """Whether ``maybe_save(step)`` will save."""
+        return self.checkpointer is not None and bool(self.every) and step % self.every == 0
+
     def maybe_save(self, step: int, *, last: bool = False) -> None:
         """Save if ``step`` is on the interval or, with ``last``, if ``step`` is not saved yet
         (collective: every rank calls this at every step)."""
@@ -156,6 +165,14 @@ class TrainingCheckpoints:
             part.load_state_dict(per_rank[name] if per_rank is not None else None)
         self.last_saved_batch = self.state.timestamp.batch
         return info
+
+    def final_saved(self) -> bool | None:
+        """Whether the last state saved (or resumed from) is committed, after waiting for the
+        write: rank 0's word (None without checkpoints or on other ranks)."""
+        if self.checkpointer is None or self.state.rank != 0:
+            return None
+        self.wait()
+        return self.checkpointer.outcomes.get(self.last_saved_batch, True)  # absent: resumed from a commit
 
     def wait(self) -> None:
         """Block until an asynchronous save in flight has been written."""

@@ -1,0 +1,57 @@
+"""How a worker's status report changes its run, when reports can be lost, delayed or repeated.
+
+A worker spools what it cannot deliver and replays it in order once the service answers again
+(``workers.spool``), so the service sees every report, maybe late, maybe twice:
+
+- a repeat of the status the run already has is acknowledged and changes nothing, terminal
+  statuses included (a COMPLETED whose answer was lost is sent again);
+- COMPLETED while the run is still STARTING or RESTARTING, or RESTARTING while it is STARTING,
+  means the RUNNING report before it was lost for good (refused while the service was half
+  up, or spooled on a machine that died): the service records the missing RUNNING, saying so,
+  then the report — the legal sequence the run went through;
+- RUNNING with ``step`` (where the attempt resumes from) supersedes earlier attempts' points
+  after that step (``service.metric_writes``);
+- COMPLETED with ``final_checkpoint`` records whether the final weights were saved; a missing
+  one is a run event, not a silent COMPLETED.
+
+While the run is CANCELING a report changes nothing: stopping the job is what makes its worker
+fail or stop, and the dispatcher ends the run as CANCELED once Ray confirms.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from api.views import RunStatus
+from service.db.models import Run, utcnow
+from service.metric_writes import supersede_after
+from service.run_writes import add_run_event, apply_run_status
+
+# (status now, report) pairs that went through a RUNNING whose report was lost.
+LOST_RUNNING = {(RunStatus.STARTING, RunStatus.COMPLETED), (RunStatus.RESTARTING, RunStatus.COMPLETED),
+                (RunStatus.STARTING, RunStatus.RESTARTING)}
+
+
+def apply_report(session: Session, run: Run, status: RunStatus, *, message: str | None, error: str | None,
+                 step: int | None = None, final_checkpoint: str | None = None) -> None:
+    """Apply one worker report to the locked ``run`` (raises ``IllegalTransition`` if illegal)."""
+    current = RunStatus(run.status)
+    if current is RunStatus.CANCELING or (current is status and current.is_terminal):
+        return
+    if (current, status) in LOST_RUNNING:
+        apply_run_status(session, run, RunStatus.RUNNING, error=None,
+                         message=f"RUNNING report lost (the service was unreachable); filled in when {status.value} "
+                                 f"arrived")
+    apply_run_status(session, run, status, message=message, error=error)
+    if status is RunStatus.RUNNING and step is not None:
+        superseded = supersede_after(session, run, step)
+        if superseded:
+            add_run_event(session, run, status, status,
+                          f"attempt {run.attempt} resumed from step {step}: {superseded} point(s) earlier attempts "
+                          f"reported after it are superseded (GET /metrics?all_attempts=true lists them)", utcnow())
+    if status is RunStatus.COMPLETED and final_checkpoint is not None:
+        run.final_checkpoint = final_checkpoint
+        if final_checkpoint == "missing":
+            add_run_event(session, run, status, status,
+                          "final checkpoint missing: saving the final weights failed after its retries; the "
+                          "newest committed checkpoint is older than the end of training", utcnow())

@@ -1,0 +1,149 @@
+"""Worker reports replayed after an outage, on SQLite and PostgreSQL: idempotent statuses (a
+COMPLETED after a lost RUNNING, repeated terminal reports), metric batches stored once, points
+superseded by a resumed attempt on every resume path, and a missing final checkpoint."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+from sqlalchemy import select
+
+from api.views import RunStatus
+from service.db.models import RunBest
+
+API = "/api/v1"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def api(request):
+    return request.getfixturevalue("client" if request.param == "sqlite" else "pg_client")
+
+
+def _start(api, fake_jobs, body) -> tuple[str, str]:
+    run = api.post(f"{API}/runs", json=body).json()
+    api.app.state.dispatcher.tick()
+    return run["id"], _token(fake_jobs, run["id"], 1)
+
+
+def _token(fake_jobs, run_id: str, attempt: int) -> str:
+    return fake_jobs.jobs[f"run-{run_id}-attempt-{attempt}"]["env"]["TESSERA_RUN_TOKEN"]
+
+
+def _post(api, run_id, token, what, body):
+    return api.post(f"{API}/runs/{run_id}/report/{what}", json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+def _batch(steps, value, *, session="a1", batch=1, key="train/loss") -> dict:
+    now = datetime.now(timezone.utc).isoformat()
+    return {"points": [{"step": s, "key": key, "value": value(s), "time": now} for s in steps],
+            "session": session, "batch": batch}
+
+
+def _events(api, run_id):
+    events = api.get(f"{API}/runs/{run_id}/events").json()["data"]
+    return [(e["from_status"], e["to_status"], e["message"]) for e in events]
+
+
+def test_completed_after_a_lost_running_is_the_legal_sequence_and_repeats_are_no_ops(api, fake_jobs, example_body):
+    run_id, token = _start(api, fake_jobs, example_body)
+    done = _post(api, run_id, token, "status", {"status": "COMPLETED", "message": "eval/accuracy=0.9"})
+    assert done.status_code == 200 and done.json()["status"] == "COMPLETED"
+    events = _events(api, run_id)
+    assert [(f, t) for f, t, _ in events[-2:]] == [("STARTING", "RUNNING"), ("RUNNING", "COMPLETED")]
+    assert "RUNNING report lost" in events[-2][2]
+    again = _post(api, run_id, token, "status", {"status": "COMPLETED", "message": "eval/accuracy=0.9"})
+    assert again.status_code == 200 and again.json()["status"] == "COMPLETED"
+    assert _events(api, run_id) == events  # nothing recorded twice
+    assert _post(api, run_id, token, "status", {"status": "FAILED", "error": "x"}).status_code == 409
+
+
+def test_a_restart_after_a_lost_running_fills_it_in(api, fake_jobs, example_body):
+    run_id, token = _start(api, fake_jobs, example_body)
+    restarting = _post(api, run_id, token, "status", {"status": "RESTARTING"})
+    assert restarting.status_code == 200 and restarting.json()["attempt"] == 2
+    assert [(f, t) for f, t, _ in _events(api, run_id)[-2:]] == [("STARTING", "RUNNING"), ("RUNNING", "RESTARTING")]
+
+
+def test_a_replayed_metric_batch_is_acknowledged_and_stored_once(api, fake_jobs, example_body):
+    run_id, token = _start(api, fake_jobs, example_body)
+    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
+    first = _post(api, run_id, token, "metrics", _batch([1, 2], lambda s: 1.0 / s))
+    assert first.json() == {"stored": 2}
+    replay = _post(api, run_id, token, "metrics", _batch([1, 2], lambda s: 1.0 / s))
+    assert replay.status_code == 200 and replay.json() == {"stored": 0, "replayed": True}
+    assert _post(api, run_id, token, "metrics", _batch([3], lambda s: 0.2, batch=2)).json() == {"stored": 1}
+    _post(api, run_id, token, "status", {"status": "COMPLETED"})
+    late_replay = _post(api, run_id, token, "metrics", _batch([3], lambda s: 0.2, batch=2))
+    assert late_replay.status_code == 200 and late_replay.json()["replayed"] is True  # its answer was lost
+    steps = [p["step"] for p in api.get(f"{API}/runs/{run_id}/metrics").json()["data"]]
+    assert steps == [1, 2, 3]
+
+
+def _restart_in_job(api, fake_jobs, run_id, token):
+    """Ray Train restarts the worker group: same job and token, RESTARTING then RUNNING."""
+    _post(api, run_id, token, "status", {"status": "RESTARTING"})
+    return token
+
+
+def _manual_resume(api, fake_jobs, run_id, token):
+    _post(api, run_id, token, "status", {"status": "FAILED", "error": "RuntimeError: killed"})
+    assert api.post(f"{API}/runs/{run_id}/resume").status_code == 200
+    api.app.state.dispatcher.tick()
+    return _token(fake_jobs, run_id, 2)
+
+
+def _requeue_by_service(api, fake_jobs, run_id, token):
+    api.app.state.repo.transition(run_id, RunStatus.QUEUED, message="job lost; re-queued")
+    api.app.state.dispatcher.tick()
+    return _token(fake_jobs, run_id, 2)
+
+
+@pytest.mark.parametrize("resume", [_restart_in_job, _manual_resume, _requeue_by_service],
+                         ids=["worker_restart", "manual_resume", "requeue_by_service"])
+def test_a_resumed_attempt_supersedes_the_points_after_its_checkpoint(api, fake_jobs, example_body, resume):
+    run_id, token = _start(api, fake_jobs, example_body)
+    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
+    # Attempt 1 reports steps 1..10 (its best loss, 0.05, at step 9), checkpointed at step 6, then dies.
+    _post(api, run_id, token, "metrics", _batch(range(1, 11), lambda s: 0.05 if s == 9 else 1.0 / s))
+    token = resume(api, fake_jobs, run_id, token)
+    running = _post(api, run_id, token, "status", {"status": "RUNNING", "step": 6})
+    assert running.status_code == 200 and running.json()["attempt"] == 2
+    _post(api, run_id, token, "metrics", _batch(range(7, 13), lambda s: 2.0 / s, session="a2"))
+
+    points = api.get(f"{API}/runs/{run_id}/metrics").json()["data"]
+    assert [p["step"] for p in points] == list(range(1, 13))  # one value per step, in order
+    assert [p["attempt"] for p in points] == [1] * 6 + [2] * 6
+    assert points[-1]["value"] == pytest.approx(2.0 / 12)
+    every = api.get(f"{API}/runs/{run_id}/metrics", params={"all_attempts": "true"}).json()["data"]
+    superseded = [(p["step"], p["attempt"]) for p in every if p["superseded"]]
+    assert superseded == [(s, 1) for s in range(7, 11)]  # kept for audit
+    view = api.get(f"{API}/runs/{run_id}").json()
+    assert view["summary"]["train/loss"] == pytest.approx(2.0 / 12)
+    assert view["best"]["train/loss"] == pytest.approx(2.0 / 12)  # the superseded 0.05 no longer counts
+    with api.app.state.repo.db.read() as session:
+        best = session.execute(select(RunBest.min_value).where(RunBest.run_id == run_id,
+                                                               RunBest.key == "train/loss")).scalar_one()
+    assert best == pytest.approx(2.0 / 12)
+    assert any("4 point(s)" in (message or "") for _, _, message in _events(api, run_id))
+
+
+def test_a_missing_final_checkpoint_is_an_event_and_a_field_of_the_run(api, fake_jobs, example_body):
+    run_id, token = _start(api, fake_jobs, example_body)
+    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
+    note = _post(api, run_id, token, "note", {"message": "old checkpoints could not be deleted: PermissionError"})
+    assert note.status_code == 200
+    done = _post(api, run_id, token, "status", {"status": "COMPLETED", "final_checkpoint": "missing"})
+    assert done.status_code == 200 and done.json()["final_checkpoint"] == "missing"
+    messages = [m for _, _, m in _events(api, run_id)]
+    assert "old checkpoints could not be deleted: PermissionError" in messages
+    assert any(m and m.startswith("final checkpoint missing") for m in messages)
+    assert api.get(f"{API}/runs/{run_id}").json()["final_checkpoint"] == "missing"
+    bad = _post(api, run_id, token, "status", {"status": "COMPLETED", "final_checkpoint": "lost"})
+    assert bad.status_code == 422 and "final_checkpoint" in bad.text
+
+
+def test_a_note_needs_the_runs_own_token(api, fake_jobs, example_body):
+    run_id, _ = _start(api, fake_jobs, example_body)
+    _, other_token = _start(api, fake_jobs, example_body)
+    assert _post(api, run_id, other_token, "note", {"message": "x"}).status_code == 401
