@@ -390,7 +390,8 @@ class Repository(AttemptStore):
         """The latest value of each ``eval/`` key reported at or before ``step`` (what a model
         exported at ``step`` scored)."""
         query = (select(Metric.key, Metric.value)
-                 .where(Metric.run_id == run_id, Metric.step <= step, Metric.key.like("eval/%"))
+                 .where(Metric.run_id == run_id, Metric.step <= step, Metric.key.like("eval/%"),
+                        Metric.superseded.is_(False))
                  .order_by(Metric.step, Metric.seq))
         with self.db.read() as session:
             return {key: value for key, value in session.execute(query)}

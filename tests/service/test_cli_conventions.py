@@ -90,7 +90,11 @@ def test_shell_completion_completes_commands_and_options():
     assert options.stdout.split() == ["--json"]
 
 
-def test_install_completion_hooks_the_script_into_the_users_shell(tmp_path):
+def test_install_completion_hooks_the_script_into_the_users_shell(tmp_path, monkeypatch):
+    # typer detects the shell from the process tree (shellingham), which is whatever runs the
+    # tests (make's sh, CI's runner): name bash explicitly instead. typer reads this variable
+    # when it builds the command, so it must be set before ``invoke``, not in its ``env``.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     installed = tessera("--install-completion", "bash", HOME=str(tmp_path))
     assert installed.exit_code == 0, installed.output
     script = tmp_path / ".bash_completions" / "tessera.sh"
