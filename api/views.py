@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.limits import INT32_MAX, INT64_MAX
+from api.lineage import ForkInfo
 
 
 class RunStatus(str, enum.Enum):
@@ -59,6 +60,9 @@ class RunView(BaseModel):
     trial_id: str | None = Field(None, description="the trial's id within its sweep (Ray Tune's)")
     project: str = Field("default", description="the project the run belongs to")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
+    parent_id: str | None = Field(None, description="the run this one was forked from (its children: "
+                                                    "GET /api/v1/runs/{id}/children)")
+    fork: ForkInfo | None = Field(None, description="how it was forked: from, patch, and the checkpoint loaded")
 
     @property
     def restarts(self) -> int:

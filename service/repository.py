@@ -66,6 +66,8 @@ class RunRecord:
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
+    parent_id: str | None = None  # lineage (service.lineage): the run this one was forked from
+    fork: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Run) -> "RunRecord":
@@ -73,7 +75,8 @@ class RunRecord:
                    spec=row.spec, project=row.project, summary=dict(row.summary or {}), error=row.error, tags=list(row.tags or []),
                    ray_job_id=row.ray_job_id, sweep_id=row.sweep_id, trial_id=row.trial_id,
                    trial_params=row.trial_params, extrema=dict(row.extrema or {}), created_at=row.created_at,
-                   started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at)
+                   started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at,
+                   parent_id=row.parent_id, fork=row.fork)
 
     @property
     def driven_by_sweep(self) -> bool:
@@ -88,7 +91,8 @@ class RunRecord:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
                        created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
-                       sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project)
+                       sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project,
+                       parent_id=self.parent_id, fork=self.fork)
 
 
 def best_values(extrema: dict[str, list[float]]) -> dict[str, float]:
