@@ -19,6 +19,7 @@ from api.client import Client
 from api.errors import ApiError, format_detail
 from cli.data import app as data_app
 from cli.export import register as register_export
+from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
 from cli.specfile import SpecFileError, load_spec, load_spec_dict
 
@@ -54,6 +55,7 @@ def _call(fn, *args, **kwargs):
 
 register_logs(app, UrlOption, DEFAULT_URL, _call)
 register_export(app, UrlOption, DEFAULT_URL)
+register_lineage(app, UrlOption, DEFAULT_URL, _call, console)
 
 
 @app.command()
