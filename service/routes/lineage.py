@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 
 from api.lineage import ContinueRequest, ForkRequest
@@ -31,14 +31,16 @@ REFUSALS = {404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
 
 @router.post("/{run_id}/fork", status_code=201, response_model=RunView, operation_id="fork_run",
              responses={404: {"model": ErrorBody}})
-def fork_run(run_id: str, body: ForkRequest, request: Request, repo: RepoDep, caller: CallerDep,
-             access: AccessDep, settings: SettingsDep) -> RunView | JSONResponse:
+def fork_run(run_id: str, request: Request, repo: RepoDep, caller: CallerDep, access: AccessDep,
+             settings: SettingsDep, body: Annotated[ForkRequest | None, Body()] = None) -> RunView | JSONResponse:
     """A new run in the parent's project (``member`` needed there) whose spec is the parent's
     with ``patch`` merged in (JSON Merge Patch; an object whose ``name`` changes is replaced),
     starting from the parent's ``latest`` committed checkpoint, the one at ``{"step": N}``, or
     ``scratch``. 422 naming the field for a patch that does not validate or (unless from
-    scratch) changes the model, the surgery algorithms or the data's shapes."""
+    scratch) changes the model, the surgery algorithms or the data's shapes. No body: the same
+    spec from the latest checkpoint."""
     parent = scoped_run(repo, caller, run_id, Role.MEMBER)
+    body = body if body is not None else ForkRequest()
     try:
         spec = forked_spec(parent, body)
         checkpoint = None if body.from_ == "scratch" else chosen_checkpoint(parent, repo.checkpoints(run_id),

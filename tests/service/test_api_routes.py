@@ -228,7 +228,8 @@ def test_openapi_is_published_with_stable_operation_ids(client):
                              "create_sweep", "list_sweeps", "get_sweep", "cancel_sweep", "report_sweep_status",
                              "register_trial", "end_trial", "upload_code", "check_code", "get_code"} | {
                              "whoami", "create_key", "list_keys", "revoke_key", "create_project", "list_projects",
-                             "set_project_quota", "get_run_logs", "get_run_model"}
+                             "set_project_quota", "get_run_logs", "get_run_model"} | {
+                             "fork_run", "continue_run", "list_run_children"}
     assert client.get(f"{API}/docs").status_code == 200
     assert RunStatus.QUEUED.value in spec["components"]["schemas"]["RunStatus"]["enum"]
 
