@@ -11,7 +11,7 @@ import yaml
 from playwright.sync_api import expect
 
 from api.views import CheckpointReport, RunStatus
-from tests.dashboard.conftest import dashboard_url
+from tests.dashboard.conftest import WIDE, dashboard_url
 from tests.dashboard.test_dashboard_pages import make_run
 
 
@@ -56,3 +56,21 @@ def test_fork_dialog_shows_the_api_s_refusal_then_opens_the_child_and_continue_q
     expect(page.locator("#continue-dialog")).to_be_hidden()
     expect(page.locator(".page-head [data-status]")).to_have_attribute("data-status", "QUEUED")
     expect(page.locator("#continue-run")).to_be_hidden()
+
+
+def test_a_viewer_sees_the_lineage_but_neither_fork_nor_continue(browser, local_service):
+    from service.access import Role
+
+    parent = _completed_run_with_a_checkpoint(local_service.repo)
+    viewer = local_service.app.state.access.create_key(name="lineage viewer", roles={"default": Role.VIEWER})[1]
+    context = browser.new_context(viewport={"width": WIDE, "height": 900})
+    context.add_init_script(f"sessionStorage.setItem('tessera.apiKey', {viewer!r})")
+    page = context.new_page()
+    try:
+        page.goto(dashboard_url(local_service.url, f"runs/{parent.id}"))
+        page.wait_for_function("document.body.dataset.role === 'viewer'")
+        expect(page.locator("#children")).to_contain_text("No forks yet.")
+        expect(page.locator("#fork-run")).to_be_hidden()
+        expect(page.locator("#continue-run")).to_be_hidden()
+    finally:
+        context.close()

@@ -8,6 +8,18 @@ import { el, statusBadge } from "./ui.js";
 
 const isObject = (value) => value !== null && typeof value === "object" && !Array.isArray(value);
 
+/** Equal as JSON values, whatever the order of object keys (YAML editors and dumpers reorder them). */
+function sameValue(a, b) {
+  if (Array.isArray(a) || Array.isArray(b)) {
+    return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => sameValue(x, b[i]));
+  }
+  if (isObject(a) && isObject(b)) {
+    const keys = Object.keys(a);
+    return keys.length === Object.keys(b).length && keys.every((key) => key in b && sameValue(a[key], b[key]));
+  }
+  return a === b;
+}
+
 /**
  * The JSON Merge Patch that turns `before` into `after`: removed keys are null, objects differ
  * key by key, except an object whose `name` changed (another optimizer), which is sent whole.
@@ -17,7 +29,7 @@ export function mergePatch(before, after) {
   for (const key of Object.keys(before)) if (!(key in after)) patch[key] = null;
   for (const [key, value] of Object.entries(after)) {
     const old = before[key];
-    if (JSON.stringify(old) === JSON.stringify(value)) continue;
+    if (sameValue(old, value)) continue;
     patch[key] = isObject(old) && isObject(value) && old.name === value.name ? mergePatch(old, value) : value;
   }
   return patch;
