@@ -144,6 +144,9 @@ def show(run_id: str, url: UrlOption = DEFAULT_URL,
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
     console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}")
     console.print(f"project {run.project}", highlight=False)
+    if run.parent_id is not None:
+        origin = f"its checkpoint at batch {run.fork.step}" if run.fork and run.fork.step is not None else "scratch"
+        console.print(f"forked from {run.parent_id} ({origin})", highlight=False)
     if run.queue is not None:
         console.print(f"queue: position {run.queue.position}, waiting for {run.queue.reason}"
                       + (f" ({run.queue.detail})" if run.queue.detail else ""), highlight=False)

@@ -38,6 +38,7 @@ def test_fork_and_continue_from_the_cli(tmp_path, example_body):
         assert f"forked run {child.id} from {parent.id} (fresh weights)" in forked.output
         assert child.spec["optimizer"]["lr"] == 0.05 and child.spec["max_duration"] == "4ep"
         assert child.parent_id == parent.id and child.fork.patch == {"optimizer": {"lr": 0.05}, "max_duration": "4ep"}
+        assert f"forked from {parent.id} (scratch)" in runner.invoke(app, ["show", child.id, *url]).output
 
         refused = runner.invoke(app, ["fork", parent.id, "--set", "model.name=resnet18", *url])
         assert refused.exit_code == 1 and "422" in refused.output and "model" in refused.output
