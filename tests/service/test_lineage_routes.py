@@ -8,6 +8,8 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 API = "/api/v1"
 
@@ -154,3 +156,27 @@ def test_tenancy_another_project_s_run_is_404_and_a_viewer_may_only_read(api, fa
         assert getattr(api, method)(f"{API}/runs/{run['id']}/{path}", headers=viewer, **kwargs).status_code == expected
     child = api.post(f"{API}/runs/{run['id']}/fork", json={"from": "scratch"}).json()
     assert child["project"] == a
+
+
+KEYS = ["optimizer", "lr", "name", "sgd", "adamw", "model", "params", "width", "algorithms", "data", "train",
+        "num_classes", "max_duration", "checkpoint", "keep_last", "tags", "parallelism", "num_workers", "step"]
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=8) | st.sampled_from(["3ep", "9ba", "adamw", "blurpool", "latest"]),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=4), inner, max_size=3),
+                    max_leaves=12)
+
+
+def test_generated_patches_and_sources_get_a_fork_or_a_422_never_a_5xx(api, fake_jobs, example_body):
+    parent = _finished_parent(api, fake_jobs, example_body)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(patch=st.dictionaries(st.sampled_from(KEYS), JSON, max_size=3),
+           source=st.sampled_from(["latest", "scratch", {"step": 10}, {"step": 11}, 3, None]))
+    def check(patch, source):
+        response = api.post(f"{API}/runs/{parent['id']}/fork", json={"patch": patch, "from": source})
+        assert response.status_code in (201, 422), response.text
+        if response.status_code == 422:
+            assert all(item["msg"] and "loc" in item for item in response.json()["detail"])
+
+    check()
