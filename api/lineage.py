@@ -92,6 +92,7 @@ def merge_patch(base: Any, patch: Any) -> Any:
 
 
 def _surgery(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spec's surgery algorithms (``changes_model``), with their settings, in order."""
     return [a for a in spec.get("algorithms", []) if ALGORITHMS.get(a.get("name")) is not None
             and ALGORITHMS[a["name"]].changes_model]
 
@@ -109,8 +110,8 @@ def unloadable_changes(parent: dict[str, Any], child: dict[str, Any]) -> list[tu
         problems.append(("model", f"the model changed from {parent['model']} to {child['model']}; a checkpoint "
                                   "holds one model's tensors (fork from 'scratch' to train the new model)"))
     if _surgery(child) != _surgery(parent):
-        names = lambda spec: [a["name"] for a in _surgery(spec)]  # noqa: E731
-        problems.append(("algorithms", f"the surgery algorithms changed from {names(parent)} to {names(child)} "
+        had, has = ([a["name"] for a in _surgery(spec)] for spec in (parent, child))
+        problems.append(("algorithms", f"the surgery algorithms changed from {had} to {has} "
                                        "(or their settings did); surgery changes the model's modules before the "
                                        "checkpoint is loaded, so keep them as they were or fork from 'scratch'"))
     before, after = _shape_fields(parent), _shape_fields(child)

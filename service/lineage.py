@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from api.lineage import ForkInfo, ForkRequest, ForkStep, loads_optimizer, longer_duration_problem, merge_patch, \
-    unloadable_changes
+from api.lineage import (ForkInfo, ForkRequest, ForkStep, loads_optimizer, longer_duration_problem, merge_patch,
+                         unloadable_changes)
 from api.specs import RunSpec
 from api.time import Time
 from api.views import CheckpointView, RunStatus

@@ -19,8 +19,8 @@ from service.access import Role
 from service.code_store import project_code_store
 from service.deps import AccessDep, CallerDep, RepoDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
-from service.lineage import LineageRefused, chosen_checkpoint, continue_run, children, fork_info, forked_spec, \
-    insert_fork
+from service.lineage import (LineageRefused, children, chosen_checkpoint, continue_run, fork_info, forked_spec,
+                             insert_fork)
 from service.repository import RunRecord
 from service.routes.runs import data_root_errors, queued_view, scoped_run, wall_time_problem
 

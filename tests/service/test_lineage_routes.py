@@ -79,6 +79,7 @@ def test_a_fork_from_scratch_may_change_the_model_and_loads_nothing(api, fake_jo
     ({"algorithms": [{"name": "label_smoothing", "smoothing": 0.1}, {"name": "cutmix", "alpha": 1.0}]},
      "algorithms", "surgery algorithms changed from ['channels_last'] to []"),
     ({"algorithms": [{"name": "channels_last"}, {"name": "blurpool"}]}, "algorithms", "surgery"),
+    ({"data": {"train": {"image_size": 16}}}, "data.train", "data.train image_size changed"),
 ])
 def test_changes_that_break_the_checkpoint_are_422s_naming_the_field(api, fake_jobs, example_body, patch, field,
                                                                       says):
