@@ -334,8 +334,9 @@ class Trainer:
     # --- checkpoints and reporting -----------------------------------------------------
     def resume(self) -> str | None:
         """Load the newest committed checkpoint, if any: model, optimizer, every checkpointed
-        part (``_checkpointed_parts``) and this rank's RNG. Returns its URL. Surgery has already
-        been replayed (INIT) and the model wrapped, so the saved tensors find their modules."""
+        part (``_checkpointed_parts``) and this rank's RNG; without one, a fork starts from its
+        parent's (``start_from_fork``). Returns its URL. Surgery has already been replayed (INIT)
+        and the model wrapped, so the saved tensors find their modules."""
         info = self.checkpoints.resume()
         if info is None:
             return self.start_from_fork()
