@@ -26,7 +26,7 @@ from api.lineage import (ForkInfo, ForkRequest, ForkStep, loads_optimizer, longe
 from api.specs import RunSpec
 from api.time import Time
 from api.views import CheckpointView, RunStatus
-from service.db.models import Run
+from service.db.models import Checkpoint, Run
 from service.errors import field_error, format_validation_errors
 from service.repository import Repository, RunNotFound, RunRecord
 from service.run_writes import apply_run_status, insert_run
@@ -113,13 +113,20 @@ def insert_fork(repo: Repository, parent: RunRecord, spec: RunSpec, info: ForkIn
 
 def continue_run(repo: Repository, run_id: str, max_duration: Time) -> RunRecord:
     """COMPLETED → QUEUED as the next attempt, with ``max_duration`` in the spec; 409 unless the
-    run is COMPLETED, ``LineageRefused`` unless the duration is longer in the same unit."""
+    run is COMPLETED with a committed checkpoint, ``LineageRefused`` unless the duration is
+    longer in the same unit."""
     with repo.db.locked_write(Run, run_id, RunNotFound) as (session, run):
         current = RunStatus(run.status)
         if current is not RunStatus.COMPLETED:
             raise RUN_TRANSITIONS.refusal(run_id, current, RunStatus.QUEUED,
                                           f"run {run_id} is {current.value}; only COMPLETED runs can be continued "
                                           f"(resume FAILED, CANCELED or STOPPED ones)")
+        committed = session.execute(select(Checkpoint.id).where(Checkpoint.run_id == run_id, Checkpoint.committed)
+                                    .limit(1)).first()
+        if committed is None:  # the attempt would train the whole duration again from batch 0
+            raise RUN_TRANSITIONS.refusal(run_id, current, RunStatus.QUEUED,
+                                          f"run {run_id} has no committed checkpoint to continue from; fork it from "
+                                          f"'scratch' with the longer max_duration instead")
         before = run.spec["max_duration"]
         problem = longer_duration_problem(before, max_duration)
         if problem is not None:

@@ -3,11 +3,13 @@ on a loopback port (no Ray)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 from typer.testing import CliRunner
 
 from api.client import Client
-from api.views import RunStatus
+from api.views import CheckpointReport, RunStatus
 from cli.lineage import BadAssignment, fork_source, patch_from_assignments
 from cli.main import app
 from tests.dashboard.conftest import LocalService
@@ -45,8 +47,12 @@ def test_fork_and_continue_from_the_cli(tmp_path, example_body):
 
         early = runner.invoke(app, ["continue", parent.id, "--max-duration", "5ep", *url])
         assert early.exit_code == 1 and "409" in early.output and "only COMPLETED runs" in early.output
-        for status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.COMPLETED):
+        for status in (RunStatus.STARTING, RunStatus.RUNNING):
             service.repo.transition(parent.id, status)
+        service.repo.add_checkpoint(parent.id, CheckpointReport(
+            step=9, epoch=3, time=datetime.now(timezone.utc), bytes=1, committed=True, world_size=2,
+            url=f"file:///tmp/runs/{parent.id}/checkpoints/ep3-ba9"))
+        service.repo.transition(parent.id, RunStatus.COMPLETED)
         continued = runner.invoke(app, ["continue", parent.id, "--max-duration", "5ep", *url])
         assert continued.exit_code == 0, continued.output
         assert "continues to 5ep as attempt 2" in continued.output

@@ -136,6 +136,9 @@ def test_only_completed_runs_continue(api, fake_jobs, example_body):
     failed = _finished_parent(api, fake_jobs, example_body, status="FAILED")
     response = api.post(f"{API}/runs/{failed['id']}/continue", json={"max_duration": "5ep"})
     assert response.status_code == 409 and "resume FAILED, CANCELED or STOPPED" in response.json()["detail"]
+    unsaved = _finished_parent(api, fake_jobs, example_body, steps=())
+    response = api.post(f"{API}/runs/{unsaved['id']}/continue", json={"max_duration": "5ep"})
+    assert response.status_code == 409 and "no committed checkpoint to continue from" in response.json()["detail"]
 
 
 def _key(api, project: str, role: str) -> dict[str, str]:
