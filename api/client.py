@@ -252,6 +252,26 @@ class Client:
         body = {"num_workers": num_workers} if num_workers is not None else {}
         return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/resume", json=body))
 
+    # --- lineage (fork and continue) --------------------------------------------------------
+    def fork(self, run_id: str, patch: dict[str, Any] | None = None, *, from_: str | int = "latest") -> RunView:
+        """A new run from ``run_id``: its spec with ``patch`` merged in (JSON Merge Patch, e.g.
+        ``{"optimizer": {"lr": 0.05}}``), starting from the parent's ``"latest"`` committed
+        checkpoint, the one at batch ``from_`` (an int), or ``"scratch"``. 422 names the field of
+        a change the checkpoint cannot survive (model, surgery algorithms, data shapes)."""
+        source: Any = {"step": from_} if isinstance(from_, int) else from_
+        body = {"patch": patch or {}, "from": source}
+        return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/fork", json=body))
+
+    def continue_run(self, run_id: str, max_duration: str) -> RunView:
+        """Train a COMPLETED run on to a longer ``max_duration`` (same unit, e.g. ``"20ep"``) as its
+        next attempt, resuming from its newest committed checkpoint (409 unless COMPLETED)."""
+        return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/continue",
+                                                    json={"max_duration": max_duration}))
+
+    def run_children(self, run_id: str) -> list[RunView]:
+        """The runs forked from ``run_id``, oldest first."""
+        return RunsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/children")).data
+
     def list_checkpoints(self, run_id: str) -> list[CheckpointView]:
         """The run's checkpoints, oldest first (committed or failed)."""
         return CheckpointsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/checkpoints")).data

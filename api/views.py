@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.limits import INT32_MAX, INT64_MAX
+from api.lineage import ForkInfo
 
 
 class RunStatus(str, enum.Enum):
@@ -64,6 +65,9 @@ class RunView(BaseModel):
     final_checkpoint: Literal["saved", "missing"] | None = Field(
         None, description="once ended: whether the final weights were checkpointed (None: the run saves no "
                           "checkpoints); 'missing' means the final save failed after its retries")
+    parent_id: str | None = Field(None, description="the run this one was forked from (its children: "
+                                                    "GET /api/v1/runs/{id}/children)")
+    fork: ForkInfo | None = Field(None, description="how it was forked: from, patch, and the checkpoint loaded")
 
     @property
     def restarts(self) -> int:

@@ -17,6 +17,7 @@ from rich.table import Table
 from cli.data import app as data_app
 from cli.export import register as register_export
 from cli.housekeeping import register as register_housekeeping
+from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
 from cli.output import EPILOG, EXIT_USAGE, JsonOption, call, console, emit, err_console, fail, needs_extra
 
@@ -44,6 +45,7 @@ def _client(url: str) -> Client:
 register_logs(app, UrlOption, DEFAULT_URL, _call)
 register_export(app, UrlOption, DEFAULT_URL)
 register_housekeeping(app, UrlOption, DEFAULT_URL, _call)
+register_lineage(app, UrlOption, DEFAULT_URL, _call, console)
 
 
 @app.command()
@@ -157,6 +159,9 @@ def show(run_id: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False)
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
     console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}")
     console.print(f"project {run.project}", highlight=False)
+    if run.parent_id is not None:
+        origin = f"its checkpoint at batch {run.fork.step}" if run.fork and run.fork.step is not None else "scratch"
+        console.print(f"forked from {run.parent_id} ({origin})", highlight=False)
     if run.queue is not None:
         console.print(f"queue: position {run.queue.position}, waiting for {run.queue.reason}"
                       + (f" ({run.queue.detail})" if run.queue.detail else ""), highlight=False)

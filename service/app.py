@@ -24,7 +24,7 @@ from service.ray_client import JobsClient, RayJobsClient
 from service.ray_head import start_embedded_ray, stop_embedded_ray
 from service.repository import Repository
 from service.bootstrap import ensure_admin_key
-from service.routes import access, catalog, code, export, health, housekeeping, logs, reports, runs, sweeps
+from service.routes import access, catalog, code, export, health, housekeeping, lineage, logs, reports, runs, sweeps
 from service.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes,
                        code_max_body_bytes=settings.code_max_body_bytes, code_prefix=f"{API_PREFIX}/code")
     install_metrics(app)
-    for module in (runs, reports, sweeps, access, catalog, health, code, logs, export, housekeeping):
+    for module in (runs, lineage, reports, sweeps, access, catalog, health, code, logs, export, housekeeping):
         app.include_router(module.router)
     mount_dashboard(app)
     return app

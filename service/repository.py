@@ -67,6 +67,8 @@ class RunRecord:
     updated_at: datetime
     notes: str | None = None
     archived_at: datetime | None = None
+    parent_id: str | None = None  # lineage (service.lineage): the run this one was forked from
+    fork: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Run) -> "RunRecord":
@@ -76,7 +78,7 @@ class RunRecord:
                    trial_params=row.trial_params, extrema=dict(row.extrema or {}),
                    final_checkpoint=row.final_checkpoint, created_at=row.created_at,
                    started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at,
-                   notes=row.notes, archived_at=row.archived_at)
+                   notes=row.notes, archived_at=row.archived_at, parent_id=row.parent_id, fork=row.fork)
 
     @property
     def driven_by_sweep(self) -> bool:
@@ -92,7 +94,8 @@ class RunRecord:
                        created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
                        sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project,
-                       notes=self.notes, archived_at=self.archived_at, final_checkpoint=self.final_checkpoint)
+                       notes=self.notes, archived_at=self.archived_at, final_checkpoint=self.final_checkpoint,
+                       parent_id=self.parent_id, fork=self.fork)
 
 
 def best_values(extrema: dict[str, list[float]]) -> dict[str, float]:

@@ -10,6 +10,8 @@ Runs::
     FAILED | CANCELED → QUEUED                         (resume: next attempt)
     STARTING | RUNNING | RESTARTING → STOPPED          (a sweep trial ended early by its scheduler)
     STOPPED → QUEUED                                   (resume a stopped trial: next attempt)
+    COMPLETED → QUEUED                                 (continue to a longer max_duration: next
+                                                        attempt; only ``service.lineage`` asks)
 
 Sweeps::
 
@@ -43,7 +45,9 @@ RUN_TRANSITIONS: TransitionTable[RunStatus] = TransitionTable(
         RunStatus.RESTARTING: frozenset({RunStatus.RUNNING, RunStatus.QUEUED, RunStatus.CANCELING,
                                          RunStatus.FAILED, RunStatus.STOPPED}),
         RunStatus.CANCELING: frozenset({RunStatus.CANCELED, RunStatus.FAILED}),
-        RunStatus.COMPLETED: frozenset(),
+        # Continue (POST /runs/{id}/continue) alone takes a COMPLETED run back to QUEUED: resume
+        # and the sweep driver refuse COMPLETED runs before asking this table.
+        RunStatus.COMPLETED: frozenset({RunStatus.QUEUED}),
         RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
         RunStatus.CANCELED: frozenset({RunStatus.QUEUED}),
         RunStatus.STOPPED: frozenset({RunStatus.QUEUED}),

@@ -47,7 +47,7 @@ def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, stor
             ray.init()  # inside a Ray job this connects to the job's cluster
         metrics = fit_with_ray(spec, run_id=run_id, service_url=service_url, token=token,
                                storage_path=ray_storage_path(storage_url, attempt=attempt),
-                               storage_url=storage_url, attempt=attempt)
+                               storage_url=storage_url, attempt=attempt, fork=view.fork)
     except Exception as exc:
         log.error("run %s attempt %d failed: %s", run_id, attempt, outcome.failed(exc))
         return 1

@@ -14,6 +14,10 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from api.client import Client
+from api.lineage import ForkInfo
 from api.specs import RunSpec
 from workers.errors import TrainingError, describe
 from workers.paths import attempt_marker_url, checkpoints_url, default_ray_storage_path, run_url
@@ -33,7 +37,7 @@ WORKER_ENV_PREFIXES = ("TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_")
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                  storage_path: str | None = None, storage_url: str | None = None,
-                 attempt: int = 1, tune: bool = False) -> dict[str, float]:
+                 attempt: int = 1, tune: bool = False, fork: ForkInfo | None = None) -> dict[str, float]:
     """Train ``spec`` on ``spec.parallelism.num_workers`` Ray Train workers; returns rank 0's
     final metrics. Needs a connected Ray (``ray.init``).
 
@@ -48,6 +52,9 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     reports each evaluation with ``ray.train.report`` and ``TuneReportCallback`` forwards rank 0's
     to Tune's scheduler; a worker group that cannot start fails the trial at once
     (``controller_failure_limit=0``) so that Tune can retry it instead of waiting forever.
+
+    ``fork`` (``RunView.fork``): a forked run without a checkpoint of its own starts from the
+    parent's checkpoint named there.
     """
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -62,6 +69,7 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
                            # whether the driver is a Ray job or a test process.
                            "test_env": {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)},
                            "service_url": service_url, "token": token, "tune": tune,
+                           "fork": fork.model_dump(mode="json") if fork is not None else None,
                            "storage_url": storage_url},  # where workers fetch the run's code package
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
@@ -121,13 +129,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
         if spec.code is not None:  # before the model is built: it imports from the package
             install_code(spec.code.digest, storage_url=config.get("storage_url"))
         with process_settings(spec):
+            fork = ForkInfo.model_validate(config["fork"]) if config.get("fork") else None
             trainer = Trainer(spec, sink=sink, device=device, checkpoint_url=checkpoints_url(run) if run else None,
-                              on_eval=_report_to_tune if config.get("tune") else None)
+                              on_eval=_report_to_tune if config.get("tune") else None, fork=fork)
             install_fault_injection(trainer)  # only when a test asks for it (TESSERA_TEST_*)
             message = with_notes(f"training on {world_size} worker(s), {device.type}", trainer.surgery_notes)
             latest = trainer.checkpointer.latest_committed() if rank == 0 and trainer.checkpointer else None
             if latest is not None:
                 message += f"; resuming from {latest.url}"
+            elif fork is not None and fork.checkpoint_url is not None:
+                message += f"; starting from the parent's checkpoint {fork.checkpoint_url}"
             if restarted:
                 sink.status(RunStatus.RESTARTING, message="Ray Train restarted the worker group")
             # The step it starts from: what earlier attempts reported after it is superseded.

@@ -22,8 +22,10 @@ import torch
 
 from algorithms.registry import build_algorithms
 from api.catalog import DATASETS
+from api.lineage import ForkInfo
 from api.specs import RunSpec
 from workers.checkpoint import Checkpointer, fingerprint
+from workers.checkpoint.fork_source import load_fork_source
 from workers.checkpoint.training import (FINAL_SAVED_KEY, AlgorithmStates, RankRng, StateOf, Stateful,
                                          TimestampState, TrainingCheckpoints, scaler_state)
 from workers.data import build_eval_loader, build_train_loader
@@ -75,13 +77,16 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device | None = None,
                  callbacks: Sequence[Callback] = (), checkpoint_url: str | None = None,
-                 on_eval: Callable[[dict[str, float]], None] | None = None):
+                 on_eval: Callable[[dict[str, float]], None] | None = None, fork: ForkInfo | None = None):
         """``checkpoint_url``: the run's checkpoint folder (``workers.paths.checkpoints_url``);
         with one, the trainer resumes from its newest committed checkpoint and saves every
         ``spec.checkpoint.interval`` and at the end. ``on_eval``: called on every rank after
         each evaluation with its results plus ``time/batch``, ``time/epoch`` and
-        ``time/progress`` (how a Tune trial reports to its scheduler)."""
+        ``time/progress`` (how a Tune trial reports to its scheduler). ``fork``: where a forked run
+        came from; without a checkpoint of its own yet, it starts from the parent's
+        (``workers.checkpoint.fork_source``)."""
         self.spec = spec
+        self.fork = fork
         self.on_eval = on_eval
         self.device = device or device_for(spec.parallelism.use_gpu)
         self.rank, self.world_size = rank_and_world_size()
@@ -137,14 +142,16 @@ class Trainer:
 
     def _checkpointer(self, checkpoint_url: str, in_channels: int) -> Checkpointer:
         """The run's checkpoint folder; its fingerprint refuses checkpoints of another model."""
-        spec, state = self.spec, self.state
-        surgery = [s for s, a in zip(spec.algorithms, state.algorithms) if a.changes_model]
+        spec = self.spec
         return Checkpointer(checkpoint_url, keep_last=spec.checkpoint.keep_last, async_save=spec.checkpoint.async_save,
                             rank=self.rank, world_size=self.world_size, on_report=self.sink.checkpoint,
-                            on_note=self.sink.note,
-                            fingerprint=fingerprint(spec, surgery=surgery, num_classes=state.num_classes,
-                                                    in_channels=in_channels),
+                            on_note=self.sink.note, fingerprint=self._fingerprint(in_channels),
                             inputs={"image_size": getattr(self.train_loader, "image_size", None)})
+
+    def _fingerprint(self, in_channels: int) -> dict:
+        """The spec fields this run's checkpoint tensors depend on (``workers.checkpoint.contents``)."""
+        surgery = [s for s, a in zip(self.spec.algorithms, self.state.algorithms) if a.changes_model]
+        return fingerprint(self.spec, surgery=surgery, num_classes=self.state.num_classes, in_channels=in_channels)
 
     def _batches(self, duration: Time | str, max_batches: int | None = None) -> int:
         """``duration`` in batches of this run (``dur`` fractions need ``max_batches``)."""
@@ -341,15 +348,30 @@ class Trainer:
     # --- checkpoints and reporting -----------------------------------------------------
     def resume(self) -> str | None:
         """Load the newest committed checkpoint, if any: model, optimizer, every checkpointed
-        part (``_checkpointed_parts``) and this rank's RNG. Returns its URL. Surgery has already
-        been replayed (INIT) and the model wrapped, so the saved tensors find their modules."""
+        part (``_checkpointed_parts``) and this rank's RNG; without one, a fork starts from its
+        parent's (``start_from_fork``). Returns its URL. Surgery has already been replayed (INIT)
+        and the model wrapped, so the saved tensors find their modules."""
         info = self.checkpoints.resume()
         if info is None:
-            return None
+            return self.start_from_fork()
         self.metrics.restart_throughput(self.state.timestamp.sample)
         self.resumed_from = info.url
         log.info("rank %d resumed from %s at batch %d", self.rank, info.url, self.state.timestamp.batch)
         return info.url
+
+    def start_from_fork(self) -> str | None:
+        """A fork's first start (no checkpoint of its own yet): load the parent's checkpoint
+        that the service chose, as new training from batch 0 (``workers.checkpoint.fork_source``
+        says what carries over). Returns its URL, or None when there is none to load."""
+        url = self.fork.checkpoint_url if self.fork is not None else None
+        if url is None:
+            return None
+        saved = load_fork_source(url, model=self.state.model, optimizer=self.state.optimizer,
+                                 fingerprint=self._fingerprint(self.in_channels), load_optimizer=self.fork.load_optimizer)
+        AlgorithmStates(self.state.algorithms).load_state_dict(saved)
+        self.resumed_from = url
+        log.info("rank %d starts from the parent's checkpoint %s", self.rank, url)
+        return url
 
     def _flush_metrics(self, *, epoch_end: bool = False) -> None:
         self.metrics.flush(self.state.timestamp, self.state.progress, epoch_end=epoch_end)

@@ -203,7 +203,12 @@ def test_max_duration_is_capped_per_unit_and_an_every_project_admin_raises_it(tm
         assert refused.status_code == 422
         [item] = refused.json()["detail"]
         assert item["field"] == "max_duration" and item["input"] == "51ep" and "at most 50ep" in item["msg"]
-        assert client.post(f"{API}/runs", json={**example_body, "max_duration": "50ep"}).status_code == 201
+        run_id = client.post(f"{API}/runs", json={**example_body, "max_duration": "50ep"}).json()["id"]
+        # forks and continues are capped as well
+        forked = client.post(f"{API}/runs/{run_id}/fork", json={"from": "scratch", "patch": {"max_duration": "51ep"}})
+        assert forked.status_code == 422 and forked.json()["detail"][0]["loc"] == ["body", "patch", "max_duration"]
+        continued = client.post(f"{API}/runs/{run_id}/continue", json={"max_duration": "60ep"})
+        assert continued.status_code == 422 and "at most 50ep" in continued.json()["detail"][0]["msg"]
         # another unit keeps the service's default
         assert client.post(f"{API}/runs", json={**example_body, "max_duration": "100000001ba"}).status_code == 422
 

@@ -230,7 +230,8 @@ def test_openapi_is_published_with_stable_operation_ids(client):
                              "whoami", "create_key", "list_keys", "revoke_key", "create_project", "list_projects",
                              "set_project_quota", "get_run_logs", "get_run_model"} | {
                              "update_run", "archive_run", "unarchive_run", "delete_run", "archive_sweep",
-                             "unarchive_sweep", "delete_sweep"} | {"request_run_export", "list_run_exports", "report_note"}
+                             "unarchive_sweep", "delete_sweep"} | {"request_run_export", "list_run_exports", "report_note"} | {
+                             "fork_run", "continue_run", "list_run_children"}
     assert client.get(f"{API}/docs").status_code == 200
     assert RunStatus.QUEUED.value in spec["components"]["schemas"]["RunStatus"]["enum"]
 

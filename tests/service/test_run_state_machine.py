@@ -23,6 +23,8 @@ LEGAL = {
     (S.FAILED, S.QUEUED), (S.CANCELED, S.QUEUED),
     # a sweep trial that its scheduler ended early, and resuming it
     (S.STARTING, S.STOPPED), (S.RUNNING, S.STOPPED), (S.RESTARTING, S.STOPPED), (S.STOPPED, S.QUEUED),
+    # continuing a completed run to a longer max_duration
+    (S.COMPLETED, S.QUEUED),
 }
 # Repeats that workers and users may retry without harm: accepted, but change nothing.
 IDEMPOTENT = {(S.RUNNING, S.RUNNING), (S.RESTARTING, S.RESTARTING), (S.CANCELING, S.CANCELING)}
@@ -53,7 +55,7 @@ def test_cancel_of_a_completed_run_says_so_in_few_words():
         decide("abc", S.COMPLETED, S.CANCELING)
 
 
-def test_terminal_statuses_never_move_except_to_resume():
+def test_terminal_statuses_never_move_except_to_resume_or_continue():
     for terminal in (S.COMPLETED, S.FAILED, S.CANCELED):
         reachable = {target for target in RunStatus if (terminal, target) in LEGAL}
         assert reachable <= {S.QUEUED}

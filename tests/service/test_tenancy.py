@@ -69,11 +69,14 @@ def test_a_key_of_project_b_gets_404_on_every_route_of_project_a(admin, two_proj
     for method, path in [("GET", f"runs/{run}"), ("POST", f"runs/{run}/cancel"), ("GET", f"runs/{run}/events"),
                          ("GET", f"runs/{run}/metrics"), ("GET", f"runs/{run}/metrics?all_attempts=true"),
                          ("POST", f"runs/{run}/resume"),
-                         ("GET", f"runs/{run}/checkpoints"), ("GET", f"sweeps/{sweep}"),
+                         ("GET", f"runs/{run}/checkpoints"), ("POST", f"runs/{run}/fork"),
+                         ("GET", f"runs/{run}/children"), ("GET", f"sweeps/{sweep}"),
                          ("POST", f"sweeps/{sweep}/cancel")]:
         response = admin.request(method, f"{API}/{path}", headers=other)
         assert response.status_code == 404, (method, path, response.text)
         assert t["a"] not in response.text  # nothing about the other project leaks
+    continued = admin.post(f"{API}/runs/{run}/continue", json={"max_duration": "9ep"}, headers=other)
+    assert continued.status_code == 404 and t["a"] not in continued.text
     assert admin.get(f"{API}/runs", headers=other).json()["data"] == []
     assert admin.get(f"{API}/runs", params={"project": t["a"]}, headers=other).json()["data"] == []
     assert admin.get(f"{API}/sweeps", headers=other).json()["data"] == []

@@ -1,5 +1,5 @@
-// Run: status, progress, live charts, the events timeline, the spec, cancel and resume.
-// A sweep trial links to its sweep.
+// Run: status, progress, live charts, the events timeline, the spec, cancel and resume;
+// lineage (parent, forks) with fork and continue (./lineage.js). A sweep trial links to its sweep.
 //
 // Per poll: one conditional GET /runs/{id} (ETag) and one GET /runs/{id}/metrics?after=CURSOR
 // (only new points; more pages only while catching up). Events change only with the status,
@@ -9,6 +9,7 @@
 import { dump } from "../vendor/js-yaml.mjs";
 import { ApiError, downloadFile, errorText, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
 import { ChartGrid } from "./charts.js";
+import { continueDialog, forkDialog, parentFact, renderChildren } from "./lineage.js";
 import { LogPane } from "./logs.js";
 import { RunNotes } from "./run_notes.js";
 import {
@@ -71,6 +72,18 @@ export function mount(root, ctx) {
   });
   const resumeButton = el("button", { type: "button", class: "primary", id: "resume-run", hidden: true, "data-needs": "member",
                                       onclick: () => resume.open(lastRun) }, "Resume…");
+  let lastCheckpoints = [];
+  const fork = forkDialog(path);
+  const forkButton = el("button", { type: "button", id: "fork-run", hidden: true, "data-needs": "member",
+                                    onclick: () => fork.open(lastRun, lastCheckpoints) }, "Fork…");
+  const continuation = continueDialog(path, (run) => {
+    render(run);
+    eventsDue = true;
+    poller.poke();
+  });
+  const continueButton = el("button", { type: "button", id: "continue-run", hidden: true, "data-needs": "member",
+                                        onclick: () => continuation.open(lastRun) }, "Continue…");
+  const children = el("div", { id: "children" }, el("p", { class: "muted" }, "Loading…"));
   const crumbs = el("p", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs"));
   const summaryTable = el("tbody");
   const events = el("ol", { class: "timeline", id: "events" });
@@ -81,7 +94,7 @@ export function mount(root, ctx) {
   root.append(
     crumbs,
     el("div", { class: "page-head" }, title, badgeSlot,
-      el("div", { class: "actions" }, resubmit, resumeButton, cancelButton)),
+      el("div", { class: "actions" }, resubmit, forkButton, continueButton, resumeButton, cancelButton)),
     el("section", { class: "run-overview", "aria-label": "overview" }, progress, facts),
     errorSlot,
     notes.element,
@@ -96,11 +109,14 @@ export function mount(root, ctx) {
           summaryTable))),
     el("section", { "aria-labelledby": "checkpoints-h" },
       el("h2", { id: "checkpoints-h" }, "Checkpoints"), checkpoints),
+    el("section", { "aria-labelledby": "forks-h" }, el("h2", { id: "forks-h" }, "Forks"), children),
     el("section", { "aria-labelledby": "logs-h" }, el("h2", { id: "logs-h" }, "Logs"), logPane.element),
     el("section", { "aria-labelledby": "spec-h" },
       el("details", { open: true }, el("summary", {}, el("h2", { id: "spec-h" }, "Spec")), specBlock)),
     dialog,
     resume.dialog,
+    fork.dialog,
+    continuation.dialog,
   );
 
   // --- rendering ----------------------------------------------------------------------
@@ -123,12 +139,15 @@ export function mount(root, ctx) {
       ["Finished", formatTime(run.finished_at)],
       ["Algorithms", algorithmChips(run.spec)],
       run.sweep_id ? ["Sweep", sweepLink(run)] : null,
+      parentFact(run),
     ].filter(Boolean).flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase() } }, v)]));
     errorSlot.replaceChildren(run.error ? el("details", { class: "error-box", open: true },
       el("summary", {}, `Error: ${run.error.split("\n")[0].slice(0, 200)}`), el("pre", {}, run.error)) : "");
     const active = !TERMINAL.has(run.status);
     cancelButton.hidden = !active || run.status === "CANCELING";
     resumeButton.hidden = !RESUMABLE.has(run.status);
+    forkButton.hidden = false;
+    continueButton.hidden = run.status !== "COMPLETED";
     if (run.sweep_id && crumbs.childElementCount === 1) {
       crumbs.append(" · ", el("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}`, id: "run-sweep-crumb" },
         "← its sweep"));
@@ -209,7 +228,8 @@ export function mount(root, ctx) {
     try {
       const [list, exports] = await Promise.all([getJSON(`${path}/checkpoints`),
         getJSON(`${path}/exports`).catch(() => ({ data: [] }))]);
-      renderCheckpoints(list.data, exports.data);
+      lastCheckpoints = list.data;
+      renderCheckpoints(lastCheckpoints, exports.data);
     } catch (error) {
       // Not worth marking the whole page stale: keep the last list and try again next time.
       if (error instanceof ApiError && error.status === 404) {
@@ -239,6 +259,7 @@ export function mount(root, ctx) {
       if (eventsDue || before.status !== run.status || before.attempt !== run.attempt || polls % EVENTS_EVERY === 0) {
         renderEvents((await getJSON(`${path}/events`)).data);
         await pollCheckpoints();
+        await renderChildren(path, children).catch(() => {}); // keep the last list; try again next time
         eventsDue = false;
       }
     } catch (error) {
@@ -259,6 +280,8 @@ export function mount(root, ctx) {
     charts.destroy();
     if (dialog.open) dialog.close();
     resume.close();
+    fork.close();
+    continuation.close();
   };
 }
 

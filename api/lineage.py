@@ -1,0 +1,138 @@
+"""Fork and continue: the request bodies, how a fork's patch merges into its parent's spec, and
+which changes a parent's checkpoint survives.
+
+Pure functions over JSON specs (no service, no torch), so the service refuses an unloadable
+fork at submit and the SDK or CLI can preview the merged spec.
+
+The merge is JSON Merge Patch (RFC 7386) with one rule added for tagged objects: objects merge
+key by key, ``null`` deletes a key, lists and scalars replace; an object whose ``name`` changes
+(``optimizer: {name: adamw, lr: 1e-3}`` over an SGD optimizer) replaces the parent's object
+instead of merging into it, since the other kind's fields would not validate.
+
+Which changes a checkpoint survives (``unloadable_changes``), for a fork that starts from one:
+
+- ``model`` must be equal (name, params, or the imported callable and its params): anything
+  else is another set of tensors.
+- The surgery algorithms (``changes_model`` in ``api.catalog``) must be the same list with the
+  same settings: surgery replaces modules before the checkpoint is loaded, so adding, removing
+  or re-parameterizing one changes the module tree. Other algorithms may come and go.
+- The train data set must be the same kind with the same number of classes, channels and image
+  size (the classifier head and the stem have those shapes); its root, size and noise may change.
+- The optimizer may change: with the same ``optimizer.name`` its state (momentum, Adam moments)
+  is loaded and the fork's hyperparameters (lr, weight decay, ...) replace the parent's; with
+  another name only the model (and the state of algorithms both runs have) is loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.catalog import ALGORITHMS
+from api.time import DurationTime, Time
+
+FORK_SOURCES = ("latest", "scratch")
+# Fields of the train data set that give the model's input and output layers their shapes.
+SHAPE_DATA_FIELDS = ("name", "num_classes", "channels", "image_size")
+
+
+class ForkStep(BaseModel):
+    """Start from the parent's committed checkpoint at this batch."""
+
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(..., ge=0, le=2**62, description="the batch of one of the parent's committed checkpoints")
+
+
+class ForkRequest(BaseModel):
+    """``POST /runs/{id}/fork``: a partial ``RunSpec`` merged into the parent's, and where the
+    weights come from: ``latest`` (the parent's newest committed checkpoint), ``scratch`` (fresh
+    weights: only the spec is copied) or ``{"step": N}``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    patch: dict[str, Any] = Field(default_factory=dict, description="a partial RunSpec (JSON Merge Patch)")
+    from_: Literal["latest", "scratch"] | ForkStep = Field("latest", alias="from")
+
+
+class ForkInfo(BaseModel):
+    """What a forked run came from (``RunView.fork``): the choice, the patch, and the parent's
+    checkpoint the service resolved it to (none for ``scratch``). ``load_optimizer``: whether the
+    optimizer state is loaded too (the optimizer's name is unchanged)."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+    from_: Literal["latest", "scratch"] | ForkStep = Field(..., alias="from")
+    patch: dict[str, Any] = Field(default_factory=dict)
+    checkpoint_url: str | None = None
+    step: int | None = Field(None, description="the batch of the checkpoint loaded")
+    load_optimizer: bool = False
+
+
+class ContinueRequest(BaseModel):
+    """``POST /runs/{id}/continue``: train a COMPLETED run on to a longer ``max_duration`` (same
+    unit) as its next attempt."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_duration: DurationTime = Field(..., description="e.g. '20ep': longer than the run's, in the same unit")
+
+
+def merge_patch(base: Any, patch: Any) -> Any:
+    """``patch`` merged into ``base`` (see the module docstring); neither is changed."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if not isinstance(base, dict) or ("name" in patch and patch["name"] != base.get("name")):
+        base = {}
+    merged = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
+
+
+def _surgery(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The spec's surgery algorithms (``changes_model``), with their settings, in order."""
+    return [a for a in spec.get("algorithms", []) if ALGORITHMS.get(a.get("name")) is not None
+            and ALGORITHMS[a["name"]].changes_model]
+
+
+def _shape_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    train = spec["data"]["train"]
+    return {key: train.get(key) for key in SHAPE_DATA_FIELDS if key in train}
+
+
+def unloadable_changes(parent: dict[str, Any], child: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(field, why)`` for each change of ``child`` (a validated spec, as JSON) from ``parent``
+    that makes the parent's checkpoint unloadable; empty if it loads."""
+    problems = []
+    if child["model"] != parent["model"]:
+        problems.append(("model", f"the model changed from {parent['model']} to {child['model']}; a checkpoint "
+                                  "holds one model's tensors (fork from 'scratch' to train the new model)"))
+    if _surgery(child) != _surgery(parent):
+        had, has = ([a["name"] for a in _surgery(spec)] for spec in (parent, child))
+        problems.append(("algorithms", f"the surgery algorithms changed from {had} to {has} "
+                                       "(or their settings did); surgery changes the model's modules before the "
+                                       "checkpoint is loaded, so keep them as they were or fork from 'scratch'"))
+    before, after = _shape_fields(parent), _shape_fields(child)
+    if before != after:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        problems.append(("data.train", f"data.train {', '.join(changed)} changed ({before} to {after}); they give "
+                                       "the model's input and output layers their shapes"))
+    return problems
+
+
+def loads_optimizer(parent: dict[str, Any], child: dict[str, Any]) -> bool:
+    """The optimizer state carries over when the optimizer is the same kind."""
+    return parent["optimizer"]["name"] == child["optimizer"]["name"]
+
+
+def longer_duration_problem(current: str, requested: Time) -> str | None:
+    """Why ``requested`` cannot continue a run that trained for ``current``, or None."""
+    now = Time.parse(current)
+    if requested.unit is not now.unit:
+        return (f"max_duration {requested} is in {requested.unit.value} but the run's is {current}; "
+                f"give it in {now.unit.value} (units cannot be mixed)")
+    if requested.value <= now.value:
+        return f"max_duration {requested} is not longer than the run's {current}; give a longer one"
+    return None

@@ -1,0 +1,46 @@
+"""The fork patch merge and the continue duration rule, as pure functions."""
+
+from __future__ import annotations
+
+from api.lineage import ForkRequest, longer_duration_problem, merge_patch, unloadable_changes
+from api.specs import RunSpec
+from api.time import Time
+from tests.workers.helpers_specs import tiny_spec
+
+
+def test_a_patch_merges_objects_deletes_nulls_replaces_lists_and_replaces_a_renamed_object():
+    base = {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}, "algorithms": [{"name": "cutmix"}], "seed": 1,
+            "scheduler": {"name": "cosine"}}
+    patch = {"optimizer": {"lr": 0.05}, "algorithms": [], "scheduler": None, "max_duration": "4ep"}
+    assert merge_patch(base, patch) == {"optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "algorithms": [],
+                                        "seed": 1, "max_duration": "4ep"}
+    assert merge_patch(base, {"optimizer": {"name": "adamw", "lr": 1e-3}})["optimizer"] == {"name": "adamw",
+                                                                                             "lr": 1e-3}
+    assert base["optimizer"]["lr"] == 0.1  # the parent's spec is not changed
+
+
+def test_only_shape_bearing_changes_make_a_checkpoint_unloadable():
+    parent = tiny_spec(algorithms=[{"name": "channels_last"}]).model_dump(mode="json")
+
+    def changed(patch):
+        return [field for field, _ in unloadable_changes(parent, RunSpec.model_validate(merge_patch(parent, patch))
+                                                         .model_dump(mode="json"))]
+
+    assert changed({"optimizer": {"name": "adamw", "lr": 1e-3}, "max_duration": "9ba", "seed": 3}) == []
+    assert changed({"algorithms": [{"name": "channels_last"}, {"name": "label_smoothing"}]}) == []
+    assert changed({"algorithms": None}) == ["algorithms"]
+    assert changed({"model": {"params": {"width": 16}}}) == ["model"]
+    assert changed({"data": {"train": {"num_classes": 5}, "eval": {"num_classes": 5}}}) == ["data.train"]
+    assert changed({"data": {"train": {"num_samples": 128, "noise": 0.5}}}) == []
+
+
+def test_continue_needs_a_longer_duration_in_the_same_unit():
+    assert longer_duration_problem("3ep", Time.parse("5ep")) is None
+    assert "not longer" in longer_duration_problem("3ep", Time.parse("3ep"))
+    assert "units cannot be mixed" in longer_duration_problem("3ep", Time.parse("900ba"))
+
+
+def test_the_fork_request_reads_from_as_latest_scratch_or_a_step():
+    assert ForkRequest().from_ == "latest"
+    assert ForkRequest.model_validate({"from": {"step": 7}}).from_.step == 7
+    assert ForkRequest.model_validate({"from": "scratch"}).model_dump() == {"patch": {}, "from": "scratch"}
