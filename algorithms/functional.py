@@ -11,6 +11,7 @@ from algorithms.blurpool import apply_blurpool
 from algorithms.channels_last import apply_channels_last
 from algorithms.cutmix import cutmix_batch, mix_targets
 from algorithms.factorize import apply_factorization
+from algorithms.gradient_clipping import apply_gradient_clipping
 from algorithms.label_smoothing import smooth_labels
 from algorithms.targets import to_dense_targets
 from algorithms.augmix import augmix_image
@@ -24,4 +25,5 @@ from algorithms.swa import recompute_bn_stats, update_swa
 __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factorization", "cutmix_batch",
            "mix_targets", "smooth_labels", "to_dense_targets",
            "augmix_image", "colout_batch", "compute_ema", "cutout_batch", "mixup_batch", "mixup_targets",
-           "recompute_bn_stats", "resize_batch", "update_swa"]
+           "recompute_bn_stats", "resize_batch", "update_swa",
+           "apply_gradient_clipping"]

@@ -14,6 +14,7 @@ from algorithms.blurpool import BlurPool
 from algorithms.channels_last import ChannelsLast
 from algorithms.cutmix import CutMix
 from algorithms.factorize import Factorize
+from algorithms.gradient_clipping import GradientClipping
 from algorithms.label_smoothing import LabelSmoothing
 from algorithms.augmix import AugMix
 from algorithms.colout import ColOut
@@ -25,7 +26,8 @@ from algorithms.swa import SWA
 
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
-                MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA)
+                MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
+                GradientClipping)
 }
 
 

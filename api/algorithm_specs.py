@@ -230,14 +230,26 @@ class SWASpec(_AlgorithmSpecBase):
         return self
 
 
+class GradientClippingSpec(_AlgorithmSpecBase):
+    """Clip the batch's gradients before the optimizer step: by global norm, by value, or adaptively (AGC)."""
+
+    name: Literal["gradient_clipping"]
+    clipping_type: Literal["norm", "value", "adaptive"] = Field(
+        "norm", description="'norm': global L2 norm; 'value': each element; 'adaptive': per unit vs its weights (AGC)")
+    clipping_threshold: float = Field(1.0, gt=0.0, le=1e6,
+                                      description="max norm, max |value|, or AGC's max ratio of gradient to weight norm")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
-          MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec],
+          MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
+          GradientClippingSpec],
     Field(discriminator="name"),
 ]
 
 ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     spec.model_fields["name"].annotation.__args__[0]: spec  # type: ignore[union-attr]
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
-                 MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec)
+                 MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
+                 GradientClippingSpec)
 }

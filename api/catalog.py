@@ -136,6 +136,11 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "Averages the weights visited late in training, then recomputes BatchNorm statistics.",
                       "beta", "Izmailov et al. 2018, https://arxiv.org/abs/1803.05407",
                       conflicts=("ema",), extra={"conflict_reasons": {"ema": _WEIGHT_AVERAGES}}),
+        AlgorithmInfo("gradient_clipping", "GradientClipping", "any",
+                      "Clips the batch's gradients before the optimizer step: by global norm, by value, "
+                      "or per unit relative to the weights (AGC).",
+                      "stable", "Pascanu et al. 2013, https://arxiv.org/abs/1211.5063; AGC: Brock et al. 2021, "
+                      "https://arxiv.org/abs/2102.06171"),
     )
 }
 

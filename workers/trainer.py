@@ -242,6 +242,10 @@ class Trainer:
                                              f"{microbatches.size or batch_size}, on this rank or another")
         if microbatches.defer_gradient_sync:
             average_gradients(state.model)
+        # Algorithms that read gradients (clipping) must see their true values: unscale first
+        # (a no-op unless fp16); ``step`` then skips its own unscale and still skips inf/NaN steps.
+        state.scaler.unscale_(state.optimizer)
+        engine.run_event(Event.AFTER_TRAIN_BATCH, state)
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()

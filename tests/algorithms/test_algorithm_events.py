@@ -17,6 +17,7 @@ from api.method_cards import CARDS, card_file_name
 from api.specs import RunSpec
 from tests.algorithms.surgery_event_checks import SURGERY_EVENT_CHECKS
 from tests.algorithms import checks_augmentations as augmentations
+from tests.algorithms import checks_optimization as optimization
 from tests.algorithms import checks_weight_averaging as weight_averaging
 from workers.parallel import unwrap
 from workers.trainer import Trainer
@@ -125,6 +126,7 @@ EVENT_CHECKS = {
     **SURGERY_EVENT_CHECKS,
     **augmentations.EVENT_CHECKS,
     **weight_averaging.EVENT_CHECKS,
+    **optimization.EVENT_CHECKS,
 }
 
 

@@ -43,6 +43,8 @@ RESUME_RUNS = {
     "swa": (RESNET, IMAGES, {"name": "swa", "swa_start": "0.25dur", "swa_end": "0.75dur", "update_interval": "1ba",
                              "schedule_swa_lr": True, "anneal_steps": 2, "swa_lr": 0.01,
                              "bn_update_batches": 3}, 8, 4),
+    "gradient_clipping": (RESNET, IMAGES, {"name": "gradient_clipping", "clipping_type": "adaptive",
+                                           "clipping_threshold": 0.01}, 8, 4),
 }
 
 
