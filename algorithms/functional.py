@@ -13,6 +13,7 @@ from algorithms.cutmix import cutmix_batch, mix_targets
 from algorithms.factorize import apply_factorization
 from algorithms.gradient_clipping import apply_gradient_clipping
 from algorithms.label_smoothing import smooth_labels
+from algorithms.layer_freezing import freeze_layers
 from algorithms.targets import to_dense_targets
 from algorithms.augmix import augmix_image
 from algorithms.colout import colout_batch
@@ -26,4 +27,4 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "mix_targets", "smooth_labels", "to_dense_targets",
            "augmix_image", "colout_batch", "compute_ema", "cutout_batch", "mixup_batch", "mixup_targets",
            "recompute_bn_stats", "resize_batch", "update_swa",
-           "apply_gradient_clipping"]
+           "apply_gradient_clipping", "freeze_layers"]

@@ -16,6 +16,7 @@ from algorithms.cutmix import CutMix
 from algorithms.factorize import Factorize
 from algorithms.gradient_clipping import GradientClipping
 from algorithms.label_smoothing import LabelSmoothing
+from algorithms.layer_freezing import LayerFreezing
 from algorithms.augmix import AugMix
 from algorithms.colout import ColOut
 from algorithms.cutout import CutOut
@@ -27,7 +28,7 @@ from algorithms.swa import SWA
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
-                GradientClipping)
+                GradientClipping, LayerFreezing)
 }
 
 

@@ -240,10 +240,19 @@ class GradientClippingSpec(_AlgorithmSpecBase):
                                       description="max norm, max |value|, or AGC's max ratio of gradient to weight norm")
 
 
+class LayerFreezingSpec(_AlgorithmSpecBase):
+    """Freeze the earliest layers progressively, from freeze_start to the end of training."""
+
+    name: Literal["layer_freezing"]
+    freeze_start: float = Field(0.5, ge=0.0, lt=1.0, description="fraction of training before freezing starts")
+    freeze_level: float = Field(1.0, gt=0.0, le=1.0,
+                                description="fraction of layers (all but the head) frozen at the end of training")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-          GradientClippingSpec],
+          GradientClippingSpec, LayerFreezingSpec],
     Field(discriminator="name"),
 ]
 
@@ -251,5 +260,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     spec.model_fields["name"].annotation.__args__[0]: spec  # type: ignore[union-attr]
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-                 GradientClippingSpec)
+                 GradientClippingSpec, LayerFreezingSpec)
 }

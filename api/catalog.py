@@ -141,6 +141,10 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "or per unit relative to the weights (AGC).",
                       "stable", "Pascanu et al. 2013, https://arxiv.org/abs/1211.5063; AGC: Brock et al. 2021, "
                       "https://arxiv.org/abs/2102.06171"),
+        AlgorithmInfo("layer_freezing", "LayerFreezing", "any",
+                      "Stops training the earliest layers progressively, more of them as training goes on.",
+                      "beta", "Brock et al. 2017 (FreezeOut), https://arxiv.org/abs/1706.04983; Raghu et al. 2017, "
+                      "https://arxiv.org/abs/1706.05806"),
     )
 }
 

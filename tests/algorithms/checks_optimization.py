@@ -109,14 +109,61 @@ def gradient_clipping_clips_the_whole_batchs_unscaled_gradient_once_before_the_s
     assert after == pytest.approx([0.05] * 3, rel=1e-3)
 
 
+# --- layer_freezing -----------------------------------------------------------------------
+
+
+def freeze_layers_freezes_the_first_layers_on_a_linear_schedule_and_drops_them_from_the_optimizer():
+    from algorithms.layer_freezing import freeze_schedule
+    assert freeze_schedule(0.5, 0.5, 1.0) == 0.0 and freeze_schedule(0.75, 0.5, 0.8) == pytest.approx(0.4)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4),
+                                torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert af.freeze_layers(model, optimizer, 0.4, freeze_start=0.5) == (0, 0.0)
+    assert all(p.requires_grad for p in model.parameters())
+    depth, fraction = af.freeze_layers(model, optimizer, 0.9, freeze_start=0.5, freeze_level=1.0)
+    assert (depth, fraction) == (2, pytest.approx(0.8))  # int(0.8 * 3 freezable layers)
+    frozen = {id(p) for m in (model[0], model[2]) for p in m.parameters()}
+    assert all(p.requires_grad == (id(p) not in frozen) for p in model.parameters())
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters()} - frozen
+    af.freeze_layers(model, None, 1.0, freeze_start=0.0)  # everything but the head; never the head
+    assert [p.requires_grad for p in model[3][1].parameters()] == [True, True]
+
+
+def layer_freezing_stops_updating_the_first_layers_from_an_epoch_end_and_skips_their_backward():
+    trainer = run_for({"name": "layer_freezing", "freeze_start": 0.0}, max_duration="2ep")  # 4 batches per epoch
+    model = trainer.state.model
+    first, second = model.features[0], model.features[3]
+    seen = []
+
+    class Snapshot:
+        def run_event(self, event, state):
+            if event is Event.BATCH_END:
+                seen.append((first.weight.detach().clone(), second.weight.detach().clone(), first.weight.grad))
+    trainer.engine.callbacks.append(Snapshot())
+    trainer.fit()
+    # At the first epoch end (progress 0.5) int(0.5 * 3) = 1 layer freezes: the first conv;
+    # at the last (progress 1) all 3 layers before the head.
+    assert trainer.state.algorithms[0].frozen_layers == 3
+    assert not first.weight.requires_grad and not second.weight.requires_grad
+    assert all(p.requires_grad for p in model.head[3].parameters())
+    moves = [not torch.equal(a[0], b[0]) for a, b in zip(seen, seen[1:])]
+    assert moves == [True, True, True, False, False, False, False]  # not even momentum moves it
+    assert all(not torch.equal(a[1], b[1]) for a, b in zip(seen, seen[1:]))
+    assert all(grad is None for _, _, grad in seen[4:])  # no gradient computed once frozen
+
+
 PROPERTY_CHECKS = {
     "gradient_clipping": [norm_clipping_scales_the_global_norm_down_to_the_threshold_and_keeps_small_gradients,
                           value_clipping_clamps_each_element,
                           adaptive_clipping_bounds_each_units_gradient_by_its_weight_norm],
+    "layer_freezing": [freeze_layers_freezes_the_first_layers_on_a_linear_schedule_and_drops_them_from_the_optimizer],
 }
 
 EVENT_CHECKS = {
     "gradient_clipping": [gradient_clipping_clips_the_whole_batchs_unscaled_gradient_once_before_the_step],
+    "layer_freezing": [layer_freezing_stops_updating_the_first_layers_from_an_epoch_end_and_skips_their_backward],
 }
 
-FUNCTIONAL_NAMES = {"gradient_clipping": "apply_gradient_clipping"}
+FUNCTIONAL_NAMES = {"gradient_clipping": "apply_gradient_clipping", "layer_freezing": "freeze_layers"}

@@ -45,6 +45,8 @@ RESUME_RUNS = {
                              "bn_update_batches": 3}, 8, 4),
     "gradient_clipping": (RESNET, IMAGES, {"name": "gradient_clipping", "clipping_type": "adaptive",
                                            "clipping_threshold": 0.01}, 8, 4),
+    # Freezes at the first epoch end (batch 6), saves at 8, freezes deeper at batch 12.
+    "layer_freezing": (SIMPLE_CNN, IMAGES, {"name": "layer_freezing", "freeze_start": 0.0}, 14, 8),
 }
 
 
