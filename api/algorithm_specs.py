@@ -249,10 +249,25 @@ class LayerFreezingSpec(_AlgorithmSpecBase):
                                 description="fraction of layers (all but the head) frozen at the end of training")
 
 
+class StochasticDepthSpec(_AlgorithmSpecBase):
+    """Randomly skip residual blocks (or drop examples inside them) while training."""
+
+    name: Literal["stochastic_depth"]
+    target_layer_name: Literal["auto", "ResNetBasicBlock", "ResNetBottleneck", "CifarResNetBasicBlock"] = Field(
+        "auto", description="block type to make stochastic; 'auto': every known residual block type")
+    stochastic_method: Literal["block", "sample"] = Field(
+        "block", description="'block': skip whole blocks; 'sample': drop examples inside every block")
+    drop_rate: float = Field(0.2, ge=0.0, le=1.0, description="drop probability (of the deepest block, if linear)")
+    drop_distribution: Literal["uniform", "linear"] = Field(
+        "linear", description="'linear': block i of n drops with (i + 1) / n * drop_rate; 'uniform': all the same")
+    drop_warmup: float = Field(0.0, ge=0.0, lt=1.0,
+                               description="fraction of training over which drop rates rise linearly from 0")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-          GradientClippingSpec, LayerFreezingSpec],
+          GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec],
     Field(discriminator="name"),
 ]
 
@@ -260,5 +275,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     spec.model_fields["name"].annotation.__args__[0]: spec  # type: ignore[union-attr]
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-                 GradientClippingSpec, LayerFreezingSpec)
+                 GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec)
 }

@@ -145,8 +145,30 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "Stops training the earliest layers progressively, more of them as training goes on.",
                       "beta", "Brock et al. 2017 (FreezeOut), https://arxiv.org/abs/1706.04983; Raghu et al. 2017, "
                       "https://arxiv.org/abs/1706.05806"),
+        AlgorithmInfo("stochastic_depth", "StochasticDepth", "vision",
+                      "Randomly skips residual blocks (or drops examples inside them) while training; "
+                      "evaluates with every block, scaled by its survival probability.",
+                      "beta", "Huang et al. 2016, https://arxiv.org/abs/1603.09382",
+                      needs=("residual_blocks",), changes_model=True),
     )
 }
+
+
+# Residual block types (StochasticDepth's target_layer_name) in each built-in model; a model
+# missing here has none. torchvision architectures are looked up by ``residual_blocks_of_arch``.
+MODEL_RESIDUAL_BLOCKS: dict[str, frozenset[str]] = {
+    "cifar_resnet20": frozenset({"CifarResNetBasicBlock"}),
+    "resnet18": frozenset({"ResNetBasicBlock"}),
+}
+
+
+def residual_blocks_of_arch(arch: str) -> frozenset[str]:
+    """The residual block types of a torchvision classification architecture (none for most)."""
+    if arch in ("resnet18", "resnet34"):
+        return frozenset({"ResNetBasicBlock"})
+    if arch.startswith(("resnet", "resnext", "wide_resnet")):
+        return frozenset({"ResNetBottleneck"})
+    return frozenset()
 
 
 def as_dict(info: Any) -> dict[str, Any]:

@@ -47,6 +47,7 @@ RESUME_RUNS = {
                                            "clipping_threshold": 0.01}, 8, 4),
     # Freezes at the first epoch end (batch 6), saves at 8, freezes deeper at batch 12.
     "layer_freezing": (SIMPLE_CNN, IMAGES, {"name": "layer_freezing", "freeze_start": 0.0}, 14, 8),
+    "stochastic_depth": (RESNET, IMAGES, {"name": "stochastic_depth", "drop_rate": 0.5, "drop_warmup": 0.25}, 8, 4),
 }
 
 

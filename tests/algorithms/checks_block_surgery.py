@@ -1,0 +1,122 @@
+"""Functional and event-form checks of the surgery methods added after the first three
+(StochasticDepth, ...); ``test_functional_forms`` and ``test_algorithm_events`` merge these
+dicts into their registry-parametrized tables."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from torchvision.models.resnet import BasicBlock, Bottleneck
+
+import algorithms.functional as af
+from algorithms.base import NoEffectWarning
+from algorithms.events import Event
+from algorithms.stochastic_depth import StochasticResidual
+from tests.algorithms.checks_optimization import run_for
+from workers.models.simple_cnn import simple_cnn
+from workers.parallel import unwrap
+
+RESNET = {"name": "cifar_resnet20", "params": {"width": 4}}
+
+# --- stochastic_depth ---------------------------------------------------------------------
+
+
+def three_blocks():
+    torch.manual_seed(0)
+    return nn.Sequential(BasicBlock(8, 8), BasicBlock(8, 8), Bottleneck(8, 2))  # Bottleneck: 2 * 4 = 8 out
+
+
+def stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters():
+    model = three_blocks()
+    params = list(model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    assert af.apply_stochastic_depth(model, "auto", drop_rate=0.3) is model
+    assert [type(m).__name__ for m in model] == ["StochasticBasicBlock", "StochasticBasicBlock", "StochasticBottleneck"]
+    assert [m.drop_rate.item() for m in model] == pytest.approx([0.1, 0.2, 0.3])
+    assert all(a is b for a, b in zip(params, model.parameters())) and names == [n for n, _ in model.named_parameters()]
+    assert "0.drop_rate" in model.state_dict()  # a stochastic checkpoint never loads silently into a plain model
+    uniform = af.apply_stochastic_depth(three_blocks(), "ResNetBottleneck", drop_rate=0.3, drop_distribution="uniform")
+    assert [isinstance(m, StochasticResidual) for m in uniform] == [False, False, True]
+    assert uniform[2].drop_rate.item() == pytest.approx(0.3)
+
+
+def stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation():
+    plain, x = three_blocks(), torch.randn(4, 8, 6, 6)
+    kept = af.apply_stochastic_depth(copy.deepcopy(plain), "auto", drop_rate=0.0)
+    assert torch.equal(kept.train()(x), plain.train()(x))  # drop_rate 0: the original blocks
+    dropped = af.apply_stochastic_depth(copy.deepcopy(plain), "auto", drop_rate=1.0, drop_distribution="uniform")
+    out = dropped.train()(x)
+    assert torch.equal(out, torch.relu(x))  # every block skipped: only the shortcuts (and ReLU) remain
+    assert not out.requires_grad  # skipped blocks are not in the graph: no backward runs through them
+    half = af.apply_stochastic_depth(copy.deepcopy(plain), "ResNetBasicBlock", drop_rate=0.5,
+                                     drop_distribution="uniform").eval()
+    block = plain[0].eval()
+    main = block.bn2(block.conv2(block.relu(block.bn1(block.conv1(x)))))
+    assert torch.allclose(half[0](x), torch.relu(0.5 * main + x), atol=1e-6)  # paper: scale by survival
+
+
+def stochastic_depth_sample_mode_drops_the_branch_per_example():
+    plain, x = three_blocks(), torch.randn(64, 8, 4, 4)
+    block = copy.deepcopy(plain[0]).train()
+    full = block(x)
+    af.apply_stochastic_depth(plain, "ResNetBasicBlock", "sample", drop_rate=0.5, drop_distribution="uniform")
+    torch.manual_seed(1)
+    out = plain[0].train()(x)
+    as_full = torch.isclose(out, full, atol=1e-6).flatten(1).all(1)
+    as_skipped = torch.isclose(out, torch.relu(x), atol=1e-6).flatten(1).all(1)
+    assert torch.all(as_full | as_skipped) and 10 < as_skipped.sum() < 54  # each example: one or the other
+
+
+def stochastic_depth_warns_without_residual_blocks():
+    with pytest.warns(NoEffectWarning, match="no residual block"):
+        af.apply_stochastic_depth(simple_cnn(num_classes=3), "auto")
+
+
+class CountCalls:
+    def __init__(self, modules):
+        self.calls = 0
+        for module in modules:
+            module.register_forward_hook(self.hook)
+
+    def hook(self, *args):
+        self.calls += 1
+
+
+def stochastic_depth_skips_blocks_in_training_with_warmup_and_keeps_all_at_evaluation():
+    trainer = run_for({"name": "stochastic_depth", "drop_rate": 0.6, "drop_distribution": "uniform",
+                       "drop_warmup": 0.5}, model=RESNET, max_duration="6ba")
+    model = unwrap(trainer.state.model)
+    blocks = [m for m in model.modules() if isinstance(m, StochasticResidual)]
+    assert len(blocks) == 9 and all(type(b).__name__ == "StochasticBasicBlock" for b in blocks)
+    main_convs = CountCalls([b.conv1 for b in blocks])
+    rates = []
+
+    class Rates:
+        def run_event(self, event, state):
+            if event is Event.BEFORE_FORWARD:
+                rates.append(blocks[0].drop_rate.item())
+    trainer.engine.callbacks.append(Rates())
+    trainer.fit()
+    # Warm-up over the first half (3 of 6 batches): 0, 0.2, 0.4, then 0.6.
+    assert rates == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.6, 0.6])
+    assert main_convs.calls < 6 * 9  # some blocks were skipped ...
+    assert main_convs.calls >= 9  # ... not before the rate rose (the first batch runs every block)
+    calls = main_convs.calls
+    with torch.no_grad():
+        model.eval()(torch.randn(2, 3, 8, 8))
+    assert main_convs.calls == calls + 9  # evaluation runs every block
+
+
+BLOCK_SURGERY_PROPERTY_CHECKS = {
+    "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
+                         stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
+                         stochastic_depth_sample_mode_drops_the_branch_per_example,
+                         stochastic_depth_warns_without_residual_blocks],
+}
+
+BLOCK_SURGERY_EVENT_CHECKS = {
+    "stochastic_depth": [stochastic_depth_skips_blocks_in_training_with_warmup_and_keeps_all_at_evaluation],
+}
+
+BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth"}
