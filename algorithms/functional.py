@@ -21,6 +21,7 @@ from algorithms.cutout import cutout_batch
 from algorithms.ema import compute_ema
 from algorithms.mixup import mixup_batch, mixup_targets
 from algorithms.progressive_resizing import resize_batch
+from algorithms.squeeze_excite import apply_squeeze_excite
 from algorithms.stochastic_depth import apply_stochastic_depth
 from algorithms.swa import recompute_bn_stats, update_swa
 
@@ -28,4 +29,5 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "mix_targets", "smooth_labels", "to_dense_targets",
            "augmix_image", "colout_batch", "compute_ema", "cutout_batch", "mixup_batch", "mixup_targets",
            "recompute_bn_stats", "resize_batch", "update_swa",
-           "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth"]
+           "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth",
+           "apply_squeeze_excite"]

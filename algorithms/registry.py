@@ -23,13 +23,14 @@ from algorithms.cutout import CutOut
 from algorithms.ema import EMA
 from algorithms.mixup import MixUp
 from algorithms.progressive_resizing import ProgressiveResizing
+from algorithms.squeeze_excite import SqueezeExcite
 from algorithms.stochastic_depth import StochasticDepth
 from algorithms.swa import SWA
 
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
-                GradientClipping, LayerFreezing, StochasticDepth)
+                GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite)
 }
 
 

@@ -264,10 +264,20 @@ class StochasticDepthSpec(_AlgorithmSpecBase):
                                description="fraction of training over which drop rates rise linearly from 0")
 
 
+class SqueezeExciteSpec(_AlgorithmSpecBase):
+    """Add a Squeeze-and-Excitation block (channel gates from the pooled image) after wide convolutions."""
+
+    name: Literal["squeeze_excite"]
+    latent_channels: float = Field(64, gt=0.0, le=4096,
+                                   description="hidden units of the SE MLP: a count >= 1, or a fraction < 1 of channels")
+    min_channels: int = Field(128, ge=1, le=65536,
+                              description="only convs with at least this many input and output channels get a block")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-          GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec],
+          GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec],
     Field(discriminator="name"),
 ]
 
@@ -275,5 +285,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     spec.model_fields["name"].annotation.__args__[0]: spec  # type: ignore[union-attr]
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-                 GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec)
+                 GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec)
 }

@@ -150,6 +150,10 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "evaluates with every block, scaled by its survival probability.",
                       "beta", "Huang et al. 2016, https://arxiv.org/abs/1603.09382",
                       needs=("residual_blocks",), changes_model=True),
+        AlgorithmInfo("squeeze_excite", "SqueezeExcite", "vision",
+                      "Adds channel attention after wide convolutions: each channel is scaled by a gate "
+                      "computed from the pooled image.",
+                      "beta", "Hu et al. 2018, https://arxiv.org/abs/1709.01507", changes_model=True),
     )
 }
 

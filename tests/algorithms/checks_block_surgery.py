@@ -1,5 +1,5 @@
 """Functional and event-form checks of the surgery methods added after the first three
-(StochasticDepth, ...); ``test_functional_forms`` and ``test_algorithm_events`` merge these
+(StochasticDepth, SqueezeExcite, GhostBatchNorm, WeightStandardization); ``test_functional_forms`` and ``test_algorithm_events`` merge these
 dicts into their registry-parametrized tables."""
 
 import copy
@@ -108,15 +108,63 @@ def stochastic_depth_skips_blocks_in_training_with_warmup_and_keeps_all_at_evalu
     assert main_convs.calls == calls + 9  # evaluation runs every block
 
 
+# --- squeeze_excite -----------------------------------------------------------------------
+
+
+def squeeze_excite_gates_wide_convs_channelwise_and_updates_the_optimizer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3), nn.Conv2d(16, 32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    old = model[2]
+    assert af.apply_squeeze_excite(model, latent_channels=0.25, min_channels=16, optimizers=optimizer) is model
+    assert isinstance(model[0], nn.Conv2d)  # 3 input channels: below min_channels
+    assert type(model[2]).__name__ == "SqueezeExciteConv2d" and model[2].conv is old
+    assert model[2].se.latent_channels == 4 and model[3].se.latent_channels == 8
+    assert {n for n in model.state_dict() if n.startswith("2.")} == {
+        "2.conv.weight", "2.conv.bias", "2.se.pool_and_mlp.2.weight", "2.se.pool_and_mlp.4.weight"}  # Composer's names
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters()}
+    x = torch.randn(2, 16, 5, 5)
+    conv_out = old(x)
+    gates = torch.sigmoid(model[2].se.pool_and_mlp[4].weight @ torch.relu(
+        model[2].se.pool_and_mlp[2].weight @ conv_out.mean(dim=(2, 3)).T)).T  # (N, C)
+    assert torch.allclose(model[2](x), conv_out * gates[:, :, None, None], atol=1e-6)
+    before = sum(p.numel() for p in model.parameters())
+    with pytest.warns(NoEffectWarning):  # idempotent: converted convs are not converted again
+        af.apply_squeeze_excite(model, latent_channels=0.25, min_channels=16)
+    assert sum(p.numel() for p in model.parameters()) == before
+
+
+def squeeze_excite_warns_when_no_conv_is_wide_enough():
+    with pytest.warns(NoEffectWarning, match="SqueezeExcite found no Conv2d"):
+        af.apply_squeeze_excite(simple_cnn(num_classes=3, width=8), min_channels=128)
+
+
+def squeeze_excite_adds_blocks_at_init_that_train():
+    trainer = run_for({"name": "squeeze_excite", "latent_channels": 4, "min_channels": 8}, model=RESNET)
+    model = unwrap(trainer.state.model)
+    se = [m for m in model.modules() if type(m).__name__ == "SqueezeExciteConv2d"]
+    # Stages of 4, 8 and 16 channels: 5 convs of stage 2 (not its first, 4 -> 8) and all 6 of stage 3.
+    assert len(se) == 11
+    optimized = {id(p) for group in trainer.state.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters()}
+    before = [m.se.pool_and_mlp[2].weight.detach().clone() for m in se]
+    trainer.fit()
+    assert all(not torch.equal(b, m.se.pool_and_mlp[2].weight) for b, m in zip(before, se))
+
+
 BLOCK_SURGERY_PROPERTY_CHECKS = {
     "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
                          stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
                          stochastic_depth_sample_mode_drops_the_branch_per_example,
                          stochastic_depth_warns_without_residual_blocks],
+    "squeeze_excite": [squeeze_excite_gates_wide_convs_channelwise_and_updates_the_optimizer,
+                       squeeze_excite_warns_when_no_conv_is_wide_enough],
 }
 
 BLOCK_SURGERY_EVENT_CHECKS = {
     "stochastic_depth": [stochastic_depth_skips_blocks_in_training_with_warmup_and_keeps_all_at_evaluation],
+    "squeeze_excite": [squeeze_excite_adds_blocks_at_init_that_train],
 }
 
-BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth"}
+BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", "squeeze_excite": "apply_squeeze_excite"}

@@ -48,6 +48,8 @@ RESUME_RUNS = {
     # Freezes at the first epoch end (batch 6), saves at 8, freezes deeper at batch 12.
     "layer_freezing": (SIMPLE_CNN, IMAGES, {"name": "layer_freezing", "freeze_start": 0.0}, 14, 8),
     "stochastic_depth": (RESNET, IMAGES, {"name": "stochastic_depth", "drop_rate": 0.5, "drop_warmup": 0.25}, 8, 4),
+    "squeeze_excite": (SIMPLE_CNN, IMAGES, {"name": "squeeze_excite", "latent_channels": 0.5, "min_channels": 8},
+                       8, 4),
 }
 
 

@@ -20,6 +20,7 @@ SURGERY = sorted(name for name, cls in ALGORITHM_CLASSES.items() if cls.changes_
 SPEC_PARAMS = {
     "alibi": {"max_sequence_length": 64, "train_sequence_length_scaling": 0.5},
     "factorize": {"min_channels": 32, "min_features": 32},
+    "squeeze_excite": {"min_channels": 32, "latent_channels": 8},
 }
 
 
