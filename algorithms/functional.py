@@ -11,6 +11,7 @@ from algorithms.blurpool import apply_blurpool
 from algorithms.channels_last import apply_channels_last
 from algorithms.cutmix import cutmix_batch, mix_targets
 from algorithms.factorize import apply_factorization
+from algorithms.ghost_batchnorm import apply_ghost_batchnorm
 from algorithms.gradient_clipping import apply_gradient_clipping
 from algorithms.label_smoothing import smooth_labels
 from algorithms.layer_freezing import freeze_layers
@@ -30,4 +31,4 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "augmix_image", "colout_batch", "compute_ema", "cutout_batch", "mixup_batch", "mixup_targets",
            "recompute_bn_stats", "resize_batch", "update_swa",
            "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth",
-           "apply_squeeze_excite"]
+           "apply_squeeze_excite", "apply_ghost_batchnorm"]

@@ -14,6 +14,7 @@ from algorithms.blurpool import BlurPool
 from algorithms.channels_last import ChannelsLast
 from algorithms.cutmix import CutMix
 from algorithms.factorize import Factorize
+from algorithms.ghost_batchnorm import GhostBatchNorm
 from algorithms.gradient_clipping import GradientClipping
 from algorithms.label_smoothing import LabelSmoothing
 from algorithms.layer_freezing import LayerFreezing
@@ -30,7 +31,8 @@ from algorithms.swa import SWA
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
-                GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite)
+                GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
+                GhostBatchNorm)
 }
 
 

@@ -274,10 +274,18 @@ class SqueezeExciteSpec(_AlgorithmSpecBase):
                               description="only convs with at least this many input and output channels get a block")
 
 
+class GhostBatchNormSpec(_AlgorithmSpecBase):
+    """Normalize each slice of ghost_batch_size examples with its own BatchNorm statistics while training."""
+
+    name: Literal["ghost_batchnorm"]
+    ghost_batch_size: int = Field(32, ge=2, le=65536, description="examples per ghost batch (per worker)")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-          GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec],
+          GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
+          GhostBatchNormSpec],
     Field(discriminator="name"),
 ]
 
@@ -285,5 +293,6 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     spec.model_fields["name"].annotation.__args__[0]: spec  # type: ignore[union-attr]
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
-                 GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec)
+                 GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
+                 GhostBatchNormSpec)
 }

@@ -154,6 +154,11 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "Adds channel attention after wide convolutions: each channel is scaled by a gate "
                       "computed from the pooled image.",
                       "beta", "Hu et al. 2018, https://arxiv.org/abs/1709.01507", changes_model=True),
+        AlgorithmInfo("ghost_batchnorm", "GhostBatchNorm", "vision",
+                      "Normalizes each small slice of the batch with its own BatchNorm statistics while "
+                      "training: small-batch regularization with large-batch steps.",
+                      "beta", "Hoffer et al. 2017, https://arxiv.org/abs/1705.08741",
+                      needs=("batchnorm",), changes_model=True),
     )
 }
 
@@ -173,6 +178,18 @@ def residual_blocks_of_arch(arch: str) -> frozenset[str]:
     if arch.startswith(("resnet", "resnext", "wide_resnet")):
         return frozenset({"ResNetBottleneck"})
     return frozenset()
+
+
+# Built-in models and torchvision architectures known to have no BatchNorm (GhostBatchNorm needs
+# one); any other torchvision architecture may have some, and the surgery reports if it finds none.
+MODELS_WITHOUT_BATCHNORM = frozenset({"simple_cnn", "gpt_small"})
+_ARCHS_WITHOUT_BATCHNORM = ("alexnet", "squeezenet", "vit_", "swin_", "convnext_")
+
+
+def arch_lacks_batchnorm(arch: str) -> bool:
+    """True for torchvision architectures known to have no BatchNorm layer."""
+    plain_vgg = arch.startswith("vgg") and not arch.endswith("_bn")
+    return plain_vgg or arch.startswith(_ARCHS_WITHOUT_BATCHNORM)
 
 
 def as_dict(info: Any) -> dict[str, Any]:

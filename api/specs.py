@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator, field_validator, model_validator
 
 from api.algorithm_specs import AlgorithmSpec
-from api.catalog import ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, residual_blocks_of_arch
+from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MODELS_WITHOUT_BATCHNORM,
+                         arch_lacks_batchnorm, residual_blocks_of_arch)
 from api.data_specs import ImageFolderSpec, WebDatasetSpec
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
@@ -301,6 +302,9 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         if "transformer" in info.needs and model_info.architecture not in (None, "transformer"):
             problems.append(f"algorithm {algorithm.name!r} needs a transformer model but model "
                             f"{model_info.label!r} is a {model_info.architecture}")
+        if "batchnorm" in info.needs and _lacks_batchnorm(spec.model):
+            problems.append(f"algorithm {algorithm.name!r} needs BatchNorm layers but model "
+                            f"{model_info.label!r} has none")
         if "residual_blocks" in info.needs:
             problems.extend(_residual_block_problems(algorithm, spec.model))
         for other in spec.algorithms:
@@ -321,6 +325,12 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     if spec.scheduler.warmup.unit is TimeUnit.DURATION and spec.scheduler.warmup.value >= 1.0:
         problems.append("scheduler.warmup must end before max_duration (use a fraction < 1dur)")
     return problems
+
+
+def _lacks_batchnorm(model: Any) -> bool:
+    if isinstance(model, TorchvisionModelSpec):
+        return arch_lacks_batchnorm(model.arch)
+    return not isinstance(model, ImportedModelSpec) and model.name in MODELS_WITHOUT_BATCHNORM
 
 
 def _residual_block_problems(algorithm: Any, model: Any) -> list[str]:

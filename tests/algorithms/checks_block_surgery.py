@@ -153,6 +153,49 @@ def squeeze_excite_adds_blocks_at_init_that_train():
     assert all(not torch.equal(b, m.se.pool_and_mlp[2].weight) for b, m in zip(before, se))
 
 
+# --- ghost_batchnorm ----------------------------------------------------------------------
+
+
+def ghost_batchnorm_normalizes_each_ghost_batch_with_its_own_statistics():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 6),
+                          nn.BatchNorm1d(6))
+    bn2d = model[1]
+    plain = copy.deepcopy(bn2d)
+    assert af.apply_ghost_batchnorm(model, ghost_batch_size=4) is model
+    assert [type(model[i]).__name__ for i in (1, 4)] == ["GhostBatchNorm2d", "GhostBatchNorm1d"]
+    assert model[1].batchnorm is bn2d and "1.batchnorm.weight" in model.state_dict()  # Composer's names
+    x = torch.randn(12, 4, 4, 4) * 3 + 1
+    out = model[1].train()(x)
+    for chunk in range(3):  # every ghost batch of 4 is normalized on its own: mean 0, var 1 per channel
+        part = out[4 * chunk:4 * chunk + 4]
+        assert torch.allclose(part.mean(dim=(0, 2, 3)), torch.zeros(4), atol=1e-5)
+        assert torch.allclose(part.var(dim=(0, 2, 3), unbiased=False), torch.ones(4), atol=1e-3)
+    # The running statistics move about as much as one plain step's (momentum / 3, three times).
+    plain.train()(x)
+    assert torch.allclose(bn2d.running_mean, plain.running_mean, atol=0.05)
+    assert bn2d.momentum == plain.momentum  # restored after the forward
+    small = torch.randn(3, 4, 4, 4)
+    assert torch.allclose(model[1](small), plain(small), atol=1e-6)  # <= ghost_batch_size: plain BatchNorm
+    model.eval()
+    assert torch.equal(model[1](x), plain.eval()(x)) or torch.allclose(model[1](x), bn2d(x))
+
+
+def ghost_batchnorm_warns_without_batchnorm():
+    with pytest.warns(NoEffectWarning, match="no BatchNorm"):
+        af.apply_ghost_batchnorm(simple_cnn(num_classes=3), ghost_batch_size=8)
+
+
+def ghost_batchnorm_wraps_every_batchnorm_at_init_and_trains():
+    trainer = run_for({"name": "ghost_batchnorm", "ghost_batch_size": 4}, model=RESNET)
+    model = unwrap(trainer.state.model)
+    ghosts = [m for m in model.modules() if type(m).__name__ == "GhostBatchNorm2d"]
+    assert len(ghosts) == 19  # the stem's and two per block
+    calls = CountCalls([ghosts[0].batchnorm])
+    trainer.fit()
+    assert calls.calls == 3 * 16 // 4  # 3 batches of 16: four ghost batches each
+
+
 BLOCK_SURGERY_PROPERTY_CHECKS = {
     "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
                          stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
@@ -160,11 +203,15 @@ BLOCK_SURGERY_PROPERTY_CHECKS = {
                          stochastic_depth_warns_without_residual_blocks],
     "squeeze_excite": [squeeze_excite_gates_wide_convs_channelwise_and_updates_the_optimizer,
                        squeeze_excite_warns_when_no_conv_is_wide_enough],
+    "ghost_batchnorm": [ghost_batchnorm_normalizes_each_ghost_batch_with_its_own_statistics,
+                        ghost_batchnorm_warns_without_batchnorm],
 }
 
 BLOCK_SURGERY_EVENT_CHECKS = {
     "stochastic_depth": [stochastic_depth_skips_blocks_in_training_with_warmup_and_keeps_all_at_evaluation],
     "squeeze_excite": [squeeze_excite_adds_blocks_at_init_that_train],
+    "ghost_batchnorm": [ghost_batchnorm_wraps_every_batchnorm_at_init_and_trains],
 }
 
-BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", "squeeze_excite": "apply_squeeze_excite"}
+BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", "squeeze_excite": "apply_squeeze_excite",
+                                  "ghost_batchnorm": "apply_ghost_batchnorm"}

@@ -50,6 +50,7 @@ RESUME_RUNS = {
     "stochastic_depth": (RESNET, IMAGES, {"name": "stochastic_depth", "drop_rate": 0.5, "drop_warmup": 0.25}, 8, 4),
     "squeeze_excite": (SIMPLE_CNN, IMAGES, {"name": "squeeze_excite", "latent_channels": 0.5, "min_channels": 8},
                        8, 4),
+    "ghost_batchnorm": (RESNET, IMAGES, {"name": "ghost_batchnorm", "ghost_batch_size": 8}, 8, 4),
 }
 
 

@@ -21,6 +21,7 @@ SPEC_PARAMS = {
     "alibi": {"max_sequence_length": 64, "train_sequence_length_scaling": 0.5},
     "factorize": {"min_channels": 32, "min_features": 32},
     "squeeze_excite": {"min_channels": 32, "latent_channels": 8},
+    "ghost_batchnorm": {"ghost_batch_size": 8},
 }
 
 
