@@ -25,10 +25,12 @@ from algorithms.progressive_resizing import resize_batch
 from algorithms.squeeze_excite import apply_squeeze_excite
 from algorithms.stochastic_depth import apply_stochastic_depth
 from algorithms.swa import recompute_bn_stats, update_swa
+from algorithms.weight_standardization import apply_weight_standardization
 
 __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factorization", "cutmix_batch",
            "mix_targets", "smooth_labels", "to_dense_targets",
            "augmix_image", "colout_batch", "compute_ema", "cutout_batch", "mixup_batch", "mixup_targets",
            "recompute_bn_stats", "resize_batch", "update_swa",
            "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth",
-           "apply_squeeze_excite", "apply_ghost_batchnorm"]
+           "apply_squeeze_excite", "apply_ghost_batchnorm",
+           "apply_weight_standardization"]

@@ -27,12 +27,13 @@ from algorithms.progressive_resizing import ProgressiveResizing
 from algorithms.squeeze_excite import SqueezeExcite
 from algorithms.stochastic_depth import StochasticDepth
 from algorithms.swa import SWA
+from algorithms.weight_standardization import WeightStandardization
 
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
                 GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
-                GhostBatchNorm)
+                GhostBatchNorm, WeightStandardization)
 }
 
 

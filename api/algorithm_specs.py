@@ -281,11 +281,19 @@ class GhostBatchNormSpec(_AlgorithmSpecBase):
     ghost_batch_size: int = Field(32, ge=2, le=65536, description="examples per ghost batch (per worker)")
 
 
+class WeightStandardizationSpec(_AlgorithmSpecBase):
+    """Standardize every convolution's weights per output filter at each use."""
+
+    name: Literal["weight_standardization"]
+    n_last_layers_ignore: int = Field(0, ge=0, le=10_000,
+                                      description="leave the last N convolutions (in execution order) unstandardized")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
-          GhostBatchNormSpec],
+          GhostBatchNormSpec, WeightStandardizationSpec],
     Field(discriminator="name"),
 ]
 
@@ -294,5 +302,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
-                 GhostBatchNormSpec)
+                 GhostBatchNormSpec, WeightStandardizationSpec)
 }

@@ -159,6 +159,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "training: small-batch regularization with large-batch steps.",
                       "beta", "Hoffer et al. 2017, https://arxiv.org/abs/1705.08741",
                       needs=("batchnorm",), changes_model=True),
+        AlgorithmInfo("weight_standardization", "WeightStandardization", "vision",
+                      "Standardizes each convolution filter's weights (zero mean, unit variance) at every use.",
+                      "prototype", "Qiao et al. 2019, https://arxiv.org/abs/1903.10520", changes_model=True),
     )
 }
 

@@ -13,6 +13,7 @@ import algorithms.functional as af
 from algorithms.base import NoEffectWarning
 from algorithms.events import Event
 from algorithms.stochastic_depth import StochasticResidual
+from algorithms.weight_standardization import standardize_weights
 from tests.algorithms.checks_optimization import run_for
 from workers.models.simple_cnn import simple_cnn
 from workers.parallel import unwrap
@@ -196,6 +197,52 @@ def ghost_batchnorm_wraps_every_batchnorm_at_init_and_trains():
     assert calls.calls == 3 * 16 // 4  # 3 batches of 16: four ghost batches each
 
 
+# --- weight_standardization ---------------------------------------------------------------
+
+
+def weight_standardization_standardizes_filters_skipping_the_last_convs_in_execution_order():
+    torch.manual_seed(0)
+
+    class Net(nn.Module):  # defined in one order, run in another
+        def __init__(self):
+            super().__init__()
+            self.late = nn.Conv2d(4, 2, 1)
+            self.early = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return self.late(self.early(x))
+    model = Net()
+    weight = model.early.weight
+    assert af.apply_weight_standardization(model, n_last_layers_ignore=1) == 1
+    assert not torch.nn.utils.parametrize.is_parametrized(model.late)  # last executed, not last defined
+    assert model.early.parametrizations.weight.original is weight  # the same Parameter: optimizers unaffected
+    standardized = model.early.weight
+    assert torch.allclose(standardized.mean(dim=(1, 2, 3)), torch.zeros(4), atol=1e-6)
+    assert torch.allclose(standardized.var(dim=(1, 2, 3), unbiased=False), torch.ones(4), atol=1e-3)
+    x = torch.randn(2, 3, 5, 5)
+    expected = torch.nn.functional.conv2d(x, standardize_weights(weight), model.early.bias)
+    assert torch.allclose(model.early(x), expected, atol=1e-5)
+    assert "early.parametrizations.weight.original" in model.state_dict()  # Composer's names
+    assert af.apply_weight_standardization(model) == 1  # only the one not yet standardized
+
+
+def weight_standardization_warns_when_every_conv_is_ignored():
+    with pytest.warns(NoEffectWarning, match="ignores the last 5"):
+        af.apply_weight_standardization(simple_cnn(num_classes=3), n_last_layers_ignore=5)
+
+
+def weight_standardization_trains_standardized_convs():
+    trainer = run_for({"name": "weight_standardization", "n_last_layers_ignore": 1}, model=RESNET)
+    model = unwrap(trainer.state.model)
+    parametrized = [m for m in model.modules() if torch.nn.utils.parametrize.is_parametrized(m, "weight")]
+    assert len(parametrized) == 18  # 19 convolutions, the last one executed left alone
+    stored = model.conv1.parametrizations.weight.original
+    before = stored.detach().clone()
+    trainer.fit()
+    assert not torch.equal(before, stored)  # the stored weight trains; its standardized view is used
+    assert torch.allclose(model.conv1.weight.mean(dim=(1, 2, 3)), torch.zeros(4), atol=1e-5)
+
+
 BLOCK_SURGERY_PROPERTY_CHECKS = {
     "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
                          stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
@@ -205,13 +252,17 @@ BLOCK_SURGERY_PROPERTY_CHECKS = {
                        squeeze_excite_warns_when_no_conv_is_wide_enough],
     "ghost_batchnorm": [ghost_batchnorm_normalizes_each_ghost_batch_with_its_own_statistics,
                         ghost_batchnorm_warns_without_batchnorm],
+    "weight_standardization": [weight_standardization_standardizes_filters_skipping_the_last_convs_in_execution_order,
+                               weight_standardization_warns_when_every_conv_is_ignored],
 }
 
 BLOCK_SURGERY_EVENT_CHECKS = {
     "stochastic_depth": [stochastic_depth_skips_blocks_in_training_with_warmup_and_keeps_all_at_evaluation],
     "squeeze_excite": [squeeze_excite_adds_blocks_at_init_that_train],
     "ghost_batchnorm": [ghost_batchnorm_wraps_every_batchnorm_at_init_and_trains],
+    "weight_standardization": [weight_standardization_trains_standardized_convs],
 }
 
 BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", "squeeze_excite": "apply_squeeze_excite",
-                                  "ghost_batchnorm": "apply_ghost_batchnorm"}
+                                  "ghost_batchnorm": "apply_ghost_batchnorm",
+                                  "weight_standardization": "apply_weight_standardization"}

@@ -51,6 +51,7 @@ RESUME_RUNS = {
     "squeeze_excite": (SIMPLE_CNN, IMAGES, {"name": "squeeze_excite", "latent_channels": 0.5, "min_channels": 8},
                        8, 4),
     "ghost_batchnorm": (RESNET, IMAGES, {"name": "ghost_batchnorm", "ghost_batch_size": 8}, 8, 4),
+    "weight_standardization": (SIMPLE_CNN, IMAGES, {"name": "weight_standardization"}, 8, 4),
 }
 
 
