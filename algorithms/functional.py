@@ -22,6 +22,7 @@ from algorithms.cutout import cutout_batch
 from algorithms.ema import compute_ema
 from algorithms.mixup import mixup_batch, mixup_targets
 from algorithms.progressive_resizing import resize_batch
+from algorithms.sam import SAMOptimizer
 from algorithms.squeeze_excite import apply_squeeze_excite
 from algorithms.stochastic_depth import apply_stochastic_depth
 from algorithms.swa import recompute_bn_stats, update_swa
@@ -33,4 +34,4 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "recompute_bn_stats", "resize_batch", "update_swa",
            "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth",
            "apply_squeeze_excite", "apply_ghost_batchnorm",
-           "apply_weight_standardization"]
+           "apply_weight_standardization", "SAMOptimizer"]

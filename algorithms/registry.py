@@ -24,6 +24,7 @@ from algorithms.cutout import CutOut
 from algorithms.ema import EMA
 from algorithms.mixup import MixUp
 from algorithms.progressive_resizing import ProgressiveResizing
+from algorithms.sam import SAM
 from algorithms.squeeze_excite import SqueezeExcite
 from algorithms.stochastic_depth import StochasticDepth
 from algorithms.swa import SWA
@@ -33,7 +34,7 @@ ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
                 GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
-                GhostBatchNorm, WeightStandardization)
+                GhostBatchNorm, WeightStandardization, SAM)
 }
 
 

@@ -289,11 +289,20 @@ class WeightStandardizationSpec(_AlgorithmSpecBase):
                                       description="leave the last N convolutions (in execution order) unstandardized")
 
 
+class SAMSpec(_AlgorithmSpecBase):
+    """Sharpness-aware minimization: step with the gradient at the worst weights within rho."""
+
+    name: Literal["sam"]
+    rho: float = Field(0.05, gt=0.0, le=10.0, description="radius of the neighbourhood the ascent step reaches")
+    epsilon: float = Field(1e-12, gt=0.0, le=1e-3, description="added to the gradient norm for stability")
+    interval: int = Field(1, ge=1, le=100_000, description="run SAM every this many steps (others are plain)")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
-          GhostBatchNormSpec, WeightStandardizationSpec],
+          GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec],
     Field(discriminator="name"),
 ]
 
@@ -302,5 +311,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
-                 GhostBatchNormSpec, WeightStandardizationSpec)
+                 GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec)
 }

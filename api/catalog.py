@@ -162,6 +162,10 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
         AlgorithmInfo("weight_standardization", "WeightStandardization", "vision",
                       "Standardizes each convolution filter's weights (zero mean, unit variance) at every use.",
                       "prototype", "Qiao et al. 2019, https://arxiv.org/abs/1903.10520", changes_model=True),
+        AlgorithmInfo("sam", "SAM", "any",
+                      "Sharpness-aware minimization: each step uses the gradient at the worst weights within "
+                      "rho, preferring flat minima; two forward/backward passes per SAM step.",
+                      "beta", "Foret et al. 2021, https://arxiv.org/abs/2010.01412"),
     )
 }
 

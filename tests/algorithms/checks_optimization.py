@@ -1,5 +1,5 @@
 """Functional and event-form checks of the methods that act on gradients and on what is trained
-(GradientClipping, LayerFreezing); ``test_functional_forms`` and ``test_algorithm_events`` merge
+(GradientClipping, LayerFreezing, SAM); ``test_functional_forms`` and ``test_algorithm_events`` merge
 these dicts into their registry-parametrized tables."""
 
 import pytest
@@ -154,16 +154,111 @@ def layer_freezing_stops_updating_the_first_layers_from_an_epoch_end_and_skips_t
     assert all(grad is None for _, _, grad in seen[4:])  # no gradient computed once frozen
 
 
+# --- sam ----------------------------------------------------------------------------------
+
+
+def sam_optimizer_steps_with_the_gradient_at_the_ascended_weights():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3), torch.randn(8, 1)
+    model = torch.nn.Linear(3, 1)
+    w0 = [p.detach().clone() for p in model.parameters()]
+
+    def loss_at(params):
+        return ((x @ params[0].T + params[1] - y) ** 2).mean()
+    # Expected: g at w; e = rho g / |g|; the step uses the gradient at w + e, applied to w.
+    w = [t.clone().requires_grad_() for t in w0]
+    g = torch.autograd.grad(loss_at(w), w)
+    norm = torch.sqrt(sum((t ** 2).sum() for t in g))
+    ascended = [(t + 0.5 * gt / norm).requires_grad_() for t, gt in zip(w0, g)]
+    g_sam = torch.autograd.grad(loss_at(ascended), ascended)
+    expected = [t - 0.1 * gt for t, gt in zip(w0, g_sam)]
+
+    optimizer = af.SAMOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), rho=0.5, interval=1)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = loss_at(list(model.parameters()))
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+    assert all(torch.allclose(p, e, atol=1e-6) for p, e in zip(model.parameters(), expected))
+    plain = af.SAMOptimizer(torch.optim.SGD(torch.nn.Linear(3, 1).parameters(), lr=0.1), interval=2)
+    calls = []
+    plain.step(lambda: calls.append(1))  # step 1 of interval 2: one pass only
+    plain.step(lambda: calls.append(1))
+    assert len(calls) == 3 and plain.state_dict()["global_step"] == 2
+
+
+class BatchAtStep(Algorithm):
+    """Appended last: at AFTER_TRAIN_BATCH it runs first, before SAM, and keeps what SAM starts from."""
+
+    events = frozenset({Event.AFTER_TRAIN_BATCH, Event.AFTER_DATALOADER})
+
+    def __init__(self):
+        self.seen = []
+
+    def apply(self, event, state):
+        if event is Event.AFTER_DATALOADER:
+            self.batch = (state.inputs.clone(), state.targets.clone())
+            return
+        self.seen.append(([p.detach().clone() for p in state.model.parameters()],
+                          [p.grad.clone() for p in state.model.parameters()], self.batch))
+
+
+def sam_steps_with_the_batchs_gradient_at_the_ascended_weights():
+    import copy
+    trainer = run_for({"name": "sam", "rho": 0.2})
+    probe, final = BatchAtStep(), []
+    trainer.engine.algorithms.append(probe)
+
+    class Final:
+        def run_event(self, event, state):
+            if event is Event.AFTER_TRAIN_BATCH:
+                final.append(([p.detach().clone() for p in state.model.parameters()],
+                              [p.grad.clone() for p in state.model.parameters()]))
+    trainer.engine.callbacks.append(Final())
+    trainer.fit()
+    for (weights, grads, (x, y)), (weights_after, sam_grads) in zip(probe.seen, final):
+        assert all(torch.equal(a, b) for a, b in zip(weights, weights_after))  # restored exactly
+        norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
+        ascended = copy.deepcopy(trainer.state.model)
+        with torch.no_grad():
+            for p, w, g in zip(ascended.parameters(), weights, grads):
+                p.copy_(w + 0.2 * g / norm)
+        trainer.state.loss_fn(ascended(x), y).backward()
+        assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(ascended.parameters(), sam_grads))
+        assert any(not torch.allclose(a, b) for a, b in zip(grads, sam_grads))
+
+
+def sam_runs_two_passes_per_step_with_microbatches_and_the_fp16_grad_scaler():
+    trainer = run_for({"name": "sam", "interval": 1}, precision="amp_fp16", microbatch_size=8)
+    forwards = []
+
+    class Forwards:
+        def run_event(self, event, state):
+            if event is Event.BEFORE_FORWARD:
+                forwards.append(state.inputs.shape[0])
+    trainer.engine.callbacks.append(Forwards())
+    final = trainer.fit()
+    assert forwards == [8] * 12  # 3 batches x 2 microbatches x 2 passes
+    assert trainer.state.scaler.get_scale() > 1 and torch.isfinite(torch.tensor(final["train/loss"]))
+    assert all(torch.isfinite(p).all() for p in trainer.state.model.parameters())
+
+
 PROPERTY_CHECKS = {
     "gradient_clipping": [norm_clipping_scales_the_global_norm_down_to_the_threshold_and_keeps_small_gradients,
                           value_clipping_clamps_each_element,
                           adaptive_clipping_bounds_each_units_gradient_by_its_weight_norm],
     "layer_freezing": [freeze_layers_freezes_the_first_layers_on_a_linear_schedule_and_drops_them_from_the_optimizer],
+    "sam": [sam_optimizer_steps_with_the_gradient_at_the_ascended_weights],
 }
 
 EVENT_CHECKS = {
     "gradient_clipping": [gradient_clipping_clips_the_whole_batchs_unscaled_gradient_once_before_the_step],
     "layer_freezing": [layer_freezing_stops_updating_the_first_layers_from_an_epoch_end_and_skips_their_backward],
+    "sam": [sam_steps_with_the_batchs_gradient_at_the_ascended_weights,
+            sam_runs_two_passes_per_step_with_microbatches_and_the_fp16_grad_scaler],
 }
 
-FUNCTIONAL_NAMES = {"gradient_clipping": "apply_gradient_clipping", "layer_freezing": "freeze_layers"}
+FUNCTIONAL_NAMES = {"gradient_clipping": "apply_gradient_clipping", "layer_freezing": "freeze_layers",
+                    "sam": "SAMOptimizer"}

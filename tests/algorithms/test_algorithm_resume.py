@@ -52,6 +52,7 @@ RESUME_RUNS = {
                        8, 4),
     "ghost_batchnorm": (RESNET, IMAGES, {"name": "ghost_batchnorm", "ghost_batch_size": 8}, 8, 4),
     "weight_standardization": (SIMPLE_CNN, IMAGES, {"name": "weight_standardization"}, 8, 4),
+    "sam": (SIMPLE_CNN, IMAGES, {"name": "sam", "rho": 0.1, "interval": 2}, 8, 4),
 }
 
 
