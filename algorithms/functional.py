@@ -15,6 +15,8 @@ from algorithms.ghost_batchnorm import apply_ghost_batchnorm
 from algorithms.gradient_clipping import apply_gradient_clipping
 from algorithms.label_smoothing import smooth_labels
 from algorithms.layer_freezing import freeze_layers
+from algorithms.low_precision_groupnorm import apply_low_precision_groupnorm
+from algorithms.low_precision_layernorm import apply_low_precision_layernorm
 from algorithms.targets import to_dense_targets
 from algorithms.augmix import augmix_image
 from algorithms.colout import colout_batch
@@ -34,4 +36,5 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "recompute_bn_stats", "resize_batch", "update_swa",
            "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth",
            "apply_squeeze_excite", "apply_ghost_batchnorm",
-           "apply_weight_standardization", "SAMOptimizer"]
+           "apply_weight_standardization", "SAMOptimizer", "apply_low_precision_layernorm",
+           "apply_low_precision_groupnorm"]

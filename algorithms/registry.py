@@ -18,6 +18,8 @@ from algorithms.ghost_batchnorm import GhostBatchNorm
 from algorithms.gradient_clipping import GradientClipping
 from algorithms.label_smoothing import LabelSmoothing
 from algorithms.layer_freezing import LayerFreezing
+from algorithms.low_precision_groupnorm import LowPrecisionGroupNorm
+from algorithms.low_precision_layernorm import LowPrecisionLayerNorm
 from algorithms.augmix import AugMix
 from algorithms.colout import ColOut
 from algorithms.cutout import CutOut
@@ -34,7 +36,7 @@ ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
                 GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
-                GhostBatchNorm, WeightStandardization, SAM)
+                GhostBatchNorm, WeightStandardization, SAM, LowPrecisionLayerNorm, LowPrecisionGroupNorm)
 }
 
 

@@ -298,11 +298,24 @@ class SAMSpec(_AlgorithmSpecBase):
     interval: int = Field(1, ge=1, le=100_000, description="run SAM every this many steps (others are plain)")
 
 
+class LowPrecisionLayerNormSpec(_AlgorithmSpecBase):
+    """Run LayerNorm in the autocast dtype (CUDA with amp_bf16/amp_fp16; a noted no-op elsewhere)."""
+
+    name: Literal["low_precision_layernorm"]
+
+
+class LowPrecisionGroupNormSpec(_AlgorithmSpecBase):
+    """Run GroupNorm in the autocast dtype (CUDA with amp_bf16/amp_fp16; a noted no-op elsewhere)."""
+
+    name: Literal["low_precision_groupnorm"]
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
-          GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec],
+          GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
+          LowPrecisionGroupNormSpec],
     Field(discriminator="name"),
 ]
 
@@ -311,5 +324,6 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
-                 GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec)
+                 GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
+                 LowPrecisionGroupNormSpec)
 }

@@ -166,6 +166,16 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "Sharpness-aware minimization: each step uses the gradient at the worst weights within "
                       "rho, preferring flat minima; two forward/backward passes per SAM step.",
                       "beta", "Foret et al. 2021, https://arxiv.org/abs/2010.01412"),
+        AlgorithmInfo("low_precision_layernorm", "LowPrecisionLayerNorm", "any",
+                      "Runs LayerNorm in the autocast dtype (bf16/fp16) instead of fp32 on CUDA; "
+                      "a noted no-op on CPU or in fp32.",
+                      "prototype", "MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
+                      changes_model=True),
+        AlgorithmInfo("low_precision_groupnorm", "LowPrecisionGroupNorm", "any",
+                      "Runs GroupNorm in the autocast dtype (bf16/fp16) instead of fp32 on CUDA; "
+                      "a noted no-op on CPU or in fp32.",
+                      "prototype", "MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
+                      changes_model=True),
     )
 }
 

@@ -243,6 +243,51 @@ def weight_standardization_trains_standardized_convs():
     assert torch.allclose(model.conv1.weight.mean(dim=(1, 2, 3)), torch.zeros(4), atol=1e-5)
 
 
+# --- low_precision_layernorm / low_precision_groupnorm ------------------------------------
+
+
+def low_precision_norm_runs_in_the_autocast_dtype_and_is_plain_outside_autocast(apply, norm):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), norm)
+    reference = copy.deepcopy(model)
+    params = list(model.parameters())
+    assert apply(model, "amp_bf16") is model and type(model[1]).__name__.startswith("LP")
+    assert all(a is b for a, b in zip(params, model.parameters()))
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    x = torch.randn(2, 3, 4, 4)
+    assert torch.equal(model(x), reference(x))  # without autocast: the plain layer
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(x)
+    assert low.dtype == torch.bfloat16  # CPU autocast alone keeps layer_norm in fp32
+    assert torch.allclose(low.float(), reference(x), atol=0.1)
+    with pytest.warns(NoEffectWarning, match="precision fp32"):
+        apply(copy.deepcopy(reference), "fp32")
+
+
+def low_precision_layernorm_functional():
+    low_precision_norm_runs_in_the_autocast_dtype_and_is_plain_outside_autocast(
+        af.apply_low_precision_layernorm, nn.LayerNorm([8, 4, 4]))
+
+
+def low_precision_groupnorm_functional():
+    low_precision_norm_runs_in_the_autocast_dtype_and_is_plain_outside_autocast(
+        af.apply_low_precision_groupnorm, nn.GroupNorm(2, 8))
+
+
+def low_precision_norms_are_a_noted_no_op_on_cpu():
+    from algorithms.low_precision_layernorm import low_precision_effective
+    assert low_precision_effective("amp_bf16", "cuda") and not low_precision_effective("amp_bf16", "cpu")
+    assert not low_precision_effective("fp32", "cuda")
+    trainer = run_for({"name": "low_precision_layernorm"}, {"name": "low_precision_groupnorm"}, max_duration="1ba",
+                      precision="amp_bf16", model={"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2,
+                                                                                  "d_model": 16, "max_seq_len": 16}},
+                      data={"train": {"name": "shakespeare", "seq_len": 16, "limit": 32}, "batch_size": 8})
+    assert len(trainer.surgery_notes) == 2 and all("no-op here" in n and "amp_bf16 on cpu" in n
+                                                   for n in trainer.surgery_notes)
+    assert not any(type(m).__name__.startswith("LP") for m in trainer.state.model.modules())
+    trainer.fit()
+
+
 BLOCK_SURGERY_PROPERTY_CHECKS = {
     "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
                          stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
@@ -254,6 +299,8 @@ BLOCK_SURGERY_PROPERTY_CHECKS = {
                         ghost_batchnorm_warns_without_batchnorm],
     "weight_standardization": [weight_standardization_standardizes_filters_skipping_the_last_convs_in_execution_order,
                                weight_standardization_warns_when_every_conv_is_ignored],
+    "low_precision_layernorm": [low_precision_layernorm_functional],
+    "low_precision_groupnorm": [low_precision_groupnorm_functional],
 }
 
 BLOCK_SURGERY_EVENT_CHECKS = {
@@ -261,8 +308,12 @@ BLOCK_SURGERY_EVENT_CHECKS = {
     "squeeze_excite": [squeeze_excite_adds_blocks_at_init_that_train],
     "ghost_batchnorm": [ghost_batchnorm_wraps_every_batchnorm_at_init_and_trains],
     "weight_standardization": [weight_standardization_trains_standardized_convs],
+    "low_precision_layernorm": [low_precision_norms_are_a_noted_no_op_on_cpu],
+    "low_precision_groupnorm": [low_precision_norms_are_a_noted_no_op_on_cpu],
 }
 
 BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", "squeeze_excite": "apply_squeeze_excite",
                                   "ghost_batchnorm": "apply_ghost_batchnorm",
-                                  "weight_standardization": "apply_weight_standardization"}
+                                  "weight_standardization": "apply_weight_standardization",
+                                  "low_precision_layernorm": "apply_low_precision_layernorm",
+                                  "low_precision_groupnorm": "apply_low_precision_groupnorm"}

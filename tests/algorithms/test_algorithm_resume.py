@@ -53,6 +53,8 @@ RESUME_RUNS = {
     "ghost_batchnorm": (RESNET, IMAGES, {"name": "ghost_batchnorm", "ghost_batch_size": 8}, 8, 4),
     "weight_standardization": (SIMPLE_CNN, IMAGES, {"name": "weight_standardization"}, 8, 4),
     "sam": (SIMPLE_CNN, IMAGES, {"name": "sam", "rho": 0.1, "interval": 2}, 8, 4),
+    "low_precision_layernorm": (GPT, TEXT, {"name": "low_precision_layernorm"}, 8, 4),
+    "low_precision_groupnorm": (SIMPLE_CNN, IMAGES, {"name": "low_precision_groupnorm"}, 8, 4),
 }
 
 

@@ -61,7 +61,12 @@ def test_resuming_replays_the_surgery_before_loading_the_saved_model(name):
     assert optimized == {id(p) for p in model.parameters()}
 
 
-@pytest.mark.parametrize("name", [n for n in SURGERY if n != "channels_last"])
+# Surgery that keeps every state-dict name and shape (a memory format; a class swap with the same
+# parameters) loads into an unconverted model by design.
+SAME_STATE_DICT = {"channels_last", "low_precision_layernorm", "low_precision_groupnorm"}
+
+
+@pytest.mark.parametrize("name", [n for n in SURGERY if n not in SAME_STATE_DICT])
 def test_a_surgered_checkpoint_does_not_load_into_an_unconverted_model(name):
     spec = run_spec(name)
     saved = unwrap(Trainer(spec).state.model).state_dict()
