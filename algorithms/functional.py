@@ -11,6 +11,7 @@ from algorithms.blurpool import apply_blurpool
 from algorithms.channels_last import apply_channels_last
 from algorithms.cutmix import cutmix_batch, mix_targets
 from algorithms.factorize import apply_factorization
+from algorithms.fused_layernorm import apply_fused_layernorm
 from algorithms.ghost_batchnorm import apply_ghost_batchnorm
 from algorithms.gradient_clipping import apply_gradient_clipping
 from algorithms.label_smoothing import smooth_labels
@@ -37,4 +38,4 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth",
            "apply_squeeze_excite", "apply_ghost_batchnorm",
            "apply_weight_standardization", "SAMOptimizer", "apply_low_precision_layernorm",
-           "apply_low_precision_groupnorm"]
+           "apply_low_precision_groupnorm", "apply_fused_layernorm"]

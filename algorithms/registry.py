@@ -14,6 +14,7 @@ from algorithms.blurpool import BlurPool
 from algorithms.channels_last import ChannelsLast
 from algorithms.cutmix import CutMix
 from algorithms.factorize import Factorize
+from algorithms.fused_layernorm import FusedLayerNorm
 from algorithms.ghost_batchnorm import GhostBatchNorm
 from algorithms.gradient_clipping import GradientClipping
 from algorithms.label_smoothing import LabelSmoothing
@@ -36,7 +37,8 @@ ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
                 GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
-                GhostBatchNorm, WeightStandardization, SAM, LowPrecisionLayerNorm, LowPrecisionGroupNorm)
+                GhostBatchNorm, WeightStandardization, SAM, LowPrecisionLayerNorm, LowPrecisionGroupNorm,
+                FusedLayerNorm)
 }
 
 

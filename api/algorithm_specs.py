@@ -310,12 +310,18 @@ class LowPrecisionGroupNormSpec(_AlgorithmSpecBase):
     name: Literal["low_precision_groupnorm"]
 
 
+class FusedLayerNormSpec(_AlgorithmSpecBase):
+    """Use NVIDIA apex's fused LayerNorm kernel (CUDA with apex installed; a noted no-op elsewhere)."""
+
+    name: Literal["fused_layernorm"]
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
           GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-          LowPrecisionGroupNormSpec],
+          LowPrecisionGroupNormSpec, FusedLayerNormSpec],
     Field(discriminator="name"),
 ]
 
@@ -325,5 +331,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
                  GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-                 LowPrecisionGroupNormSpec)
+                 LowPrecisionGroupNormSpec, FusedLayerNormSpec)
 }

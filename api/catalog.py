@@ -176,6 +176,11 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "a noted no-op on CPU or in fp32.",
                       "prototype", "MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
                       changes_model=True),
+        AlgorithmInfo("fused_layernorm", "FusedLayerNorm", "any",
+                      "Replaces LayerNorm with NVIDIA apex's fused kernel on CUDA; a noted no-op without "
+                      "CUDA or apex.",
+                      "prototype", "NVIDIA apex; MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
+                      changes_model=True),
     )
 }
 

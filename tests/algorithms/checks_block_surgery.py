@@ -288,6 +288,28 @@ def low_precision_norms_are_a_noted_no_op_on_cpu():
     trainer.fit()
 
 
+# --- fused_layernorm ----------------------------------------------------------------------
+
+
+def fused_layernorm_without_apex_or_cuda_changes_nothing_and_says_so():
+    from algorithms.fused_layernorm import apex_fused_layernorm
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.warns(NoEffectWarning, match="apex" if apex_fused_layernorm() is None else "CUDA"):
+        assert af.apply_fused_layernorm(model) is model  # apex absent here, or the weights are on the CPU
+    assert type(model[1]) is nn.LayerNorm and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def fused_layernorm_is_a_noted_no_op_on_cpu():
+    trainer = run_for({"name": "fused_layernorm"}, max_duration="1ba",
+                      model={"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 16}},
+                      data={"train": {"name": "shakespeare", "seq_len": 16, "limit": 32}, "batch_size": 8})
+    assert trainer.surgery_notes == ["FusedLayerNorm is a no-op here: it needs a CUDA device and NVIDIA apex, "
+                                     "and this run is on cpu"]
+    assert any(type(m) is nn.LayerNorm for m in trainer.state.model.modules())  # left as it was
+    trainer.fit()
+
+
 BLOCK_SURGERY_PROPERTY_CHECKS = {
     "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
                          stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
@@ -301,6 +323,7 @@ BLOCK_SURGERY_PROPERTY_CHECKS = {
                                weight_standardization_warns_when_every_conv_is_ignored],
     "low_precision_layernorm": [low_precision_layernorm_functional],
     "low_precision_groupnorm": [low_precision_groupnorm_functional],
+    "fused_layernorm": [fused_layernorm_without_apex_or_cuda_changes_nothing_and_says_so],
 }
 
 BLOCK_SURGERY_EVENT_CHECKS = {
@@ -310,10 +333,12 @@ BLOCK_SURGERY_EVENT_CHECKS = {
     "weight_standardization": [weight_standardization_trains_standardized_convs],
     "low_precision_layernorm": [low_precision_norms_are_a_noted_no_op_on_cpu],
     "low_precision_groupnorm": [low_precision_norms_are_a_noted_no_op_on_cpu],
+    "fused_layernorm": [fused_layernorm_is_a_noted_no_op_on_cpu],
 }
 
 BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", "squeeze_excite": "apply_squeeze_excite",
                                   "ghost_batchnorm": "apply_ghost_batchnorm",
                                   "weight_standardization": "apply_weight_standardization",
                                   "low_precision_layernorm": "apply_low_precision_layernorm",
-                                  "low_precision_groupnorm": "apply_low_precision_groupnorm"}
+                                  "low_precision_groupnorm": "apply_low_precision_groupnorm",
+                                  "fused_layernorm": "apply_fused_layernorm"}

@@ -55,6 +55,7 @@ RESUME_RUNS = {
     "sam": (SIMPLE_CNN, IMAGES, {"name": "sam", "rho": 0.1, "interval": 2}, 8, 4),
     "low_precision_layernorm": (GPT, TEXT, {"name": "low_precision_layernorm"}, 8, 4),
     "low_precision_groupnorm": (SIMPLE_CNN, IMAGES, {"name": "low_precision_groupnorm"}, 8, 4),
+    "fused_layernorm": (GPT, TEXT, {"name": "fused_layernorm"}, 8, 4),
 }
 
 
