@@ -31,7 +31,8 @@ class Event(str, enum.Enum):
                     loss.backward()
                     AFTER_BACKWARD
                 <gradients synced across ranks; the GradScaler unscales them>
-                AFTER_TRAIN_BATCH      # whole batch's true gradients: clipping happens here
+                AFTER_TRAIN_BATCH      # whole batch's true gradients: clipping happens here;
+                                       # state.recompute_gradients() reruns the batch (SAM)
                 optimizer.step(); scheduler.step()
                 BATCH_END
                 if eval is due:
