@@ -26,6 +26,7 @@ from algorithms.ema import compute_ema
 from algorithms.mixup import mixup_batch, mixup_targets
 from algorithms.progressive_resizing import resize_batch
 from algorithms.sam import SAMOptimizer
+from algorithms.seq_length_warmup import set_batch_sequence_length
 from algorithms.squeeze_excite import apply_squeeze_excite
 from algorithms.stochastic_depth import apply_stochastic_depth
 from algorithms.swa import recompute_bn_stats, update_swa
@@ -38,4 +39,5 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "apply_gradient_clipping", "freeze_layers", "apply_stochastic_depth",
            "apply_squeeze_excite", "apply_ghost_batchnorm",
            "apply_weight_standardization", "SAMOptimizer", "apply_low_precision_layernorm",
-           "apply_low_precision_groupnorm", "apply_fused_layernorm"]
+           "apply_low_precision_groupnorm", "apply_fused_layernorm",
+           "set_batch_sequence_length"]

@@ -316,12 +316,30 @@ class FusedLayerNormSpec(_AlgorithmSpecBase):
     name: Literal["fused_layernorm"]
 
 
+class SeqLengthWarmupSpec(_AlgorithmSpecBase):
+    """Train a language model on short sequences first, growing them to full length."""
+
+    name: Literal["seq_length_warmup"]
+    duration: float = Field(0.3, gt=0.0, le=1.0, description="fraction of training over which lengths grow")
+    min_seq_length: int = Field(8, ge=1, le=65536, description="sequence length at the start")
+    max_seq_length: int = Field(1024, ge=1, le=65536, description="length reached after duration (capped at the data's)")
+    step_size: int = Field(8, ge=1, le=65536, description="lengths grow in steps of this many tokens")
+    truncate: bool = Field(True, description="drop the rows' ends (true) or reshape rows into shorter ones (false)")
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> "SeqLengthWarmupSpec":
+        if self.min_seq_length > self.max_seq_length:
+            raise ValueError(f"seq_length_warmup: min_seq_length {self.min_seq_length} exceeds max_seq_length "
+                             f"{self.max_seq_length}")
+        return self
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
           GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-          LowPrecisionGroupNormSpec, FusedLayerNormSpec],
+          LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec],
     Field(discriminator="name"),
 ]
 
@@ -331,5 +349,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
                  GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-                 LowPrecisionGroupNormSpec, FusedLayerNormSpec)
+                 LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec)
 }

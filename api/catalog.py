@@ -181,6 +181,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "CUDA or apex.",
                       "prototype", "NVIDIA apex; MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
                       changes_model=True),
+        AlgorithmInfo("seq_length_warmup", "SeqLengthWarmup", "text",
+                      "Trains a language model on short sequences first and grows them linearly to full length.",
+                      "beta", "Li, Zhang & He 2022, https://arxiv.org/abs/2108.06084"),
     )
 }
 

@@ -245,12 +245,51 @@ def sam_runs_two_passes_per_step_with_microbatches_and_the_fp16_grad_scaler():
     assert all(torch.isfinite(p).all() for p in trainer.state.model.parameters())
 
 
+# --- seq_length_warmup --------------------------------------------------------------------
+
+
+def set_batch_sequence_length_truncates_or_reshapes_rows():
+    x = torch.arange(24).reshape(2, 12)
+    y = x + 100
+    short_x, short_y = af.set_batch_sequence_length((x, y), 5)
+    assert torch.equal(short_x, x[:, :5]) and torch.equal(short_y, y[:, :5])
+    rows = af.set_batch_sequence_length(x, 5, truncate=False)  # 12 tokens -> two rows of 5 (2 dropped)
+    assert torch.equal(rows, torch.stack([x[0, :5], x[0, 5:10], x[1, :5], x[1, 5:10]]))
+    assert af.set_batch_sequence_length(x, 12) is x
+    batch = af.set_batch_sequence_length({"input_ids": x, "note": "kept"}, 3)
+    assert batch["input_ids"].shape == (2, 3) and batch["note"] == "kept"
+    from algorithms.seq_length_warmup import current_sequence_length
+    # Composer's schedule: 100 batches, warm-up over 30, from 8 to 32 in steps of 8: every 10 batches.
+    lengths = [current_sequence_length(b, 100, 0.3, 8, 32, 8) for b in (0, 9, 10, 25, 30, 99)]
+    assert lengths == [8, 8, 16, 24, 32, 32]
+
+
+def seq_length_warmup_grows_the_rows_a_text_model_trains_on():
+    trainer = run_for({"name": "seq_length_warmup", "duration": 0.5, "min_seq_length": 4, "max_seq_length": 16,
+                       "step_size": 4}, max_duration="8ba",
+                      model={"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16,
+                                                             "max_seq_len": 16}},
+                      data={"train": {"name": "shakespeare", "seq_len": 16, "limit": 64}, "batch_size": 8})
+    shapes = []
+
+    class Shapes:
+        def run_event(self, event, state):
+            if event is Event.BEFORE_FORWARD:
+                shapes.append((tuple(state.inputs.shape), tuple(state.targets.shape)))
+    trainer.engine.callbacks.append(Shapes())
+    trainer.fit()
+    # Warm-up over 4 of 8 batches, 3 steps of 4 tokens: one step per batch, then full length.
+    assert [s[0][1] for s in shapes] == [4, 8, 12, 16, 16, 16, 16, 16]
+    assert all(x == y and x[0] == 8 for x, y in shapes)
+
+
 PROPERTY_CHECKS = {
     "gradient_clipping": [norm_clipping_scales_the_global_norm_down_to_the_threshold_and_keeps_small_gradients,
                           value_clipping_clamps_each_element,
                           adaptive_clipping_bounds_each_units_gradient_by_its_weight_norm],
     "layer_freezing": [freeze_layers_freezes_the_first_layers_on_a_linear_schedule_and_drops_them_from_the_optimizer],
     "sam": [sam_optimizer_steps_with_the_gradient_at_the_ascended_weights],
+    "seq_length_warmup": [set_batch_sequence_length_truncates_or_reshapes_rows],
 }
 
 EVENT_CHECKS = {
@@ -258,7 +297,8 @@ EVENT_CHECKS = {
     "layer_freezing": [layer_freezing_stops_updating_the_first_layers_from_an_epoch_end_and_skips_their_backward],
     "sam": [sam_steps_with_the_batchs_gradient_at_the_ascended_weights,
             sam_runs_two_passes_per_step_with_microbatches_and_the_fp16_grad_scaler],
+    "seq_length_warmup": [seq_length_warmup_grows_the_rows_a_text_model_trains_on],
 }
 
 FUNCTIONAL_NAMES = {"gradient_clipping": "apply_gradient_clipping", "layer_freezing": "freeze_layers",
-                    "sam": "SAMOptimizer"}
+                    "sam": "SAMOptimizer", "seq_length_warmup": "set_batch_sequence_length"}

@@ -56,6 +56,8 @@ RESUME_RUNS = {
     "low_precision_layernorm": (GPT, TEXT, {"name": "low_precision_layernorm"}, 8, 4),
     "low_precision_groupnorm": (SIMPLE_CNN, IMAGES, {"name": "low_precision_groupnorm"}, 8, 4),
     "fused_layernorm": (GPT, TEXT, {"name": "fused_layernorm"}, 8, 4),
+    "seq_length_warmup": (GPT, TEXT, {"name": "seq_length_warmup", "duration": 1.0, "min_seq_length": 4,
+                                      "max_seq_length": 16, "step_size": 4, "truncate": False}, 8, 4),
 }
 
 
