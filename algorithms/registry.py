@@ -28,6 +28,7 @@ from algorithms.ema import EMA
 from algorithms.mixup import MixUp
 from algorithms.progressive_resizing import ProgressiveResizing
 from algorithms.sam import SAM
+from algorithms.selective_backprop import SelectiveBackprop
 from algorithms.seq_length_warmup import SeqLengthWarmup
 from algorithms.squeeze_excite import SqueezeExcite
 from algorithms.stochastic_depth import StochasticDepth
@@ -39,7 +40,7 @@ ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
                 GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
                 GhostBatchNorm, WeightStandardization, SAM, LowPrecisionLayerNorm, LowPrecisionGroupNorm,
-                FusedLayerNorm, SeqLengthWarmup)
+                FusedLayerNorm, SeqLengthWarmup, SelectiveBackprop)
 }
 
 

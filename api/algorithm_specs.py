@@ -334,12 +334,29 @@ class SeqLengthWarmupSpec(_AlgorithmSpecBase):
         return self
 
 
+class SelectiveBackpropSpec(_AlgorithmSpecBase):
+    """Train some steps on only the highest-loss examples of the batch (scored by a forward without gradients)."""
+
+    name: Literal["selective_backprop"]
+    start: float = Field(0.5, ge=0.0, lt=1.0, description="fraction of training when selection starts")
+    end: float = Field(0.9, gt=0.0, le=1.0, description="fraction of training when selection stops")
+    keep: float = Field(0.5, gt=0.0, le=1.0, description="fraction of each selected batch trained on")
+    scale_factor: float = Field(1.0, gt=0.0, le=1.0, description="score on images downscaled by this factor")
+    interval: int = Field(2, ge=1, le=100_000, description="select on every this-many-th batch")
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> "SelectiveBackpropSpec":
+        if not self.start < self.end:
+            raise ValueError(f"selective_backprop: end {self.end} must come after start {self.start}")
+        return self
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
           GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-          LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec],
+          LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec],
     Field(discriminator="name"),
 ]
 
@@ -349,5 +366,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
                  GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-                 LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec)
+                 LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec)
 }

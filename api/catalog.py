@@ -184,6 +184,11 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
         AlgorithmInfo("seq_length_warmup", "SeqLengthWarmup", "text",
                       "Trains a language model on short sequences first and grows them linearly to full length.",
                       "beta", "Li, Zhang & He 2022, https://arxiv.org/abs/2108.06084"),
+        AlgorithmInfo("selective_backprop", "SelectiveBackprop", "any",
+                      "On some steps, scores the batch without gradients and trains only on the examples "
+                      "with the highest loss.",
+                      "prototype", "Jiang et al. 2019, https://arxiv.org/abs/1910.00762",
+                      needs=("classification",)),
     )
 }
 

@@ -4,6 +4,7 @@ these dicts into their registry-parametrized tables."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import algorithms.functional as af
 from algorithms.base import Algorithm
@@ -283,6 +284,45 @@ def seq_length_warmup_grows_the_rows_a_text_model_trains_on():
     assert all(x == y and x[0] == 8 for x, y in shapes)
 
 
+# --- selective_backprop -------------------------------------------------------------------
+
+
+def select_using_loss_keeps_high_loss_examples_more_often():
+    torch.manual_seed(0)
+    x = torch.zeros(8, 4)
+    x[:, 0] = torch.arange(8.0)  # the model below scores example i with loss i
+    y = torch.zeros(8, dtype=torch.long)
+
+    def loss_fun(out, target, reduction="none"):
+        return out[:, 0]
+    counts = torch.zeros(8)
+    for _ in range(400):
+        xs, ys = af.select_using_loss(x, y, torch.nn.Identity(), loss_fun, keep=0.25)
+        assert xs.shape == (2, 4) and ys.shape == (2,) and len(set(xs[:, 0].tolist())) == 2
+        counts[xs[:, 0].long()] += 1
+    # Probability ~ percentile^3: the highest-loss example is picked far more often than the lowest.
+    assert counts[7] > counts[4] > counts[0] and counts[7] > 250 and counts[0] < 5
+    from algorithms.selective_backprop import per_example_loss, should_select
+    logits, labels = torch.randn(3, 5), torch.tensor([1, 0, 4])
+    assert torch.allclose(per_example_loss(logits, labels), F.cross_entropy(logits, labels, reduction="none"))
+    assert [should_select(p, b, 0.5, 0.9, 2) for p, b in ((0.4, 4), (0.5, 5), (0.6, 6), (0.9, 8))] == \
+        [False, False, True, False]
+
+
+def selective_backprop_trains_on_the_selection_in_its_window():
+    trainer = run_for({"name": "selective_backprop", "start": 0.5, "end": 1.0, "keep": 0.25, "interval": 1},
+                      max_duration="4ba")
+    sizes = []
+
+    class Sizes:
+        def run_event(self, event, state):
+            if event is Event.BEFORE_FORWARD:
+                sizes.append(state.inputs.shape[0])
+    trainer.engine.callbacks.append(Sizes())
+    trainer.fit()
+    assert sizes == [16, 16, 4, 4]  # progress 0, 0.25: whole batches; 0.5, 0.75: a quarter
+
+
 PROPERTY_CHECKS = {
     "gradient_clipping": [norm_clipping_scales_the_global_norm_down_to_the_threshold_and_keeps_small_gradients,
                           value_clipping_clamps_each_element,
@@ -290,6 +330,7 @@ PROPERTY_CHECKS = {
     "layer_freezing": [freeze_layers_freezes_the_first_layers_on_a_linear_schedule_and_drops_them_from_the_optimizer],
     "sam": [sam_optimizer_steps_with_the_gradient_at_the_ascended_weights],
     "seq_length_warmup": [set_batch_sequence_length_truncates_or_reshapes_rows],
+    "selective_backprop": [select_using_loss_keeps_high_loss_examples_more_often],
 }
 
 EVENT_CHECKS = {
@@ -298,7 +339,9 @@ EVENT_CHECKS = {
     "sam": [sam_steps_with_the_batchs_gradient_at_the_ascended_weights,
             sam_runs_two_passes_per_step_with_microbatches_and_the_fp16_grad_scaler],
     "seq_length_warmup": [seq_length_warmup_grows_the_rows_a_text_model_trains_on],
+    "selective_backprop": [selective_backprop_trains_on_the_selection_in_its_window],
 }
 
 FUNCTIONAL_NAMES = {"gradient_clipping": "apply_gradient_clipping", "layer_freezing": "freeze_layers",
-                    "sam": "SAMOptimizer", "seq_length_warmup": "set_batch_sequence_length"}
+                    "sam": "SAMOptimizer", "seq_length_warmup": "set_batch_sequence_length",
+                    "selective_backprop": "select_using_loss"}

@@ -58,6 +58,8 @@ RESUME_RUNS = {
     "fused_layernorm": (GPT, TEXT, {"name": "fused_layernorm"}, 8, 4),
     "seq_length_warmup": (GPT, TEXT, {"name": "seq_length_warmup", "duration": 1.0, "min_seq_length": 4,
                                       "max_seq_length": 16, "step_size": 4, "truncate": False}, 8, 4),
+    "selective_backprop": (SIMPLE_CNN, IMAGES, {"name": "selective_backprop", "start": 0.25, "end": 1.0,
+                                                "interval": 1, "scale_factor": 0.5}, 8, 4),
 }
 
 
