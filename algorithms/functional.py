@@ -25,6 +25,7 @@ from algorithms.cutout import cutout_batch
 from algorithms.ema import compute_ema
 from algorithms.mixup import mixup_batch, mixup_targets
 from algorithms.progressive_resizing import resize_batch
+from algorithms.randaugment import randaugment_image
 from algorithms.sam import SAMOptimizer
 from algorithms.selective_backprop import select_using_loss
 from algorithms.seq_length_warmup import set_batch_sequence_length
@@ -41,4 +42,5 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "apply_squeeze_excite", "apply_ghost_batchnorm",
            "apply_weight_standardization", "SAMOptimizer", "apply_low_precision_layernorm",
            "apply_low_precision_groupnorm", "apply_fused_layernorm",
-           "set_batch_sequence_length", "select_using_loss"]
+           "set_batch_sequence_length", "select_using_loss",
+           "randaugment_image"]

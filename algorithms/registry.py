@@ -27,6 +27,7 @@ from algorithms.cutout import CutOut
 from algorithms.ema import EMA
 from algorithms.mixup import MixUp
 from algorithms.progressive_resizing import ProgressiveResizing
+from algorithms.randaugment import RandAugment
 from algorithms.sam import SAM
 from algorithms.selective_backprop import SelectiveBackprop
 from algorithms.seq_length_warmup import SeqLengthWarmup
@@ -40,7 +41,8 @@ ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
                 MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
                 GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
                 GhostBatchNorm, WeightStandardization, SAM, LowPrecisionLayerNorm, LowPrecisionGroupNorm,
-                FusedLayerNorm, SeqLengthWarmup, SelectiveBackprop)
+                FusedLayerNorm, SeqLengthWarmup, SelectiveBackprop,
+                RandAugment)
 }
 
 

@@ -351,12 +351,23 @@ class SelectiveBackpropSpec(_AlgorithmSpecBase):
         return self
 
 
+class RandAugmentSpec(_AlgorithmSpecBase):
+    """Apply a few random augmentations of fixed strength to every training image (per example)."""
+
+    name: Literal["randaugment"]
+    severity: int = Field(9, ge=0, le=10, description="strength of each operation")
+    depth: int = Field(2, ge=1, le=10, description="operations applied to each image")
+    augmentation_set: Literal["all", "safe", "original"] = Field(
+        "all", description="'safe' leaves out operations that overlap ImageNet-C/CIFAR-10-C corruptions")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
           GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-          LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec],
+          LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec,
+          RandAugmentSpec],
     Field(discriminator="name"),
 ]
 
@@ -366,5 +377,6 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
                  MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
                  GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
-                 LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec)
+                 LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec,
+                 RandAugmentSpec)
 }

@@ -189,6 +189,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "with the highest loss.",
                       "prototype", "Jiang et al. 2019, https://arxiv.org/abs/1910.00762",
                       needs=("classification",)),
+        AlgorithmInfo("randaugment", "RandAugment", "vision",
+                      "Applies a few random augmentations of fixed strength to every training image.",
+                      "beta", "Cubuk et al. 2020, https://arxiv.org/abs/1909.13719"),
     )
 }
 

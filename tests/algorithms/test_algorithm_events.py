@@ -19,6 +19,7 @@ from tests.algorithms.surgery_event_checks import SURGERY_EVENT_CHECKS
 from tests.algorithms import checks_augmentations as augmentations
 from tests.algorithms import checks_block_surgery as block_surgery
 from tests.algorithms import checks_optimization as optimization
+from tests.algorithms import checks_randaugment as randaugment
 from tests.algorithms import checks_weight_averaging as weight_averaging
 from workers.parallel import unwrap
 from workers.trainer import Trainer
@@ -129,6 +130,7 @@ EVENT_CHECKS = {
     **weight_averaging.EVENT_CHECKS,
     **optimization.EVENT_CHECKS,
     **block_surgery.BLOCK_SURGERY_EVENT_CHECKS,
+    **randaugment.EVENT_CHECKS,
 }
 
 

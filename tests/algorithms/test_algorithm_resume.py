@@ -60,6 +60,7 @@ RESUME_RUNS = {
                                       "max_seq_length": 16, "step_size": 4, "truncate": False}, 8, 4),
     "selective_backprop": (SIMPLE_CNN, IMAGES, {"name": "selective_backprop", "start": 0.25, "end": 1.0,
                                                 "interval": 1, "scale_factor": 0.5}, 8, 4),
+    "randaugment": (SIMPLE_CNN, IMAGES, {"name": "randaugment", "depth": 1}, 8, 4),
 }
 
 
