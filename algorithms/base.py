@@ -38,6 +38,8 @@ class AlgorithmState(Protocol):
     optimizer: Any
     scheduler: Any
     sample_transforms: list  # per-sample callables the train loader applies (AugMix, ColOut sample mode)
+    scaler: Any  # torch.amp.GradScaler (enabled for fp16 only)
+    recompute_gradients: Any  # during AFTER_TRAIN_BATCH: rerun the batch's forward/backward (SAM)
 
     @property
     def progress(self) -> float: ...  # fraction of max_batches done; moves every batch

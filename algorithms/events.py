@@ -30,6 +30,9 @@ class Event(str, enum.Enum):
                     BEFORE_BACKWARD
                     loss.backward()
                     AFTER_BACKWARD
+                <gradients synced across ranks; the GradScaler unscales them>
+                AFTER_TRAIN_BATCH      # whole batch's true gradients: clipping happens here;
+                                       # state.recompute_gradients() reruns the batch (SAM)
                 optimizer.step(); scheduler.step()
                 BATCH_END
                 if eval is due:
@@ -56,6 +59,7 @@ class Event(str, enum.Enum):
     AFTER_LOSS = "after_loss"
     BEFORE_BACKWARD = "before_backward"
     AFTER_BACKWARD = "after_backward"
+    AFTER_TRAIN_BATCH = "after_train_batch"
     BATCH_END = "batch_end"
     EPOCH_END = "epoch_end"
     EVAL_START = "eval_start"

@@ -14,18 +14,35 @@ from algorithms.blurpool import BlurPool
 from algorithms.channels_last import ChannelsLast
 from algorithms.cutmix import CutMix
 from algorithms.factorize import Factorize
+from algorithms.fused_layernorm import FusedLayerNorm
+from algorithms.ghost_batchnorm import GhostBatchNorm
+from algorithms.gradient_clipping import GradientClipping
 from algorithms.label_smoothing import LabelSmoothing
+from algorithms.layer_freezing import LayerFreezing
+from algorithms.low_precision_groupnorm import LowPrecisionGroupNorm
+from algorithms.low_precision_layernorm import LowPrecisionLayerNorm
 from algorithms.augmix import AugMix
 from algorithms.colout import ColOut
 from algorithms.cutout import CutOut
 from algorithms.ema import EMA
 from algorithms.mixup import MixUp
 from algorithms.progressive_resizing import ProgressiveResizing
+from algorithms.randaugment import RandAugment
+from algorithms.sam import SAM
+from algorithms.selective_backprop import SelectiveBackprop
+from algorithms.seq_length_warmup import SeqLengthWarmup
+from algorithms.squeeze_excite import SqueezeExcite
+from algorithms.stochastic_depth import StochasticDepth
 from algorithms.swa import SWA
+from algorithms.weight_standardization import WeightStandardization
 
 ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (ChannelsLast, LabelSmoothing, CutMix, Alibi, BlurPool, Factorize,
-                MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA)
+                MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA,
+                GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
+                GhostBatchNorm, WeightStandardization, SAM, LowPrecisionLayerNorm, LowPrecisionGroupNorm,
+                FusedLayerNorm, SeqLengthWarmup, SelectiveBackprop,
+                RandAugment)
 }
 
 

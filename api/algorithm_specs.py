@@ -230,14 +230,153 @@ class SWASpec(_AlgorithmSpecBase):
         return self
 
 
+class GradientClippingSpec(_AlgorithmSpecBase):
+    """Clip the batch's gradients before the optimizer step: by global norm, by value, or adaptively (AGC)."""
+
+    name: Literal["gradient_clipping"]
+    clipping_type: Literal["norm", "value", "adaptive"] = Field(
+        "norm", description="'norm': global L2 norm; 'value': each element; 'adaptive': per unit vs its weights (AGC)")
+    clipping_threshold: float = Field(1.0, gt=0.0, le=1e6,
+                                      description="max norm, max |value|, or AGC's max ratio of gradient to weight norm")
+
+
+class LayerFreezingSpec(_AlgorithmSpecBase):
+    """Freeze the earliest layers progressively, from freeze_start to the end of training."""
+
+    name: Literal["layer_freezing"]
+    freeze_start: float = Field(0.5, ge=0.0, lt=1.0, description="fraction of training before freezing starts")
+    freeze_level: float = Field(1.0, gt=0.0, le=1.0,
+                                description="fraction of layers (all but the head) frozen at the end of training")
+
+
+class StochasticDepthSpec(_AlgorithmSpecBase):
+    """Randomly skip residual blocks (or drop examples inside them) while training."""
+
+    name: Literal["stochastic_depth"]
+    target_layer_name: Literal["auto", "ResNetBasicBlock", "ResNetBottleneck", "CifarResNetBasicBlock"] = Field(
+        "auto", description="block type to make stochastic; 'auto': every known residual block type")
+    stochastic_method: Literal["block", "sample"] = Field(
+        "block", description="'block': skip whole blocks; 'sample': drop examples inside every block")
+    drop_rate: float = Field(0.2, ge=0.0, le=1.0, description="drop probability (of the deepest block, if linear)")
+    drop_distribution: Literal["uniform", "linear"] = Field(
+        "linear", description="'linear': block i of n drops with (i + 1) / n * drop_rate; 'uniform': all the same")
+    drop_warmup: float = Field(0.0, ge=0.0, lt=1.0,
+                               description="fraction of training over which drop rates rise linearly from 0")
+
+
+class SqueezeExciteSpec(_AlgorithmSpecBase):
+    """Add a Squeeze-and-Excitation block (channel gates from the pooled image) after wide convolutions."""
+
+    name: Literal["squeeze_excite"]
+    latent_channels: float = Field(64, gt=0.0, le=4096,
+                                   description="hidden units of the SE MLP: a count >= 1, or a fraction < 1 of channels")
+    min_channels: int = Field(128, ge=1, le=65536,
+                              description="only convs with at least this many input and output channels get a block")
+
+
+class GhostBatchNormSpec(_AlgorithmSpecBase):
+    """Normalize each slice of ghost_batch_size examples with its own BatchNorm statistics while training."""
+
+    name: Literal["ghost_batchnorm"]
+    ghost_batch_size: int = Field(32, ge=2, le=65536, description="examples per ghost batch (per worker)")
+
+
+class WeightStandardizationSpec(_AlgorithmSpecBase):
+    """Standardize every convolution's weights per output filter at each use."""
+
+    name: Literal["weight_standardization"]
+    n_last_layers_ignore: int = Field(0, ge=0, le=10_000,
+                                      description="leave the last N convolutions (in execution order) unstandardized")
+
+
+class SAMSpec(_AlgorithmSpecBase):
+    """Sharpness-aware minimization: step with the gradient at the worst weights within rho."""
+
+    name: Literal["sam"]
+    rho: float = Field(0.05, gt=0.0, le=10.0, description="radius of the neighbourhood the ascent step reaches")
+    epsilon: float = Field(1e-12, gt=0.0, le=1e-3, description="added to the gradient norm for stability")
+    interval: int = Field(1, ge=1, le=100_000, description="run SAM every this many steps (others are plain)")
+
+
+class LowPrecisionLayerNormSpec(_AlgorithmSpecBase):
+    """Run LayerNorm in the autocast dtype (CUDA with amp_bf16/amp_fp16; a noted no-op elsewhere)."""
+
+    name: Literal["low_precision_layernorm"]
+
+
+class LowPrecisionGroupNormSpec(_AlgorithmSpecBase):
+    """Run GroupNorm in the autocast dtype (CUDA with amp_bf16/amp_fp16; a noted no-op elsewhere)."""
+
+    name: Literal["low_precision_groupnorm"]
+
+
+class FusedLayerNormSpec(_AlgorithmSpecBase):
+    """Use NVIDIA apex's fused LayerNorm kernel (CUDA with apex installed; a noted no-op elsewhere)."""
+
+    name: Literal["fused_layernorm"]
+
+
+class SeqLengthWarmupSpec(_AlgorithmSpecBase):
+    """Train a language model on short sequences first, growing them to full length."""
+
+    name: Literal["seq_length_warmup"]
+    duration: float = Field(0.3, gt=0.0, le=1.0, description="fraction of training over which lengths grow")
+    min_seq_length: int = Field(8, ge=1, le=65536, description="sequence length at the start")
+    max_seq_length: int = Field(1024, ge=1, le=65536, description="length reached after duration (capped at the data's)")
+    step_size: int = Field(8, ge=1, le=65536, description="lengths grow in steps of this many tokens")
+    truncate: bool = Field(True, description="drop the rows' ends (true) or reshape rows into shorter ones (false)")
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> "SeqLengthWarmupSpec":
+        if self.min_seq_length > self.max_seq_length:
+            raise ValueError(f"seq_length_warmup: min_seq_length {self.min_seq_length} exceeds max_seq_length "
+                             f"{self.max_seq_length}")
+        return self
+
+
+class SelectiveBackpropSpec(_AlgorithmSpecBase):
+    """Train some steps on only the highest-loss examples of the batch (scored by a forward without gradients)."""
+
+    name: Literal["selective_backprop"]
+    start: float = Field(0.5, ge=0.0, lt=1.0, description="fraction of training when selection starts")
+    end: float = Field(0.9, gt=0.0, le=1.0, description="fraction of training when selection stops")
+    keep: float = Field(0.5, gt=0.0, le=1.0, description="fraction of each selected batch trained on")
+    scale_factor: float = Field(1.0, gt=0.0, le=1.0, description="score on images downscaled by this factor")
+    interval: int = Field(2, ge=1, le=100_000, description="select on every this-many-th batch")
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> "SelectiveBackpropSpec":
+        if not self.start < self.end:
+            raise ValueError(f"selective_backprop: end {self.end} must come after start {self.start}")
+        return self
+
+
+class RandAugmentSpec(_AlgorithmSpecBase):
+    """Apply a few random augmentations of fixed strength to every training image (per example)."""
+
+    name: Literal["randaugment"]
+    severity: int = Field(9, ge=0, le=10, description="strength of each operation")
+    depth: int = Field(2, ge=1, le=10, description="operations applied to each image")
+    augmentation_set: Literal["all", "safe", "original"] = Field(
+        "all", description="'safe' leaves out operations that overlap ImageNet-C/CIFAR-10-C corruptions")
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
-          MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec],
+          MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
+          GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
+          GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
+          LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec,
+          RandAugmentSpec],
     Field(discriminator="name"),
 ]
 
 ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
     spec.model_fields["name"].annotation.__args__[0]: spec  # type: ignore[union-attr]
     for spec in (ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
-                 MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec)
+                 MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
+                 GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
+                 GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
+                 LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec,
+                 RandAugmentSpec)
 }

@@ -136,8 +136,93 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       "Averages the weights visited late in training, then recomputes BatchNorm statistics.",
                       "beta", "Izmailov et al. 2018, https://arxiv.org/abs/1803.05407",
                       conflicts=("ema",), extra={"conflict_reasons": {"ema": _WEIGHT_AVERAGES}}),
+        AlgorithmInfo("gradient_clipping", "GradientClipping", "any",
+                      "Clips the batch's gradients before the optimizer step: by global norm, by value, "
+                      "or per unit relative to the weights (AGC).",
+                      "stable", "Pascanu et al. 2013, https://arxiv.org/abs/1211.5063; AGC: Brock et al. 2021, "
+                      "https://arxiv.org/abs/2102.06171"),
+        AlgorithmInfo("layer_freezing", "LayerFreezing", "any",
+                      "Stops training the earliest layers progressively, more of them as training goes on.",
+                      "beta", "Brock et al. 2017 (FreezeOut), https://arxiv.org/abs/1706.04983; Raghu et al. 2017, "
+                      "https://arxiv.org/abs/1706.05806"),
+        AlgorithmInfo("stochastic_depth", "StochasticDepth", "vision",
+                      "Randomly skips residual blocks (or drops examples inside them) while training; "
+                      "evaluates with every block, scaled by its survival probability.",
+                      "beta", "Huang et al. 2016, https://arxiv.org/abs/1603.09382",
+                      needs=("residual_blocks",), changes_model=True),
+        AlgorithmInfo("squeeze_excite", "SqueezeExcite", "vision",
+                      "Adds channel attention after wide convolutions: each channel is scaled by a gate "
+                      "computed from the pooled image.",
+                      "beta", "Hu et al. 2018, https://arxiv.org/abs/1709.01507", changes_model=True),
+        AlgorithmInfo("ghost_batchnorm", "GhostBatchNorm", "vision",
+                      "Normalizes each small slice of the batch with its own BatchNorm statistics while "
+                      "training: small-batch regularization with large-batch steps.",
+                      "beta", "Hoffer et al. 2017, https://arxiv.org/abs/1705.08741",
+                      needs=("batchnorm",), changes_model=True),
+        AlgorithmInfo("weight_standardization", "WeightStandardization", "vision",
+                      "Standardizes each convolution filter's weights (zero mean, unit variance) at every use.",
+                      "prototype", "Qiao et al. 2019, https://arxiv.org/abs/1903.10520", changes_model=True),
+        AlgorithmInfo("sam", "SAM", "any",
+                      "Sharpness-aware minimization: each step uses the gradient at the worst weights within "
+                      "rho, preferring flat minima; two forward/backward passes per SAM step.",
+                      "beta", "Foret et al. 2021, https://arxiv.org/abs/2010.01412"),
+        AlgorithmInfo("low_precision_layernorm", "LowPrecisionLayerNorm", "any",
+                      "Runs LayerNorm in the autocast dtype (bf16/fp16) instead of fp32 on CUDA; "
+                      "a noted no-op on CPU or in fp32.",
+                      "prototype", "MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
+                      changes_model=True),
+        AlgorithmInfo("low_precision_groupnorm", "LowPrecisionGroupNorm", "any",
+                      "Runs GroupNorm in the autocast dtype (bf16/fp16) instead of fp32 on CUDA; "
+                      "a noted no-op on CPU or in fp32.",
+                      "prototype", "MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
+                      changes_model=True),
+        AlgorithmInfo("fused_layernorm", "FusedLayerNorm", "any",
+                      "Replaces LayerNorm with NVIDIA apex's fused kernel on CUDA; a noted no-op without "
+                      "CUDA or apex.",
+                      "prototype", "NVIDIA apex; MosaicML Composer, https://docs.mosaicml.com/projects/composer/",
+                      changes_model=True),
+        AlgorithmInfo("seq_length_warmup", "SeqLengthWarmup", "text",
+                      "Trains a language model on short sequences first and grows them linearly to full length.",
+                      "beta", "Li, Zhang & He 2022, https://arxiv.org/abs/2108.06084"),
+        AlgorithmInfo("selective_backprop", "SelectiveBackprop", "any",
+                      "On some steps, scores the batch without gradients and trains only on the examples "
+                      "with the highest loss.",
+                      "prototype", "Jiang et al. 2019, https://arxiv.org/abs/1910.00762",
+                      needs=("classification",)),
+        AlgorithmInfo("randaugment", "RandAugment", "vision",
+                      "Applies a few random augmentations of fixed strength to every training image.",
+                      "beta", "Cubuk et al. 2020, https://arxiv.org/abs/1909.13719"),
     )
 }
+
+
+# Residual block types (StochasticDepth's target_layer_name) in each built-in model; a model
+# missing here has none. torchvision architectures are looked up by ``residual_blocks_of_arch``.
+MODEL_RESIDUAL_BLOCKS: dict[str, frozenset[str]] = {
+    "cifar_resnet20": frozenset({"CifarResNetBasicBlock"}),
+    "resnet18": frozenset({"ResNetBasicBlock"}),
+}
+
+
+def residual_blocks_of_arch(arch: str) -> frozenset[str]:
+    """The residual block types of a torchvision classification architecture (none for most)."""
+    if arch in ("resnet18", "resnet34"):
+        return frozenset({"ResNetBasicBlock"})
+    if arch.startswith(("resnet", "resnext", "wide_resnet")):
+        return frozenset({"ResNetBottleneck"})
+    return frozenset()
+
+
+# Built-in models and torchvision architectures known to have no BatchNorm (GhostBatchNorm needs
+# one); any other torchvision architecture may have some, and the surgery reports if it finds none.
+MODELS_WITHOUT_BATCHNORM = frozenset({"simple_cnn", "gpt_small"})
+_ARCHS_WITHOUT_BATCHNORM = ("alexnet", "squeezenet", "vit_", "swin_", "convnext_")
+
+
+def arch_lacks_batchnorm(arch: str) -> bool:
+    """True for torchvision architectures known to have no BatchNorm layer."""
+    plain_vgg = arch.startswith("vgg") and not arch.endswith("_bn")
+    return plain_vgg or arch.startswith(_ARCHS_WITHOUT_BATCHNORM)
 
 
 def as_dict(info: Any) -> dict[str, Any]:

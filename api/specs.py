@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator, field_validator, model_validator
 
 from api.algorithm_specs import AlgorithmSpec
-from api.catalog import ALGORITHMS, DATASETS, MODELS
+from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MODELS_WITHOUT_BATCHNORM,
+                         arch_lacks_batchnorm, residual_blocks_of_arch)
 from api.data_specs import ImageFolderSpec, WebDatasetSpec
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
@@ -301,6 +302,11 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         if "transformer" in info.needs and model_info.architecture not in (None, "transformer"):
             problems.append(f"algorithm {algorithm.name!r} needs a transformer model but model "
                             f"{model_info.label!r} is a {model_info.architecture}")
+        if "batchnorm" in info.needs and _lacks_batchnorm(spec.model):
+            problems.append(f"algorithm {algorithm.name!r} needs BatchNorm layers but model "
+                            f"{model_info.label!r} has none")
+        if "residual_blocks" in info.needs:
+            problems.extend(_residual_block_problems(algorithm, spec.model))
         for other in spec.algorithms:
             if other.name in info.conflicts and frozenset((algorithm.name, other.name)) not in reported_pairs:
                 reported_pairs.add(frozenset((algorithm.name, other.name)))
@@ -319,6 +325,31 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     if spec.scheduler.warmup.unit is TimeUnit.DURATION and spec.scheduler.warmup.value >= 1.0:
         problems.append("scheduler.warmup must end before max_duration (use a fraction < 1dur)")
     return problems
+
+
+def _lacks_batchnorm(model: Any) -> bool:
+    if isinstance(model, TorchvisionModelSpec):
+        return arch_lacks_batchnorm(model.arch)
+    return not isinstance(model, ImportedModelSpec) and model.name in MODELS_WITHOUT_BATCHNORM
+
+
+def _residual_block_problems(algorithm: Any, model: Any) -> list[str]:
+    """A built-in model must have the residual blocks the algorithm converts (your own model's are
+    unknown here: the surgery reports on the run if it finds none)."""
+    if isinstance(model, ImportedModelSpec):
+        return []
+    if isinstance(model, TorchvisionModelSpec):
+        blocks, label = residual_blocks_of_arch(model.arch), f"torchvision {model.arch}"
+    else:
+        blocks, label = MODEL_RESIDUAL_BLOCKS.get(model.name, frozenset()), model.name
+    target = getattr(algorithm, "target_layer_name", "auto")
+    if not blocks:
+        return [f"algorithm {algorithm.name!r} needs residual blocks but model {label!r} has none; "
+                f"use a ResNet (cifar_resnet20, resnet18, torchvision resnet*/resnext*/wide_resnet*)"]
+    if target != "auto" and target not in blocks:
+        return [f"algorithm {algorithm.name!r} target_layer_name {target!r} is not in model {label!r}, "
+                f"whose residual blocks are {', '.join(sorted(blocks))}; use one of those or 'auto'"]
+    return []
 
 
 def _sequence_length_problems(spec: RunSpec) -> list[str]:

@@ -1,7 +1,7 @@
 """The layers' import rules, enforced: who may import whom.
 
     api/         pydantic, httpx only (no torch, no ray): the contract and the SDK
-    algorithms/  torch, torchvision, numpy, api
+    algorithms/  torch, torchvision, numpy, api (and NVIDIA apex, optional, imported lazily by FusedLayerNorm)
     workers/     anything but service and cli
     service/     never torch, workers, algorithms or cli: the control plane runs without torch
     cli/         torch, workers, algorithms and service only lazily, inside the commands that use them
@@ -22,7 +22,8 @@ STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 ALLOWED = {
     "api": {"api", "pydantic", "pydantic_core", "httpx", "typing_extensions"},
-    "algorithms": {"algorithms", "api", "torch", "torchvision", "numpy"},
+    # apex: an optional CUDA kernel library, imported inside FusedLayerNorm only when installed.
+    "algorithms": {"algorithms", "api", "torch", "torchvision", "numpy", "apex"},
 }
 FORBIDDEN = {
     "service": {"torch", "torchvision", "workers", "algorithms", "cli"},

@@ -48,6 +48,8 @@ class State:
     # Per-sample transforms the train loader applies (installed at FIT_START by AugMix and
     # ColOut's sample mode); the trainer hands this same list to its TensorLoader.
     sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=list)
+    # Set only during AFTER_TRAIN_BATCH: reruns the batch's forward and backward (SAM's second pass).
+    recompute_gradients: Callable[[], None] | None = None
 
     @property
     def progress(self) -> float:

@@ -257,12 +257,26 @@ class Trainer:
                                              f"{microbatches.size or batch_size}, on this rank or another")
         if microbatches.defer_gradient_sync:
             average_gradients(state.model)
+        # Algorithms that read gradients (clipping) must see their true values: unscale first
+        # (a no-op unless fp16); ``step`` then skips its own unscale and still skips inf/NaN steps.
+        state.scaler.unscale_(state.optimizer)
+        # SAM takes a second forward/backward of this batch at other weights.
+        state.recompute_gradients = lambda: self._recompute_gradients(batch_inputs, batch_targets)
+        engine.run_event(Event.AFTER_TRAIN_BATCH, state)
+        state.recompute_gradients = None
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()
         state.timestamp = state.timestamp.after_batch(samples=batch_size * self.world_size)
         engine.run_event(Event.BATCH_END, state)
         self.metrics.add_step(state.timestamp.batch, batch_loss, lr)
+
+    def _recompute_gradients(self, batch_inputs: torch.Tensor, batch_targets: torch.Tensor) -> None:
+        """Zero the gradients and run the batch's forward/backward again at the current weights,
+        synced across ranks like the first pass; the new gradients are scaled (fp16), not unscaled."""
+        self._accumulate_gradients(batch_inputs, batch_targets)
+        if self.microbatches.defer_gradient_sync:
+            average_gradients(self.state.model)
 
     def _accumulate_gradients(self, batch_inputs: torch.Tensor, batch_targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward over the batch's microbatches; returns the batch's mean loss."""

@@ -17,6 +17,9 @@ from api.method_cards import CARDS, card_file_name
 from api.specs import RunSpec
 from tests.algorithms.surgery_event_checks import SURGERY_EVENT_CHECKS
 from tests.algorithms import checks_augmentations as augmentations
+from tests.algorithms import checks_block_surgery as block_surgery
+from tests.algorithms import checks_optimization as optimization
+from tests.algorithms import checks_randaugment as randaugment
 from tests.algorithms import checks_weight_averaging as weight_averaging
 from workers.parallel import unwrap
 from workers.trainer import Trainer
@@ -125,6 +128,9 @@ EVENT_CHECKS = {
     **SURGERY_EVENT_CHECKS,
     **augmentations.EVENT_CHECKS,
     **weight_averaging.EVENT_CHECKS,
+    **optimization.EVENT_CHECKS,
+    **block_surgery.BLOCK_SURGERY_EVENT_CHECKS,
+    **randaugment.EVENT_CHECKS,
 }
 
 

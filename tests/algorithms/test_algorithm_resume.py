@@ -43,6 +43,24 @@ RESUME_RUNS = {
     "swa": (RESNET, IMAGES, {"name": "swa", "swa_start": "0.25dur", "swa_end": "0.75dur", "update_interval": "1ba",
                              "schedule_swa_lr": True, "anneal_steps": 2, "swa_lr": 0.01,
                              "bn_update_batches": 3}, 8, 4),
+    "gradient_clipping": (RESNET, IMAGES, {"name": "gradient_clipping", "clipping_type": "adaptive",
+                                           "clipping_threshold": 0.01}, 8, 4),
+    # Freezes at the first epoch end (batch 6), saves at 8, freezes deeper at batch 12.
+    "layer_freezing": (SIMPLE_CNN, IMAGES, {"name": "layer_freezing", "freeze_start": 0.0}, 14, 8),
+    "stochastic_depth": (RESNET, IMAGES, {"name": "stochastic_depth", "drop_rate": 0.5, "drop_warmup": 0.25}, 8, 4),
+    "squeeze_excite": (SIMPLE_CNN, IMAGES, {"name": "squeeze_excite", "latent_channels": 0.5, "min_channels": 8},
+                       8, 4),
+    "ghost_batchnorm": (RESNET, IMAGES, {"name": "ghost_batchnorm", "ghost_batch_size": 8}, 8, 4),
+    "weight_standardization": (SIMPLE_CNN, IMAGES, {"name": "weight_standardization"}, 8, 4),
+    "sam": (SIMPLE_CNN, IMAGES, {"name": "sam", "rho": 0.1, "interval": 2}, 8, 4),
+    "low_precision_layernorm": (GPT, TEXT, {"name": "low_precision_layernorm"}, 8, 4),
+    "low_precision_groupnorm": (SIMPLE_CNN, IMAGES, {"name": "low_precision_groupnorm"}, 8, 4),
+    "fused_layernorm": (GPT, TEXT, {"name": "fused_layernorm"}, 8, 4),
+    "seq_length_warmup": (GPT, TEXT, {"name": "seq_length_warmup", "duration": 1.0, "min_seq_length": 4,
+                                      "max_seq_length": 16, "step_size": 4, "truncate": False}, 8, 4),
+    "selective_backprop": (SIMPLE_CNN, IMAGES, {"name": "selective_backprop", "start": 0.25, "end": 1.0,
+                                                "interval": 1, "scale_factor": 0.5}, 8, 4),
+    "randaugment": (SIMPLE_CNN, IMAGES, {"name": "randaugment", "depth": 1}, 8, 4),
 }
 
 

@@ -15,6 +15,9 @@ import algorithms.functional as af
 from algorithms.base import NoEffectWarning
 from algorithms.registry import ALGORITHM_CLASSES
 from tests.algorithms import checks_augmentations as augmentations
+from tests.algorithms import checks_block_surgery as block_surgery
+from tests.algorithms import checks_optimization as optimization
+from tests.algorithms import checks_randaugment as randaugment
 from tests.algorithms import checks_weight_averaging as weight_averaging
 from tests.algorithms.surgery_checks import SURGERY_FUNCTIONAL_NAMES, SURGERY_PROPERTY_CHECKS
 
@@ -133,11 +136,16 @@ PROPERTY_CHECKS = {
     **SURGERY_PROPERTY_CHECKS,
     **augmentations.PROPERTY_CHECKS,
     **weight_averaging.PROPERTY_CHECKS,
+    **optimization.PROPERTY_CHECKS,
+    **block_surgery.BLOCK_SURGERY_PROPERTY_CHECKS,
+    **randaugment.PROPERTY_CHECKS,
 }
 
 FUNCTIONAL_NAMES = {"channels_last": "apply_channels_last", "label_smoothing": "smooth_labels",
                     "cutmix": "cutmix_batch", **SURGERY_FUNCTIONAL_NAMES,
-                    **augmentations.FUNCTIONAL_NAMES, **weight_averaging.FUNCTIONAL_NAMES}
+                    **augmentations.FUNCTIONAL_NAMES, **weight_averaging.FUNCTIONAL_NAMES,
+                    **optimization.FUNCTIONAL_NAMES, **block_surgery.BLOCK_SURGERY_FUNCTIONAL_NAMES,
+                    **randaugment.FUNCTIONAL_NAMES}
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHM_CLASSES))

@@ -20,6 +20,8 @@ SURGERY = sorted(name for name, cls in ALGORITHM_CLASSES.items() if cls.changes_
 SPEC_PARAMS = {
     "alibi": {"max_sequence_length": 64, "train_sequence_length_scaling": 0.5},
     "factorize": {"min_channels": 32, "min_features": 32},
+    "squeeze_excite": {"min_channels": 32, "latent_channels": 8},
+    "ghost_batchnorm": {"ghost_batch_size": 8},
 }
 
 
@@ -59,7 +61,12 @@ def test_resuming_replays_the_surgery_before_loading_the_saved_model(name):
     assert optimized == {id(p) for p in model.parameters()}
 
 
-@pytest.mark.parametrize("name", [n for n in SURGERY if n != "channels_last"])
+# Surgery that keeps every state-dict name and shape (a memory format; a class swap with the same
+# parameters) loads into an unconverted model by design.
+SAME_STATE_DICT = {"channels_last", "low_precision_layernorm", "low_precision_groupnorm", "fused_layernorm"}
+
+
+@pytest.mark.parametrize("name", [n for n in SURGERY if n not in SAME_STATE_DICT])
 def test_a_surgered_checkpoint_does_not_load_into_an_unconverted_model(name):
     spec = run_spec(name)
     saved = unwrap(Trainer(spec).state.model).state_dict()

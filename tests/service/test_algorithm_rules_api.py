@@ -20,10 +20,29 @@ def factorize_twice(body):
     body["algorithms"] = [{"name": "factorize"}, {"name": "factorize", "latent_features": 64}]
 
 
+def stochastic_depth_without_residual_blocks(body):
+    body.update(model={"name": "simple_cnn"}, algorithms=[{"name": "stochastic_depth"}])
+
+
+def stochastic_depth_on_the_wrong_block(body):
+    body["algorithms"] = [{"name": "stochastic_depth", "target_layer_name": "ResNetBottleneck"}]
+
+
+def ghost_batchnorm_without_batchnorm(body):
+    body.update(model={"name": "simple_cnn"}, algorithms=[{"name": "ghost_batchnorm"}])
+
+
 @pytest.mark.parametrize("mutate, rule", [
     (alibi_on_a_cnn, "algorithm 'alibi' needs a transformer model but model 'cifar_resnet20' is a cnn"),
     (blurpool_on_text, "algorithm 'blurpool' is for vision data but data set 'shakespeare' is text"),
     (factorize_twice, "algorithm 'factorize' is listed twice; list each method once"),
+    (stochastic_depth_without_residual_blocks,
+     "algorithm 'stochastic_depth' needs residual blocks but model 'simple_cnn' has none"),
+    (stochastic_depth_on_the_wrong_block,
+     "target_layer_name 'ResNetBottleneck' is not in model 'cifar_resnet20', whose residual blocks are "
+     "CifarResNetBasicBlock"),
+    (ghost_batchnorm_without_batchnorm, "algorithm 'ghost_batchnorm' needs BatchNorm layers but model 'simple_cnn' "
+     "has none"),
 ])
 def test_a_run_breaking_an_algorithm_rule_is_refused_and_not_stored(client, example_body, mutate, rule):
     mutate(example_body)

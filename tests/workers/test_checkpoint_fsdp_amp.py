@@ -51,3 +51,29 @@ def test_fsdp_with_fp16_and_a_grad_scaler_resumes_exactly_with_its_weight_averag
     model_at_4 = read_checkpoint(f"{whole}/ep0-ba4")["model"]
     ema_at_4 = trainer_state(f"{whole}/ep0-ba4")["algorithms"]["ema"]["averaged"]
     assert {name: t.tensor.shape for name, t in ema_at_4.items()} == {name: t.shape for name, t in model_at_4.items()}
+
+
+# One run with every method that acts on gradients or on BatchNorm/residual blocks, in the order
+# that lets each see the others' work (after-events run in reverse: SAM, then clipping, then freezing).
+GRADIENT_AND_BLOCK_METHODS = [
+    {"name": "layer_freezing", "freeze_start": 0.0}, {"name": "gradient_clipping", "clipping_threshold": 0.5},
+    {"name": "sam", "rho": 0.05}, {"name": "stochastic_depth", "drop_rate": 0.3},
+    {"name": "ghost_batchnorm", "ghost_batch_size": 4}, {"name": "weight_standardization"},
+]
+
+
+def test_fsdp_with_fp16_resumes_exactly_with_the_gradient_and_block_methods(tmp_path):
+    spec = tiny_spec(model={"name": "cifar_resnet20", "params": {"width": 4}}, max_duration="8ba", deterministic=True,
+                     precision="amp_fp16", parallelism={"strategy": "fsdp", "num_workers": 2},
+                     algorithms=GRADIENT_AND_BLOCK_METHODS, checkpoint={"interval": "2ba", "keep_last": 10})
+    whole = f"file://{tmp_path}/whole"
+    run_on_ranks(spec, world_size=2, checkpoint_url=whole, work_dir=tmp_path)
+    # Cut after the first epoch end (4 batches): layer freezing has frozen its first layers.
+    (saved,) = [p for p in (tmp_path / "whole").iterdir() if p.name.endswith("-ba6")]
+    shutil.copytree(saved, tmp_path / "cut" / saved.name)
+    cut = f"file://{tmp_path}/cut"
+    resumed = run_on_ranks(spec, world_size=2, checkpoint_url=cut, work_dir=tmp_path)
+    assert resumed["resumed_from"] == f"{cut}/{saved.name}" and resumed["loss_steps"] == [7, 8]
+    assert_bitwise_equal(latest_url(whole), latest_url(cut))
+    state = trainer_state(latest_url(cut))
+    assert state["algorithms"]["layer_freezing"]["frozen_layers"] > 0 and state["scaler"]["scale"] > 0

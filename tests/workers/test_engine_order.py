@@ -45,7 +45,7 @@ def test_after_events_run_algorithms_in_reverse_order_then_callbacks(event):
 def test_is_after_holds_exactly_for_after_and_end_events():
     after = {e for e in Event if e.is_after}
     assert after == {Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.AFTER_LOSS, Event.AFTER_BACKWARD,
-                     Event.BATCH_END, Event.EPOCH_END, Event.EVAL_END, Event.FIT_END}
+                     Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EPOCH_END, Event.EVAL_END, Event.FIT_END}
 
 
 def test_only_matching_algorithms_apply_and_matches_are_decided_before_any_apply():

@@ -91,7 +91,7 @@ def test_events_fire_in_the_documented_order():
     one_microbatch = [Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS,
                       Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD]
     assert log.events == [Event.INIT, Event.FIT_START, Event.EPOCH_START, Event.AFTER_DATALOADER,
-                          *one_microbatch, *one_microbatch, Event.BATCH_END, Event.EVAL_START,
+                          *one_microbatch, *one_microbatch, Event.AFTER_TRAIN_BATCH, Event.BATCH_END, Event.EVAL_START,
                           Event.EVAL_END, Event.FIT_END]
 
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from algorithms.stochastic_depth import register_residual_block
+
 Shortcut = Literal["A", "B"]
 
 
@@ -49,6 +51,11 @@ class BasicBlock(nn.Module):
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return F.relu(out + self.shortcut(x))
+
+
+# StochasticDepth splits a block into main branch and shortcut: post(main(x) + shortcut(x)).
+register_residual_block("CifarResNetBasicBlock", BasicBlock, shortcut=lambda b, x: b.shortcut(x),
+                        main=lambda b, x: b.bn2(b.conv2(F.relu(b.bn1(b.conv1(x))))))
 
 
 class CifarResNet(nn.Module):
