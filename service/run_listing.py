@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
-from sqlalchemy import Select, and_, exists, func, or_, select
+from sqlalchemy import Select, and_, cast, exists, func, or_, select
+from sqlalchemy.dialects.postgresql import JSONB
 
 from api.views import RunStatus, metric_mode
 from service.db.models import Run, RunBest
@@ -70,9 +71,9 @@ def filtered(query: Select, where: RunFilter, dialect: str) -> Select:
 def _has_tag(tag: str, dialect: str):
     """The run's JSON ``tags`` array holds ``tag`` exactly (an element, not a substring)."""
     if dialect == "postgresql":
-        elements = func.json_array_elements_text(Run.tags).table_valued("value")
-    else:
-        elements = func.json_each(Run.tags).table_valued("value")
+        # (tags::jsonb) @> '["tag"]': the expression GIN index of migration 0007 answers it.
+        return cast(Run.tags, JSONB).contains([tag])
+    elements = func.json_each(Run.tags).table_valued("value")
     return exists(select(1).select_from(elements).where(elements.c.value == tag))
 
 

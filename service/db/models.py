@@ -79,7 +79,7 @@ class Run(AttemptedRow, Base):
     __tablename__ = "runs"
 
     summary: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
-    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)  # on PostgreSQL, GIN-indexed as jsonb (0007)
     sweep_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     # A sweep trial: Ray Tune's trial id within the sweep, and the searched values that made it.
     trial_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
