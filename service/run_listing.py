@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal
 
-from sqlalchemy import Select, and_, cast, exists, func, or_, select
+from sqlalchemy import Select, String, and_, cast, exists, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import JSONB
 
 from api.views import RunStatus, metric_mode
@@ -71,8 +71,12 @@ def filtered(query: Select, where: RunFilter, dialect: str) -> Select:
 def _has_tag(tag: str, dialect: str):
     """The run's JSON ``tags`` array holds ``tag`` exactly (an element, not a substring)."""
     if dialect == "postgresql":
-        # (tags::jsonb) @> '["tag"]': the expression GIN index of migration 0007 answers it.
-        return cast(Run.tags, JSONB).contains([tag])
+        # (tags::jsonb) @> '["tag"]': the expression GIN index of migration 0007 answers it. The
+        # array is a text parameter cast to jsonb, so the query also renders with literal binds.
+        # As a subquery of ids, so the planner fetches the tagged runs through the index rather
+        # than walking the newest-first index and testing each run (slow for a rare tag).
+        tagged = cast(Run.tags, JSONB).op("@>")(cast(literal(json.dumps([tag]), String()), JSONB))
+        return Run.id.in_(select(Run.id).where(tagged).scalar_subquery())
     elements = func.json_each(Run.tags).table_valued("value")
     return exists(select(1).select_from(elements).where(elements.c.value == tag))
 
