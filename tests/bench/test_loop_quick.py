@@ -14,8 +14,9 @@ import sys
 
 from tests.conftest import REPO_ROOT
 
-# AFTER_DATALOADER, BEFORE/AFTER_FORWARD, BEFORE/AFTER_LOSS, BEFORE/AFTER_BACKWARD, BATCH_END
-ENGINE_CALLS_PER_STEP = 8
+# AFTER_DATALOADER, BEFORE/AFTER_FORWARD, BEFORE/AFTER_LOSS, BEFORE/AFTER_BACKWARD,
+# AFTER_TRAIN_BATCH (gradients synced and unscaled: gradient clipping, SAM), BATCH_END
+ENGINE_CALLS_PER_STEP = 9
 
 
 def test_quick_loop_bench_compares_trainer_and_plain_loop_and_counts_engine_calls(tmp_path):
