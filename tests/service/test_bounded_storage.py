@@ -30,9 +30,11 @@ def test_a_hung_call_raises_at_its_deadline_and_a_quick_one_returns(hung):
     assert bounded("adding", 1.0, lambda a, b: a + b, 2, 3) == 5
 
 
-def test_a_request_that_reads_a_hung_store_is_a_503_with_retry_after(client, settings, tmp_path, hung):
+def test_a_request_that_reads_a_hung_store_is_a_503_with_retry_after(client, settings, tmp_path, hung, monkeypatch):
     store = CodeStore(f"file://{tmp_path}/store", timeout_s=0.2)
-    store.fs.exists = hung
+    # fsspec caches filesystem instances: this is the process's one LocalFileSystem, so the
+    # patch must be undone after the test (a plain assignment made every later `exists` True).
+    monkeypatch.setattr(store.fs, "exists", hung)
     client.app.state.__dict__["code_stores"] = {"default": store}  # where project_code_store keeps them
     started = time.monotonic()
     answer = client.get(f"{API}/code/{DIGEST}")
