@@ -56,4 +56,4 @@ def test_submitting_a_bad_spec_prints_the_field_error_and_stores_nothing(service
 
 def test_show_of_an_unknown_run_says_not_found(service):
     result = tessera("show", "doesnotexist", url=service.url)
-    assert result.returncode == 1 and "HTTP 404" in result.stderr
+    assert result.returncode == 3 and "HTTP 404" in result.stderr  # not found (cli/output.py)
