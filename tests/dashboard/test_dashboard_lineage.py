@@ -28,6 +28,7 @@ def test_fork_dialog_shows_the_api_s_refusal_then_opens_the_child_and_continue_q
         page, local_service):
     parent = _completed_run_with_a_checkpoint(local_service.repo)
     page.goto(dashboard_url(local_service.url, f"runs/{parent.id}"))
+    expect(page.locator("#checkpoints tbody tr")).to_have_count(1)  # the dialog offers the checkpoints listed
     page.click("#fork-run")
     spec = yaml.safe_load(page.input_value("#fork-spec"))
     assert spec == parent.spec

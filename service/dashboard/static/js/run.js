@@ -226,10 +226,9 @@ export function mount(root, ctx) {
 
   async function pollCheckpoints() {
     try {
-      const [list, exports] = await Promise.all([getJSON(`${path}/checkpoints`),
-        getJSON(`${path}/exports`).catch(() => ({ data: [] }))]);
-      lastCheckpoints = list.data;
-      renderCheckpoints(lastCheckpoints, exports.data);
+      const exports = getJSON(`${path}/exports`).catch(() => ({ data: [] }));  // in parallel
+      lastCheckpoints = (await getJSON(`${path}/checkpoints`)).data;  // the fork dialog's choices, at once
+      renderCheckpoints(lastCheckpoints, (await exports).data);
     } catch (error) {
       // Not worth marking the whole page stale: keep the last list and try again next time.
       if (error instanceof ApiError && error.status === 404) {
