@@ -79,6 +79,16 @@ def failure_from_logs(jobs: JobsClient, job_id: str) -> str:
     return f"Ray job {job_id} failed; last lines of its log:\n{tail}" if tail else f"Ray job {job_id} failed"
 
 
+def ray_auth_headers() -> dict[str, str]:
+    """The header Ray's own clients send to a cluster with token auth (``RAY_AUTH_MODE=token``):
+    the token from ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, found by
+    Ray's own loader so the rules stay Ray's. Empty when token auth is off. (Ray's SDK, which
+    this client replaced, added it by itself; without it every call is a 401.)"""
+    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+
+    return dict(get_auth_headers_if_auth_enabled({}))
+
+
 class RayJobsClient:
     """``JobsClient`` over the Jobs REST API of the Ray dashboard at ``address``, every call
     bounded by ``timeout_s`` (connect, read and write each)."""
@@ -87,7 +97,8 @@ class RayJobsClient:
                  transport: httpx.BaseTransport | None = None):
         self.address = address.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.address, timeout=timeout_s, transport=transport)
+        self._http = httpx.Client(base_url=self.address, timeout=timeout_s, transport=transport,
+                                  headers=ray_auth_headers())
 
     def close(self) -> None:
         self._http.close()

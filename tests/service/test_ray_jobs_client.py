@@ -133,3 +133,27 @@ def test_real_ray_head_runs_each_submission_once_and_stops_on_request(ray_head):
     client.stop(sleeper)
     assert _wait_for(client, sleeper, {"STOPPED", "FAILED", "SUCCEEDED"}, timeout_s=30) == "STOPPED"
     assert client.status(f"{job_id}-never-submitted") is None
+
+
+def test_a_cluster_with_token_auth_gets_rays_token_on_every_call(tmp_path):
+    """With ``RAY_AUTH_MODE=token`` every request carries ``Authorization: Bearer <token>`` as
+    Ray's own SDK sends it (Ray reads the token once per process, so this runs in a fresh one)."""
+    import os
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    script = (
+        "import httpx\n"
+        "from service.ray_client import RayJobsClient\n"
+        "seen = []\n"
+        "def answer(request):\n"
+        "    seen.append(request.headers.get('authorization'))\n"
+        "    return httpx.Response(200, json={'status': 'RUNNING'})\n"
+        "client = RayJobsClient('http://ray.test:8265', transport=httpx.MockTransport(answer))\n"
+        "client.status('run-x-attempt-1')\n"
+        "print(seen)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "s3cr3t-token"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['Bearer s3cr3t-token']"
