@@ -70,7 +70,7 @@ def remove_folder(url: str) -> None:
         if fs.exists(path):
             fs.rm(path, recursive=True)
     except FileNotFoundError:
-        pass
+        return  # gone meanwhile: what delete wants anyway
     except OSError as exc:
         raise StorageUnavailable(f"could not delete {url}: {exc}; nothing was deleted, try again") from exc
 

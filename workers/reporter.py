@@ -134,7 +134,7 @@ class NullSink:
         pass
 
     def note(self, message: str) -> None:
-        pass
+        """Dropped: this sink keeps no run events."""
 
     def flush(self) -> None:
         pass

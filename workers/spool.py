@@ -114,5 +114,5 @@ class Spool:
                 try:
                     self.directory.rmdir()
                 except OSError:  # something else is in it (another reporter's entry): keep it
-                    pass
+                    return
 

@@ -5,6 +5,7 @@ crashed would; ``up()`` lets connections through again. The server itself is nev
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -63,7 +64,7 @@ class TcpProxy:
             while data := source.recv(65536):
                 sink.sendall(data)
         except OSError:
-            pass
+            return  # either side closed: this direction is done (the finally below closes both)
         finally:
             for sock in (source, sink):
                 with self._lock:
@@ -72,8 +73,6 @@ class TcpProxy:
 
 
 def _close(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):  # already closed by the peer
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     sock.close()
