@@ -18,6 +18,7 @@ from api.data_specs import ImageFolderSpec, WebDatasetSpec
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
+from api.run_edits import MAX_TAGS, TAG_CHARSET, Tag
 from api.time import DurationTime, IntervalTime, OffsetTime, Time, TimeUnit
 
 
@@ -247,7 +248,9 @@ class RunSpec(Spec):
     max_restarts: int = Field(0, ge=0, le=100, description="worker-group restarts Ray Train may make")
     seed: int = Field(42, ge=0, le=2**31 - 1)
     deterministic: bool = False
-    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=32)
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS,
+                            description=f"labels to find the run by (each of {TAG_CHARSET}); "
+                                        f"PATCH /runs/{{id}} edits them later")
     priority: Literal["low", "normal", "high"] = Field(
         "normal", description="queue order: higher first; runs of equal priority take turns across projects")
     max_wall_time: str | None = Field(

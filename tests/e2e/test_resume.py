@@ -47,7 +47,8 @@ def first_commit(client, run_id: str):
 
 def running_messages(client, run_id: str, attempt: int) -> list[str]:
     return [e.message or "" for e in client.run_events(run_id).data
-            if e.to_status is RunStatus.RUNNING and e.attempt == attempt]
+            if e.to_status is RunStatus.RUNNING and e.from_status is not RunStatus.RUNNING
+            and e.attempt == attempt]
 
 
 def test_a_job_lost_with_its_ray_head_resumes_from_the_newest_checkpoint_without_running_twice(
