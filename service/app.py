@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
+from service.dispatch_wake import WakeDispatcher
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
 from service.limits import RequestLimits
@@ -57,6 +58,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     install_error_handlers(app)
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes,
                        code_max_body_bytes=settings.code_max_body_bytes, code_prefix=f"{API_PREFIX}/code")
+    app.add_middleware(WakeDispatcher, prefix=API_PREFIX)
     install_metrics(app)
     for module in (runs, lineage, reports, sweeps, access, catalog, health, code, logs, export, housekeeping):
         app.include_router(module.router)

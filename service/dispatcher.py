@@ -2,7 +2,8 @@
 
 It drives two ``JobFollower``s, one per ``JobKind``: run attempts and sweep drivers.
 ``tick()`` does one pass over both and is what the tests drive; ``start()`` runs it every
-``dispatch_interval_s`` on a background thread for the app's lifetime; ``reconcile()`` makes
+``dispatch_interval_s`` on a background thread for the app's lifetime, and at once after
+``wake()`` (a submit, a cancel, an ended run: ``service.dispatch_wake``); ``reconcile()`` makes
 the database agree with Ray once at startup, before anything new is submitted.
 
 A tick never waits on Ray without a bound: it starts with one bounded call (the job list);
@@ -53,6 +54,7 @@ class Dispatcher:
         self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url,
                                                                     timeout_s=settings.storage_timeout_s))
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_tick_at = time.monotonic()  # when the loop last finished a tick (ok or not)
         self.ray_error: str | None = None  # why the last tick could not ask Ray; None: it could
@@ -104,17 +106,23 @@ class Dispatcher:
         """Whether the background thread was started (and not stopped)."""
         return self._thread is not None
 
+    def wake(self) -> None:
+        """Run the next tick now instead of at the end of the interval (no-op without the thread)."""
+        self._wake.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # a wake during this tick makes the next one start at once
             try:
                 self.tick()
             except Exception:  # e.g. the database is briefly unreachable
                 log.exception("dispatcher tick failed; retrying in %.1fs", self.settings.dispatch_interval_s)
             self.last_tick_at = time.monotonic()
-            self._stop.wait(self.settings.dispatch_interval_s)
+            self._wake.wait(self.settings.dispatch_interval_s)

@@ -24,7 +24,7 @@ from algorithms.registry import build_algorithms
 from api.catalog import DATASETS
 from api.lineage import ForkInfo
 from api.specs import RunSpec
-from workers.checkpoint import Checkpointer, fingerprint
+from workers.checkpoint import Checkpointer, fingerprint, with_retries
 from workers.checkpoint.fork_source import load_fork_source
 from workers.checkpoint.training import (FINAL_SAVED_KEY, AlgorithmStates, RankRng, StateOf, Stateful,
                                          TimestampState, TrainingCheckpoints, scaler_state)
@@ -235,7 +235,17 @@ class Trainer:
                                    num_classes=self.state.num_classes, in_channels=self.in_channels,
                                    image_size=getattr(self.train_loader, "image_size", None),
                                    metrics=dict(self.metrics.latest))
-        return write_exports(run, state, metadata)
+        retries = {} if self.checkpointer is None else {"attempts": self.checkpointer.attempts,
+                                                        "first_delay_s": self.checkpointer.first_delay_s}
+        try:
+            return with_retries(lambda: write_exports(run, state, metadata),
+                                what=f"exporting the final model to {run}", **retries)
+        except Exception as exc:  # the weights are trained; a missing export must not fail the run
+            log.exception("exporting the final model to %s/exports failed", run)
+            self.sink.note(f"the final model could not be exported to {run}/exports after its retries "
+                           f"({type(exc).__name__}: {str(exc)[:200]}); export a committed checkpoint later "
+                           f"(POST /runs/{{id}}/exports, `tessera export RUN --step N`)")
+            return None
 
     def _eval_due(self) -> bool:
         return bool(self.eval_every) and self.state.timestamp.batch % self.eval_every == 0

@@ -176,3 +176,29 @@ def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s
     committed = Checkpointer(url, fingerprint={}).checkpoints()
     assert [(c.step, c.committed) for c in committed] == [(2, True), (6, True), (8, True)]  # torn ba4 removed
     assert not storage_for(url).isfile(join(url, "ep0-ba4", MARKER))
+
+
+@pytest.mark.integration
+def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_the_newest_committed(s3_server):
+    from workers.checkpoint.training import FINAL_SAVED_KEY
+
+    url = s3_server.url("runs/s3-final-outage/checkpoints")
+    spec = spec_with_checkpoints(max_duration="7ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    sink = MemorySink()
+    # Down from the end of batch 7 (the final save's batch) until training has ended.
+    trainer = Trainer(spec, sink=sink, checkpoint_url=url, callbacks=[Outage(s3_server, down_at=7, up_at=-1)])
+    trainer.checkpointer.attempts = 1  # s3fs and botocore retry each call for seconds already
+    try:
+        metrics = trainer.fit()
+    finally:
+        s3_server.start()
+    assert [(c["step"], c["committed"]) for c in sink.checkpoints] == [(2, True), (4, True), (6, True), (7, False)]
+    assert metrics[FINAL_SAVED_KEY] == 0.0 and sink.values(FINAL_SAVED_KEY) == [(7, 0.0)]
+    assert any("final model could not be exported" in note for note in sink.notes)  # and fit() still returned
+
+    resumed = MemorySink()
+    longer = Trainer(spec_with_checkpoints(max_duration="9ba", checkpoint={"interval": "2ba", "keep_last": 2}),
+                     sink=resumed, checkpoint_url=url)
+    longer.fit()
+    assert longer.resumed_from == f"{url}/ep1-ba6"  # the torn ba7 is never loaded
+    assert [step for step, _ in resumed.values("train/loss")] == [7, 8, 9]

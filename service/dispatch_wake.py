@@ -1,0 +1,42 @@
+"""Wake the dispatcher when a request changed something it acts on.
+
+The dispatcher ticks every ``dispatch_interval_s``; without this, a submitted run waited up to
+one interval before it was handed to Ray, a cancel before its job was stopped, and a queued
+run behind a run that just ended before it was admitted. After a successful write under the
+API prefix (POST, PUT, PATCH or DELETE answered 2xx) the dispatcher's loop runs its next tick
+at once. The workers' progress reports (metrics, checkpoints, notes: many per second, nothing
+for the dispatcher to do) do not wake it; their status reports do (an ended run frees room).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+PROGRESS_REPORTS = ("/report/metrics", "/report/checkpoint", "/report/note")
+
+
+class WakeDispatcher:
+    """ASGI middleware: ``app.state.dispatcher.wake()`` after each successful write."""
+
+    def __init__(self, app: Any, *, prefix: str):
+        self.app, self.prefix = app, prefix
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if (scope["type"] != "http" or scope["method"] in READS or not path.startswith(self.prefix)
+                or any(marker in path for marker in PROGRESS_REPORTS)):
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_and_note_status(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, send_and_note_status)
+        dispatcher = getattr(scope["app"].state, "dispatcher", None) if "app" in scope else None
+        if 200 <= status < 300 and dispatcher is not None:
+            dispatcher.wake()
