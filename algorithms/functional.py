@@ -12,8 +12,10 @@ from algorithms.channels_last import apply_channels_last
 from algorithms.cutmix import cutmix_batch, mix_targets
 from algorithms.factorize import apply_factorization
 from algorithms.fused_layernorm import apply_fused_layernorm
+from algorithms.gated_linear_units import apply_gated_linear_units
 from algorithms.ghost_batchnorm import apply_ghost_batchnorm
 from algorithms.gradient_clipping import apply_gradient_clipping
+from algorithms.gyro_dropout import apply_gyro_dropout
 from algorithms.label_smoothing import smooth_labels
 from algorithms.layer_freezing import freeze_layers
 from algorithms.low_precision_groupnorm import apply_low_precision_groupnorm
@@ -43,4 +45,4 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "apply_weight_standardization", "SAMOptimizer", "apply_low_precision_layernorm",
            "apply_low_precision_groupnorm", "apply_fused_layernorm",
            "set_batch_sequence_length", "select_using_loss",
-           "randaugment_image"]
+           "randaugment_image", "apply_gated_linear_units", "apply_gyro_dropout"]

@@ -15,8 +15,10 @@ from algorithms.channels_last import ChannelsLast
 from algorithms.cutmix import CutMix
 from algorithms.factorize import Factorize
 from algorithms.fused_layernorm import FusedLayerNorm
+from algorithms.gated_linear_units import GatedLinearUnits
 from algorithms.ghost_batchnorm import GhostBatchNorm
 from algorithms.gradient_clipping import GradientClipping
+from algorithms.gyro_dropout import GyroDropout
 from algorithms.label_smoothing import LabelSmoothing
 from algorithms.layer_freezing import LayerFreezing
 from algorithms.low_precision_groupnorm import LowPrecisionGroupNorm
@@ -42,7 +44,7 @@ ALGORITHM_CLASSES: dict[str, type[Algorithm]] = {
                 GradientClipping, LayerFreezing, StochasticDepth, SqueezeExcite,
                 GhostBatchNorm, WeightStandardization, SAM, LowPrecisionLayerNorm, LowPrecisionGroupNorm,
                 FusedLayerNorm, SeqLengthWarmup, SelectiveBackprop,
-                RandAugment)
+                RandAugment, GatedLinearUnits, GyroDropout)
 }
 
 

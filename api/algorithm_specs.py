@@ -361,13 +361,39 @@ class RandAugmentSpec(_AlgorithmSpecBase):
         "all", description="'safe' leaves out operations that overlap ImageNet-C/CIFAR-10-C corruptions")
 
 
+class GatedLinearUnitsSpec(_AlgorithmSpecBase):
+    """Make each transformer feed-forward block a gated linear unit: down(act(gate(x)) * up(x))."""
+
+    name: Literal["gated_linear_units"]
+    act_fn: Literal["gelu", "relu", "silu", "sigmoid", "tanh"] | None = Field(
+        None, description="activation of the gate (gelu: GEGLU, silu: SwiGLU, sigmoid: GLU); null: the block's own")
+    gated_layer_bias: bool = Field(False, description="give the new gate projection a bias")
+    non_gated_layer_bias: bool = Field(False, description="keep (or add) a bias on the up projection")
+
+
+class GyroDropoutSpec(_AlgorithmSpecBase):
+    """Replace dropout with a fixed set of sigma pre-selected masks, tau of them trained at a time."""
+
+    name: Literal["gyro_dropout"]
+    p: float = Field(0.5, ge=0.0, lt=1.0, description="drop probability of every replaced dropout layer")
+    sigma: int = Field(256, ge=1, le=65536, description="pre-selected subnetworks (masks) per layer")
+    tau: int = Field(16, ge=1, le=65536, description="subnetworks trained at a time (the batch splits into tau groups)")
+
+    @model_validator(mode="after")
+    def _tau_within_sigma(self) -> "GyroDropoutSpec":
+        if self.tau > self.sigma:
+            raise ValueError(f"gyro_dropout: tau {self.tau} exceeds sigma {self.sigma}; "
+                             "tau of the sigma subnetworks are active at a time")
+        return self
+
+
 AlgorithmSpec = Annotated[
     Union[ChannelsLastSpec, LabelSmoothingSpec, CutMixSpec, AlibiSpec, BlurPoolSpec, FactorizeSpec,
           MixUpSpec, CutOutSpec, ColOutSpec, AugMixSpec, ProgressiveResizingSpec, EMASpec, SWASpec,
           GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
           GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
           LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec,
-          RandAugmentSpec],
+          RandAugmentSpec, GatedLinearUnitsSpec, GyroDropoutSpec],
     Field(discriminator="name"),
 ]
 
@@ -378,5 +404,5 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
                  GradientClippingSpec, LayerFreezingSpec, StochasticDepthSpec, SqueezeExciteSpec,
                  GhostBatchNormSpec, WeightStandardizationSpec, SAMSpec, LowPrecisionLayerNormSpec,
                  LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec,
-                 RandAugmentSpec)
+                 RandAugmentSpec, GatedLinearUnitsSpec, GyroDropoutSpec)
 }

@@ -192,6 +192,17 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
         AlgorithmInfo("randaugment", "RandAugment", "vision",
                       "Applies a few random augmentations of fixed strength to every training image.",
                       "beta", "Cubuk et al. 2020, https://arxiv.org/abs/1909.13719"),
+        AlgorithmInfo("gated_linear_units", "GatedLinearUnits", "any",
+                      "Turns each transformer feed-forward block into a gated linear unit: the hidden layer "
+                      "is an activated gate times a linear projection.",
+                      "prototype", "Shazeer 2020, https://arxiv.org/abs/2002.05202",
+                      needs=("transformer",), changes_model=True),
+        AlgorithmInfo("gyro_dropout", "GyroDropout", "any",
+                      "Replaces dropout's fresh random masks with a fixed set of pre-selected subnetworks, "
+                      "a few of them trained at a time, each about equally often.",
+                      "prototype", "Lee et al. 2022, \"Gyro Dropout: Maximizing Ensemble Effect in Neural Network "
+                      "Training\", MLSys 2022",
+                      needs=("dropout",), changes_model=True),
     )
 }
 
@@ -223,6 +234,17 @@ def arch_lacks_batchnorm(arch: str) -> bool:
     """True for torchvision architectures known to have no BatchNorm layer."""
     plain_vgg = arch.startswith("vgg") and not arch.endswith("_bn")
     return plain_vgg or arch.startswith(_ARCHS_WITHOUT_BATCHNORM)
+
+
+# Built-in models and torchvision architectures known to have no ``nn.Dropout`` layer (GyroDropout
+# replaces them); any other architecture may have some, and the surgery reports if it finds none.
+MODELS_WITHOUT_DROPOUT = frozenset({"cifar_resnet20", "resnet18", "simple_cnn"})
+_ARCHS_WITHOUT_DROPOUT = ("resnet", "resnext", "wide_resnet", "regnet", "shufflenet", "densenet", "convnext")
+
+
+def arch_lacks_dropout(arch: str) -> bool:
+    """True for torchvision architectures known to have no ``nn.Dropout`` layer."""
+    return arch.startswith(_ARCHS_WITHOUT_DROPOUT)
 
 
 def as_dict(info: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator
 
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MODELS_WITHOUT_BATCHNORM,
-                         arch_lacks_batchnorm, residual_blocks_of_arch)
+                         MODELS_WITHOUT_DROPOUT, arch_lacks_batchnorm, arch_lacks_dropout, residual_blocks_of_arch)
 from api.data_specs import ImageFolderSpec, WebDatasetSpec
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
@@ -308,6 +308,10 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         if "batchnorm" in info.needs and _lacks_batchnorm(spec.model):
             problems.append(f"algorithm {algorithm.name!r} needs BatchNorm layers but model "
                             f"{model_info.label!r} has none")
+        if "dropout" in info.needs and _lacks_dropout(spec.model):
+            problems.append(f"algorithm {algorithm.name!r} needs torch.nn.Dropout layers but model "
+                            f"{model_info.label!r} has none; use a model with dropout (gpt_small, torchvision "
+                            f"vit_*/swin_*/vgg*/mobilenet*/efficientnet*) or your own")
         if "residual_blocks" in info.needs:
             problems.extend(_residual_block_problems(algorithm, spec.model))
         for other in spec.algorithms:
@@ -334,6 +338,12 @@ def _lacks_batchnorm(model: Any) -> bool:
     if isinstance(model, TorchvisionModelSpec):
         return arch_lacks_batchnorm(model.arch)
     return not isinstance(model, ImportedModelSpec) and model.name in MODELS_WITHOUT_BATCHNORM
+
+
+def _lacks_dropout(model: Any) -> bool:
+    if isinstance(model, TorchvisionModelSpec):
+        return arch_lacks_dropout(model.arch)
+    return not isinstance(model, ImportedModelSpec) and model.name in MODELS_WITHOUT_DROPOUT
 
 
 def _residual_block_problems(algorithm: Any, model: Any) -> list[str]:

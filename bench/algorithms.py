@@ -248,6 +248,15 @@ def bottlenecks():
     return torch.nn.Sequential(*[Bottleneck(64, 16) for _ in range(4)]).eval()
 
 
+def mlp_with_dropout():
+    """A VGG-style classifier head: three Linear layers with Dropout between (GyroDropout's case)."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(3):
+        layers += [torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Dropout(0.5)]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(512, 10)).eval()
+
+
 def cifar_resnet20():
     from workers.models.cifar_resnet import cifar_resnet20 as build
     torch.manual_seed(0)
@@ -290,6 +299,11 @@ OPS: dict[str, tuple[Callable[[], tuple], dict[str, int]]] = {
     "apply_weight_standardization(resnet20)": (
         lambda: surgery("apply_weight_standardization", cifar_resnet20, torch.randn(4, 1, 32, 32), exact=False),
         {"block": 2, "rounds": 5}),
+    # Evaluation is the identity on both sides: outputs must match exactly. (GatedLinearUnits has no
+    # entry: Composer's converts HuggingFace BERT layers only, and Tessera has no BERT.)
+    "apply_gyro_dropout(3-layer MLP)": (
+        lambda: surgery("apply_gyro_dropout", mlp_with_dropout, torch.randn(8, 512), iters_per_epoch=196, max_epoch=100,
+                        p=0.5, sigma=256, tau=16), {"block": 5, "rounds": 10}),
 }
 
 

@@ -1,5 +1,6 @@
 """Functional and event-form checks of the surgery methods added after the first three
-(StochasticDepth, SqueezeExcite, GhostBatchNorm, WeightStandardization); ``test_functional_forms`` and ``test_algorithm_events`` merge these
+(StochasticDepth, SqueezeExcite, GhostBatchNorm, WeightStandardization, the norm swaps,
+GatedLinearUnits, GyroDropout); ``test_functional_forms`` and ``test_algorithm_events`` merge these
 dicts into their registry-parametrized tables."""
 
 import copy
@@ -7,6 +8,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 import algorithms.functional as af
@@ -310,6 +312,133 @@ def fused_layernorm_is_a_noted_no_op_on_cpu():
     trainer.fit()
 
 
+# --- gated_linear_units -------------------------------------------------------------------
+
+GPT_TINY = {"name": "gpt_small", "params": {"n_layer": 2, "n_head": 2, "d_model": 16, "max_seq_len": 16}}
+TEXT_TINY = {"train": {"name": "shakespeare", "seq_len": 16, "limit": 64}, "batch_size": 8}
+
+
+def ffn_model():
+    """Two residual feed-forward blocks (one with a dropout) and a classifier head that is not one."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Sequential(nn.Linear(6, 24), nn.GELU(), nn.Linear(24, 6)),
+                         nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 6), nn.Dropout(0.0)),
+                         nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)))
+
+
+def gated_linear_units_gate_ffn_blocks_keeping_names_and_updating_the_optimizer():
+    from algorithms.gated_linear_units import GatedFeedForward
+    model = ffn_model()
+    up, down, head = model[0][0], model[0][2], model[2]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert af.apply_gated_linear_units(model, optimizers=optimizer) is model
+    assert [type(m).__name__ for m in model] == ["GatedFeedForward", "GatedFeedForward", "Sequential"]
+    assert model[2] is head  # 6 -> 8 -> 3 does not map its width back: a head, not a block
+    assert model[0][0] is up and model[0][2] is down and up.bias is None  # Composer: no non-gated bias by default
+    assert set(model.state_dict()) == {"0.0.weight", "0.2.weight", "0.2.bias", "0.gate.weight", "1.0.weight",
+                                       "1.2.weight", "1.2.bias", "1.gate.weight", "2.0.weight", "2.0.bias",
+                                       "2.2.weight", "2.2.bias"}
+    gate = model[0].gate
+    assert gate.bias is None and gate.weight.std().item() == pytest.approx(up.weight.std().item(), rel=0.3)
+    x = torch.randn(5, 6)
+    expected = down(F.gelu(gate(x)) * up(x))
+    assert torch.allclose(model[0](x), expected, atol=1e-6)
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters()}  # gates in, removed biases out
+    with pytest.warns(NoEffectWarning):  # idempotent: gated blocks are not gated again
+        af.apply_gated_linear_units(model)
+    assert isinstance(model[0], GatedFeedForward) and not isinstance(model[0][2], GatedFeedForward)
+    # Biases on request, another activation; torchvision's ViT MLPs are found too.
+    swiglu = af.apply_gated_linear_units(ffn_model(), act_fn="silu", gated_layer_bias=True, non_gated_layer_bias=True)
+    assert type(swiglu[0][1]) is nn.SiLU and swiglu[0].gate.bias is not None and swiglu[0][0].bias is not None
+    from torchvision.models import VisionTransformer
+    vit = VisionTransformer(image_size=8, patch_size=4, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16,
+                            num_classes=3)
+    keys = set(vit.state_dict())
+    af.apply_gated_linear_units(vit, non_gated_layer_bias=True)
+    assert sum(isinstance(m, GatedFeedForward) for m in vit.modules()) == 2
+    assert set(vit.state_dict()) - keys == {f"encoder.layers.encoder_layer_{i}.mlp.gate.weight" for i in (0, 1)}
+    assert vit(torch.randn(2, 3, 8, 8)).shape == (2, 3)
+
+
+def gated_linear_units_warn_without_feed_forward_blocks():
+    with pytest.warns(NoEffectWarning, match="GatedLinearUnits found no feed-forward block"):
+        af.apply_gated_linear_units(simple_cnn(num_classes=3))
+    with pytest.raises(ValueError, match="act_fn 'swish' is not one of gelu, relu, silu"):
+        af.apply_gated_linear_units(ffn_model(), act_fn="swish")
+
+
+def gated_linear_units_gate_gpt_small_at_init_and_train():
+    trainer = run_for({"name": "gated_linear_units", "act_fn": "silu"}, model=GPT_TINY, data=TEXT_TINY,
+                      max_duration="2ba", optimizer={"name": "adamw", "lr": 0.01})
+    model = unwrap(trainer.state.model)
+    blocks = [b.mlp for b in model.blocks]
+    assert all(type(m).__name__ == "GatedFeedForward" and type(m[1]) is nn.SiLU for m in blocks)
+    optimized = {id(p) for group in trainer.state.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters()}
+    before = [m.gate.weight.detach().clone() for m in blocks]
+    trainer.fit()
+    assert all(not torch.equal(b, m.gate.weight) for b, m in zip(before, blocks))
+
+
+# --- gyro_dropout -------------------------------------------------------------------------
+
+
+def gyro_dropout_trains_tau_of_sigma_fixed_masks_and_changes_them_every_period():
+    from algorithms.gyro_dropout import GyroDropoutLayer
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Dropout(0.1))
+    # 4 iterations x 2 epochs over 4 subnetworks: the active pair changes every 2 steps.
+    assert af.apply_gyro_dropout(model, iters_per_epoch=4, max_epoch=2, p=0.25, sigma=4, tau=2) is model
+    layer = model[1]
+    assert type(layer) is GyroDropoutLayer and layer.change_every == 2 and layer.p == 0.25
+    masks = layer.masks(32).float() / 0.75
+    ones, seen = torch.ones(8, 32), []
+    for step in range(8):
+        out = layer.train()(ones)
+        active = masks[layer.active_indices(step)]
+        assert torch.equal(out[:4], active[0].expand(4, 32)) and torch.equal(out[4:], active[1].expand(4, 32))
+        seen.append(layer.active_indices(step).tolist())
+    assert int(layer.step) == 8  # the functional form counts its training forwards, as Composer's
+    assert seen[0] == seen[1] and seen[2] == seen[3] and len({tuple(s) for s in seen[::2]}) > 1
+    assert all(len(set(s)) == 2 for s in seen)  # tau distinct subnetworks at a time
+    # Sequences (N, T, C): one mask per example over the channels; feature maps (N, C, H, W): channels.
+    seq = layer(torch.ones(2, 3, 32))
+    assert torch.equal(seq[:, 0], seq[:, 2]) and set(seq.unique().tolist()) <= {0.0, masks.max().item()}
+    maps = layer(torch.ones(2, 32, 3, 3))
+    assert torch.equal(maps[..., 0, 0], maps[..., 2, 1])
+    assert torch.equal(layer.eval()(ones), ones)  # evaluation: the identity
+    # Seed and step are in the state dict: a fresh layer loaded from it continues identically.
+    fresh = af.apply_gyro_dropout(nn.Sequential(nn.Linear(4, 32), nn.Dropout()), 4, 2, p=0.25, sigma=4, tau=2)
+    fresh.load_state_dict(model.state_dict())
+    assert torch.equal(fresh[1].train()(ones), layer.train()(ones))
+
+
+def gyro_dropout_warns_without_dropout():
+    with pytest.warns(NoEffectWarning, match="GyroDropout found no torch.nn.Dropout"):
+        af.apply_gyro_dropout(simple_cnn(num_classes=3), iters_per_epoch=10, max_epoch=1)
+    with pytest.raises(ValueError, match="tau 8 must lie in"):
+        af.apply_gyro_dropout(nn.Dropout(), iters_per_epoch=10, max_epoch=1, sigma=4, tau=8)
+
+
+def gyro_dropout_follows_the_batch_counter_not_the_forward_count():
+    from algorithms.gyro_dropout import GyroDropoutLayer
+    one_layer = {"name": "gpt_small", "params": {**GPT_TINY["params"], "n_layer": 1}}
+    trainer = run_for({"name": "gyro_dropout", "p": 0.5, "sigma": 2, "tau": 2}, model=one_layer, data=TEXT_TINY,
+                      max_duration="4ba", microbatch_size=4, optimizer={"name": "adamw", "lr": 0.01})
+    layers = [m for m in unwrap(trainer.state.model).modules() if isinstance(m, GyroDropoutLayer)]
+    assert len(layers) == 2 and all(m.change_every == 2 and not m.count_forwards for m in layers)  # 4 batches / 2
+    steps = []
+
+    class Steps:
+        def run_event(self, event, state):
+            if event is Event.BEFORE_FORWARD:
+                steps.append(int(layers[0].step))
+    trainer.engine.callbacks.append(Steps())
+    trainer.fit()
+    assert steps == [0, 0, 1, 1, 2, 2, 3, 3]  # two microbatches per batch, one step
+
+
 BLOCK_SURGERY_PROPERTY_CHECKS = {
     "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
                          stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
@@ -324,6 +453,10 @@ BLOCK_SURGERY_PROPERTY_CHECKS = {
     "low_precision_layernorm": [low_precision_layernorm_functional],
     "low_precision_groupnorm": [low_precision_groupnorm_functional],
     "fused_layernorm": [fused_layernorm_without_apex_or_cuda_changes_nothing_and_says_so],
+    "gated_linear_units": [gated_linear_units_gate_ffn_blocks_keeping_names_and_updating_the_optimizer,
+                           gated_linear_units_warn_without_feed_forward_blocks],
+    "gyro_dropout": [gyro_dropout_trains_tau_of_sigma_fixed_masks_and_changes_them_every_period,
+                     gyro_dropout_warns_without_dropout],
 }
 
 BLOCK_SURGERY_EVENT_CHECKS = {
@@ -334,6 +467,8 @@ BLOCK_SURGERY_EVENT_CHECKS = {
     "low_precision_layernorm": [low_precision_norms_are_a_noted_no_op_on_cpu],
     "low_precision_groupnorm": [low_precision_norms_are_a_noted_no_op_on_cpu],
     "fused_layernorm": [fused_layernorm_is_a_noted_no_op_on_cpu],
+    "gated_linear_units": [gated_linear_units_gate_gpt_small_at_init_and_train],
+    "gyro_dropout": [gyro_dropout_follows_the_batch_counter_not_the_forward_count],
 }
 
 BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", "squeeze_excite": "apply_squeeze_excite",
@@ -341,4 +476,6 @@ BLOCK_SURGERY_FUNCTIONAL_NAMES = {"stochastic_depth": "apply_stochastic_depth", 
                                   "weight_standardization": "apply_weight_standardization",
                                   "low_precision_layernorm": "apply_low_precision_layernorm",
                                   "low_precision_groupnorm": "apply_low_precision_groupnorm",
-                                  "fused_layernorm": "apply_fused_layernorm"}
+                                  "fused_layernorm": "apply_fused_layernorm",
+                                  "gated_linear_units": "apply_gated_linear_units",
+                                  "gyro_dropout": "apply_gyro_dropout"}

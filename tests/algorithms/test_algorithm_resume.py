@@ -61,6 +61,9 @@ RESUME_RUNS = {
     "selective_backprop": (SIMPLE_CNN, IMAGES, {"name": "selective_backprop", "start": 0.25, "end": 1.0,
                                                 "interval": 1, "scale_factor": 0.5}, 8, 4),
     "randaugment": (SIMPLE_CNN, IMAGES, {"name": "randaugment", "depth": 1}, 8, 4),
+    "gated_linear_units": (GPT, TEXT, {"name": "gated_linear_units", "gated_layer_bias": True}, 8, 4),
+    # 8 batches over 4 subnetworks: the active pair changes at batches 2, 4 (the save) and 6.
+    "gyro_dropout": (GPT, TEXT, {"name": "gyro_dropout", "sigma": 4, "tau": 2}, 8, 4),
 }
 
 

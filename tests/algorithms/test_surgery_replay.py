@@ -26,9 +26,10 @@ SPEC_PARAMS = {
 
 
 def run_spec(name: str) -> RunSpec:
-    """A 3-batch run where ``name`` has something to change: gpt_small on text, ResNet-20 on images."""
+    """A 3-batch run where ``name`` has something to change: gpt_small on text (and for methods that
+    need a transformer or dropout layers), ResNet-20 on images."""
     algorithm = {"name": name, **SPEC_PARAMS.get(name, {})}
-    if ALGORITHMS[name].domain == "text" or "transformer" in ALGORITHMS[name].needs:
+    if ALGORITHMS[name].domain == "text" or {"transformer", "dropout"} & set(ALGORITHMS[name].needs):
         model = {"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 32}}
         data = {"train": {"name": "shakespeare", "seq_len": 32, "limit": 64}, "batch_size": 8}
         optimizer = {"name": "adamw", "lr": 0.01}

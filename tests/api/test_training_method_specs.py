@@ -1,5 +1,6 @@
-"""Specs of MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA and SWA: ranges, Time fields,
-and the rule that EMA and SWA do not compose."""
+"""Specs of MixUp, CutOut, ColOut, AugMix, ProgressiveResizing, EMA, SWA, GatedLinearUnits and
+GyroDropout: ranges, Time fields, the rule that EMA and SWA do not compose, and the models the
+surgery methods need."""
 
 import pytest
 from pydantic import ValidationError
@@ -42,6 +43,9 @@ def errors_of(*algorithms):
     ({"name": "ema", "ema_start": "3 epochs"}, "algorithms[0].ema_start", "is not a Time string"),
     ({"name": "swa", "swa_start": "100ba"}, "algorithms[0].swa_start", "allowed units here: ep, dur"),
     ({"name": "swa", "anneal_steps": 0}, "algorithms[0].anneal_steps", "greater than or equal to 1"),
+    ({"name": "gyro_dropout", "p": 1.0}, "algorithms[0].p", "less than 1"),
+    ({"name": "gyro_dropout", "sigma": 0}, "algorithms[0].sigma", "greater than or equal to 1"),
+    ({"name": "gated_linear_units", "act_fn": "swish"}, "algorithms[0].act_fn", "'gelu', 'relu', 'silu', 'sigmoid'"),
 ])
 def test_out_of_range_hyperparameters_are_refused_naming_field_value_and_range(algorithm, field, allowed):
     errors = errors_of(algorithm)
@@ -63,6 +67,7 @@ def test_ema_and_swa_do_not_compose_and_the_error_says_why():
     ({"name": "progressive_resizing", "delay_fraction": 0.7, "finetune_fraction": 0.5}, "exceeds 1"),
     ({"name": "colout", "batch": False, "resize_target": True}, "needs batch: true"),
     ({"name": "augmix", "depth": 0}, "depth 0"),
+    ({"name": "gyro_dropout", "sigma": 4, "tau": 8}, "tau 8 exceeds sigma 4"),
 ])
 def test_cross_field_rules_of_a_method_are_refused(algorithm, message):
     assert any(message in msg for _, msg, _ in errors_of(algorithm))
@@ -82,6 +87,35 @@ def test_defaults_follow_composer_and_time_fields_round_trip_as_strings():
     assert RunSpec.model_validate(dumped) == spec
     swa = spec_with({"name": "swa"}).model_dump(mode="json")["algorithms"][0]
     assert (swa["swa_start"], swa["swa_end"], swa["update_interval"]) == ("0.7dur", "0.97dur", "1ep")
+
+
+GPT = {"model": {"name": "gpt_small"}, "data": {"train": {"name": "shakespeare", "seq_len": 64}, "batch_size": 16}}
+
+
+@pytest.mark.parametrize(("body", "algorithm", "message"), [
+    ({}, {"name": "gated_linear_units"},
+     "'gated_linear_units' needs a transformer model but model 'simple_cnn' is a cnn"),
+    ({"model": {"name": "torchvision", "arch": "resnet50"}}, {"name": "gated_linear_units"},
+     "needs a transformer model but model 'torchvision resnet50' is a cnn"),
+    ({}, {"name": "gyro_dropout"}, "'gyro_dropout' needs torch.nn.Dropout layers but model 'simple_cnn' has none"),
+    ({"model": {"name": "torchvision", "arch": "convnext_tiny"}}, {"name": "gyro_dropout"},
+     "model 'torchvision convnext_tiny' has none"),
+])
+def test_model_changing_methods_are_refused_on_a_built_in_model_without_what_they_change(body, algorithm, message):
+    full = {**BASE, **body, "algorithms": [algorithm]}
+    with pytest.raises(ValidationError) as info:
+        RunSpec.model_validate(full)
+    assert any(message in e["msg"] for e in info.value.errors()), info.value.errors()
+
+
+def test_gated_linear_units_and_gyro_dropout_are_accepted_where_the_model_may_have_what_they_change():
+    for body in (GPT, {"model": {"name": "torchvision", "arch": "vit_b_16"}},
+                 {"model": {"import": "mypkg.models:build"}}):
+        spec = RunSpec.model_validate({**BASE, **body, "algorithms": [{"name": "gated_linear_units"},
+                                                                      {"name": "gyro_dropout"}]})
+        glu, gyro = spec.algorithms
+        assert (glu.act_fn, glu.gated_layer_bias, glu.non_gated_layer_bias) == (None, False, False)  # Composer's
+        assert (gyro.p, gyro.sigma, gyro.tau) == (0.5, 256, 16)
 
 
 def test_ema_smoothing_alone_replaces_the_default_half_life():

@@ -32,6 +32,14 @@ def ghost_batchnorm_without_batchnorm(body):
     body.update(model={"name": "simple_cnn"}, algorithms=[{"name": "ghost_batchnorm"}])
 
 
+def gyro_dropout_without_dropout(body):
+    body["algorithms"] = [{"name": "gyro_dropout"}]
+
+
+def gated_linear_units_on_a_cnn(body):
+    body["algorithms"] = [{"name": "gated_linear_units"}]
+
+
 @pytest.mark.parametrize("mutate, rule", [
     (alibi_on_a_cnn, "algorithm 'alibi' needs a transformer model but model 'cifar_resnet20' is a cnn"),
     (blurpool_on_text, "algorithm 'blurpool' is for vision data but data set 'shakespeare' is text"),
@@ -43,6 +51,10 @@ def ghost_batchnorm_without_batchnorm(body):
      "CifarResNetBasicBlock"),
     (ghost_batchnorm_without_batchnorm, "algorithm 'ghost_batchnorm' needs BatchNorm layers but model 'simple_cnn' "
      "has none"),
+    (gyro_dropout_without_dropout,
+     "algorithm 'gyro_dropout' needs torch.nn.Dropout layers but model 'cifar_resnet20' has none"),
+    (gated_linear_units_on_a_cnn,
+     "algorithm 'gated_linear_units' needs a transformer model but model 'cifar_resnet20' is a cnn"),
 ])
 def test_a_run_breaking_an_algorithm_rule_is_refused_and_not_stored(client, example_body, mutate, rule):
     mutate(example_body)
