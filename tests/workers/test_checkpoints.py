@@ -176,3 +176,17 @@ def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s
     committed = Checkpointer(url, fingerprint={}).checkpoints()
     assert [(c.step, c.committed) for c in committed] == [(2, True), (6, True), (8, True)]  # torn ba4 removed
     assert not storage_for(url).isfile(join(url, "ep0-ba4", MARKER))
+
+
+def test_how_factorized_layers_start_is_left_out_of_the_fingerprint_but_their_sizes_are_not():
+    from workers.checkpoint.contents import fingerprint
+
+    def of(**factorize):
+        spec = spec_with_checkpoints(algorithms=[{"name": "factorize", **factorize}])
+        return fingerprint(spec, surgery=spec.algorithms, num_classes=10, in_channels=1)
+
+    # The init is overwritten by the checkpoint's tensors on resume: runs written before the
+    # field existed, or with another init, resume; another latent size (other shapes) does not.
+    assert of(init="svd") == of(init="random") == of()
+    assert "init" not in of()["surgery"][0] and of()["surgery"][0]["latent_features"] == 128
+    assert of(latent_features=64) != of()
