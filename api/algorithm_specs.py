@@ -226,8 +226,9 @@ class SWASpec(_AlgorithmSpecBase):
     anneal_strategy: Literal["linear", "cos"] = "linear"
     anneal_steps: int = Field(10, ge=1, le=100_000, description="SWALR steps (updates) to reach swa_lr")
     swa_lr: float | None = Field(None, gt=0.0, le=100.0, description="default: the learning rate when SWA starts")
-    bn_update_batches: int = Field(16, ge=1, le=1024,
-                                   description="recent training batches kept to recompute BatchNorm statistics")
+    bn_update_batches: int | None = Field(
+        None, ge=1, le=1_000_000, description="training batches of the pass that recomputes BatchNorm statistics "
+                                              "at swa_end (per rank); null: a whole epoch of this rank's shard")
 
     @model_validator(mode="after")
     def _start_before_end(self) -> "SWASpec":

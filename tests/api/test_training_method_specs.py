@@ -42,6 +42,9 @@ def errors_of(*algorithms):
     ({"name": "ema", "ema_start": "3 epochs"}, "algorithms[0].ema_start", "is not a Time string"),
     ({"name": "swa", "swa_start": "100ba"}, "algorithms[0].swa_start", "allowed units here: ep, dur"),
     ({"name": "swa", "anneal_steps": 0}, "algorithms[0].anneal_steps", "greater than or equal to 1"),
+    ({"name": "swa", "bn_update_batches": 0}, "algorithms[0].bn_update_batches", "greater than or equal to 1"),
+    ({"name": "swa", "bn_update_batches": 2_000_000}, "algorithms[0].bn_update_batches",
+     "less than or equal to 1000000"),
 ])
 def test_out_of_range_hyperparameters_are_refused_naming_field_value_and_range(algorithm, field, allowed):
     errors = errors_of(algorithm)
@@ -82,6 +85,7 @@ def test_defaults_follow_composer_and_time_fields_round_trip_as_strings():
     assert RunSpec.model_validate(dumped) == spec
     swa = spec_with({"name": "swa"}).model_dump(mode="json")["algorithms"][0]
     assert (swa["swa_start"], swa["swa_end"], swa["update_interval"]) == ("0.7dur", "0.97dur", "1ep")
+    assert swa["bn_update_batches"] is None  # a whole epoch, as torch.optim.swa_utils.update_bn
 
 
 def test_ema_smoothing_alone_replaces_the_default_half_life():
