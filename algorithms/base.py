@@ -40,6 +40,7 @@ class AlgorithmState(Protocol):
     sample_transforms: list  # per-sample callables the train loader applies (AugMix, ColOut sample mode)
     scaler: Any  # torch.amp.GradScaler (enabled for fp16 only)
     recompute_gradients: Any  # during AFTER_TRAIN_BATCH: rerun the batch's forward/backward (SAM)
+    train_batches: Any  # () -> a fresh pass over this rank's training batches of the epoch, or None (SWA)
 
     @property
     def progress(self) -> float: ...  # fraction of max_batches done; moves every batch

@@ -8,7 +8,7 @@ checks the three agree.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -20,6 +20,10 @@ EpochOrDurationTime = time_field(TimeUnit.EPOCH, TimeUnit.DURATION, example="0.7
 
 class _AlgorithmSpecBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # Fields of a surgery method that change how its new tensors start, never their shapes: left
+    # out of the checkpoint fingerprint (``workers.checkpoint.contents.fingerprint``), since a
+    # checkpoint's tensors overwrite them on resume anyway.
+    not_in_fingerprint: ClassVar[frozenset[str]] = frozenset()
 
 
 class ChannelsLastSpec(_AlgorithmSpecBase):
@@ -82,6 +86,7 @@ class FactorizeSpec(_AlgorithmSpecBase):
     """Replace wide Linear and Conv2d layers with two low-rank layers (fewer multiply-adds)."""
 
     name: Literal["factorize"]
+    not_in_fingerprint: ClassVar[frozenset[str]] = frozenset({"init"})
     factorize_convs: bool = True
     factorize_linears: bool = True
     min_channels: int = Field(256, ge=1, description="skip convs with fewer input or output channels")
@@ -90,6 +95,9 @@ class FactorizeSpec(_AlgorithmSpecBase):
     min_features: int = Field(256, ge=1, description="skip linears with fewer input or output features")
     latent_features: int | float = Field(
         128, description="latent features: an integer, or a fraction in (0, 0.5) of min(in, out) features")
+    init: Literal["random", "lowrank", "svd"] = Field(
+        "random", description="how the two new layers start: 'random' (fresh, as Composer; fast), 'lowrank' "
+                              "(randomized approximation of the old weight) or 'svd' (its best approximation; slow)")
 
     @field_validator("latent_channels")
     @classmethod
@@ -218,8 +226,9 @@ class SWASpec(_AlgorithmSpecBase):
     anneal_strategy: Literal["linear", "cos"] = "linear"
     anneal_steps: int = Field(10, ge=1, le=100_000, description="SWALR steps (updates) to reach swa_lr")
     swa_lr: float | None = Field(None, gt=0.0, le=100.0, description="default: the learning rate when SWA starts")
-    bn_update_batches: int = Field(16, ge=1, le=1024,
-                                   description="recent training batches kept to recompute BatchNorm statistics")
+    bn_update_batches: int | None = Field(
+        None, ge=1, le=1_000_000, description="training batches of the pass that recomputes BatchNorm statistics "
+                                              "at swa_end (per rank); null: a whole epoch of this rank's shard")
 
     @model_validator(mode="after")
     def _start_before_end(self) -> "SWASpec":

@@ -6,8 +6,8 @@ Run with the Composer venv (``make composer-venv``; it has Tessera installed edi
 
 Checks where the two should agree exactly given the same model, and reports where they differ
 by design: ALiBi slopes; BlurPool outputs on ResNet-20 with the same weights; which layers
-Factorize replaces at Composer's thresholds (Composer re-initializes factorized layers randomly,
-we start from the truncated SVD, so outputs are not compared).
+Factorize replaces at Composer's thresholds (both re-initialize factorized layers randomly by default,
+from different random draws, so outputs are not compared).
 """
 
 from __future__ import annotations

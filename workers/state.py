@@ -8,7 +8,7 @@ metrics, reporting) belongs to the trainer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -50,6 +50,10 @@ class State:
     sample_transforms: list[Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=list)
     # Set only during AFTER_TRAIN_BATCH: reruns the batch's forward and backward (SAM's second pass).
     recompute_gradients: Callable[[], None] | None = None
+    # A fresh pass over this rank's training batches ``(inputs, targets)`` of the current epoch,
+    # leaving the train loader where it is (the trainer's ``train_loader.fresh_epoch``; SWA's
+    # BatchNorm statistics). None outside a Trainer.
+    train_batches: Callable[[], Iterator[tuple[Any, Any]]] | None = None
 
     @property
     def progress(self) -> float:

@@ -112,6 +112,7 @@ class Trainer:
                            rank=self.rank, world_size=self.world_size, algorithms=algorithms)
         self.engine = Engine(algorithms, callbacks)
         self.train_loader.sample_transforms = self.state.sample_transforms  # one list: FIT_START installs
+        self.state.train_batches = self.train_loader.fresh_epoch  # SWA's BatchNorm pass
 
         # Surgery before wrapping: DDP/FSDP must see the final modules and parameters.
         self.surgery_notes = collect_no_effect(lambda: self.engine.run_event(Event.INIT, self.state))

@@ -2,18 +2,24 @@
 
 From ``swa_start`` on, every ``update_interval`` the current weights join an equal-weight
 running average (``torch.optim.swa_utils.AveragedModel``'s rule). At ``swa_end`` the model's
-weights are replaced by the average and its BatchNorm running statistics are recomputed
-(``torch.optim.swa_utils.update_bn``) on the last training batches seen, because the averaged
-weights never produced the statistics the model holds. Optionally the learning rate is annealed
-to ``swa_lr`` with ``torch.optim.swa_utils.SWALR`` while averaging.
+weights are replaced by the average and its BatchNorm running statistics are recomputed, because
+the averaged weights never produced the statistics the model holds: a separate forward pass over
+the training data (``state.train_batches``: this rank's shard of the current epoch, from its
+first batch, leaving the training loader where it is), as ``torch.optim.swa_utils.update_bn``
+does, bounded by ``bn_update_batches``. Under several ranks each rank passes over its own shard
+and the statistics are then averaged across ranks, which is ``update_bn`` over all ranks'
+batches together. Optionally the learning rate is annealed to ``swa_lr`` with
+``torch.optim.swa_utils.SWALR`` while averaging.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import Any
+import itertools
+import warnings
+from typing import Any, Iterable
 
 import torch
+import torch.distributed as dist
 from torch.optim.swa_utils import SWALR, update_bn
 
 from algorithms.base import Algorithm, AlgorithmState
@@ -41,10 +47,51 @@ def update_swa(averaged: torch.nn.Module | dict[str, torch.Tensor], model: torch
     return num_averaged + 1
 
 
-def recompute_bn_stats(model: torch.nn.Module, batches) -> None:
-    """Reset and recompute ``model``'s BatchNorm running statistics as the plain average over
-    ``batches`` (an iterable of input tensors): ``torch.optim.swa_utils.update_bn``."""
-    update_bn(batches, model)
+def _batchnorms(model: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None]
+
+
+def recompute_bn_stats(model: torch.nn.Module, loader: Iterable[Any], num_batches: int | None = None,
+                       device: torch.device | str | None = None, sync_ranks: bool = True) -> int:
+    """Reset ``model``'s BatchNorm running statistics and recompute them as the plain average over
+    the batches of ``loader`` (at most ``num_batches``; None: all of them); returns how many
+    batches were used.
+
+    ``torch.optim.swa_utils.update_bn(loader, model, device)`` on those batches: items are input
+    tensors or ``(inputs, targets, ...)`` sequences (the first element is the input), moved to
+    ``device`` if given; the model runs in train mode and gets its mode back. With
+    ``sync_ranks`` and an initialized process group of several ranks, each rank's statistics
+    (from its own batches) are then averaged across ranks: a collective, so every rank must call
+    it, with as many batches each, and the result is ``update_bn`` over all ranks' batches.
+    """
+    if num_batches is not None and num_batches < 1:
+        raise ValueError(f"num_batches {num_batches} must be >= 1, or None for the whole loader")
+    used = 0
+
+    def counted():
+        nonlocal used
+        for batch in loader if num_batches is None else itertools.islice(loader, num_batches):
+            used += 1
+            yield batch
+
+    update_bn(counted(), model, device)
+    if sync_ranks:
+        average_bn_stats_across_ranks(model)
+    return used
+
+
+def average_bn_stats_across_ranks(model: torch.nn.Module) -> None:
+    """Average every BatchNorm's running mean and variance over the ranks of the default process
+    group, in place (nothing without one, or with one rank). Each is a plain average over batches
+    after ``update_bn``, so with equal batch counts the mean of the ranks' averages is the
+    average over all their batches."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for module in _batchnorms(model):
+        for stat in (module.running_mean, module.running_var):
+            dist.all_reduce(stat, op=dist.ReduceOp.SUM)
+            stat.div_(dist.get_world_size())
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -53,15 +100,16 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 class SWA(Algorithm):
     """Averages weights at BATCH_END or EPOCH_END between ``swa_start`` and ``swa_end``, then
-    loads the average into the model and recomputes its BatchNorm statistics."""
+    loads the average into the model and recomputes its BatchNorm statistics over
+    ``bn_update_batches`` training batches (None: a whole epoch of this rank's shard)."""
 
     name = "swa"
-    events = frozenset({Event.AFTER_DATALOADER, Event.BATCH_END, Event.EPOCH_END})
+    events = frozenset({Event.BATCH_END, Event.EPOCH_END})
 
     def __init__(self, swa_start: str | Time = "0.7dur", swa_end: str | Time = "0.97dur",
                  update_interval: str | Time = "1ep", schedule_swa_lr: bool = False,
                  anneal_strategy: str = "linear", anneal_steps: int = 10, swa_lr: float | None = None,
-                 bn_update_batches: int = 16):
+                 bn_update_batches: int | None = None):
         self.swa_start, self.swa_end = Time.parse(swa_start), Time.parse(swa_end)
         self.update_interval = Time.parse(update_interval)
         if self.swa_start.unit is not self.swa_end.unit or self.swa_start.unit not in (TimeUnit.DURATION,
@@ -74,8 +122,10 @@ class SWA(Algorithm):
         anneal_strategy = {"lin": "linear", "linear": "linear", "cos": "cos", "cosine": "cos"}.get(anneal_strategy)
         if anneal_strategy is None:
             raise ValueError("anneal_strategy must be 'linear' or 'cos'")
-        if anneal_steps < 1 or bn_update_batches < 1:
-            raise ValueError("anneal_steps and bn_update_batches must be >= 1")
+        if anneal_steps < 1:
+            raise ValueError(f"anneal_steps {anneal_steps} must be >= 1")
+        if bn_update_batches is not None and bn_update_batches < 1:
+            raise ValueError(f"bn_update_batches {bn_update_batches} must be >= 1, or None for a whole epoch")
         self.schedule_swa_lr, self.anneal_strategy, self.anneal_steps = schedule_swa_lr, anneal_strategy, anneal_steps
         self.swa_lr, self.bn_update_batches = swa_lr, bn_update_batches
         self._update_event = Event.BATCH_END if self.update_interval.unit is TimeUnit.BATCH else Event.EPOCH_END
@@ -85,7 +135,6 @@ class SWA(Algorithm):
         self.completed = False
         self._scheduler: SWALR | None = None
         self._scheduler_state: dict[str, Any] | None = None  # loaded before the optimizer is known
-        self._recent: collections.deque[torch.Tensor] = collections.deque(maxlen=bn_update_batches)
 
     @property
     def averaged(self) -> dict[str, torch.Tensor] | None:
@@ -97,11 +146,6 @@ class SWA(Algorithm):
 
     def apply(self, event: Event, state: AlgorithmState) -> None:
         if self.completed:
-            return
-        if event is Event.AFTER_DATALOADER:
-            # Inputs for the BatchNorm recomputation at swa_end, kept only while averaging.
-            if self._averaged is not None and isinstance(state.inputs, torch.Tensor):
-                self._recent.append(state.inputs)
             return
         if event is not self._update_event or self._time(state) < self.swa_start.value:
             return
@@ -116,7 +160,7 @@ class SWA(Algorithm):
                 self._scheduler.step()
         self.step_counter += 1
         if self._time(state) >= self.swa_end.value:
-            self._finish(model)
+            self._finish(model, state)
 
     def _build_scheduler(self, state: AlgorithmState) -> None:
         if self.swa_lr is None:
@@ -127,14 +171,19 @@ class SWA(Algorithm):
             self._scheduler.load_state_dict(self._scheduler_state)
             self._scheduler_state = None
 
-    def _finish(self, model: torch.nn.Module) -> None:
+    def _finish(self, model: torch.nn.Module, state: AlgorithmState) -> None:
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(self._averaged[name])
-        if self._recent:
-            recompute_bn_stats(model, list(self._recent))
+        if _batchnorms(model):
+            train_batches = getattr(state, "train_batches", None)
+            if train_batches is None:
+                warnings.warn("SWA: no training data to recompute BatchNorm statistics with "
+                              "(state.train_batches is None); the averaged weights keep the last statistics")
+            else:
+                # The unwrapped model: DDP would broadcast rank 0's buffers on every forward.
+                recompute_bn_stats(model, train_batches(), num_batches=self.bn_update_batches)
         self.completed = True
-        self._recent.clear()
         self._averaged = None  # the model now holds the average
 
     def state_dict(self) -> dict[str, Any]:
@@ -144,8 +193,7 @@ class SWA(Algorithm):
             scheduler = {k: v for k, v in self._scheduler.state_dict().items() if k != "anneal_func"}
         return {"averaged": None if self._averaged is None else dict(self._averaged),
                 "num_averaged": self.num_averaged, "step_counter": self.step_counter,
-                "completed": self.completed, "swa_lr": self.swa_lr, "swa_scheduler": scheduler,
-                "recent_inputs": {str(i): t for i, t in enumerate(self._recent)}}
+                "completed": self.completed, "swa_lr": self.swa_lr, "swa_scheduler": scheduler}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         averaged = state["averaged"]
@@ -153,5 +201,5 @@ class SWA(Algorithm):
         self.num_averaged, self.step_counter = int(state["num_averaged"]), int(state["step_counter"])
         self.completed, self.swa_lr = bool(state["completed"]), state["swa_lr"]
         self._scheduler, self._scheduler_state = None, state["swa_scheduler"]
-        self._recent.clear()
-        self._recent.extend(state["recent_inputs"][k] for k in sorted(state["recent_inputs"], key=int))
+        # Checkpoints written before the BatchNorm pass read the training data held
+        # "recent_inputs" (the last batches); nothing needs them now.

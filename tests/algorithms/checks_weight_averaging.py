@@ -3,14 +3,17 @@
 registry-parametrized tables."""
 
 import copy
+import types
 
 import pytest
 import torch
+from torch.optim.swa_utils import update_bn
 
 import algorithms.functional as af
 from algorithms.base import Algorithm
 from algorithms.ema import EMA
 from algorithms.events import Event
+from algorithms.swa import SWA, average_bn_stats_across_ranks
 from tests.algorithms.checks_augmentations import trainer_for
 from workers.parallel import unwrap
 
@@ -92,6 +95,75 @@ def swa_recomputes_batchnorm_statistics_as_the_average_over_the_batches():
     assert model.training  # update_bn restores the mode
 
 
+def bn_net_1d_and_2d():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 6), torch.nn.BatchNorm1d(6))
+
+
+def buffers_equal(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers()))
+
+
+def swa_bn_stats_equal_torch_update_bn_on_the_same_loader():
+    data = torch.utils.data.TensorDataset(torch.randn(40, 3, 6, 6) * 3 + 1, torch.randint(0, 2, (40,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)  # (inputs, targets) pairs, as a train loader
+    ours, theirs = bn_net_1d_and_2d(), bn_net_1d_and_2d()
+    assert af.recompute_bn_stats(ours, loader) == 5  # every batch of the loader
+    update_bn(loader, theirs)
+    assert buffers_equal(ours, theirs) and ours[5].num_batches_tracked == 5
+    # Bounded: the first num_batches batches, exactly as update_bn on those alone.
+    bounded, first_two = bn_net_1d_and_2d(), bn_net_1d_and_2d()
+    assert af.recompute_bn_stats(bounded, loader, num_batches=2) == 2
+    update_bn([batch for _, batch in zip(range(2), loader)], first_two)
+    assert buffers_equal(bounded, first_two) and not buffers_equal(bounded, theirs)
+    with pytest.raises(ValueError, match="num_batches 0 must be >= 1, or None"):
+        af.recompute_bn_stats(bn_net(), loader, num_batches=0)
+
+
+def swa_at_swa_end_passes_over_bn_update_batches_of_the_training_data():
+    model, pulled = bn_net(), []
+
+    def train_batches():
+        for i in range(10):
+            pulled.append(i)
+            yield torch.randn(4, 3, 6, 6) + i, torch.zeros(4, dtype=torch.long)
+
+    state = types.SimpleNamespace(model=model, train_batches=train_batches,
+                                  timestamp=types.SimpleNamespace(epoch=1))
+    swa = SWA(swa_start="0ep", swa_end="1ep", update_interval="1ep", bn_update_batches=3)
+    swa.apply(Event.EPOCH_END, state)
+    assert swa.completed and pulled == [0, 1, 2]  # bounded: the rest is never read
+    assert model[1].num_batches_tracked == 3
+    state.train_batches = None  # outside a Trainer: nothing to pass over, and it says so
+    with pytest.warns(UserWarning, match="no training data to recompute BatchNorm statistics"):
+        SWA(swa_start="0ep", swa_end="1ep", update_interval="1ep").apply(Event.EPOCH_END, state)
+    with pytest.raises(ValueError, match="bn_update_batches 0 must be >= 1, or None for a whole epoch"):
+        SWA(bn_update_batches=0)
+
+
+def swa_bn_stats_averaged_over_ranks_are_update_bn_over_all_their_batches():
+    """Two ranks' passes, each over its own shard, then the all-reduce (here a stand-in that adds
+    the other rank's statistics, as a two-rank SUM would): update_bn over both shards together."""
+    torch.manual_seed(1)
+    shards = [[torch.randn(8, 3, 6, 6) * (1 + r) + r + i for i in range(3)] for r in range(2)]
+    ranks = [bn_net_1d_and_2d() for _ in range(2)]
+    for model, shard in zip(ranks, shards):
+        af.recompute_bn_stats(model, shard, sync_ranks=False)
+    other = {id(a): b for a, b in zip(ranks[0].buffers(), ranks[1].buffers())}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.distributed, "is_initialized", lambda: True)
+        patch.setattr(torch.distributed, "get_world_size", lambda: 2)
+        patch.setattr(torch.distributed, "all_reduce", lambda t, op: t.add_(other[id(t)]))
+        average_bn_stats_across_ranks(ranks[0])
+    together = bn_net_1d_and_2d()
+    update_bn(shards[0] + shards[1], together)
+    for name, got in ranks[0].named_buffers():
+        want = dict(together.named_buffers())[name]
+        if got.is_floating_point():
+            assert torch.allclose(got, want, atol=1e-5), name
+
+
 # --- event forms --------------------------------------------------------------------------
 
 
@@ -143,11 +215,19 @@ def ema_evaluates_with_the_average_and_trains_on_with_the_training_weights():
 
 def swa_loads_the_average_at_swa_end_and_recomputes_batchnorm():
     model = {"name": "cifar_resnet20", "params": {"width": 4}}
-    trainer = trainer_for({"name": "swa", "swa_start": "0.25dur", "swa_end": "0.75dur", "update_interval": "1ba",
-                           "bn_update_batches": 2}, max_duration="8ba", model=model, num_samples=128)
+    trainer = trainer_for({"name": "swa", "swa_start": "0.25dur", "swa_end": "0.75dur", "update_interval": "1ba"},
+                          max_duration="8ba", model=model, num_samples=128)  # one epoch of 8 batches
     snapshots = Snapshots()
     trainer.engine.algorithms.append(snapshots)
-    inputs, after_end = [], []
+    inputs, after_end, passed = [], [], []
+    fresh_epoch = trainer.state.train_batches
+
+    def recorded_pass():
+        for batch in fresh_epoch():
+            passed.append(batch[0].clone())
+            yield batch
+
+    trainer.state.train_batches = recorded_pass
 
     class Recorder:
         def run_event(self, event, state):
@@ -165,14 +245,18 @@ def swa_loads_the_average_at_swa_end_and_recomputes_batchnorm():
     for name in params:
         mean = torch.stack([snapshots.seen[b - 1][name] for b in range(2, 7)]).mean(0)
         assert torch.allclose(params[name], mean, atol=1e-6), name
-    # BatchNorm statistics: recomputed for the averaged weights on the last 2 training batches.
+    # The BatchNorm pass read the whole epoch (bn_update_batches: None), the batches training
+    # saw, and left the loader where it was: batches 7 and 8 were trained on after it.
+    assert len(passed) == 8 and len(inputs) == 8
+    assert all(torch.equal(p, i) for p, i in zip(passed, inputs))
+    # Its statistics are torch.optim.swa_utils.update_bn's on the averaged weights and that data.
     reference = copy.deepcopy(replaced)
     for module in reference.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.running_mean.fill_(123.0)
-    af.recompute_bn_stats(reference, inputs[4:6])
+    update_bn(passed, reference)
     for (name, got), (_, want) in zip(replaced.named_buffers(), reference.named_buffers()):
-        assert torch.allclose(got, want, atol=1e-5), name
+        assert torch.allclose(got, want, atol=1e-6), name
     bn_mean = next(k for k in snapshots.seen[5] if k.endswith("running_mean"))
     assert not torch.allclose(replaced.state_dict()[bn_mean], snapshots.seen[5][bn_mean])
 
@@ -181,7 +265,10 @@ PROPERTY_CHECKS = {
     "ema": [ema_follows_the_exact_update_rule_for_parameters_and_buffers,
             ema_smoothing_is_zero_or_one_at_the_extremes_and_half_life_halves],
     "swa": [swa_average_is_the_mean_of_the_snapshots,
-            swa_recomputes_batchnorm_statistics_as_the_average_over_the_batches],
+            swa_recomputes_batchnorm_statistics_as_the_average_over_the_batches,
+            swa_bn_stats_equal_torch_update_bn_on_the_same_loader,
+            swa_at_swa_end_passes_over_bn_update_batches_of_the_training_data,
+            swa_bn_stats_averaged_over_ranks_are_update_bn_over_all_their_batches],
 }
 
 EVENT_CHECKS = {

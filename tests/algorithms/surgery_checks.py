@@ -171,15 +171,65 @@ def factorize_with_the_weights_rank_reproduces_the_layer():
     with torch.no_grad():
         linear.weight.copy_(torch.randn(48, 6) @ torch.randn(6, 64))  # rank 6
     x = torch.randn(5, 64)
-    assert torch.allclose(FactorizedLinear.from_linear(linear, 6)(x), linear(x), atol=1e-4)
     conv = nn.Conv2d(32, 40, 3, stride=2, padding=1)
     with torch.no_grad():
         conv.weight.copy_((torch.randn(40, 5) @ torch.randn(5, 32 * 9)).view(40, 32, 3, 3))  # rank 5
     images = torch.randn(2, 32, 9, 9)
-    factorized = FactorizedConv2d.from_conv2d(conv, 5)
-    assert torch.allclose(factorized(images), conv(images), atol=1e-4)
+    for init in ("svd", "lowrank"):  # the randomized SVD finds a rank-r weight exactly too
+        assert torch.allclose(FactorizedLinear.from_linear(linear, 6, init=init)(x), linear(x), atol=1e-4), init
+        factorized = FactorizedConv2d.from_conv2d(conv, 5, init=init)
+        assert torch.allclose(factorized(images), conv(images), atol=1e-4), init
     # Below the weight's rank it is the best approximation, no longer exact.
-    assert not torch.allclose(FactorizedLinear.from_linear(linear, 3)(x), linear(x), atol=1e-2)
+    assert not torch.allclose(FactorizedLinear.from_linear(linear, 3, init="svd")(x), linear(x), atol=1e-2)
+
+def factorize_lowrank_init_is_nearly_the_best_approximation():
+    torch.manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(96, 64))
+    v, _ = torch.linalg.qr(torch.randn(80, 64))
+    weight = (u * 0.8 ** torch.arange(64.0)) @ v.T  # singular values 1, 0.8, 0.64, ...
+    linear = nn.Linear(80, 96)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+
+    def error(init):
+        factorized = FactorizedLinear.from_linear(linear, 8, init=init)
+        return (factorized.module1.weight @ factorized.module0.weight - weight).norm().item()
+
+    best = error("svd")
+    assert best == pytest.approx((0.8 ** torch.arange(8.0, 64.0)).norm().item(), rel=1e-3)  # Eckart-Young
+    assert 0.9999 * best <= error("lowrank") < 1.01 * best  # (float rounding may land just below)
+
+def factorize_random_init_is_composers_fresh_layers_and_computes_no_svd():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.linalg, "svd", _refuse_svd)
+        patch.setattr(torch, "svd_lowrank", _refuse_svd)
+        _check_random_init()
+
+def _refuse_svd(*args, **kwargs):
+    raise AssertionError("init='random' must not compute an SVD")
+
+def _check_random_init():
+    linear, conv = nn.Linear(64, 48), nn.Conv2d(32, 40, 3, padding=1)
+    torch.manual_seed(7)
+    factorized = FactorizedLinear.from_linear(linear, 8)  # the default
+    torch.manual_seed(7)
+    fresh = FactorizedLinear(64, 48, 8)
+    assert all(torch.equal(a, b) for a, b in zip(factorized.state_dict().values(), fresh.state_dict().values()))
+    torch.manual_seed(7)
+    factorized_conv = FactorizedConv2d.from_conv2d(conv, 5)
+    torch.manual_seed(7)
+    fresh_conv = FactorizedConv2d(32, 40, 3, 5, padding=1)
+    assert all(torch.equal(a, b) for a, b in zip(factorized_conv.state_dict().values(),
+                                                 fresh_conv.state_dict().values()))
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    af.apply_factorization(model, min_features=16, latent_features=8)
+    assert all(isinstance(m, FactorizedLinear) for m in model)
+
+def factorize_refuses_an_unknown_init():
+    with pytest.raises(ValueError, match="init 'qr' is not one of 'random', 'lowrank', 'svd'"):
+        af.apply_factorization(nn.Sequential(nn.Linear(64, 64)), min_features=16, latent_features=8, init="qr")
+    with pytest.raises(ValueError, match="init 'qr'"):
+        FactorizedLinear.from_linear(nn.Linear(64, 48), 8, init="qr")
 
 def factorize_refuses_latent_sizes_that_do_not_shrink_the_layer():
     assert max_rank_with_speedup(64, 64) == 31  # 64*64/(64+64) = 32 is break-even
@@ -210,6 +260,9 @@ SURGERY_PROPERTY_CHECKS = {
                  blurpool_warns_when_nothing_qualifies],
     "factorize": [factorize_drops_the_parameter_count_of_wide_layers,
                   factorize_with_the_weights_rank_reproduces_the_layer,
+                  factorize_lowrank_init_is_nearly_the_best_approximation,
+                  factorize_random_init_is_composers_fresh_layers_and_computes_no_svd,
+                  factorize_refuses_an_unknown_init,
                   factorize_refuses_latent_sizes_that_do_not_shrink_the_layer,
                   factorize_warns_when_no_layer_is_wide_enough],
 }

@@ -153,6 +153,7 @@ def test_sequences_longer_than_the_model_or_alibi_allow_are_refused():
     ({"name": "blurpool", "min_channels": 0}, "algorithms[0].min_channels", "greater than or equal to 1"),
     ({"name": "factorize", "latent_features": 0.5}, "algorithms[0].latent_features", "(0, 0.5)"),
     ({"name": "factorize", "latent_channels": 0}, "algorithms[0].latent_channels", ">= 1"),
+    ({"name": "factorize", "init": "qr"}, "algorithms[0].init", "'random', 'lowrank' or 'svd'"),
 ])
 def test_surgery_method_params_are_range_checked(algorithm, field, allowed):
     errors = errors_of(patched(algorithms=[algorithm]))

@@ -46,6 +46,9 @@ def errors_of(*algorithms):
     ({"name": "gyro_dropout", "p": 1.0}, "algorithms[0].p", "less than 1"),
     ({"name": "gyro_dropout", "sigma": 0}, "algorithms[0].sigma", "greater than or equal to 1"),
     ({"name": "gated_linear_units", "act_fn": "swish"}, "algorithms[0].act_fn", "'gelu', 'relu', 'silu', 'sigmoid'"),
+    ({"name": "swa", "bn_update_batches": 0}, "algorithms[0].bn_update_batches", "greater than or equal to 1"),
+    ({"name": "swa", "bn_update_batches": 2_000_000}, "algorithms[0].bn_update_batches",
+     "less than or equal to 1000000"),
 ])
 def test_out_of_range_hyperparameters_are_refused_naming_field_value_and_range(algorithm, field, allowed):
     errors = errors_of(algorithm)
@@ -87,6 +90,7 @@ def test_defaults_follow_composer_and_time_fields_round_trip_as_strings():
     assert RunSpec.model_validate(dumped) == spec
     swa = spec_with({"name": "swa"}).model_dump(mode="json")["algorithms"][0]
     assert (swa["swa_start"], swa["swa_end"], swa["update_interval"]) == ("0.7dur", "0.97dur", "1ep")
+    assert swa["bn_update_batches"] is None  # a whole epoch, as torch.optim.swa_utils.update_bn
 
 
 GPT = {"model": {"name": "gpt_small"}, "data": {"train": {"name": "shakespeare", "seq_len": 64}, "batch_size": 16}}

@@ -202,3 +202,17 @@ def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_th
     longer.fit()
     assert longer.resumed_from == f"{url}/ep1-ba6"  # the torn ba7 is never loaded
     assert [step for step, _ in resumed.values("train/loss")] == [7, 8, 9]
+
+
+def test_how_factorized_layers_start_is_left_out_of_the_fingerprint_but_their_sizes_are_not():
+    from workers.checkpoint.contents import fingerprint
+
+    def of(**factorize):
+        spec = spec_with_checkpoints(algorithms=[{"name": "factorize", **factorize}])
+        return fingerprint(spec, surgery=spec.algorithms, num_classes=10, in_channels=1)
+
+    # The init is overwritten by the checkpoint's tensors on resume: runs written before the
+    # field existed, or with another init, resume; another latent size (other shapes) does not.
+    assert of(init="svd") == of(init="random") == of()
+    assert "init" not in of()["surgery"][0] and of()["surgery"][0]["latent_features"] == 128
+    assert of(latent_features=64) != of()

@@ -46,7 +46,8 @@ def fingerprint(spec: Any, *, surgery: Iterable[Any], num_classes: int, in_chann
     the methods that change the model (their parameters change shapes, e.g. factorization ranks)."""
     return {
         "model": spec.model.model_dump(mode="json"),
-        "surgery": [s.model_dump(mode="json") for s in surgery],
+        "surgery": [s.model_dump(mode="json", exclude=set(getattr(s, "not_in_fingerprint", ())) or None)
+                    for s in surgery],
         "optimizer": spec.optimizer.name,
         "num_classes": int(num_classes),
         "in_channels": int(in_channels),

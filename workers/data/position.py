@@ -8,7 +8,8 @@ exactly after the last batch it trained on; ``state_dict`` is that position, in 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import copy
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -37,6 +38,14 @@ class BatchPosition:
     def exhausted(self) -> bool:
         """True once every batch of the current epoch has been handed out."""
         return self.batch_in_epoch >= len(self)
+
+    def fresh_epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """A separate pass over this rank's batches of the current epoch, from its first batch,
+        as training sees them (sample transforms included), leaving this loader's position
+        untouched: a shallow copy counts the batches it hands out (SWA's BatchNorm pass)."""
+        other = copy.copy(self)
+        other.set_epoch(self.epoch)
+        return iter(other)
 
     def hand_out(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Count the batch as consumed, apply the sample transforms and move it to the device."""
