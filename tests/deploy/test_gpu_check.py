@@ -48,7 +48,7 @@ def test_the_script_is_valid_bash_and_executable():
 def test_the_checks_cover_what_a_gpu_node_must_do_and_their_specs_validate():
     gpu_check = load_gpu_check()
     assert set(gpu_check.CHECKS) == {"ddp_nccl", "fsdp2_nccl", "bf16", "fp16_gradscaler", "oom_microbatch",
-                                     "dcp_resume", "speedup_recipe", "resnet50_bf16_vs_fp32"}
+                                     "dcp_resume", "speedup_recipe", "resnet50_bf16_vs_fp32", "low_precision_norms"}
     specs = {name: RunSpec.model_validate(body) for name, body in gpu_check.specs(gpus=4).items()}
     assert set(specs) <= set(gpu_check.CHECKS)
     assert all(s.parallelism.use_gpu for s in specs.values())
@@ -57,6 +57,8 @@ def test_the_checks_cover_what_a_gpu_node_must_do_and_their_specs_validate():
     assert specs["bf16"].precision.value == "amp_bf16" and specs["fp16_gradscaler"].precision.value == "amp_fp16"
     assert specs["oom_microbatch"].microbatch_size == "auto" and specs["dcp_resume"].deterministic
     assert len(specs["speedup_recipe"].algorithms) >= 2
+    assert specs["low_precision_norms"].precision.value == "amp_bf16"
+    assert {a.name for a in specs["low_precision_norms"].algorithms} == {"low_precision_layernorm", "fused_layernorm"}
 
 
 def test_the_resume_comparison_passes_for_a_real_resume_on_cpu():
