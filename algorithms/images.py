@@ -2,11 +2,11 @@
 
 Data read from an image folder arrives as ``PIL.Image.Image`` objects, and Composer's
 ``augmix_image``, ``randaugment_image``, ``colout_batch`` and ``cutout_batch`` accept them and
-return them. Ours do the same through these helpers: a PIL image becomes a tensor view of its
-pixels, the tensor code runs, and the result goes back to a PIL image of the same mode. Unlike
-Composer (``to_tensor`` then ``to_pil_image``, which scales to float and truncates on the way
-back), the pixels stay 8-bit throughout, so untouched pixels come back exactly. Tensors never pass
-through here: the tensor path costs nothing extra.
+return them. Ours do the same through these helpers: a PIL image becomes an array or tensor of
+its pixels, the same code as for tensors runs, and the result goes back to a PIL image of the
+same mode (and palette). The pixels keep their own representation (no float round trip), so
+untouched pixels come back exactly. Tensors never pass through here: the tensor path costs
+nothing extra.
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ def cutout_batch(input: ImgT, num_holes: int = 1, length: float = 0.5, uniform_s
     squares of side ``int(length * min(H, W))`` set to zero, at the same place in every image.
 
     Composer 0.32's signature and types: a PIL image comes back as a PIL image of the same mode
-    and size (pixels outside the holes exactly as they were; Composer's float round trip can
-    lower them by one level). ``uniform_sampling`` lets a centre fall up to half a side outside
+    and size, pixels outside the holes exactly as they were. ``uniform_sampling`` lets a centre fall up to half a side outside
     the image, so every pixel is equally likely to be cut (the default under-cuts the borders).
     """
     if num_holes < 0:
