@@ -6,8 +6,9 @@ Each case calls both sides on identical inputs (PIL images and tensors, range en
 that ours accepts whatever Composer's accepts and returns the same kind of thing: PIL in, PIL
 out of the same mode and size; tensor in, tensor of the same shape. Where both are deterministic
 given the same seed (torch draws on both sides), box, permutation or weight, the outputs are
-compared too. Then every function both modules export has its parameters compared by name and
-default. Prints a table; exits 1 if ours refused an input Composer took or returned another type.
+compared too. Then every function both modules export has its parameters compared by name,
+default, kind and order (``signature_gaps``). Prints a table; exits 1 if ours refused an input
+Composer took, returned another type, or has a signature a call written for Composer's breaks.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import inspect
 import pathlib
 import sys
 import traceback
+import warnings
 from typing import Any, Callable
 
 # This directory holds bench/algorithms.py, named like the package under test: drop it from the
@@ -182,6 +184,75 @@ for smoothing in (0.0, 0.5, 1.0):
     case("compute_ema", f"smoothing={smoothing}", ema(smoothing), 1e-6)
 
 
+def clipped(clipping_type: str, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    """Composer's call shape (model first, fsdp_enabled), on the same gradients both sides."""
+    def call(f):
+        torch.manual_seed(2)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+        model(torch.randn(8, 6)).pow(2).sum().backward()
+        f.apply_gradient_clipping(model, clipping_type, *args, **kwargs)
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+    return call
+
+
+for clipping_type, threshold in (("norm", 0.1), ("value", 0.05), ("adaptive", 0.01)):
+    case("apply_gradient_clipping", f"{clipping_type} {threshold}, fsdp_enabled=False",
+         clipped(clipping_type, threshold, False), 1e-6)
+    case("apply_gradient_clipping", f"{clipping_type} by keyword, fsdp_enabled=False",
+         clipped(clipping_type, clipping_threshold=threshold, fsdp_enabled=False), 1e-6)
+# fsdp_enabled=True without FSDP1 wrappers: Composer finds no root and clips nothing, ours clips.
+case("apply_gradient_clipping", "norm 0.1, fsdp_enabled=True, no FSDP", clipped("norm", 0.1, True))
+
+
+def token_batch(padded: bool) -> dict[str, torch.Tensor]:
+    """Three rows of 8 tokens (ids 10..), labels alongside; ``padded``: right padding, rows 1 and 2
+    end after 5 and 2 tokens (one past a cut to 3, one within it)."""
+    ids = torch.arange(10, 34).reshape(3, 8)
+    mask = torch.ones(3, 8, dtype=torch.long)
+    if padded:
+        mask[1, 5:] = 0
+        mask[2, 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids + 100}
+
+
+def cut(length: int, padded: bool = False, **kwargs: Any) -> Callable[[Any], Any]:
+    def call(f):  # Composer cuts the dict in place: a fresh one each call; keys in a fixed order
+        out = f.set_batch_sequence_length(token_batch(padded), length, **kwargs)
+        return tuple(out[k] for k in sorted(out))
+    return call
+
+
+for padded in (False, True):
+    for length in (3, 8):
+        for kwargs in ({}, {"preserve_end_of_sequence": True}, {"truncate": True, "preserve_end_of_sequence": False}):
+            case("set_batch_sequence_length", f"dict{' padded' if padded else ''} to {length} {kwargs}",
+                 cut(length, padded=padded, **kwargs), 0.0)
+case("set_batch_sequence_length", "dict to 4 truncate=False", cut(4, truncate=False), 0.0)
+case("set_batch_sequence_length", "dict to 4 truncate=False, preserve", cut(4, truncate=False,
+                                                                           preserve_end_of_sequence=True), 0.0)
+case("set_batch_sequence_length", "dict without attention_mask, preserve",
+     lambda f: f.set_batch_sequence_length({"input_ids": torch.arange(16).reshape(2, 8)}, 3,
+                                           preserve_end_of_sequence=True)["input_ids"], 0.0)
+
+case("should_selective_backprop", "grid of durations, batches, start/end, interrupt 0..3",
+     lambda f: torch.tensor([f.should_selective_backprop(d, b, s, e, i) for d in (0.0, 0.49, 0.5, 0.7, 0.9, 0.99)
+                             for b in range(7) for s, e in ((0.5, 0.9), (0.0, 1.0)) for i in (0, 1, 2, 3)]), 0.0)
+case("should_selective_backprop", "defaults", lambda f: torch.tensor([f.should_selective_backprop(0.6, b)
+                                                                      for b in range(6)]), 0.0)
+
+
+def quietly(call: Callable[[], Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # both sides warn NoEffectWarning (each its own class)
+        return call()
+
+
+for norm in ("layernorm", "groupnorm"):
+    layer = (lambda: torch.nn.LayerNorm(4)) if norm == "layernorm" else (lambda: torch.nn.GroupNorm(2, 4))
+    case(f"apply_low_precision_{norm}", "precision omitted (None)",
+         lambda f, n=norm, m=layer: quietly(lambda: getattr(f, f"apply_low_precision_{n}")(torch.nn.Sequential(m()))))
+
+
 # --- running them ---------------------------------------------------------------------------
 
 
@@ -219,28 +290,55 @@ def check_case(name: str, given: str, call: Callable[[Any], Any], tolerance: flo
     return "equal" if diff == 0 else "close", f"{detail}; max diff {diff:.3g}", True
 
 
-def signature_rows() -> list[tuple[str, str]]:
+def signature_gaps(ours_fn: Callable[..., Any], theirs_fn: Callable[..., Any]) -> tuple[list[str], list[str]]:
+    """(gaps, notes) of our signature against Composer's. A gap breaks a call written for
+    Composer's: a parameter we lack, one we require that Composer defaults, another default, one
+    Composer passes positionally that we take by keyword only, our extra parameters without
+    defaults, another order. Notes break nothing: a default where Composer requires the argument,
+    extra parameters with defaults."""
+    theirs = inspect.signature(theirs_fn).parameters
+    ours = inspect.signature(ours_fn).parameters
+    empty = inspect.Parameter.empty
+    gaps, notes = [], []
+    missing = [p for p in theirs if p not in ours and theirs[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                                            inspect.Parameter.VAR_KEYWORD)]
+    if missing and not any(q.kind is inspect.Parameter.VAR_KEYWORD for q in ours.values()):
+        gaps.append("missing " + ", ".join(missing))
+    for name in (p for p in theirs if p in ours):
+        mine, their = ours[name], theirs[name]
+        if their.default is not empty and mine.default is empty:
+            gaps.append(f"{name}: ours required, Composer's defaults to {their.default!r}")
+        elif (their.default is not empty and mine.default != their.default and not callable(their.default)
+              and not isinstance(their.default, (list, tuple))):
+            gaps.append(f"{name}: ours {mine.default!r} vs {their.default!r}")
+        elif their.default is empty and mine.default is not empty:
+            notes.append(f"{name} defaults to {mine.default!r} (Composer: required)")
+        if their.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and mine.kind is not their.kind:
+            gaps.append(f"{name}: ours {mine.kind.description}, Composer's positional or keyword")
+    order = [p for p in theirs if p in ours]
+    ours_order = [p for p in ours if p in theirs]
+    if order != ours_order:
+        gaps.append(f"order differs: {ours_order}")
+    extra = [p for p in ours if p not in theirs and ours[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                                         inspect.Parameter.VAR_KEYWORD)]
+    required = [p for p in extra if ours[p].default is empty]
+    if required:
+        gaps.append("ours also requires " + ", ".join(required))
+    if len(extra) > len(required):
+        notes.append("ours also takes " + ", ".join(p for p in extra if p not in required))
+    return gaps, notes
+
+
+def signature_rows() -> list[tuple[str, str, bool]]:
+    """(name, note, ok) for every function Composer exports; ``ok`` False for a gap. A function
+    we do not have yet is listed, not failed (the table's last line names them)."""
     rows = []
     for name in sorted(set(cf.__all__) & set(af.__all__)):
-        theirs = inspect.signature(getattr(cf, name)).parameters
-        ours = inspect.signature(getattr(af, name)).parameters
-        missing = [p for p in theirs if p not in ours]
-        defaults = [f"{p}: ours {ours[p].default!r} vs {theirs[p].default!r}" for p in theirs
-                    if p in ours and ours[p].default != theirs[p].default
-                    and theirs[p].default is not inspect.Parameter.empty
-                    and not callable(theirs[p].default) and not isinstance(theirs[p].default, (list, tuple))]
-        order = [p for p in theirs if p in ours]
-        ours_order = [p for p in ours if p in theirs]
-        notes = []
-        if missing:
-            notes.append("missing " + ", ".join(missing))
-        if defaults:
-            notes.append("; ".join(defaults))
-        if order != ours_order:
-            notes.append(f"order differs: {ours_order}")
-        rows.append((name, "; ".join(notes) or "same parameters and defaults"))
+        gaps, notes = signature_gaps(getattr(af, name), getattr(cf, name))
+        text = "; ".join(gaps + notes) or "same parameters and defaults"
+        rows.append((name, ("GAP: " if gaps else "") + text, not gaps))
     for name in sorted(set(cf.__all__) - set(af.__all__)):
-        rows.append((name, "not in algorithms.functional"))
+        rows.append((name, "not in algorithms.functional", True))
     return rows
 
 
@@ -252,7 +350,7 @@ def main() -> None:
     import composer
     import PIL
     print(f"torch {torch.__version__}, composer {composer.__version__}, pillow {PIL.__version__}")
-    print(f"{'function':18} {'input':46} {'result':11}  detail")
+    print(f"{'function':29} {'input':50} {'result':11}  detail")
     failed = []
     for name, given, call, tolerance, seeds in CASES:
         if args.only and name not in args.only:
@@ -261,15 +359,21 @@ def main() -> None:
             result, detail, ok = check_case(name, given, call, tolerance, seeds)
         except Exception:  # a bug in the comparison itself: show it, count it
             result, detail, ok = "ERROR", traceback.format_exc().splitlines()[-1], False
-        print(f"{name:18} {given:46} {result:11}  {detail}")
+        print(f"{name:29} {given:50} {result:11}  {detail}")
         if not ok:
             failed.append(f"{name}({given})")
     print()
     print(f"{'function':32} signature against Composer's")
-    for name, note in signature_rows():
+    absent = []
+    for name, note, ok in signature_rows():
         print(f"{name:32} {note}")
+        if not ok:
+            failed.append(f"{name} signature")
+        elif note == "not in algorithms.functional":
+            absent.append(name)
     print()
-    print("incompatible: " + (", ".join(failed) if failed else "none"))
+    print("incompatible: " + (", ".join(failed) if failed else "none")
+          + "; not in algorithms.functional: " + (", ".join(absent) if absent else "none"))
     sys.exit(1 if failed else 0)
 
 

@@ -7,6 +7,8 @@ closed ranges Composer allows are accepted at their ends. (bench/composer_compat
 same inputs through Composer itself.)
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -231,3 +233,127 @@ def test_compute_ema_smoothing_ends():
     assert all(torch.equal(a, b) for a, b in zip(ema.parameters(), before))
     af.compute_ema(model, ema, smoothing=0.0)
     assert all(torch.equal(a, b) for a, b in zip(ema.parameters(), model.parameters()))
+
+
+# --- Composer's signatures: apply_gradient_clipping, set_batch_sequence_length, low-precision
+# norms, should_selective_backprop --------------------------------------------------------
+
+
+def grads_after_backward(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    model(torch.randn(8, 6)).pow(2).sum().backward()
+    return model
+
+
+def flat_grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("clipping_type, threshold", [("norm", 0.1), ("value", 0.05), ("adaptive", 0.01)])
+def test_apply_gradient_clipping_takes_composers_call_shape(clipping_type, threshold):
+    ours = grads_after_backward()
+    af.apply_gradient_clipping(ours.parameters(), clipping_type, threshold)
+    for call in (lambda m: af.apply_gradient_clipping(m, clipping_type, threshold, False),
+                 lambda m: af.apply_gradient_clipping(model=m, clipping_type=clipping_type,
+                                                      clipping_threshold=threshold, fsdp_enabled=True)):
+        model = grads_after_backward()
+        before = flat_grads(model)
+        call(model)
+        # fsdp_enabled changes nothing without FSDP1 wrappers (Composer's would skip clipping)
+        assert torch.equal(flat_grads(model), flat_grads(ours)) and not torch.equal(before, flat_grads(ours))
+    if clipping_type == "norm":
+        assert flat_grads(ours).norm().item() == pytest.approx(threshold, rel=1e-4)
+
+
+def test_apply_gradient_clipping_goes_through_an_fsdp1_root_and_refuses_agc_there(tmp_path):
+    """FSDP1 flattens parameters: the norm must come from the root wrapper (all ranks' shards)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # FSDP1's deprecation notice
+            torch.manual_seed(0)
+            model = FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)),
+                                             device_id=torch.device("cpu"))
+        model(torch.randn(8, 6)).pow(2).sum().backward()
+        (flat,) = list(model.parameters())  # one flattened shard: 6*5+5+5*3+3 values
+        assert flat.shape == (53,) and flat.grad.norm() > 1.0
+        calls = []
+        original = model.clip_grad_norm_
+        model.clip_grad_norm_ = lambda **kw: calls.append(kw) or original(**kw)
+        af.apply_gradient_clipping(model, "norm", 1.0, True)
+        assert calls == [{"max_norm": 1.0}] and flat.grad.norm().item() == pytest.approx(1.0, rel=1e-4)
+        af.apply_gradient_clipping(model, "value", 0.01, False)
+        assert flat.grad.abs().max().item() == pytest.approx(0.01)
+        with pytest.raises(ValueError, match="clipping_type 'adaptive'.*FSDP1"):
+            af.apply_gradient_clipping(model, "adaptive", 0.01, True)
+    finally:
+        dist.destroy_process_group()
+
+
+def token_batch(ends=(8, 5, 2)):
+    """Rows of 8 tokens (ids 10..) with right padding after ``ends`` tokens, labels alongside."""
+    ids = torch.arange(10, 10 + 8 * len(ends)).reshape(len(ends), 8)
+    mask = (torch.arange(8) < torch.tensor(ends)[:, None]).long()
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids + 100}
+
+
+def test_preserve_end_of_sequence_keeps_each_rows_last_token():
+    # Composer's documented example: [10..15] cut to 3 is [10, 11, 15].
+    row = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    assert af.set_batch_sequence_length(row, 3, preserve_end_of_sequence=True).tolist() == [[10, 11, 15]]
+    assert af.set_batch_sequence_length(row, 3).tolist() == [[10, 11, 12]]
+    batch = token_batch()
+    before = {k: v.clone() for k, v in batch.items()}
+    out = af.set_batch_sequence_length(batch, 3, preserve_end_of_sequence=True)
+    # Row 0 ends at 7 and row 1 at 4, past the cut: their last token moves to position 2. Row 2
+    # ends at 1, inside: only cut. Every tensor alike (labels, the mask itself).
+    assert out["input_ids"].tolist() == [[10, 11, 17], [18, 19, 22], [26, 27, 28]]
+    assert out["labels"].tolist() == [[110, 111, 117], [118, 119, 122], [126, 127, 128]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1], [1, 1, 0]]
+    assert all(torch.equal(batch[k], before[k]) for k in batch)  # the caller's batch is not modified
+    # (inputs, targets) without a mask: every row ends at its last position.
+    x, y = af.set_batch_sequence_length((batch["input_ids"], batch["labels"]), 3, preserve_end_of_sequence=True)
+    assert x[:, 2].tolist() == [17, 25, 33] and y[:, 2].tolist() == [117, 125, 133]
+
+
+def test_preserve_end_of_sequence_is_ignored_when_reshaping_or_long_enough():
+    batch = token_batch()
+    reshaped = af.set_batch_sequence_length(batch, 4, truncate=False, preserve_end_of_sequence=True)
+    assert torch.equal(reshaped["input_ids"], batch["input_ids"].reshape(6, 4))
+    assert af.set_batch_sequence_length(batch, 8, preserve_end_of_sequence=True)["input_ids"] is batch["input_ids"]
+    all_padding = token_batch(ends=(0, 8))
+    out = af.set_batch_sequence_length(all_padding, 2, preserve_end_of_sequence=True)
+    assert out["input_ids"].tolist() == [[10, 11], [18, 25]]  # an all-padding row has no end to keep
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 8, 1\)"):
+        af.set_batch_sequence_length({**all_padding, "attention_mask": all_padding["attention_mask"][..., None]}, 2,
+                                     preserve_end_of_sequence=True)
+
+
+@pytest.mark.parametrize("apply, norm", [(af.apply_low_precision_layernorm, torch.nn.LayerNorm),
+                                         (af.apply_low_precision_groupnorm, lambda: torch.nn.GroupNorm(2, 4))])
+def test_low_precision_norms_default_to_no_precision_like_composer(apply, norm):
+    from algorithms.base import NoEffectWarning
+    model = torch.nn.Sequential(norm(4) if norm is torch.nn.LayerNorm else norm())
+    kind = type(model[0])
+    with pytest.warns(NoEffectWarning, match="precision None is not one of amp_bf16, amp_fp16"):
+        assert apply(model) is model
+    assert type(model[0]) is kind  # no surgery
+    with pytest.raises(ValueError, match="precision 'fp64' is not one of None, fp32, amp_bf16, amp_fp16"):
+        apply(model, "fp64")
+
+
+def test_should_selective_backprop_follows_composers_schedule():
+    # interrupt=2: every second batch (batch_idx + 1 even) is a plain step; 3: every third.
+    assert [af.should_selective_backprop(0.6, b) for b in range(6)] == [True, False] * 3
+    assert [af.should_selective_backprop(0.6, b, interrupt=3) for b in range(6)] == [True, True, False] * 2
+    assert [af.should_selective_backprop(0.6, b, interrupt=0) for b in range(3)] == [True] * 3
+    # The window is [start, end).
+    assert [af.should_selective_backprop(d, 0, 0.5, 0.9) for d in (0.49, 0.5, 0.89, 0.9)] == \
+        [False, True, True, False]
+    with pytest.raises(ValueError, match="interrupt -1 must be >= 0"):
+        af.should_selective_backprop(0.6, 0, interrupt=-1)
