@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv serve test data browser clean requirements lock composer-venv bench-algorithms bench-recipes
+.PHONY: venv serve test data browser clean requirements lock composer-venv bench-algorithms bench-composer-compat bench-recipes
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ composer-venv: $(COMPOSER_VENV)/.installed
 # Our functional ops against Composer's on identical inputs (median ms, ratio, equal outputs).
 bench-algorithms: composer-venv
 	$(COMPOSER_VENV)/bin/python bench/algorithms.py
+
+# Composer compatibility of the functional forms: both sides on the same inputs (PIL images and
+# tensors, range ends); fails if ours refuses an input Composer takes or returns another type.
+bench-composer-compat: composer-venv
+	nice -n 19 $(COMPOSER_VENV)/bin/python bench/composer_compat.py
 
 # The science behind sweeps: baseline vs the best recipe (time to the baseline's accuracy, 3
 # seeds) and ASHA vs the full grid on Fashion-MNIST (~25 min on 2 cores; --quick for a smoke run).

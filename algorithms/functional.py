@@ -29,7 +29,7 @@ from algorithms.mixup import mixup_batch, mixup_targets
 from algorithms.progressive_resizing import resize_batch
 from algorithms.randaugment import randaugment_image
 from algorithms.sam import SAMOptimizer
-from algorithms.selective_backprop import select_using_loss
+from algorithms.selective_backprop import select_using_loss, should_selective_backprop
 from algorithms.seq_length_warmup import set_batch_sequence_length
 from algorithms.squeeze_excite import apply_squeeze_excite
 from algorithms.stochastic_depth import apply_stochastic_depth
@@ -44,5 +44,5 @@ __all__ = ["apply_alibi", "apply_blurpool", "apply_channels_last", "apply_factor
            "apply_squeeze_excite", "apply_ghost_batchnorm",
            "apply_weight_standardization", "SAMOptimizer", "apply_low_precision_layernorm",
            "apply_low_precision_groupnorm", "apply_fused_layernorm",
-           "set_batch_sequence_length", "select_using_loss",
+           "set_batch_sequence_length", "select_using_loss", "should_selective_backprop",
            "randaugment_image", "apply_gated_linear_units", "apply_gyro_dropout"]

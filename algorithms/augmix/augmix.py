@@ -11,27 +11,37 @@ augmentation: the Algorithm installs ``AugmentAndMixTransform`` in the training 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
+from PIL import Image
 
+from algorithms import images
 from algorithms.augmix.primitives import augmentation_sets
 from algorithms.base import Algorithm, AlgorithmState
 from algorithms.events import Event
 
 AugmentationFn = Callable[[torch.Tensor, float], torch.Tensor]
+ImgT = TypeVar("ImgT", torch.Tensor, Image.Image)
 
 
-def augmix_image(img: torch.Tensor, severity: int = 3, depth: int = -1, width: int = 3, alpha: float = 1.0,
-                 augmentation_set: Sequence[AugmentationFn] = augmentation_sets["all"]) -> torch.Tensor:
-    """AugMix one image ``(C, H, W)`` (float in [0, 1] or uint8), or a batch ``(N, C, H, W)``
-    image by image.
+def augmix_image(img: ImgT, severity: int = 3, depth: int = -1, width: int = 3, alpha: float = 1.0,
+                 augmentation_set: Sequence[AugmentationFn] = augmentation_sets["all"]) -> ImgT:
+    """AugMix one image ``(C, H, W)`` (float in [0, 1] or uint8) or PIL image (mode ``L`` or
+    ``RGB``), or a batch ``(N, C, H, W)`` image by image.
 
-    Composer 0.32's signature; ``augmentation_set`` is a list of ``fn(image, severity)``
+    Composer 0.32's signature and types: a PIL image comes back as a PIL image of the same mode
+    and size, a tensor as a tensor of the same shape and dtype (Composer returns float for a
+    uint8 tensor). ``augmentation_set`` is a list of ``fn(tensor_image, severity)``
     (``algorithms.augmix.primitives.augmentation_sets``). Returns
     ``(1 - m) * img + m * sum_i w_i * chain_i(img)`` with ``w ~ Dirichlet(alpha)`` and
-    ``m ~ Beta(alpha, alpha)``, in ``img``'s shape and dtype.
+    ``m ~ Beta(alpha, alpha)``, so ``alpha`` must be > 0 (Composer's numpy draws refuse 0 too).
     """
+    if not alpha > 0:
+        raise ValueError(f"augmix_image alpha {alpha} must be > 0 (the Dirichlet and Beta concentration)")
+    if images.is_pil(img):
+        pixels = images.pil_to_uint8(img, "augmix_image img")
+        return images.uint8_to_pil(augmix_image(pixels, severity, depth, width, alpha, augmentation_set), img.mode)
     if img.dim() == 4:
         return torch.stack([augmix_image(i, severity, depth, width, alpha, augmentation_set) for i in img])
     with _one_thread(img):

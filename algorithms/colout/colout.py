@@ -9,36 +9,62 @@ gets its own rows and columns (same counts, so examples still stack into a batch
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import torch
+from PIL import Image
 
+from algorithms import images
 from algorithms.base import Algorithm, AlgorithmState
 from algorithms.events import Event
 
-Sample = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+Img = Union[torch.Tensor, Image.Image]
+Sample = Union[Img, tuple[Img, Img]]
 
 
 def colout_batch(sample: Sample, p_row: float = 0.15, p_col: float = 0.15,
                  resize_target: bool | str = "auto") -> Sample:
     """Drop the same random ``p_row`` of the rows and ``p_col`` of the columns from every image.
 
-    Composer 0.32's signature: ``sample`` is images ``(..., H, W)`` or a pair ``(images,
-    target)``. ``int((1 - p_row) * H)`` rows and ``int((1 - p_col) * W)`` columns are kept, in
-    their order. With ``resize_target`` (``"auto"``: when the target has the images' spatial
-    size, e.g. segmentation masks) the same rows and columns are dropped from the target and
-    the pair is returned; otherwise only the images.
+    Composer 0.32's signature and types: ``sample`` is images ``(..., H, W)``, a PIL image (any
+    mode), or a pair (tuple or list) ``(images, target)`` of either; each part comes back as the
+    type it went in as (a PIL image keeps its mode and palette). ``int((1 - p_row) * H)`` rows
+    and ``int((1 - p_col) * W)`` columns are kept, in their order, drawn as Composer draws them
+    (one ``torch.randperm`` for the rows, then one for the columns), so the same seed drops the
+    same rows. With ``resize_target`` (``"auto"``: when the target has the images' spatial size,
+    e.g. segmentation masks) the same rows and columns are dropped from the target and the pair
+    is returned; otherwise only the images.
     """
-    input, target = (sample if isinstance(sample, tuple) else (sample, None))
+    parts = tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)
+    if not 1 <= len(parts) <= 2:
+        raise ValueError(f"colout_batch sample must be one image or an (images, target) pair; got {len(parts)} items")
+    input, target = parts[0], (parts[1] if len(parts) == 2 else None)
     if not (0.0 <= p_row <= 1.0 and 0.0 <= p_col <= 1.0):
         raise ValueError(f"p_row {p_row} and p_col {p_col} must lie in [0, 1]")
-    height, width = input.shape[-2:]
-    rows = _kept(height, p_row, input.device)
-    cols = _kept(width, p_col, input.device)
-    out = input.index_select(-2, rows).index_select(-1, cols)
+    height, width = _spatial_size(input)
+    device = input.device if isinstance(input, torch.Tensor) else torch.device("cpu")
+    rows = _kept(height, p_row, device)
+    cols = _kept(width, p_col, device)
+    out = _select(input, rows, cols)
     if _should_resize_target(input, target, resize_target):
-        return out, target.index_select(-2, rows).index_select(-1, cols)
+        return out, _select(target, rows, cols)
     return out
+
+
+def _spatial_size(image: Any) -> tuple[int, int]:
+    if images.is_pil(image):
+        return image.height, image.width
+    if not isinstance(image, torch.Tensor) or image.dim() < 2:
+        raise ValueError(f"colout_batch images must be tensors (..., H, W) or PIL images; got {type(image).__name__}"
+                         + (f" of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else ""))
+    return tuple(image.shape[-2:])
+
+
+def _select(image: Img, rows: torch.Tensor, cols: torch.Tensor) -> Img:
+    if images.is_pil(image):
+        array = images.pil_array(image)
+        return images.array_to_pil(array[rows.cpu().numpy()][:, cols.cpu().numpy()], like=image)
+    return image.index_select(-2, rows.to(image.device)).index_select(-1, cols.to(image.device))
 
 
 def _kept(size: int, p_drop: float, device: torch.device) -> torch.Tensor:
@@ -48,19 +74,23 @@ def _kept(size: int, p_drop: float, device: torch.device) -> torch.Tensor:
     return torch.randperm(size, device=device)[:keep].sort().values
 
 
-def _should_resize_target(input: torch.Tensor, target: torch.Tensor | None, resize_target: bool | str) -> bool:
+def _should_resize_target(input: Img, target: Img | None, resize_target: bool | str) -> bool:
     if isinstance(resize_target, bool):
         if resize_target and target is None:
             raise ValueError("resize_target=True needs a (images, target) pair")
         return resize_target
     if resize_target != "auto":
         raise ValueError(f"resize_target must be a bool or 'auto'; got {resize_target!r}")
-    return target is not None and target.dim() > 2 and target.shape[-2:] == input.shape[-2:]
+    if target is None:
+        return False
+    if images.is_pil(target):
+        return _spatial_size(target) == _spatial_size(input)
+    return target.dim() > 2 and tuple(target.shape[-2:]) == _spatial_size(input)
 
 
 class ColOutTransform:
     """A torchvision-style transform: ``ColOutTransform(p_row, p_col)(image)`` drops rows and
-    columns of one image ``(C, H, W)`` (or an ``(image, target)`` pair); usable in
+    columns of one image ``(C, H, W)`` or PIL image (or an ``(image, target)`` pair); usable in
     ``transforms.Compose``."""
 
     def __init__(self, p_row: float = 0.15, p_col: float = 0.15, resize_target: bool | str = "auto"):

@@ -32,9 +32,10 @@ def cutmix_batch(input: torch.Tensor, target: torch.Tensor, length: float | None
         target: class indices ``(N,)`` or dense targets ``(N, num_classes)``.
         length: if given, the box's sides are ``int(length * H)`` and ``int(length * W)``
             (Composer's documented meaning; its code instead draws a box of side
-            ``sqrt(1 - length**2)``, which we don't reproduce). Excludes ``bbox``.
-        alpha: ``Beta(alpha, alpha)`` concentration of the kept area; ignored with
-            ``length`` or ``bbox``.
+            ``sqrt(1 - length**2)``, which we don't reproduce). In [0, 1]; 0 mixes nothing.
+            Excludes ``bbox``.
+        alpha: ``Beta(alpha, alpha)`` concentration of the kept area, >= 0 (0: Composer's
+            limit, a full-size box around the random centre); ignored with ``length`` or ``bbox``.
         bbox: a fixed box ``(x1, y1, x2, y2)``; as in Composer, ``x`` indexes rows (dim -2)
             and ``y`` columns (dim -1), and the box is ``input[..., x1:x2, y1:y2]``.
         indices: the permutation giving, for each example, the example pasted into it.
@@ -55,8 +56,8 @@ def cutmix_batch(input: torch.Tensor, target: torch.Tensor, length: float | None
         indices = torch.randperm(input.shape[0], device=input.device)
     if bbox is None:
         if length is not None:
-            if not 0.0 < length <= 1.0:
-                raise ValueError(f"length {length} must lie in (0, 1]")
+            if not 0.0 <= length <= 1.0:
+                raise ValueError(f"length {length} must lie in [0, 1]")
             cut_h, cut_w = int(length * height), int(length * width)
         else:
             cut_ratio = math.sqrt(1.0 - _sample_kept_fraction(alpha))
@@ -80,6 +81,12 @@ def _sample_kept_fraction(alpha: float) -> float:
     # Host-side scalar from torch's global CPU generator, so torch.manual_seed reproduces it
     # and no device sync is needed. Beta(a, a) as g1 / (g1 + g2) of two Gamma(a) draws: one
     # kernel, where torch.distributions.Beta costs ~0.15 ms of Python per batch.
+    # alpha = 0 is Composer's limit case: nothing kept, the box is the whole image (clipped
+    # around its random centre).
+    if alpha < 0:
+        raise ValueError(f"alpha {alpha} must be >= 0")
+    if alpha == 0:
+        return 0.0
     gammas = torch._standard_gamma(torch.full((2,), float(alpha), dtype=torch.float64))
     return float(gammas[0] / gammas.sum())
 

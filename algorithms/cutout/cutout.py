@@ -8,26 +8,36 @@ zeroing is one batched write on the input's device.
 
 from __future__ import annotations
 
-import torch
+from typing import TypeVar
 
+import torch
+from PIL import Image
+
+from algorithms import images
 from algorithms.base import Algorithm, AlgorithmState
 from algorithms.events import Event
 
 Box = tuple[int, int, int, int]  # (top, left, bottom, right): rows top:bottom, columns left:right
+ImgT = TypeVar("ImgT", torch.Tensor, Image.Image)
 
 
-def cutout_batch(input: torch.Tensor, num_holes: int = 1, length: float = 0.5,
-                 uniform_sampling: bool = False) -> torch.Tensor:
-    """A copy of ``input`` ``(..., H, W)`` with ``num_holes`` squares of side
-    ``int(length * min(H, W))`` set to zero, at the same place in every image.
+def cutout_batch(input: ImgT, num_holes: int = 1, length: float = 0.5, uniform_sampling: bool = False) -> ImgT:
+    """A copy of ``input`` ``(..., H, W)`` or of a PIL image (any mode) with ``num_holes``
+    squares of side ``int(length * min(H, W))`` set to zero, at the same place in every image.
 
-    Composer 0.32's signature. ``uniform_sampling`` lets a centre fall up to half a side outside
+    Composer 0.32's signature and types: a PIL image comes back as a PIL image of the same mode
+    and size, pixels outside the holes exactly as they were. ``uniform_sampling`` lets a centre fall up to half a side outside
     the image, so every pixel is equally likely to be cut (the default under-cuts the borders).
     """
     if num_holes < 0:
         raise ValueError(f"num_holes {num_holes} must be >= 0")
     if not 0.0 <= length <= 1.0:
         raise ValueError(f"length {length} must lie in [0, 1]")
+    if images.is_pil(input):
+        array = images.pil_array(input).copy()
+        for top, left, bottom, right in cutout_boxes(input.height, input.width, num_holes, length, uniform_sampling):
+            array[top:bottom, left:right] = 0
+        return images.array_to_pil(array, like=input)
     height, width = input.shape[-2:]
     out = input.clone()  # keeps the memory format
     for top, left, bottom, right in cutout_boxes(height, width, num_holes, length, uniform_sampling):

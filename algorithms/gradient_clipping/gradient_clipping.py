@@ -9,6 +9,16 @@ Three clipping types, as in Composer:
 - ``adaptive`` (AGC, Brock et al. 2021): scale each output unit's gradient (a row of a weight,
   a whole bias) so its norm is at most ``threshold * max(norm of the unit's weights, 1e-3)``.
 
+Sharding needs nothing from the caller. FSDP2 (``fully_shard``, what Tessera's ``fsdp`` strategy
+uses) keeps parameters and gradients as DTensor shards: torch's ``clip_grad_norm_`` takes the
+per-shard norms as partial (``_NormPartial``) DTensors and all-reduces them into the global norm
+before scaling, value clipping is element-wise so each rank clamps its own shard, and AGC works
+on each rank's whole rows (see ``_clip_adaptive``). A model wrapped in FSDP1's
+``FullyShardedDataParallel`` holds flattened shards instead: norm clipping goes through the root
+wrapper's ``clip_grad_norm_`` (the global norm, as Composer does), value clipping clamps the
+shards, and AGC, which needs each weight's rows, is refused. Composer's ``fsdp_enabled`` flag is
+accepted but not needed: the wrappers are found in the model.
+
 The algorithm acts at ``AFTER_TRAIN_BATCH``: after every microbatch's backward, after DDP's
 gradient all-reduce and after the GradScaler has unscaled the gradients, just before the step.
 """
@@ -27,21 +37,36 @@ CLIPPING_TYPES = ("norm", "value", "adaptive")
 AGC_EPS = 1e-3  # the NFNet paper's floor on a unit's weight norm, so zero-initialised biases can learn
 
 
-def apply_gradient_clipping(parameters: torch.nn.Module | torch.Tensor | Iterable[torch.Tensor],
-                            clipping_type: ClippingType, clipping_threshold: float) -> None:
-    """Clip the ``.grad`` of ``parameters`` (a model, one tensor or an iterable of tensors) in place.
+def apply_gradient_clipping(model: torch.nn.Module | torch.Tensor | Iterable[torch.Tensor],
+                            clipping_type: ClippingType, clipping_threshold: float,
+                            fsdp_enabled: bool = False) -> None:
+    """Clip the gradients of ``model`` (a module, one tensor or an iterable of tensors) in place.
 
-    Composer's name and argument order; a model stands for its parameters. Parameters without
-    a gradient are skipped.
+    Composer's name, parameters and order: ``apply_gradient_clipping(model, clipping_type,
+    clipping_threshold, fsdp_enabled)``. A module stands for its parameters; parameters without a
+    gradient are skipped. ``fsdp_enabled`` is accepted for Composer's call shape and changes
+    nothing: FSDP2 shards are handled by the torch functions themselves, and an FSDP1 root in
+    ``model`` is found without it (pass the module, not its parameters, for FSDP1). Unlike
+    Composer's, ``fsdp_enabled=True`` on a model without FSDP1 wrappers still clips.
     """
     if clipping_type not in CLIPPING_TYPES:
         raise ValueError(f"clipping_type {clipping_type!r} is not one of {', '.join(CLIPPING_TYPES)}")
     if not clipping_threshold > 0:
         raise ValueError(f"clipping_threshold {clipping_threshold} must be > 0")
-    if isinstance(parameters, torch.nn.Module):
-        parameters = parameters.parameters()
-    elif isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
+    fsdp1_root = _fsdp1_root(model) if isinstance(model, torch.nn.Module) else None
+    if fsdp1_root is not None and clipping_type == "adaptive":
+        raise ValueError("clipping_type 'adaptive' needs each weight's rows, which FSDP1 "
+                         "(FullyShardedDataParallel) flattens; with FSDP1 use 'norm' or 'value', "
+                         "or shard with FSDP2 (fully_shard)")
+    if fsdp1_root is not None and clipping_type == "norm":
+        fsdp1_root.clip_grad_norm_(max_norm=clipping_threshold)  # every rank's shards in the norm
+        return
+    if isinstance(model, torch.nn.Module):
+        parameters = model.parameters()
+    elif isinstance(model, torch.Tensor):
+        parameters = [model]
+    else:
+        parameters = model
     with_grads = [p for p in parameters if p.grad is not None]
     if not with_grads:
         return
@@ -51,6 +76,17 @@ def apply_gradient_clipping(parameters: torch.nn.Module | torch.Tensor | Iterabl
         torch.nn.utils.clip_grad_value_(with_grads, clip_value=clipping_threshold)
     else:
         _clip_adaptive(with_grads, clipping_threshold)
+
+
+def _fsdp1_root(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The outermost FSDP1 ``FullyShardedDataParallel`` in ``model``, if any (FSDP2 adds none)."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    for module in model.modules():  # outermost first
+        if isinstance(module, FullyShardedDataParallel) and module.check_is_root():
+            return module
+    return None
 
 
 def _unitwise_norm(tensor: torch.Tensor) -> torch.Tensor:
@@ -95,4 +131,4 @@ class GradientClipping(Algorithm):
         self.clipping_type, self.clipping_threshold = clipping_type, clipping_threshold
 
     def apply(self, event: Event, state: AlgorithmState) -> None:
-        apply_gradient_clipping(state.model.parameters(), self.clipping_type, self.clipping_threshold)
+        apply_gradient_clipping(state.model, self.clipping_type, self.clipping_threshold)

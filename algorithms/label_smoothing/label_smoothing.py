@@ -14,21 +14,42 @@ import torch
 
 from algorithms.base import Algorithm, AlgorithmState
 from algorithms.events import Event
-from algorithms.targets import to_dense_targets
+from algorithms.targets import is_index_target, to_dense_targets
 
 
-def smooth_labels(logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
+def smooth_labels(logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1, *,
+                  class_dim: int | None = None) -> torch.Tensor:
     """Dense smoothed targets: ``(1 - smoothing) * one_hot(target) + smoothing / num_classes``.
 
-    Composer's signature: ``logits`` (N, C) give the number of classes; ``target`` holds class
-    indices (N,) or dense rows (N, C), e.g. already mixed by CutMix. Rows that sum to 1 still
-    sum to 1.
+    Composer's signature: ``logits`` give the number of classes; ``target`` holds class indices
+    or dense rows of ``logits``' shape (e.g. already mixed by CutMix), returned smoothed in
+    ``logits``' layout. ``smoothing`` in [0, 1] (1: uniform targets). The class dimension is
+    Composer's, dim 1 (``(N, C)``, or ``(N, C, d1, ...)`` with index targets ``(N, d1, ...)``),
+    unless the index targets only fit a last class dimension (a language model's ``(B, T, V)``
+    logits with ``(B, T)`` targets); ``class_dim`` says it outright.
     """
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing {smoothing} must lie in [0, 1)")
-    num_classes = logits.shape[-1]  # the class dimension is last: (N, C) or per token (B, T, V)
+    if not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing {smoothing} must lie in [0, 1]")
+    if class_dim is None:
+        class_dim = _class_dim(logits, target)
+    num_classes = logits.shape[class_dim]
     dense = to_dense_targets(target, num_classes)
+    if is_index_target(target) and class_dim % logits.dim() != logits.dim() - 1:
+        dense = dense.movedim(-1, class_dim)  # one_hot appends the class dimension last
     return dense * (1.0 - smoothing) + smoothing / num_classes
+
+
+def _class_dim(logits: torch.Tensor, target: torch.Tensor) -> int:
+    if logits.dim() <= 2 or not is_index_target(target):
+        return 1 if logits.dim() >= 2 else 0
+    composer_layout = logits.shape[:1] + logits.shape[2:]
+    if target.shape == composer_layout:
+        return 1
+    if target.shape == logits.shape[:-1]:
+        return -1
+    raise ValueError(f"smooth_labels target of shape {tuple(target.shape)} fits neither class dimension of logits "
+                     f"{tuple(logits.shape)}: index targets must be (N, d1, ...) for logits (N, C, d1, ...) "
+                     f"or logits.shape[:-1] for logits (..., C)")
 
 
 class LabelSmoothing(Algorithm):
@@ -44,7 +65,8 @@ class LabelSmoothing(Algorithm):
     def apply(self, event: Event, state: AlgorithmState) -> None:
         if event is Event.BEFORE_LOSS:
             self._original_targets = state.targets
-            state.targets = smooth_labels(state.outputs, state.targets, self.smoothing)
+            # The loop's outputs keep classes last (N, C) or per token (B, T, V).
+            state.targets = smooth_labels(state.outputs, state.targets, self.smoothing, class_dim=-1)
         else:
             state.targets = self._original_targets
             self._original_targets = None  # don't keep a batch alive between steps

@@ -29,10 +29,11 @@ class LPGroupNorm(nn.GroupNorm):
                                 self.eps)
 
 
-def apply_low_precision_groupnorm(model: nn.Module, precision: Any, optimizers: Any = None) -> nn.Module:
+def apply_low_precision_groupnorm(model: nn.Module, precision: Any = None, optimizers: Any = None) -> nn.Module:
     """Make every ``nn.GroupNorm`` run in the autocast dtype when ``precision`` is amp_bf16/amp_fp16.
 
     Composer's name and signature (``optimizers`` is accepted for parity: parameters do not change).
+    ``precision`` None (Composer's default) or fp32 changes nothing and warns ``NoEffectWarning``.
     """
     return convert_norms(model, nn.GroupNorm, LPGroupNorm, precision, "LowPrecisionGroupNorm")
 

@@ -52,26 +52,28 @@ def low_precision_effective(precision: Any, device: torch.device | str) -> bool:
 def convert_norms(model: nn.Module, norm_type: type[nn.Module], lp_type: type[nn.Module], precision: Any,
                   what: str) -> nn.Module:
     """Turn every module of exactly ``norm_type`` into ``lp_type`` in place (class swap), if
-    ``precision`` is a 16-bit autocast precision; warn ``NoEffectWarning`` when nothing changes."""
+    ``precision`` is a 16-bit autocast precision; warn ``NoEffectWarning`` when nothing changes
+    (no such norm, or precision None -- Composer's default -- or fp32)."""
     value = getattr(precision, "value", precision)
-    if value not in LOW_PRECISIONS and value != "fp32":
-        raise ValueError(f"precision {value!r} is not one of fp32, {', '.join(LOW_PRECISIONS)}")
+    if value is not None and value not in LOW_PRECISIONS and value != "fp32":
+        raise ValueError(f"precision {value!r} is not one of None, fp32, {', '.join(LOW_PRECISIONS)}")
     norms = [m for m in model.modules() if type(m) is norm_type]
-    if value == "fp32" or not norms:
-        warnings.warn(NoEffectWarning(
-            f"{what} found {'no ' + norm_type.__name__ if not norms else 'precision fp32'} in "
-            f"{type(model).__name__}; it changes nothing"))
+    if value not in LOW_PRECISIONS or not norms:
+        why = (f"found no {norm_type.__name__} in {type(model).__name__}" if not norms
+               else f"precision {value} is not one of {', '.join(LOW_PRECISIONS)}")
+        warnings.warn(NoEffectWarning(f"{what} {why}; it changes nothing"))
         return model
     for norm in norms:
         norm.__class__ = lp_type
     return model
 
 
-def apply_low_precision_layernorm(model: nn.Module, precision: Any,
+def apply_low_precision_layernorm(model: nn.Module, precision: Any = None,
                                   optimizers: Any = None) -> nn.Module:
     """Make every ``nn.LayerNorm`` run in the autocast dtype when ``precision`` is amp_bf16/amp_fp16.
 
     Composer's name and signature (``optimizers`` is accepted for parity: parameters do not change).
+    ``precision`` None (Composer's default) or fp32 changes nothing and warns ``NoEffectWarning``.
     """
     return convert_norms(model, nn.LayerNorm, LPLayerNorm, precision, "LowPrecisionLayerNorm")
 

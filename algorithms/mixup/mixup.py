@@ -25,7 +25,7 @@ def mixup_batch(input: torch.Tensor, target: torch.Tensor, mixing: float | None 
         target: class indices ``(N,)`` or dense targets ``(N, ...)``; only permuted here.
         mixing: the weight of the permuted copy, in ``[0, 1]``; drawn as ``min(z, 1 - z)``,
             ``z ~ Beta(alpha, alpha)`` when ``None``.
-        alpha: the Beta concentration; ignored when ``mixing`` is given.
+        alpha: the Beta concentration, >= 0 (0: no mixing); ignored when ``mixing`` is given.
         indices: the permutation giving, for each example, the example mixed into it.
 
     Returns:
@@ -52,9 +52,12 @@ def mixup_targets(target: torch.Tensor, permuted_target: torch.Tensor, mixing: f
 
 def sample_mixing(alpha: float) -> float:
     """``min(z, 1 - z)`` with ``z ~ Beta(alpha, alpha)``, from torch's global CPU generator
-    (``torch.manual_seed`` reproduces it; no device sync)."""
-    if alpha <= 0:
-        raise ValueError(f"alpha {alpha} must be > 0")
+    (``torch.manual_seed`` reproduces it; no device sync). ``alpha = 0`` gives 0 (no mixing),
+    as in Composer, where Beta(0, 0) is read as its limit."""
+    if alpha < 0:
+        raise ValueError(f"alpha {alpha} must be >= 0")
+    if alpha == 0:
+        return 0.0
     a = torch._standard_gamma(torch.tensor([float(alpha), float(alpha)], dtype=torch.float64))
     z = float(a[0] / a.sum())
     return min(z, 1.0 - z)

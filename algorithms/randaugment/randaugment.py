@@ -10,21 +10,32 @@ holds, so resumed runs augment identically.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
+from PIL import Image
 
+from algorithms import images
 from algorithms.augmix.primitives import augmentation_sets
 from algorithms.base import Algorithm, AlgorithmState
 from algorithms.events import Event
 
 AugmentationFn = Callable[[torch.Tensor, float], torch.Tensor]
+ImgT = TypeVar("ImgT", torch.Tensor, Image.Image)
 
 
-def randaugment_image(img: torch.Tensor, severity: int = 9, depth: int = 2,
-                      augmentation_set: Sequence[AugmentationFn] = augmentation_sets["all"]) -> torch.Tensor:
+def randaugment_image(img: ImgT, severity: int = 9, depth: int = 2,
+                      augmentation_set: Sequence[AugmentationFn] = augmentation_sets["all"]) -> ImgT:
     """``depth`` random operations of ``augmentation_set`` at ``severity`` on one image ``(C, H, W)``
-    (float in [0, 1] or uint8), or on each image of a batch ``(N, C, H, W)``. Composer's signature."""
+    (float in [0, 1] or uint8) or PIL image (mode ``L`` or ``RGB``), or on each image of a batch
+    ``(N, C, H, W)``.
+
+    Composer's signature and types: PIL in, PIL of the same mode and size out; tensor in, tensor
+    of the same shape and dtype out. ``depth = 0`` returns the image unchanged, as Composer's.
+    """
+    if images.is_pil(img):
+        pixels = images.pil_to_uint8(img, "randaugment_image img")
+        return images.uint8_to_pil(randaugment_image(pixels, severity, depth, augmentation_set), img.mode)
     if img.dim() == 4:
         return torch.stack([randaugment_image(i, severity, depth, augmentation_set) for i in img])
     for _ in range(depth):
@@ -36,8 +47,8 @@ def randaugment_image(img: torch.Tensor, severity: int = 9, depth: int = 2,
 def _check(severity: int, depth: int, augmentation_set: str) -> None:
     if not 0 <= severity <= 10:
         raise ValueError(f"severity {severity} must lie in [0, 10]")
-    if depth < 1:
-        raise ValueError(f"depth {depth} must be >= 1")
+    if depth < 0:
+        raise ValueError(f"depth {depth} must be >= 0")
     if augmentation_set not in augmentation_sets:
         raise ValueError(f"augmentation_set {augmentation_set!r} must be one of {sorted(augmentation_sets)}")
 

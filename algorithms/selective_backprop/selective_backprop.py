@@ -37,6 +37,23 @@ def should_select(progress: float, batch: int, start: float, end: float, interva
     return start <= progress < end and batch % interval == 0
 
 
+def should_selective_backprop(current_duration: float, batch_idx: int, start: float = 0.5, end: float = 0.9,
+                              interrupt: int = 2) -> bool:
+    """Composer's schedule, by its name and parameters: select while ``start <= current_duration <
+    end``, except that every ``interrupt``-th batch (``(batch_idx + 1) % interrupt == 0``) is a
+    plain step; ``interrupt=0`` selects on every batch of the window.
+
+    Composer passes the batch index within the epoch. The SelectiveBackprop algorithm keeps its own
+    ``should_select`` above: its ``interval`` counts the other way (every ``interval``-th batch *is*
+    selected, counted over the whole run), so only interval 1 (interrupt 0) and 2 (interrupt 2,
+    within an epoch of even length) pick the same batches; existing specs and resumed runs rely on it.
+    """
+    if not interrupt >= 0:
+        raise ValueError(f"interrupt {interrupt!r} must be >= 0 (0: select on every batch of the window)")
+    in_window = start <= current_duration < end
+    return in_window and (interrupt == 0 or (batch_idx + 1) % interrupt != 0)
+
+
 def select_using_loss(input: torch.Tensor, target: torch.Tensor, model: torch.nn.Module,
                       loss_fun: Callable[..., torch.Tensor], keep: float = 0.5, scale_factor: float = 1
                       ) -> tuple[torch.Tensor, torch.Tensor]:
