@@ -179,6 +179,7 @@ def apply_factorization(model: nn.Module, factorize_convs: bool = True, factoriz
     as in Composer, and named in the ``NoEffectWarning`` if nothing was factorized. Pass
     ``optimizers`` built earlier so they swap the old parameters for the new ones.
     """
+    _check_init(init)  # up front: an unknown init is an error even where no layer qualifies
     skipped: list[str] = []
     inside = {id(m) for f in model.modules() if isinstance(f, (FactorizedLinear, FactorizedConv2d))
               for m in (f.module0, f.module1)}

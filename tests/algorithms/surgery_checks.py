@@ -230,6 +230,8 @@ def factorize_refuses_an_unknown_init():
         af.apply_factorization(nn.Sequential(nn.Linear(64, 64)), min_features=16, latent_features=8, init="qr")
     with pytest.raises(ValueError, match="init 'qr'"):
         FactorizedLinear.from_linear(nn.Linear(64, 48), 8, init="qr")
+    with pytest.raises(ValueError, match="init 'qr' is not one of"):  # even with no layer wide enough
+        af.apply_factorization(nn.Sequential(nn.Linear(8, 8)), init="qr")
 
 def factorize_replay_skips_the_init_that_loaded_weights_overwrite():
     """At an INIT whose weights are loaded right after (``state.loads_weights``: resume, fork,
