@@ -361,6 +361,23 @@ def gated_linear_units_gate_ffn_blocks_keeping_names_and_updating_the_optimizer(
     assert vit(torch.randn(2, 3, 8, 8)).shape == (2, 3)
 
 
+def gated_linear_units_find_blocks_whose_norm_is_a_layernorm_subclass():
+    """MaxViT-style blocks normalize inside; low_precision_layernorm listed earlier turns the norm
+    into an LPLayerNorm (a LayerNorm subclass), which must not hide the block. A factorized
+    projection is not an nn.Linear, so factorize listed earlier does hide it (the method card says so)."""
+    from algorithms.gated_linear_units import GatedFeedForward
+    from algorithms.low_precision_layernorm.low_precision_layernorm import LPLayerNorm
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(LPLayerNorm(8), nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)))
+    af.apply_gated_linear_units(model)
+    assert isinstance(model[0], GatedFeedForward) and type(model[0][0]) is LPLayerNorm
+    factorized = af.apply_factorization(nn.Sequential(nn.Sequential(nn.Linear(64, 256), nn.GELU(),
+                                                                    nn.Linear(256, 64))),
+                                        min_features=32, latent_features=16)
+    with pytest.warns(NoEffectWarning, match="GatedLinearUnits found no feed-forward block"):
+        af.apply_gated_linear_units(factorized)
+
+
 def gated_linear_units_warn_without_feed_forward_blocks():
     with pytest.warns(NoEffectWarning, match="GatedLinearUnits found no feed-forward block"):
         af.apply_gated_linear_units(simple_cnn(num_classes=3))
@@ -491,6 +508,7 @@ BLOCK_SURGERY_PROPERTY_CHECKS = {
     "low_precision_groupnorm": [low_precision_groupnorm_functional],
     "fused_layernorm": [fused_layernorm_without_apex_or_cuda_changes_nothing_and_says_so],
     "gated_linear_units": [gated_linear_units_gate_ffn_blocks_keeping_names_and_updating_the_optimizer,
+                           gated_linear_units_find_blocks_whose_norm_is_a_layernorm_subclass,
                            gated_linear_units_warn_without_feed_forward_blocks],
     "gyro_dropout": [gyro_dropout_trains_tau_of_sigma_fixed_masks_and_changes_them_every_period,
                      gyro_dropout_warns_without_dropout,
