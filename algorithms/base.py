@@ -41,6 +41,7 @@ class AlgorithmState(Protocol):
     scaler: Any  # torch.amp.GradScaler (enabled for fp16 only)
     recompute_gradients: Any  # during AFTER_TRAIN_BATCH: rerun the batch's forward/backward (SAM)
     train_batches: Any  # () -> a fresh pass over this rank's training batches of the epoch, or None (SWA)
+    loads_weights: bool  # at INIT: saved weights overwrite the model right after (a replay of the surgery)
 
     @property
     def progress(self) -> float: ...  # fraction of max_batches done; moves every batch

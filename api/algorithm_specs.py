@@ -8,7 +8,7 @@ checks the three agree.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -415,3 +415,23 @@ ALGORITHM_SPECS: dict[str, type[BaseModel]] = {
                  LowPrecisionGroupNormSpec, FusedLayerNormSpec, SeqLengthWarmupSpec, SelectiveBackpropSpec,
                  RandAugmentSpec, GatedLinearUnitsSpec, GyroDropoutSpec)
 }
+
+
+def surgery_identity(spec: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    """What of a surgery method's spec its checkpoint tensors depend on: the spec with every
+    default filled in, as JSON, less its ``not_in_fingerprint`` fields (how new tensors start).
+
+    The one comparison for checkpoint fingerprints (``workers.checkpoint.contents``) and fork
+    checks (``api.lineage``): a spec stored before a field existed (a parent's factorize without
+    ``init``) then equals one with the field's default, and a change of ``init`` alone still
+    loads. A stored dict that no longer validates (a method's field since removed) is compared as
+    stored, less the same fields."""
+    if isinstance(spec, dict):
+        model = ALGORITHM_SPECS.get(spec.get("name"))
+        if model is None:
+            return dict(spec)
+        try:
+            spec = model.model_validate(spec)
+        except ValueError:
+            return {k: v for k, v in spec.items() if k not in model.not_in_fingerprint}  # type: ignore[attr-defined]
+    return spec.model_dump(mode="json", exclude=set(getattr(spec, "not_in_fingerprint", ())) or None)

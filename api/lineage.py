@@ -15,7 +15,10 @@ Which changes a checkpoint survives (``unloadable_changes``), for a fork that st
   else is another set of tensors.
 - The surgery algorithms (``changes_model`` in ``api.catalog``) must be the same list with the
   same settings: surgery replaces modules before the checkpoint is loaded, so adding, removing
-  or re-parameterizing one changes the module tree. Other algorithms may come and go.
+  or re-parameterizing one changes the module tree. Settings are compared with their defaults
+  filled in (a parent stored before a field existed compares as its default), less the fields
+  that only say how new tensors start (factorize's ``init``: the checkpoint overwrites them).
+  Other algorithms may come and go.
 - The train data set must be the same kind with the same number of classes, channels and image
   size (the classifier head and the stem have those shapes); its root, size and noise may change.
 - The optimizer may change: with the same ``optimizer.name`` its state (momentum, Adam moments)
@@ -30,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.algorithm_specs import surgery_identity
 from api.catalog import ALGORITHMS
 from api.time import DurationTime, Time
 
@@ -92,8 +96,9 @@ def merge_patch(base: Any, patch: Any) -> Any:
 
 
 def _surgery(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The spec's surgery algorithms (``changes_model``), with their settings, in order."""
-    return [a for a in spec.get("algorithms", []) if ALGORITHMS.get(a.get("name")) is not None
+    """The spec's surgery algorithms (``changes_model``) in order, each with the settings its
+    tensors' shapes depend on (``surgery_identity``: defaults filled in, ``init`` left out)."""
+    return [surgery_identity(a) for a in spec.get("algorithms", []) if ALGORITHMS.get(a.get("name")) is not None
             and ALGORITHMS[a["name"]].changes_model]
 
 

@@ -257,6 +257,45 @@ def mlp_with_dropout():
     return torch.nn.Sequential(*layers, torch.nn.Linear(512, 10)).eval()
 
 
+GYRO = {"iters_per_epoch": 196, "max_epoch": 100, "p": 0.5, "sigma": 256, "tau": 16}
+
+
+def gyro_dropout_structure(model: torch.nn.Module, rows: int, features: int, p: float, tau: int) -> dict[str, Any]:
+    """What one training forward of a converted lone dropout does to a batch of ones: the values
+    it takes, how many distinct row masks (at most ``tau``), whether consecutive groups of
+    ``rows / tau`` rows share one, and the kept fraction (about ``1 - p``)."""
+    out = model.train()(torch.ones(rows, features))
+    group = rows // tau
+    return {"values": sorted(set(out.unique().tolist())), "distinct_rows": len({tuple(r) for r in out.tolist()}),
+            "groups_share_a_mask": all(torch.equal(out[i], out[i - i % group]) for i in range(rows)),
+            "kept": (out != 0).float().mean().item(),
+            "eval_is_identity": torch.equal(model.eval()(out), out)}
+
+
+def gyro_dropout():
+    """Surgery on a VGG-style head is timed; the check runs one training forward of each side's
+    converted dropout (the outputs cannot match: each side draws its masks from its own RNG) and
+    asserts the structure both must have. The batch is a multiple of ``tau``, as Composer's needs."""
+    ours_fn, theirs_fn, _ = surgery("apply_gyro_dropout", mlp_with_dropout, torch.randn(8, 512), **GYRO)
+
+    def check():
+        p, tau = GYRO["p"], GYRO["tau"]
+        found = {}
+        for side, fn in (("ours", af.apply_gyro_dropout), ("composer", cf.apply_gyro_dropout)):
+            torch.manual_seed(0)
+            lone = torch.nn.Sequential(torch.nn.Dropout(p))
+            fn(lone, **GYRO)
+            found[side] = got = gyro_dropout_structure(lone, rows=2 * tau, features=512, p=p, tau=tau)
+            assert got["values"] == [0.0, 1 / (1 - p)] and 1 < got["distinct_rows"] <= tau, (side, got)
+            assert got["groups_share_a_mask"] and abs(got["kept"] - (1 - p)) < 0.05 and got["eval_is_identity"], \
+                (side, got)
+        return (f"training-mode structure matches: {tau} groups of 2 rows, <= {tau} masks (ours "
+                f"{found['ours']['distinct_rows']}, Composer {found['composer']['distinct_rows']}), kept "
+                f"{found['ours']['kept']:.3f} / {found['composer']['kept']:.3f}; outputs not compared (own RNGs)")
+
+    return ours_fn, theirs_fn, check
+
+
 def cifar_resnet20():
     from workers.models.cifar_resnet import cifar_resnet20 as build
     torch.manual_seed(0)
@@ -299,11 +338,10 @@ OPS: dict[str, tuple[Callable[[], tuple], dict[str, int]]] = {
     "apply_weight_standardization(resnet20)": (
         lambda: surgery("apply_weight_standardization", cifar_resnet20, torch.randn(4, 1, 32, 32), exact=False),
         {"block": 2, "rounds": 5}),
-    # Evaluation is the identity on both sides: outputs must match exactly. (GatedLinearUnits has no
-    # entry: Composer's converts HuggingFace BERT layers only, and Tessera has no BERT.)
-    "apply_gyro_dropout(3-layer MLP)": (
-        lambda: surgery("apply_gyro_dropout", mlp_with_dropout, torch.randn(8, 512), iters_per_epoch=196, max_epoch=100,
-                        p=0.5, sigma=256, tau=16), {"block": 5, "rounds": 10}),
+    # Masks come from each side's own RNG, so outputs are compared by their structure in training
+    # mode (gyro_dropout_check). (GatedLinearUnits has no entry: Composer's converts HuggingFace
+    # BERT layers only, and Tessera has no BERT.)
+    "apply_gyro_dropout(3-layer MLP)": (gyro_dropout, {"block": 5, "rounds": 10}),
 }
 
 

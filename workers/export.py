@@ -81,7 +81,8 @@ def read_export(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def rebuild_model(metadata: dict[str, str]) -> torch.nn.Module:
-    """A fresh model as the run built it, with its surgery algorithms applied (no weights loaded)."""
+    """A fresh model as the run built it, with its surgery algorithms applied (no weights loaded:
+    the caller loads them, so surgery skips computing how its new tensors start)."""
     from algorithms.registry import build_algorithms
     from workers.engine import Engine
     from workers.events import Event
@@ -97,7 +98,7 @@ def rebuild_model(metadata: dict[str, str]) -> torch.nn.Module:
                         domain=DATASETS[spec.data.train.name].domain)
     surgery = [a for a in build_algorithms(spec.algorithms) if a.changes_model]
     state = State(model=model, num_classes=num_classes, max_batches=1, loss_fn=loss_of(model, soft_cross_entropy),
-                  algorithms=surgery)
+                  algorithms=surgery, loads_weights=True)  # the export's tensors are loaded next
     Engine(surgery).run_event(Event.INIT, state)
     return state.model
 

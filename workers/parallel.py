@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from algorithms.distributed import average_across_ranks
+
 STRATEGIES = ("none", "ddp", "fsdp")
 
 
@@ -130,13 +132,9 @@ def average_buffers(model: torch.nn.Module) -> None:
 
     DDP only broadcasts rank 0's buffers at the start of each forward, and each rank then
     updates its own; averaging before evaluation makes every rank evaluate the same model.
+    The collective is ``algorithms.distributed.average_across_ranks`` (SWA's too).
     """
-    rank_count = rank_and_world_size()[1]
-    if rank_count == 1:
-        return
-    for buffer in unwrap(model).buffers():
-        if buffer.is_floating_point():
-            all_reduce_sum(buffer.data).div_(rank_count)
+    average_across_ranks(buffer.data for buffer in unwrap(model).buffers() if buffer.is_floating_point())
 
 
 # --- out-of-memory agreement (microbatch_size: auto on several ranks) ----------------------

@@ -54,6 +54,10 @@ class State:
     # leaving the train loader where it is (the trainer's ``train_loader.fresh_epoch``; SWA's
     # BatchNorm statistics). None outside a Trainer.
     train_batches: Callable[[], Iterator[tuple[Any, Any]]] | None = None
+    # True at an INIT whose surgery is a replay: saved weights are loaded right after (a resume,
+    # a fork from its parent's checkpoint, an export rebuilt by ``load_model``), so surgery
+    # need not compute how new tensors start (factorize's ``init``).
+    loads_weights: bool = False
 
     @property
     def progress(self) -> float:

@@ -113,6 +113,14 @@ class Trainer:
         self.engine = Engine(algorithms, callbacks)
         self.train_loader.sample_transforms = self.state.sample_transforms  # one list: FIT_START installs
         self.state.train_batches = self.train_loader.fresh_epoch  # SWA's BatchNorm pass
+        self.checkpoint_url, self.in_channels = checkpoint_url, in_channels
+        self.checkpointer = None if checkpoint_url is None else self._checkpointer(checkpoint_url, in_channels)
+        # Saved weights will overwrite the model (a resume, or a fork's first start from its
+        # parent's checkpoint): surgery skips computing how new tensors start. ``resume`` looks
+        # again when it loads; if this look was wrong the surgery's own init was merely skipped
+        # or wasted, never wrong for the tensors loaded.
+        self.state.loads_weights = (self.checkpointer is not None and self.checkpointer.agreed_latest() is not None
+                                    or fork is not None and fork.checkpoint_url is not None)
 
         # Surgery before wrapping: DDP/FSDP must see the final modules and parameters.
         self.surgery_notes = collect_no_effect(lambda: self.engine.run_event(Event.INIT, self.state))
@@ -126,8 +134,6 @@ class Trainer:
         torch.manual_seed(spec.seed + self.rank)
 
         self.resumed_from: str | None = None
-        self.checkpoint_url, self.in_channels = checkpoint_url, in_channels
-        self.checkpointer = None if checkpoint_url is None else self._checkpointer(checkpoint_url, in_channels)
         self.checkpoints = TrainingCheckpoints(self.checkpointer, self.state,
                                                every=self._interval(spec.checkpoint.interval),
                                                shared=self._checkpointed_parts(),

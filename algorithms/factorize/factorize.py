@@ -10,7 +10,10 @@ How the two new layers start (``init``):
 
 - ``"random"`` (default): PyTorch's default initialization of fresh layers, as Composer's
   re-initialization does; nothing of the old weight is kept. Costs no more than building the
-  layers. At ``INIT`` the old weights are fresh random ones anyway, so nothing is lost there.
+  layers. At ``INIT`` the built-in models' weights are fresh random ones, so nothing is lost
+  there; an imported model whose builder loads pretrained weights loses them (use ``lowrank``
+  or ``svd`` for it). A replayed ``INIT`` whose weights are loaded right after
+  (``state.loads_weights``: resume, fork, ``load_model``) always starts ``random``.
 - ``"lowrank"``: a randomized rank-r approximation of the old weight (``torch.svd_lowrank``,
   two power iterations): close to the best one, several times cheaper than an exact SVD.
 - ``"svd"``: the best rank-r approximation (exact truncated SVD); a layer whose weight already
@@ -176,6 +179,7 @@ def apply_factorization(model: nn.Module, factorize_convs: bool = True, factoriz
     as in Composer, and named in the ``NoEffectWarning`` if nothing was factorized. Pass
     ``optimizers`` built earlier so they swap the old parameters for the new ones.
     """
+    _check_init(init)  # up front: an unknown init is an error even where no layer qualifies
     skipped: list[str] = []
     inside = {id(m) for f in model.modules() if isinstance(f, (FactorizedLinear, FactorizedConv2d))
               for m in (f.module0, f.module1)}
@@ -224,8 +228,11 @@ class Factorize(Algorithm):
         self.init = init
 
     def apply(self, event: Event, state: AlgorithmState) -> None:
+        # A replay (resume, fork, load_model) loads saved tensors right after: computing an SVD
+        # or low-rank start only for them to overwrite it would be wasted.
+        init = "random" if getattr(state, "loads_weights", False) else self.init
         apply_factorization(state.model, factorize_convs=self.factorize_convs,
                             factorize_linears=self.factorize_linears, min_channels=self.min_channels,
                             latent_channels=self.latent_channels, min_features=self.min_features,
                             latent_features=self.latent_features, optimizers=getattr(state, "optimizer", None),
-                            init=self.init)
+                            init=init)

@@ -86,12 +86,16 @@ def _ffn_layout(container: nn.Module) -> tuple[int, nn.Linear, nn.Linear] | None
     """``(index of up, up, down)`` if ``container`` is a feed-forward block, else None."""
     children = list(container.children())
     start = 0
-    while start < len(children) and type(children[start]) is nn.LayerNorm:  # MaxViT normalizes inside
+    # MaxViT normalizes inside. Any LayerNorm subclass: low_precision_layernorm's LPLayerNorm
+    # listed earlier must not hide the block.
+    while start < len(children) and isinstance(children[start], nn.LayerNorm):
         start += 1
     if len(children) - start < 3:
         return None
     up, act, *rest = children[start:]
     core = [m for m in rest if not isinstance(m, nn.Dropout)]  # GyroDropout layers included
+    # Exactly nn.Linear: a layer that only behaves like one (factorize's FactorizedLinear, a
+    # quantized or otherwise specialised subclass) has no single weight to gate beside.
     if len(core) != 1 or type(up) is not nn.Linear or type(core[0]) is not nn.Linear:
         return None
     if not isinstance(act, _FFN_ACTIVATIONS):

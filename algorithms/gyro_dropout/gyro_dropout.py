@@ -10,13 +10,17 @@ subnetwork gets about the same share of training. Evaluation is the identity.
 Features are the last dimension for ``(N, C)`` and ``(N, T, C)`` inputs (one mask per example
 for all its positions) and the channel dimension for ``(N, C, ...)`` feature maps.
 
-Bitwise resume: the masks and every active set are pure functions of the layer's ``seed`` and
-the step, both persistent buffers (so in every checkpoint). The seed is drawn from torch's RNG
+Bitwise resume: the masks and every active set are pure functions of the layer's ``seed``, the
+step and the period (``change_every``), all persistent buffers (so in every checkpoint and
+export: a model rebuilt by ``load_model`` trains on with the same schedule). The seed is drawn from torch's RNG
 at surgery -- the same on every rank, since the trainer seeds them alike before building the
 model -- and masks are generated on the CPU, so they are the same on every device. The
 functional form counts its own training forwards, as Composer's does; the ``GyroDropout``
 algorithm instead sets the step from the run's batch counter, so microbatches, SAM's second
-pass and selective backprop's scoring pass do not advance it.
+pass and selective backprop's scoring pass do not advance it. It sets it when the counter
+moves (BATCH_END) and at EPOCH_START (a fresh run, or a fork that loaded its parent's layers),
+never at AFTER_DATALOADER: that event runs algorithms in reverse list order, so a selective
+backprop listed after GyroDropout would score the batch with the previous step's masks.
 """
 
 from __future__ import annotations
@@ -55,15 +59,22 @@ class GyroDropoutLayer(nn.Dropout):
             raise ValueError(f"iters_per_epoch {iters_per_epoch} and max_epoch {max_epoch} must be >= 1")
         super().__init__(p=p)
         self.iters_per_epoch, self.max_epoch, self.sigma, self.tau = iters_per_epoch, max_epoch, sigma, tau
-        self.change_every = max(1, int(iters_per_epoch * max_epoch / sigma))
+        change_every = max(1, int(iters_per_epoch * max_epoch / sigma))
         self.count_forwards = True  # False when GyroDropout sets the step from the batch counter
         seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed
         self.register_buffer("seed", torch.tensor(seed, dtype=torch.int64))
         self.register_buffer("step", torch.tensor(0, dtype=torch.int64))
+        # Saved, not recomputed: a rebuild (load_model) does not know the run's length.
+        self.register_buffer("period", torch.tensor(change_every, dtype=torch.int64))
         # Python mirrors of the buffers: reading a CUDA buffer every forward would synchronize.
-        self._seed, self._step = seed, 0
+        self._seed, self._step, self._change_every = seed, 0, change_every
         self._masks: tuple[int, torch.Tensor] | None = None  # (features, sigma x features bool masks)
         self._active: tuple[tuple, torch.Tensor] | None = None  # (key, tau x features scaled masks)
+
+    @property
+    def change_every(self) -> int:
+        """Steps between changes of the active subnetworks (the ``period`` buffer)."""
+        return self._change_every
 
     def set_step(self, step: int) -> None:
         """The training step the next forward belongs to (picks the active subnetworks)."""
@@ -72,7 +83,7 @@ class GyroDropoutLayer(nn.Dropout):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._seed, self._step = int(self.seed), int(self.step)
+        self._seed, self._step, self._change_every = int(self.seed), int(self.step), int(self.period)
         self._masks = self._active = None
 
     def masks(self, features: int) -> torch.Tensor:
@@ -137,23 +148,29 @@ def apply_gyro_dropout(model: nn.Module, iters_per_epoch: int = 196, max_epoch: 
 
 class GyroDropout(Algorithm):
     """Replaces the dropout layers at INIT (the active set changes every ``max_batches / sigma``
-    batches); before every batch (AFTER_DATALOADER) sets each layer's step to the batch counter."""
+    batches); sets each layer's step to the batch counter at EPOCH_START and BATCH_END, so every
+    forward of a batch (selective backprop's scoring one too, in either list order) has its step."""
 
     name = "gyro_dropout"
-    events = frozenset({Event.INIT, Event.AFTER_DATALOADER})
+    events = frozenset({Event.INIT, Event.EPOCH_START, Event.BATCH_END})
     changes_model = True
 
     def __init__(self, p: float = 0.5, sigma: int = 256, tau: int = 16):
         _check(p, sigma, tau)
         self.p, self.sigma, self.tau = p, sigma, tau
+        # Found once at INIT (a resume replays INIT on the rebuilt model, so it is found again);
+        # loading a state dict keeps the modules, so the list stays valid.
+        self._layers: list[GyroDropoutLayer] | None = None
 
     def apply(self, event: Event, state: AlgorithmState) -> None:
         if event is Event.INIT:
             apply_gyro_dropout(state.model, iters_per_epoch=max(1, state.max_batches), max_epoch=1, p=self.p,
                                sigma=self.sigma, tau=self.tau)
-        for layer in state.model.modules():
-            if isinstance(layer, GyroDropoutLayer):
-                if event is Event.INIT:
-                    layer.count_forwards = False
-                else:
-                    layer.set_step(state.timestamp.batch)
+            self._layers = [m for m in state.model.modules() if isinstance(m, GyroDropoutLayer)]
+            for layer in self._layers:
+                layer.count_forwards = False
+            return
+        if self._layers is None:  # driven without INIT (a hand-built engine): find them once
+            self._layers = [m for m in state.model.modules() if isinstance(m, GyroDropoutLayer)]
+        for layer in self._layers:
+            layer.set_step(state.timestamp.batch)

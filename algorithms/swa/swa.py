@@ -19,10 +19,10 @@ import warnings
 from typing import Any, Iterable
 
 import torch
-import torch.distributed as dist
 from torch.optim.swa_utils import SWALR, update_bn
 
 from algorithms.base import Algorithm, AlgorithmState
+from algorithms.distributed import average_across_ranks
 from algorithms.events import Event
 from api.time import Time, TimeUnit
 
@@ -53,17 +53,20 @@ def _batchnorms(model: torch.nn.Module) -> list[torch.nn.modules.batchnorm._Batc
 
 
 def recompute_bn_stats(model: torch.nn.Module, loader: Iterable[Any], num_batches: int | None = None,
-                       device: torch.device | str | None = None, sync_ranks: bool = True) -> int:
+                       device: torch.device | str | None = None, sync_ranks: bool = False) -> int:
     """Reset ``model``'s BatchNorm running statistics and recompute them as the plain average over
     the batches of ``loader`` (at most ``num_batches``; None: all of them); returns how many
     batches were used.
 
     ``torch.optim.swa_utils.update_bn(loader, model, device)`` on those batches: items are input
     tensors or ``(inputs, targets, ...)`` sequences (the first element is the input), moved to
-    ``device`` if given; the model runs in train mode and gets its mode back. With
-    ``sync_ranks`` and an initialized process group of several ranks, each rank's statistics
-    (from its own batches) are then averaged across ranks: a collective, so every rank must call
-    it, with as many batches each, and the result is ``update_bn`` over all ranks' batches.
+    ``device`` if given; the model runs in train mode and gets its mode back.
+
+    ``sync_ranks`` (default False, so it is safe to call on one rank only, as Composer's is):
+    with an initialized process group of several ranks, each rank's statistics (from its own
+    batches) are then averaged across ranks -- a collective, so every rank must call it, with as
+    many batches each, and the result is ``update_bn`` over all ranks' batches. The ``SWA``
+    algorithm, which runs on every rank, passes True.
     """
     if num_batches is not None and num_batches < 1:
         raise ValueError(f"num_batches {num_batches} must be >= 1, or None for the whole loader")
@@ -86,12 +89,7 @@ def average_bn_stats_across_ranks(model: torch.nn.Module) -> None:
     group, in place (nothing without one, or with one rank). Each is a plain average over batches
     after ``update_bn``, so with equal batch counts the mean of the ranks' averages is the
     average over all their batches."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    for module in _batchnorms(model):
-        for stat in (module.running_mean, module.running_var):
-            dist.all_reduce(stat, op=dist.ReduceOp.SUM)
-            stat.div_(dist.get_world_size())
+    average_across_ranks(stat for module in _batchnorms(model) for stat in (module.running_mean, module.running_var))
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -182,7 +180,7 @@ class SWA(Algorithm):
                               "(state.train_batches is None); the averaged weights keep the last statistics")
             else:
                 # The unwrapped model: DDP would broadcast rank 0's buffers on every forward.
-                recompute_bn_stats(model, train_batches(), num_batches=self.bn_update_batches)
+                recompute_bn_stats(model, train_batches(), num_batches=self.bn_update_batches, sync_ranks=True)
         self.completed = True
         self._averaged = None  # the model now holds the average
 

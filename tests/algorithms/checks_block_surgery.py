@@ -361,6 +361,23 @@ def gated_linear_units_gate_ffn_blocks_keeping_names_and_updating_the_optimizer(
     assert vit(torch.randn(2, 3, 8, 8)).shape == (2, 3)
 
 
+def gated_linear_units_find_blocks_whose_norm_is_a_layernorm_subclass():
+    """MaxViT-style blocks normalize inside; low_precision_layernorm listed earlier turns the norm
+    into an LPLayerNorm (a LayerNorm subclass), which must not hide the block. A factorized
+    projection is not an nn.Linear, so factorize listed earlier does hide it (the method card says so)."""
+    from algorithms.gated_linear_units import GatedFeedForward
+    from algorithms.low_precision_layernorm.low_precision_layernorm import LPLayerNorm
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(LPLayerNorm(8), nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)))
+    af.apply_gated_linear_units(model)
+    assert isinstance(model[0], GatedFeedForward) and type(model[0][0]) is LPLayerNorm
+    factorized = af.apply_factorization(nn.Sequential(nn.Sequential(nn.Linear(64, 256), nn.GELU(),
+                                                                    nn.Linear(256, 64))),
+                                        min_features=32, latent_features=16)
+    with pytest.warns(NoEffectWarning, match="GatedLinearUnits found no feed-forward block"):
+        af.apply_gated_linear_units(factorized)
+
+
 def gated_linear_units_warn_without_feed_forward_blocks():
     with pytest.warns(NoEffectWarning, match="GatedLinearUnits found no feed-forward block"):
         af.apply_gated_linear_units(simple_cnn(num_classes=3))
@@ -412,6 +429,11 @@ def gyro_dropout_trains_tau_of_sigma_fixed_masks_and_changes_them_every_period()
     fresh = af.apply_gyro_dropout(nn.Sequential(nn.Linear(4, 32), nn.Dropout()), 4, 2, p=0.25, sigma=4, tau=2)
     fresh.load_state_dict(model.state_dict())
     assert torch.equal(fresh[1].train()(ones), layer.train()(ones))
+    # The period is saved too: a rebuild that does not know the run's length (load_model) keeps it.
+    rebuilt = af.apply_gyro_dropout(nn.Sequential(nn.Linear(4, 32), nn.Dropout()), 1, 1, p=0.25, sigma=4, tau=2)
+    assert rebuilt[1].change_every == 1
+    rebuilt.load_state_dict(model.state_dict())
+    assert rebuilt[1].change_every == 2 and int(model.state_dict()["1.period"]) == 2
 
 
 def gyro_dropout_warns_without_dropout():
@@ -439,6 +461,38 @@ def gyro_dropout_follows_the_batch_counter_not_the_forward_count():
     assert steps == [0, 0, 1, 1, 2, 2, 3, 3]  # two microbatches per batch, one step
 
 
+def gyro_dropout_sets_the_step_before_selective_backprop_scores_in_either_order():
+    """Selective backprop scores the batch with a training-mode forward at AFTER_DATALOADER, an
+    event that runs algorithms in reverse list order: in either order it must see the batch's step."""
+    from algorithms.gyro_dropout import GyroDropout, GyroDropoutLayer
+    from algorithms.selective_backprop import SelectiveBackprop
+    from workers.engine import Engine
+    from workers.state import State
+    for gyro_first in (True, False):
+        torch.manual_seed(0)
+        gyro = GyroDropout(p=0.5, sigma=4, tau=2)
+        select = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, interval=1)
+        algorithms = [gyro, select] if gyro_first else [select, gyro]
+        state = State(model=nn.Sequential(nn.Linear(4, 8), nn.Dropout(), nn.Linear(8, 3)), num_classes=3,
+                      max_batches=8, loss_fn=nn.functional.cross_entropy, algorithms=algorithms)
+        engine = Engine(algorithms)
+        engine.run_event(Event.INIT, state)
+        layer = state.model[1]
+        assert isinstance(layer, GyroDropoutLayer) and layer.change_every == 2  # 8 batches / 4 subnetworks
+        seen = []  # (batch counter, layer's step) at every forward of the layer
+        layer.register_forward_pre_hook(lambda m, args: seen.append((state.timestamp.batch, m._step)))
+        engine.run_event(Event.FIT_START, state)
+        engine.run_event(Event.EPOCH_START, state)
+        for _ in range(4):
+            state.inputs, state.targets = torch.randn(8, 4), torch.randint(0, 3, (8,))
+            engine.run_event(Event.AFTER_DATALOADER, state)  # selective backprop's scoring forward
+            state.model(state.inputs)  # the training forward
+            state.timestamp = state.timestamp.after_batch(samples=8)
+            engine.run_event(Event.BATCH_END, state)
+        assert [batch for batch, _ in seen] == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert all(batch == step for batch, step in seen), (gyro_first, seen)
+
+
 BLOCK_SURGERY_PROPERTY_CHECKS = {
     "stochastic_depth": [stochastic_depth_converts_blocks_in_place_with_linear_drop_rates_and_same_parameters,
                          stochastic_depth_block_mode_skips_or_keeps_whole_blocks_and_scales_at_evaluation,
@@ -454,9 +508,11 @@ BLOCK_SURGERY_PROPERTY_CHECKS = {
     "low_precision_groupnorm": [low_precision_groupnorm_functional],
     "fused_layernorm": [fused_layernorm_without_apex_or_cuda_changes_nothing_and_says_so],
     "gated_linear_units": [gated_linear_units_gate_ffn_blocks_keeping_names_and_updating_the_optimizer,
+                           gated_linear_units_find_blocks_whose_norm_is_a_layernorm_subclass,
                            gated_linear_units_warn_without_feed_forward_blocks],
     "gyro_dropout": [gyro_dropout_trains_tau_of_sigma_fixed_masks_and_changes_them_every_period,
-                     gyro_dropout_warns_without_dropout],
+                     gyro_dropout_warns_without_dropout,
+                     gyro_dropout_sets_the_step_before_selective_backprop_scores_in_either_order],
 }
 
 BLOCK_SURGERY_EVENT_CHECKS = {

@@ -164,6 +164,31 @@ def swa_bn_stats_averaged_over_ranks_are_update_bn_over_all_their_batches():
             assert torch.allclose(got, want, atol=1e-5), name
 
 
+def swa_recompute_bn_stats_syncs_ranks_only_when_asked():
+    """The functional form defaults to no collective (safe on rank 0 alone, as Composer's); the
+    SWA algorithm, on every rank, asks for one; and the runtime's buffer averaging is the same helper."""
+    from workers.parallel import average_buffers
+    reduced = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.distributed, "is_initialized", lambda: True)
+        patch.setattr(torch.distributed, "get_world_size", lambda: 2)
+        patch.setattr(torch.distributed, "all_reduce", lambda t, op: reduced.append(t) or t.mul_(2))
+        model = bn_net_1d_and_2d()
+        af.recompute_bn_stats(model, [torch.randn(4, 3, 6, 6)])
+        assert reduced == []
+        af.recompute_bn_stats(model, [torch.randn(4, 3, 6, 6)], sync_ranks=True)
+        assert len(reduced) == 2 * 2  # mean and variance of both BatchNorms; 2 * sum / 2 ranks: unchanged
+        state = types.SimpleNamespace(model=model, timestamp=types.SimpleNamespace(epoch=1),
+                                      train_batches=lambda: iter([torch.randn(4, 3, 6, 6)]))
+        SWA(swa_start="0ep", swa_end="1ep", update_interval="1ep").apply(Event.EPOCH_END, state)
+        assert len(reduced) == 2 * 2 * 2
+        before = {name: b.clone() for name, b in model.named_buffers()}
+        average_buffers(model)
+        floating = [name for name, b in model.named_buffers() if b.is_floating_point()]
+        assert len(reduced) == 8 + len(floating)
+        assert all(torch.equal(before[name], b) for name, b in model.named_buffers())
+
+
 # --- event forms --------------------------------------------------------------------------
 
 
@@ -268,7 +293,8 @@ PROPERTY_CHECKS = {
             swa_recomputes_batchnorm_statistics_as_the_average_over_the_batches,
             swa_bn_stats_equal_torch_update_bn_on_the_same_loader,
             swa_at_swa_end_passes_over_bn_update_batches_of_the_training_data,
-            swa_bn_stats_averaged_over_ranks_are_update_bn_over_all_their_batches],
+            swa_bn_stats_averaged_over_ranks_are_update_bn_over_all_their_batches,
+            swa_recompute_bn_stats_syncs_ranks_only_when_asked],
 }
 
 EVENT_CHECKS = {

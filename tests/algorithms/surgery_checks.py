@@ -230,6 +230,29 @@ def factorize_refuses_an_unknown_init():
         af.apply_factorization(nn.Sequential(nn.Linear(64, 64)), min_features=16, latent_features=8, init="qr")
     with pytest.raises(ValueError, match="init 'qr'"):
         FactorizedLinear.from_linear(nn.Linear(64, 48), 8, init="qr")
+    with pytest.raises(ValueError, match="init 'qr' is not one of"):  # even with no layer wide enough
+        af.apply_factorization(nn.Sequential(nn.Linear(8, 8)), init="qr")
+
+def factorize_replay_skips_the_init_that_loaded_weights_overwrite():
+    """At an INIT whose weights are loaded right after (``state.loads_weights``: resume, fork,
+    load_model), ``svd``/``lowrank`` are not computed; a fresh run's INIT computes them."""
+    import types
+    from algorithms.events import Event
+    from algorithms.factorize import Factorize
+    algorithm = Factorize(min_features=16, latent_features=8, init="svd")
+    replay = types.SimpleNamespace(model=nn.Sequential(nn.Linear(64, 64)), loads_weights=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.linalg, "svd", _refuse_svd)
+        patch.setattr(torch, "svd_lowrank", _refuse_svd)
+        algorithm.apply(Event.INIT, replay)
+    assert isinstance(replay.model[0], FactorizedLinear)
+    linear = nn.Linear(64, 64)
+    fresh = types.SimpleNamespace(model=nn.Sequential(linear), loads_weights=False)
+    algorithm.apply(Event.INIT, fresh)
+    u, s, vh = torch.linalg.svd(linear.weight.detach())
+    best = (u[:, :8] * s[:8]) @ vh[:8]
+    factorized = fresh.model[0]
+    assert torch.allclose(factorized.module1.weight @ factorized.module0.weight, best, atol=1e-4)
 
 def factorize_refuses_latent_sizes_that_do_not_shrink_the_layer():
     assert max_rank_with_speedup(64, 64) == 31  # 64*64/(64+64) = 32 is break-even
@@ -263,6 +286,7 @@ SURGERY_PROPERTY_CHECKS = {
                   factorize_lowrank_init_is_nearly_the_best_approximation,
                   factorize_random_init_is_composers_fresh_layers_and_computes_no_svd,
                   factorize_refuses_an_unknown_init,
+                  factorize_replay_skips_the_init_that_loaded_weights_overwrite,
                   factorize_refuses_latent_sizes_that_do_not_shrink_the_layer,
                   factorize_warns_when_no_layer_is_wide_enough],
 }

@@ -83,3 +83,30 @@ def test_algorithm_state_dict_round_trips(name):
     fresh = build_algorithm(ALGORITHM_SPECS[name](name=name))
     fresh.load_state_dict(state)
     assert fresh.state_dict().keys() == state.keys()
+
+
+def test_replays_mark_their_init_as_one_whose_weights_are_loaded(tmp_path):
+    """The trainer's INIT is a replay for a fork starting from its parent's checkpoint (and for
+    a resume: a committed checkpoint in its folder), ``load_model``'s rebuild always is; a fresh
+    run's is not, so factorize computes its ``init`` only there. (Construction only: INIT runs
+    in the constructor, and nothing here is loaded.)"""
+    from api.lineage import ForkInfo
+    from workers.export import rebuild_model
+    spec = run_spec("factorize")
+    seen = []
+
+    class Record:
+        def run_event(self, event, state):
+            seen.append(state.loads_weights)
+    fresh = Trainer(spec, callbacks=[Record()], checkpoint_url=str(tmp_path / "run"))
+    fork = ForkInfo(**{"from": "latest", "checkpoint_url": str(tmp_path / "parent" / "ep0-ba3")})
+    Trainer(spec, callbacks=[Record()], fork=fork)
+    assert seen[:2] == [False, True] and not fresh.state.loads_weights
+    with pytest.MonkeyPatch.context() as patch:  # a restart finds a committed checkpoint of its own
+        patch.setattr("workers.checkpoint.manager.Checkpointer.agreed_latest", lambda self: object())
+        assert Trainer(spec, checkpoint_url=str(tmp_path / "run")).state.loads_weights
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("workers.engine.Engine.run_event", lambda self, event, state: seen.append(state.loads_weights))
+        rebuild_model({"tessera.spec": spec.model_dump_json(), "tessera.num_classes": "4",
+                       "tessera.in_channels": "3", "tessera.image_size": "8"})
+    assert seen[-1] is True

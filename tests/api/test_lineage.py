@@ -44,3 +44,14 @@ def test_the_fork_request_reads_from_as_latest_scratch_or_a_step():
     assert ForkRequest().from_ == "latest"
     assert ForkRequest.model_validate({"from": {"step": 7}}).from_.step == 7
     assert ForkRequest.model_validate({"from": "scratch"}).model_dump() == {"patch": {}, "from": "scratch"}
+
+
+def test_a_parent_stored_before_a_surgery_field_existed_forks_and_init_alone_may_change():
+    factorize = {"name": "factorize", "min_channels": 32, "min_features": 32}
+    child = tiny_spec(algorithms=[{**factorize, "init": "random"}]).model_dump(mode="json")
+    parent = {**child, "algorithms": [factorize]}  # stored before factorize had ``init``
+    assert unloadable_changes(parent, child) == []
+    svd = RunSpec.model_validate(merge_patch(child, {"algorithms": [{**factorize, "init": "svd"}]}))
+    assert unloadable_changes(parent, svd.model_dump(mode="json")) == []  # a resume under another init
+    ranks = RunSpec.model_validate(merge_patch(child, {"algorithms": [{**factorize, "latent_features": 8}]}))
+    assert [f for f, _ in unloadable_changes(parent, ranks.model_dump(mode="json"))] == ["algorithms"]

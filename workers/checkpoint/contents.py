@@ -17,6 +17,8 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from api.algorithm_specs import surgery_identity
+
 
 class IncompatibleCheckpoint(ValueError):
     """The checkpoint was written by a run whose model or optimizer state has another shape."""
@@ -46,8 +48,7 @@ def fingerprint(spec: Any, *, surgery: Iterable[Any], num_classes: int, in_chann
     the methods that change the model (their parameters change shapes, e.g. factorization ranks)."""
     return {
         "model": spec.model.model_dump(mode="json"),
-        "surgery": [s.model_dump(mode="json", exclude=set(getattr(s, "not_in_fingerprint", ())) or None)
-                    for s in surgery],
+        "surgery": [surgery_identity(s) for s in surgery],
         "optimizer": spec.optimizer.name,
         "num_classes": int(num_classes),
         "in_channels": int(in_channels),
