@@ -1,7 +1,8 @@
 """The layers' import rules, enforced: who may import whom.
 
     api/         pydantic, httpx only (no torch, no ray): the contract and the SDK
-    algorithms/  torch, torchvision, numpy, api (and NVIDIA apex, optional, imported lazily by FusedLayerNorm)
+    algorithms/  torch, torchvision, numpy, PIL (torchvision's image type: Composer's image ops take
+                 PIL images), api (and NVIDIA apex, optional, imported lazily by FusedLayerNorm)
     workers/     anything but service and cli
     service/     never torch, workers, algorithms or cli: the control plane runs without torch
     cli/         torch, workers, algorithms and service only lazily, inside the commands that use them
@@ -23,7 +24,7 @@ STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 ALLOWED = {
     "api": {"api", "pydantic", "pydantic_core", "httpx", "typing_extensions"},
     # apex: an optional CUDA kernel library, imported inside FusedLayerNorm only when installed.
-    "algorithms": {"algorithms", "api", "torch", "torchvision", "numpy", "apex"},
+    "algorithms": {"algorithms", "api", "torch", "torchvision", "numpy", "PIL", "apex"},
 }
 FORBIDDEN = {
     "service": {"torch", "torchvision", "workers", "algorithms", "cli"},

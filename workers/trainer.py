@@ -115,12 +115,10 @@ class Trainer:
         self.state.train_batches = self.train_loader.fresh_epoch  # SWA's BatchNorm pass
         self.checkpoint_url, self.in_channels = checkpoint_url, in_channels
         self.checkpointer = None if checkpoint_url is None else self._checkpointer(checkpoint_url, in_channels)
-        # Saved weights will overwrite the model (a resume, or a fork's first start from its
-        # parent's checkpoint): surgery skips computing how new tensors start. ``resume`` looks
-        # again when it loads; if this look was wrong the surgery's own init was merely skipped
-        # or wasted, never wrong for the tensors loaded.
-        self.state.loads_weights = (self.checkpointer is not None and self.checkpointer.agreed_latest() is not None
-                                    or fork is not None and fork.checkpoint_url is not None)
+        # A fork's first start loads its parent's weights over the model: surgery skips computing
+        # how new tensors start. (A resume is not known yet: finding it is a collective listing of
+        # storage that ``resume`` makes once, after wrapping; its surgery computes its init again.)
+        self.state.loads_weights = fork is not None and fork.checkpoint_url is not None
 
         # Surgery before wrapping: DDP/FSDP must see the final modules and parameters.
         self.surgery_notes = collect_no_effect(lambda: self.engine.run_event(Event.INIT, self.state))

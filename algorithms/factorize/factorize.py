@@ -13,7 +13,8 @@ How the two new layers start (``init``):
   layers. At ``INIT`` the built-in models' weights are fresh random ones, so nothing is lost
   there; an imported model whose builder loads pretrained weights loses them (use ``lowrank``
   or ``svd`` for it). A replayed ``INIT`` whose weights are loaded right after
-  (``state.loads_weights``: resume, fork, ``load_model``) always starts ``random``.
+  (``state.loads_weights``: a fork's first start, ``load_model``) always starts ``random``;
+  a resume computes its ``init`` again before its checkpoint overwrites it.
 - ``"lowrank"``: a randomized rank-r approximation of the old weight (``torch.svd_lowrank``,
   two power iterations): close to the best one, several times cheaper than an exact SVD.
 - ``"svd"``: the best rank-r approximation (exact truncated SVD); a layer whose weight already

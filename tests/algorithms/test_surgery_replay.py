@@ -86,9 +86,8 @@ def test_algorithm_state_dict_round_trips(name):
 
 
 def test_replays_mark_their_init_as_one_whose_weights_are_loaded(tmp_path):
-    """The trainer's INIT is a replay for a fork starting from its parent's checkpoint (and for
-    a resume: a committed checkpoint in its folder), ``load_model``'s rebuild always is; a fresh
-    run's is not, so factorize computes its ``init`` only there. (Construction only: INIT runs
+    """The trainer's INIT is a replay for a fork starting from its parent's checkpoint,
+    ``load_model``'s rebuild always is; a fresh run's is not, so factorize computes its ``init`` only there. (Construction only: INIT runs
     in the constructor, and nothing here is loaded.)"""
     from api.lineage import ForkInfo
     from workers.export import rebuild_model
@@ -102,9 +101,6 @@ def test_replays_mark_their_init_as_one_whose_weights_are_loaded(tmp_path):
     fork = ForkInfo(**{"from": "latest", "checkpoint_url": str(tmp_path / "parent" / "ep0-ba3")})
     Trainer(spec, callbacks=[Record()], fork=fork)
     assert seen[:2] == [False, True] and not fresh.state.loads_weights
-    with pytest.MonkeyPatch.context() as patch:  # a restart finds a committed checkpoint of its own
-        patch.setattr("workers.checkpoint.manager.Checkpointer.agreed_latest", lambda self: object())
-        assert Trainer(spec, checkpoint_url=str(tmp_path / "run")).state.loads_weights
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("workers.engine.Engine.run_event", lambda self, event, state: seen.append(state.loads_weights))
         rebuild_model({"tessera.spec": spec.model_dump_json(), "tessera.num_classes": "4",
