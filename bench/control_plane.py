@@ -20,7 +20,7 @@ app with its dispatcher thread, Ray replaced by ``ListingRay``, which accepts ev
   (40 run pages: conditional GET of the run, new metrics by cursor, logs, and every 5th poll its
   events, checkpoints, exports and children; 10 run lists: conditional ``GET /runs?limit=100``);
 - ``tick``: ``Dispatcher.tick()`` in this process, with the 1,000 active runs, timed by
-  ``tick_listeners``, and the Ray calls it made.
+  ``tick_listeners`` (wall) and ``time.process_time`` (``cpu``), and the Ray calls it made.
 
 Every request counts, and the load stops by itself: each phase sends a fixed number of requests.
 Client and server share this machine's cores; ``client_cpu_s`` and ``server_cpu_s`` say how much
@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -67,9 +68,9 @@ RUN_BODY = {
 FULL = {"sizes": [1_000, 10_000, 100_000], "active": 1_000, "metric_points": 10_000_000, "metric_runs": 1_000,
         "submits": 2_000, "gets": 500, "ingest_reports": 40, "points_per_report": 1_000,
         "pages": 50, "polls": 10, "ticks": 30}
-QUICK = {"sizes": [200], "active": 50, "metric_points": 5_000, "metric_runs": 10,
-         "submits": 64, "gets": 40, "ingest_reports": 2, "points_per_report": 100,
-         "pages": 50, "polls": 2, "ticks": 5}
+QUICK = {"sizes": [200], "active": 20, "metric_points": 2_000, "metric_runs": 10,
+         "submits": 32, "gets": 20, "ingest_reports": 2, "points_per_report": 100,
+         "pages": 10, "polls": 2, "ticks": 5}
 
 
 class Tally:
@@ -267,6 +268,7 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
 
     engine = make_engine(url)
     durations: list[float] = []
+    cpu: list[float] = []  # this process's CPU per tick: steadier than wall time on a busy machine
     try:
         with tempfile.TemporaryDirectory() as home:
             settings = Settings(home=Path(home), database_url=url, storage_url=f"file://{home}/storage")
@@ -276,11 +278,13 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
             ray.calls = 0
             dispatcher.tick_listeners.append(durations.append)
             for _ in range(ticks):
+                began = time.process_time()
                 dispatcher.tick()
+                cpu.append(time.process_time() - began)
     finally:
         engine.dispose()
     return {**percentiles(durations), "active_runs": len(active), "ray_calls_per_tick": ray.calls / ticks,
-            "ray_error": dispatcher.ray_error}
+            "cpu": percentiles(cpu), "ray_error": dispatcher.ray_error}
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -393,7 +397,8 @@ def main() -> None:
     parser.add_argument("--pg", default=os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--py-spy", type=Path, default=None,
-                        help="record the server with py-spy into this file (collapsed stacks)")
+                        help="record the server with py-spy into this file (collapsed stacks of the thread "
+                             "holding the GIL: where the server's Python CPU goes)")
     args = parser.parse_args()
     sizes = dict(QUICK if args.quick else FULL)
     if args.sizes:
@@ -424,12 +429,14 @@ def main() -> None:
                        "--port", str(port), "--key", BENCH_KEY, "--jobs-log", str(jobs_log),
                        "--active", str(len(active))]
             if args.py_spy:
-                command = [str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "50",
+                command = [str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "50", "--gil",
                            "--subprocesses", "-o", str(args.py_spy), "--"] + command
             server = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
             try:
                 base = f"http://127.0.0.1:{port}"
+                began = time.perf_counter()
                 wait_until_up(base, server)
+                report["server_start_s"] = round(time.perf_counter() - began, 1)
                 stored, metric_runs = [], []
                 for index, size in enumerate(sizes["sizes"]):
                     began = time.perf_counter()
@@ -453,8 +460,7 @@ def main() -> None:
                     print(f"{size} runs: {json.dumps(result)}", file=sys.stderr)
                 report["tick"] = tick_phase(url, active, sizes["ticks"])
             finally:
-                server.terminate()
-                server.wait(30)
+                stop_server(server, under_py_spy=bool(args.py_spy))
         finally:
             engine.dispose()
     largest = report["sizes"][str(sizes["sizes"][-1])]
@@ -466,6 +472,22 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+
+
+def stop_server(server: subprocess.Popen, *, under_py_spy: bool) -> None:
+    """Stop the server before its database is dropped. Under py-spy, SIGINT the server itself:
+    py-spy then writes its profile and exits with it (a SIGTERM to py-spy would orphan it)."""
+    if under_py_spy and server.poll() is None:
+        child = _child_pid(server.pid)
+        if child != server.pid:
+            os.kill(child, signal.SIGINT)
+    else:
+        server.terminate()
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(10)
 
 
 def _child_pid(pid: int) -> int:

@@ -39,7 +39,9 @@ def test_quick_control_plane_bench_measures_every_phase_and_every_request_succee
     assert ingest["runs"] == 8
     assert ingest["points_stored"] == 8 * report["settings"]["ingest_reports"] * ingest["points_per_report"]
     dashboard = size["dashboard"]
-    assert dashboard["pages"] == 50 and dashboard["first_poll"]["n"] == 50
+    pages = report["settings"]["pages"]
+    assert dashboard["pages"] == pages and dashboard["first_poll"]["n"] == pages
+    assert dashboard["later_polls"]["n"] == pages * (report["settings"]["polls"] - 1)
     assert size["metric_points_stored"] == report["seeding"]["200"]["metric_points"] + ingest["points_stored"]
     tick = report["tick"]
     assert tick["active_runs"] == report["settings"]["active"] and tick["ray_calls_per_tick"] == 1
