@@ -118,8 +118,8 @@ def fill_active(engine, num_runs: int) -> list[str]:
 
 def copy_metrics(engine, run_ids: Sequence[str], points_per_run: int) -> int:
     """COPY ``points_per_run`` points into ``metrics`` for each run (``METRIC_KEYS`` in turn, one
-    step per key pair); returns the rows written. Bests and summaries are not touched: the reads
-    benchmarked here do not derive them from the points."""
+    step per key pair) and count them in ``runs.metric_points``; returns the rows written. Bests
+    and summaries are not touched: the reads benchmarked here do not derive them from the points."""
     steps = -(-points_per_run // len(METRIC_KEYS))
     when = START.isoformat()
     raw = engine.raw_connection()
@@ -136,6 +136,9 @@ def copy_metrics(engine, run_ids: Sequence[str], points_per_run: int) -> int:
                             buffer.write(f"{run_id}\t{step}\t{key}\t{1.0 / (step + 1):.6f}\t{when}\t1\tf\n")
                             written += 1
                     copy.write(buffer.getvalue())
+            # What the report route keeps with each stored batch (its point budget reads it).
+            cursor.execute("UPDATE runs SET metric_points = metric_points + %s WHERE id = ANY(%s)",
+                           (points_per_run, list(run_ids)))
         raw.commit()
     finally:
         raw.close()
