@@ -20,7 +20,8 @@ app with its dispatcher thread, Ray replaced by ``ListingRay``, which accepts ev
   (40 run pages: conditional GET of the run, new metrics by cursor, logs, and every 5th poll its
   events, checkpoints, exports and children; 10 run lists: conditional ``GET /runs?limit=100``);
 - ``tick``: ``Dispatcher.tick()`` in this process, with the 1,000 active runs, timed by
-  ``tick_listeners`` (wall) and ``time.process_time`` (``cpu``), and the Ray calls it made.
+  ``tick_listeners`` (wall) and ``time.process_time`` (``cpu``), and the Ray calls it made by
+  method (one ``states`` list; ``job_logs`` for the live logs the archiver copies).
 
 Every request counts, and the load stops by itself: each phase sends a fixed number of requests.
 Client and server share this machine's cores; ``client_cpu_s`` and ``server_cpu_s`` say how much
@@ -96,9 +97,32 @@ class Tally:
                 **({"first_failures": self.failures[:3]} if self.failures else {})}
 
 
+class NoAnswer:
+    """Stands in for the response of a request that got none (connection reset, timeout)."""
+
+    status_code = 0
+    headers: dict = {}
+    text = ""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def json(self) -> dict:
+        return {}
+
+
 async def request(client, tally: Tally, method: str, url: str, ok=(200,), **kwargs):
+    """One request, counted in ``tally``; a transport error counts as a failure, not a crash."""
+    import httpx
+
     began = time.perf_counter()
-    response = await client.request(method, url, **kwargs)
+    try:
+        response = await client.request(method, url, **kwargs)
+    except httpx.TransportError as exc:
+        tally.samples.append(time.perf_counter() - began)
+        tally.requests += 1
+        tally.failures.append(f"{method} {url}: no answer ({type(exc).__name__}: {exc})")
+        return NoAnswer(exc)
     tally.check(response, began, ok)
     return response
 
@@ -259,11 +283,12 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
     from service.settings import Settings
 
     class CountingRay(ListingRay):
-        calls = 0
+        """Counts the Jobs API calls a tick makes, by method."""
 
         def __getattribute__(self, name):
             if name in ("submit", "status", "states", "stop", "logs_tail", "job_logs", "cluster_capacity"):
-                object.__setattr__(self, "calls", object.__getattribute__(self, "calls") + 1)
+                calls = object.__getattribute__(self, "calls")
+                calls[name] = calls.get(name, 0) + 1
             return object.__getattribute__(self, name)
 
     engine = make_engine(url)
@@ -275,7 +300,7 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
             ray = CountingRay(active_job_ids(len(active)))
             dispatcher = Dispatcher(Repository(engine), ray, settings)
             dispatcher.tick()  # warm: the first tick loads the modules and fills the pool
-            ray.calls = 0
+            ray.calls = {}
             dispatcher.tick_listeners.append(durations.append)
             for _ in range(ticks):
                 began = time.process_time()
@@ -283,7 +308,9 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
                 cpu.append(time.process_time() - began)
     finally:
         engine.dispose()
-    return {**percentiles(durations), "active_runs": len(active), "ray_calls_per_tick": ray.calls / ticks,
+    return {**percentiles(durations), "active_runs": len(active), "ray_calls_per_tick": round(sum(ray.calls.values()) / ticks, 2),
+            # states: the one job list; job_logs: live logs copied, each attempt every 10th tick
+            "ray_calls_per_tick_by_method": {name: round(count / ticks, 2) for name, count in sorted(ray.calls.items())},
             "cpu": percentiles(cpu), "ray_error": dispatcher.ray_error}
 
 

@@ -81,7 +81,10 @@ def main() -> None:
         settings = Settings(home=Path(home), database_url=args.db, bootstrap_api_key=args.key,
                             public_url=f"http://127.0.0.1:{args.port}", worker_python=sys.executable)
         app = create_app(settings, jobs=ListingRay(active_job_ids(args.active), args.jobs_log))
-        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+        # Keep-alive longer than any pause between the bench's phases: uvicorn's 5 s default closes
+        # an idle connection just as the client may reuse it (a ReadError that is not the service's).
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                    timeout_keep_alive=300)
 
 
 if __name__ == "__main__":
