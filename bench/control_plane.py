@@ -67,8 +67,8 @@ RUN_BODY = {
 }
 
 FULL = {"sizes": [1_000, 10_000, 100_000], "active": 1_000, "metric_points": 10_000_000, "metric_runs": 1_000,
-        "submits": 2_000, "gets": 500, "ingest_reports": 40, "points_per_report": 1_000,
-        "pages": 50, "polls": 10, "ticks": 30}
+        "submits": 1_000, "gets": 300, "ingest_reports": 20, "points_per_report": 1_000,
+        "pages": 50, "polls": 5, "ticks": 30}
 QUICK = {"sizes": [200], "active": 20, "metric_points": 2_000, "metric_runs": 10,
          "submits": 32, "gets": 20, "ingest_reports": 2, "points_per_report": 100,
          "pages": 10, "polls": 2, "ticks": 5}
