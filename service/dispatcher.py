@@ -75,9 +75,11 @@ class Dispatcher:
                     down = follower.ray_down
             self.ray_error = "a call to Ray failed during the last tick" if down else None
             if not down:
-                self.log_archiver.tick()
+                # The archiver's read of the followed runs (after the followers' submits and fixes)
+                # serves the wall-clock check too: every active run is read twice a tick, not three times.
+                followed = self.log_archiver.tick()
                 projects = {p.name: p for p in self.access.list_projects()}
-                for run_id in wall_clock.enforce(self.repo, self.jobs, projects):
+                for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=followed):
                     log.info("run %s: stopped at its wall-clock limit", run_id)
         for listener in self.tick_listeners:
             listener(time.perf_counter() - started)

@@ -2,7 +2,8 @@
 
 Each dispatcher tick, the archiver looks at the run attempts whose jobs the dispatcher follows.
 While an attempt is live its log is copied every ``every_ticks`` ticks (a crash of the Ray head
-then loses at most that much); once the attempt is no longer followed (its run ended, or a new
+then loses at most that much), each attempt on its own turn, so a tick copies 1/``every_ticks``
+of them rather than all at once; once the attempt is no longer followed (its run ended, or a new
 attempt began) its job's final log is copied once Ray says the job has finished. What the
 archiver remembers lives in memory: an attempt that ended while the service was down is copied
 when someone first reads its logs (``service.routes.logs``).
@@ -11,7 +12,9 @@ when someone first reads its logs (``service.routes.logs``).
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass
+from typing import Any
 
 from service.log_store import LogStore
 from service.ray_client import FINISHED_JOB_STATES, JobsClient
@@ -53,21 +56,25 @@ class LogArchiver:
         self._watched: set[Attempt] = set()
         self._stalled = False
 
-    def tick(self) -> None:
-        """Copy live attempts' logs every ``every_ticks`` ticks, and ended attempts' final logs."""
+    def tick(self) -> list[Any]:
+        """Copy each live attempt's log once every ``every_ticks`` ticks, and ended attempts' final
+        logs; return the runs in a followed status as read now (the dispatcher's wall-clock check
+        reuses them). The live copies are spread over the ticks (an attempt's turn comes from its
+        job id), so no tick asks Ray for every live log at once."""
         self._ticks += 1
         self._stalled = False  # a hung store or Ray: one timeout per tick, not one per attempt
+        runs = self.repo.with_status(RUN_JOBS.policy.followed)
         live = {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
-                for run in self.repo.with_status(RUN_JOBS.policy.followed)
-                if RUN_JOBS.owns(run) and run.ray_job_id}
-        if self._ticks % self.every_ticks == 0:
-            for attempt in live:
-                if not self._stalled:
-                    self._copy(attempt, final=False)
+                for run in runs if RUN_JOBS.owns(run) and run.ray_job_id}
+        turn = self._ticks % self.every_ticks
+        for attempt in live:
+            if not self._stalled and zlib.crc32(attempt.job_id.encode()) % self.every_ticks == turn:
+                self._copy(attempt, final=False)
         for attempt in self._watched - live:
             if not self._stalled and self._copy(attempt, final=True):
                 self._watched.discard(attempt)
         self._watched |= live
+        return runs
 
     def _copy(self, attempt: Attempt, *, final: bool) -> bool:
         """Copy one attempt's log; True once there is nothing left to wait for (final copy made,

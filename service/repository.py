@@ -352,9 +352,7 @@ class Repository(AttemptStore):
             _refuse_after_end(run, "metrics")
             remember_batch(run, session_id, batch)
             if limits is not None:
-                stored = session.execute(select(func.count()).select_from(Metric)
-                                         .where(Metric.run_id == run_id)).scalar_one()
-                limits.check_run(run_id, (run.summary or {}).keys(), stored, points)
+                limits.check_run(run_id, (run.summary or {}).keys(), run.metric_points or 0, points)
             note = non_finite_note(points)
             if note is not None:
                 status = RunStatus(run.status)
@@ -365,6 +363,7 @@ class Repository(AttemptStore):
             if not rows:
                 return 0
             session.execute(insert(Metric), rows)
+            run.metric_points = (run.metric_points or 0) + len(rows)
             summary = dict(run.summary or {})
             for row in rows:  # reporting order: the last value reported for a key wins
                 summary[row["key"]] = row["value"]

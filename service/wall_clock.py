@@ -43,11 +43,14 @@ def attempts_started(repo: Any, run_ids: list[str]) -> dict[tuple[str, int], dat
         return {(run_id, attempt): time for run_id, attempt, time in session.execute(query)}
 
 
-def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None = None) -> list[str]:
-    """Stop every active run past its limit; return the ids stopped."""
+def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None = None,
+            active: list[Any] | None = None) -> list[str]:
+    """Stop every active run past its limit; return the ids stopped. ``active``: runs the caller
+    read just now, among them every run in a ``LIMITED`` status (None: read them here)."""
     now = now or utcnow()
     stopped = []
-    limited = [(run, limit) for run in repo.with_status(LIMITED)
+    runs = repo.with_status(LIMITED) if active is None else [run for run in active if run.status in LIMITED]
+    limited = [(run, limit) for run in runs
                if not run.driven_by_sweep  # a trial's time belongs to its sweep's driver
                and (limit := limit_of(run.spec, projects.get(run.project))) is not None]
     started_at = attempts_started(repo, [run.id for run, _ in limited])

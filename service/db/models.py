@@ -99,6 +99,8 @@ class Run(AttemptedRow, Base):
     report_batch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # "saved" | "missing" once a run that saves checkpoints has ended; None otherwise.
     final_checkpoint: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Metric points stored for this run (superseded ones too): the report budget's count (0008).
+    metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),
                       Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True),

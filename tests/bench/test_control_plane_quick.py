@@ -1,0 +1,55 @@
+"""``bench/control_plane.py --quick`` runs end to end on PostgreSQL, and every request it sends succeeds.
+
+Not timed (a 2-core machine shared with other jobs cannot hold a speed threshold): the smoke
+test pins the report's shape, so the full run's JSON keeps the figures the closing notes of
+issue 14 quote, and a route the dashboard polls that starts failing under load shows up here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import PG_ADMIN_URL, REPO_ROOT
+
+PHASES = ("submit", "ingest", "get_run", "list_runs", "get_run_16_clients", "list_runs_16_clients", "dashboard")
+GOALS = {"submits_per_s", "get_run_p99_ms", "list_runs_p99_ms", "ingest_points_per_s", "tick_p99_ms",
+         "dashboard_polls_per_s"}
+
+
+def test_quick_control_plane_bench_measures_every_phase_and_every_request_succeeds(tmp_path):
+    out = tmp_path / "control-plane.json"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "control_plane.py"), "--quick",
+                           "--pg", PG_ADMIN_URL, "--out", str(out)],
+                          cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["quick"] is True and report["all_requests_succeeded"] is True
+    (size,) = report["sizes"].values()
+    assert size["runs_stored"] >= report["settings"]["sizes"][0] + report["settings"]["active"]
+    for name in PHASES:
+        phase = size[name]
+        requests = phase["requests"] if name == "dashboard" else phase
+        assert requests["failed"] == 0 and requests["requests"] > 0, (name, requests)
+    assert size["submit"]["requests"] == report["settings"]["submits"]
+    assert size["submit"]["all_submitted_to_ray_after_s"] > 0
+    ingest = size["ingest"]
+    assert ingest["runs"] == 8
+    assert ingest["points_stored"] == 8 * report["settings"]["ingest_reports"] * ingest["points_per_report"]
+    dashboard = size["dashboard"]
+    pages = report["settings"]["pages"]
+    assert dashboard["pages"] == pages and dashboard["first_poll"]["n"] == pages
+    assert dashboard["later_polls"]["n"] == pages * (report["settings"]["polls"] - 1)
+    assert size["metric_points_stored"] == report["seeding"]["200"]["metric_points"] + ingest["points_stored"]
+    tick = report["tick"]
+    assert tick["active_runs"] == report["settings"]["active"]
+    calls = tick["ray_calls_per_tick_by_method"]
+    # One job list per tick and no per-run status calls; the log archiver copies each live log
+    # once every 10 ticks, spread over them (at most every live log in one tick, never more).
+    assert calls["states"] == 1 and "status" not in calls and "submit" not in calls
+    assert calls.get("job_logs", 0) <= tick["active_runs"]
+    assert tick["ray_error"] is None
+    assert set(report["goals"]) == GOALS
+    assert all(goal["ratio"] > 0 and goal["measured"] > 0 for goal in report["goals"].values())
