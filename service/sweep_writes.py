@@ -1,7 +1,9 @@
 """How a sweep's row changes status; callers hold the sweep's row lock (``Database.locked_write``).
 
 A sweep that ends ends its driver's unfinished trials in the same transaction (their rows are
-locked after the sweep's, the order every sweep write keeps).
+locked after the sweep's, the order every sweep write keeps). A sweep being canceled takes them
+to CANCELING at once: stopping the driver kills their workers, whose FAILED reports would
+otherwise land before the sweep is CANCELED; a CANCELING run acknowledges them and the cancel wins.
 """
 
 from __future__ import annotations
@@ -45,15 +47,21 @@ def apply_sweep_status(session: Session, sweep: Sweep, target: SweepStatus, *, m
     sweep.updated_at = now
     if target.is_terminal:
         _end_active_trials(session, sweep, canceled=target is SweepStatus.CANCELED)
+    elif target is SweepStatus.CANCELING:
+        for run in _active_trials(session, sweep):
+            apply_run_status(session, run, RunStatus.CANCELING, message="its sweep is being canceled", error=None)
+
+
+def _active_trials(session: Session, sweep: Sweep) -> list[Run]:
+    """The locked rows of the driver's unfinished trials (not those resumed by hand: ordinary runs now)."""
+    query = (select(Run).where(Run.sweep_id == sweep.id, Run.status.not_in([s.value for s in TERMINAL_STATUSES]))
+             .order_by(Run.created_at, Run.id).with_for_update())
+    return [run for run in session.execute(query).scalars() if RunRecord.from_row(run).driven_by_sweep]
 
 
 def _end_active_trials(session: Session, sweep: Sweep, *, canceled: bool) -> None:
     """A sweep that ended takes its driver's unfinished trials with it."""
-    query = (select(Run).where(Run.sweep_id == sweep.id, Run.status.not_in([s.value for s in TERMINAL_STATUSES]))
-             .order_by(Run.created_at, Run.id).with_for_update())
-    for run in session.execute(query).scalars():
-        if not RunRecord.from_row(run).driven_by_sweep:
-            continue  # resumed by hand: an ordinary run now
+    for run in _active_trials(session, sweep):
         if canceled:
             apply_run_status(session, run, RunStatus.CANCELING, message="its sweep was canceled", error=None)
             apply_run_status(session, run, RunStatus.CANCELED, message="its sweep was canceled", error=None)

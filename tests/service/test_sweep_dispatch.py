@@ -156,7 +156,7 @@ def test_cancel_stops_the_driver_job_then_cancels_the_sweep_and_its_active_trial
     dispatcher.sweeps.cancel(sweep.id)
     dispatcher.tick()
     assert dispatcher.sweeps.get_sweep(sweep.id).status is SS.CANCELING
-    assert dispatcher.repo.get_run(active.id).status is S.RUNNING
+    assert dispatcher.repo.get_run(active.id).status is S.CANCELING
     dispatcher.jobs.set_status(job_id, "STOPPED")
     dispatcher.tick()
     assert dispatcher.jobs.stop_calls == [job_id, job_id]

@@ -183,11 +183,14 @@ def test_a_canceled_sweep_cancels_its_active_trials_through_canceling(repo, swee
     sweep = _running_sweep(sweeps, sweep_spec)
     run = sweeps.register_trial(sweep.id, trial_id="t", spec=trial_spec, params={}, token="a")
     assert sweeps.cancel(sweep.id).status is SS.CANCELING
-    assert repo.get_run(run.id).status is S.STARTING  # until the driver job is gone
+    assert repo.get_run(run.id).status is S.CANCELING  # with its sweep, in the same transaction
+    # Stopping the driver kills the trial's workers: their FAILED report is acknowledged, the cancel wins.
+    assert repo.apply_worker_report(run.id, S.FAILED, error="SIGTERM received").status is S.CANCELING
+    assert sweeps.end_trial(sweep.id, "t", outcome="failed").status is S.CANCELING
     assert sweeps.apply_driver_report(sweep.id, SS.COMPLETED).status is SS.CANCELING  # the cancel wins
     sweeps.transition(sweep.id, SS.CANCELED, only_from=[SS.CANCELING])
     assert [e.to_status for e in repo.events(run.id)][-2:] == [S.CANCELING, S.CANCELED]
-    assert repo.get_run(run.id).status is S.CANCELED
+    assert repo.get_run(run.id).status is S.CANCELED and repo.get_run(run.id).error is None
 
 
 def test_a_trial_resumed_by_hand_is_an_ordinary_run_the_sweep_no_longer_ends(repo, sweeps, sweep_spec, trial_spec):
