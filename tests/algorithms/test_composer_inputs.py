@@ -270,8 +270,7 @@ def test_apply_gradient_clipping_goes_through_an_fsdp1_root_and_refuses_agc_ther
     """FSDP1 flattens parameters: the norm must come from the root wrapper (all ranks' shards)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel
-    if dist.is_initialized():
-        pytest.skip("a process group is already running in this process")
+    assert not dist.is_initialized(), "an earlier test left a process group running in this process"
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         with warnings.catch_warnings():
