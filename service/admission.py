@@ -206,9 +206,10 @@ class Admission:
         capacity = self.capacity or self.read_capacity()
         return capacity.why_never(Demand.of(spec)) if capacity is not None else None
 
-    def __call__(self, queued: list[Any]) -> list[Any]:
-        """The runs of ``queued`` (oldest first) to submit now, in queue order. Plans the
-        service's QUEUED sweeps in the same pass; ``admit_sweeps`` then hands those out."""
+    def __call__(self, queued: list[Any], active: list[Any] | None = None) -> list[Any]:
+        """The runs of ``queued`` (oldest first) to submit now, in queue order. ``active``: every
+        active run as the run follower read it this tick (None: read here). Plans the service's
+        QUEUED sweeps in the same pass; ``admit_sweeps`` then hands those out."""
         from api.views import ACTIVE_STATUSES
 
         sweeps = self._queued_sweeps()
@@ -217,18 +218,18 @@ class Admission:
             self.waiting = {}
             return []
         capacity = self.read_capacity()  # every tick with a queue, so a submit is checked against a fresh size
-        active = [_candidate(run) for run in self.repo.with_status(ACTIVE_STATUSES)]
+        holding = [_candidate(run) for run in (self.repo.snapshots(ACTIVE_STATUSES) if active is None else active)]
         quotas = {p.name: Quota(p.max_running_runs, p.max_workers, p.max_gpus) for p in self.access.list_projects()}
         candidates = sorted([(run.created_at, _candidate(run)) for run in queued]
                             + [(sweep.created_at, _sweep_candidate(sweep)) for sweep in sweeps],
                             key=lambda pair: pair[0])  # oldest first across both kinds
-        decided = plan([candidate for _, candidate in candidates], active, capacity, quotas)
+        decided = plan([candidate for _, candidate in candidates], holding, capacity, quotas)
         self.waiting = decided.waiting
         self._admitted_sweeps = {sweep.id for sweep in sweeps} & set(decided.admit)
         by_id = {run.id: run for run in queued}
         return [by_id[run_id] for run_id in decided.admit if run_id in by_id]
 
-    def admit_sweeps(self, queued: list[Any]) -> list[Any]:
+    def admit_sweeps(self, queued: list[Any], active: list[Any] | None = None) -> list[Any]:
         """The sweeps of ``queued`` that this tick's plan admitted (the run follower plans first)."""
         admitted = [sweep for sweep in queued if sweep.id in self._admitted_sweeps]
         self._admitted_sweeps = set()
@@ -239,7 +240,7 @@ class Admission:
             return []
         from api.views import SweepStatus
 
-        return [sweep for sweep in self.sweeps.with_status([SweepStatus.QUEUED]) if sweep.driver == "service"]
+        return [sweep for sweep in self.sweeps.snapshots([SweepStatus.QUEUED]) if sweep.driver == "service"]
 
 
 def _sweep_candidate(sweep: Any) -> Candidate:

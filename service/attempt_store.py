@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from sqlalchemy import select
@@ -29,6 +29,9 @@ class StoredKind:
     transitions: TransitionTable
     job_prefix: str  # "run" | "sweep", the start of each attempt's Ray submission id
     record: Any  # RunRecord or SweepRecord: ``record.from_row(row)`` is what callers get
+    # What a dispatcher tick reads of each record (``AttemptStore.snapshots``): a dataclass whose
+    # every field is a column of ``model`` by the same name, with ``from_row``.
+    snapshot: Any
     apply_status: Callable[..., None]  # apply_run_status or apply_sweep_status on a locked row
 
 
@@ -52,6 +55,16 @@ class AttemptStore:
                  .order_by(self.stored.model.created_at, self.stored.model.id))
         with self.db.read() as session:
             return [self.stored.record.from_row(row) for row in session.execute(query).scalars()]
+
+    def snapshots(self, statuses: Iterable[enum.Enum]) -> list[Any]:
+        """Like ``with_status``, as the dispatcher's ticks read records: only the columns of
+        ``stored.snapshot``, as plain rows. Every tick reads every active record; for runs this
+        leaves out the metrics, tags and notes whose JSON was most of the read's cost."""
+        model, snapshot = self.stored.model, self.stored.snapshot
+        query = (select(*(getattr(model, field.name) for field in fields(snapshot)))
+                 .where(model.status.in_([s.value for s in statuses])).order_by(model.created_at, model.id))
+        with self.db.read() as session:
+            return [snapshot.from_row(row) for row in session.execute(query)]
 
     def transition(self, record_id: str, to_status: enum.Enum, *, message: str | None = None,
                    error: str | None = None, only_from: Iterable[enum.Enum] | None = None,

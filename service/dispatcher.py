@@ -67,19 +67,20 @@ class Dispatcher:
         except OSError as exc:  # Ray down or hung: this tick costs one timeout, and does no Ray work
             self._ray_unreachable(exc)
         else:
-            down = False
+            down, read = False, {}
             for follower in self.followers:
                 follower.ray_down = False
                 if not down:  # once Ray failed a call this tick, the next follower waits too
-                    follower.tick(lambda: listed[0])
+                    read[follower.kind.name] = follower.tick(lambda: listed[0])
                     down = follower.ray_down
             self.ray_error = "a call to Ray failed during the last tick" if down else None
             if not down:
-                # The archiver's read of the followed runs (after the followers' submits and fixes)
-                # serves the wall-clock check too: every active run is read twice a tick, not three times.
-                followed = self.log_archiver.tick()
+                # The run follower's read of the followed runs, from the start of this tick, serves
+                # the log archiver and the wall-clock check too: every active run is read once a
+                # tick. A run the followers just submitted or ended is seen by them on the next.
+                self.log_archiver.tick(read["run"])
                 projects = {p.name: p for p in self.access.list_projects()}
-                for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=followed):
+                for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=read["run"]):
                     log.info("run %s: stopped at its wall-clock limit", run_id)
         for listener in self.tick_listeners:
             listener(time.perf_counter() - started)

@@ -54,12 +54,14 @@ class JobFollower:
     """Submits and follows the jobs of one ``JobKind``; ``tick`` and ``reconcile`` are its loops."""
 
     def __init__(self, kind: JobKind, store: AttemptStore, jobs: JobsClient, settings: Settings,
-                 admit: Callable[[list[Any]], list[Any]] | None = None):
+                 admit: Callable[[list[Any], list[Any]], list[Any]] | None = None):
         self.kind = kind
         self.store = store
         self.jobs = jobs
         self.settings = settings
-        self.admit = admit  # picks which QUEUED records to submit (the run queue); None: all
+        # Picks which QUEUED records to submit (the run queue), given every record in a followed
+        # status as this tick read them; None: all.
+        self.admit = admit
         # Submits whose answer was lost, by record id. In memory: after a service restart the
         # follower's "no such job" path re-queues such an attempt instead, which is also safe.
         self.pending: dict[str, PendingSubmit] = {}
@@ -67,21 +69,24 @@ class JobFollower:
 
     def owned(self, statuses: Iterable[Any]) -> list[Any]:
         """This kind's records in one of ``statuses`` whose jobs it submits and follows, oldest first."""
-        return [record for record in self.store.with_status(statuses) if self.kind.owns(record)]
+        return [record for record in self.store.snapshots(statuses) if self.kind.owns(record)]
 
-    def tick(self, job_states: Callable[[], dict[str, str] | None] | None = None) -> None:
+    def tick(self, job_states: Callable[[], dict[str, str] | None] | None = None) -> list[Any]:
         """One pass: submit every QUEUED record, then follow every other active one.
         ``job_states``: where to read every job's state (the dispatcher shares one list per
-        tick between its followers); default: this follower's own ``job_states_now``."""
+        tick between its followers); default: this follower's own ``job_states_now``.
+        Returns the followed records as read at the start of the pass (the dispatcher's log
+        archiver and wall-clock check reuse them: one read of the active runs per tick)."""
         self.ray_down = False
-        active = self.owned(self.kind.policy.followed)
+        everyone = self.store.snapshots(self.kind.policy.followed)  # a sweep's trials too: they hold resources
+        active = [record for record in everyone if self.kind.owns(record)]
         self._forget_settled(active)
         unsettled = set(self.pending)  # asked about or sent again this tick: not in the job list yet
         for record in active:  # submits whose answer was lost, first: they are the oldest
             if record.id in self.pending and not self.ray_down:
                 self._guarded(self.resolve_pending, record)
         queued = self.owned([self.kind.status.QUEUED])
-        admitted = self.admit(queued) if self.admit is not None else queued
+        admitted = self.admit(queued, everyone) if self.admit is not None else queued
         for record in admitted:
             if not self.ray_down:
                 self._guarded(self.submit, record)
@@ -90,16 +95,17 @@ class JobFollower:
         just_submitted = {record.id for record in admitted} | unsettled | set(self.pending)
         followed = [r for r in active if r.id not in just_submitted]
         if not followed or self.ray_down:
-            return
+            return active
         try:
             states = (job_states or self.job_states_now)()
         except Exception as exc:  # Ray cannot be asked: "unknown" never reads as "gone"
             log.warning("could not list Ray's jobs; following again next tick: %s", exc)
             self.ray_down = isinstance(exc, OSError)
-            return
+            return active
         for record in followed:
             if not self.ray_down:
                 self._guarded(self.follow, record, states=states)
+        return active
 
     def job_states_now(self) -> dict[str, str] | None:
         """Every job's state in one call, if the Jobs client can list them; None: ask per job."""

@@ -82,12 +82,7 @@ class RunRecord:
 
     @property
     def driven_by_sweep(self) -> bool:
-        """A trial whose attempts belong to its sweep's Tune driver, not to the run dispatcher:
-        its job is the driver's (``sweep-...``) or an external driver's (none). A trial resumed
-        by hand is QUEUED for the dispatcher, gets its own ``run-...`` job, and is an ordinary
-        run from then on (a driver's trial is never QUEUED outside a transaction)."""
-        return (self.sweep_id is not None and self.status is not RunStatus.QUEUED
-                and (self.ray_job_id is None or self.ray_job_id.startswith("sweep-")))
+        return driven_by_sweep(self)
 
     def to_view(self) -> RunView:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
@@ -96,6 +91,41 @@ class RunRecord:
                        sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project,
                        notes=self.notes, archived_at=self.archived_at, final_checkpoint=self.final_checkpoint,
                        parent_id=self.parent_id, fork=self.fork)
+
+
+def driven_by_sweep(run: "RunRecord | ActiveRun") -> bool:
+    """Whether ``run`` is a trial whose attempts belong to its sweep's Tune driver, not to the
+    run dispatcher: its job is the driver's (``sweep-...``) or an external driver's (none). A
+    trial resumed by hand is QUEUED for the dispatcher, gets its own ``run-...`` job, and is an
+    ordinary run from then on (a driver's trial is never QUEUED outside a transaction)."""
+    return (run.sweep_id is not None and run.status is not RunStatus.QUEUED
+            and (run.ray_job_id is None or run.ray_job_id.startswith("sweep-")))
+
+
+@dataclass(frozen=True)
+class ActiveRun:
+    """A run as each dispatcher tick reads it (``Repository.snapshots``): what following its
+    job, planning the queue, archiving its log and its wall-clock limit need. Its metrics,
+    tags and notes are left out: with 1,000 active runs their JSON was most of a tick."""
+
+    id: str
+    project: str
+    status: RunStatus
+    attempt: int
+    spec: dict[str, Any]
+    error: str | None
+    ray_job_id: str | None
+    sweep_id: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> "ActiveRun":
+        return cls(id=row.id, project=row.project, status=RunStatus(row.status), attempt=row.attempt, spec=row.spec,
+                   error=row.error, ray_job_id=row.ray_job_id, sweep_id=row.sweep_id, created_at=row.created_at)
+
+    @property
+    def driven_by_sweep(self) -> bool:
+        return driven_by_sweep(self)
 
 
 def best_values(extrema: dict[str, list[float]]) -> dict[str, float]:
@@ -132,7 +162,8 @@ class Repository(AttemptStore):
     PostgreSQL); ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
 
     stored = StoredKind(model=Run, status=RunStatus, not_found=RunNotFound, transitions=RUN_TRANSITIONS,
-                        job_prefix="run", record=RunRecord, apply_status=apply_run_status)
+                        job_prefix="run", record=RunRecord,
+                        snapshot=ActiveRun, apply_status=apply_run_status)
 
     def __init__(self, engine: Engine):
         self.engine = engine

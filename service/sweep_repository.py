@@ -78,7 +78,8 @@ class SweepRepository(AttemptStore):
     ``transition``, ``begin_attempt`` and ``check_token`` come from ``AttemptStore``."""
 
     stored = StoredKind(model=Sweep, status=SweepStatus, not_found=SweepNotFound, transitions=SWEEP_TRANSITIONS,
-                        job_prefix="sweep", record=SweepRecord, apply_status=apply_sweep_status)
+                        job_prefix="sweep", record=SweepRecord,
+                        snapshot=SweepRecord, apply_status=apply_sweep_status)
 
     def __init__(self, runs: Repository):
         self.db = runs.db

@@ -49,7 +49,7 @@ def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None
     read just now, among them every run in a ``LIMITED`` status (None: read them here)."""
     now = now or utcnow()
     stopped = []
-    runs = repo.with_status(LIMITED) if active is None else [run for run in active if run.status in LIMITED]
+    runs = repo.snapshots(LIMITED) if active is None else [run for run in active if run.status in LIMITED]
     limited = [(run, limit) for run in runs
                if not run.driven_by_sweep  # a trial's time belongs to its sweep's driver
                and (limit := limit_of(run.spec, projects.get(run.project))) is not None]

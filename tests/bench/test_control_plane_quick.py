@@ -46,10 +46,10 @@ def test_quick_control_plane_bench_measures_every_phase_and_every_request_succee
     tick = report["tick"]
     assert tick["active_runs"] == report["settings"]["active"]
     calls = tick["ray_calls_per_tick_by_method"]
-    # One job list per tick and no per-run status calls; the log archiver copies each live log
-    # once every 10 ticks, spread over them (at most every live log in one tick, never more).
+    # One job list per tick and no per-run status calls; the log archiver copies at most 10 live
+    # logs a tick, however many runs are live.
     assert calls["states"] == 1 and "status" not in calls and "submit" not in calls
-    assert calls.get("job_logs", 0) <= tick["active_runs"]
+    assert calls.get("job_logs", 0) <= 10
     assert tick["ray_error"] is None
     assert set(report["goals"]) == GOALS
     assert all(goal["ratio"] > 0 and goal["measured"] > 0 for goal in report["goals"].values())

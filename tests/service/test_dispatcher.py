@@ -192,3 +192,19 @@ def test_background_thread_dispatches_until_stopped(dispatcher, example_spec):
         dispatcher.stop()
     assert dispatcher._thread is None
     assert dispatcher.jobs.submit_calls == [f"run-{run.id}-attempt-1"]
+
+
+def test_a_tick_reads_the_active_runs_once_without_their_metrics(dispatcher, example_spec, monkeypatch):
+    from service.repository import ActiveRun
+
+    _running(dispatcher, example_spec)
+    dispatcher.repo.create_run(example_spec)  # a queued run: the admission plan needs the active runs too
+    reads = []
+    real = dispatcher.repo.snapshots
+    monkeypatch.setattr(dispatcher.repo, "snapshots", lambda statuses: reads.append(set(statuses)) or real(statuses))
+    monkeypatch.setattr(dispatcher.repo, "with_status", lambda statuses: pytest.fail("a tick read whole run records"))
+    dispatcher.tick()
+    active = {S.STARTING, S.RUNNING, S.RESTARTING, S.CANCELING}
+    # The run follower's read, shared with the queue's plan, the log archiver and the wall-clock check
+    assert reads == [active, {S.QUEUED}]
+    assert all(type(run) is ActiveRun for run in real(active))

@@ -63,6 +63,31 @@ def test_live_logs_are_copied_every_few_ticks(client, fake_jobs, example_body, s
     assert LogStore(settings.storage_url).read(run_id, 1) == b"still going\n"
 
 
+def test_a_tick_copies_at_most_copies_per_tick_live_logs(client, fake_jobs, example_body, settings):
+    archiver = client.app.state.dispatcher.log_archiver
+    archiver.copies_per_tick = 2
+    run_ids = [client.post("/api/v1/runs", json=example_body).json()["id"] for _ in range(5)]
+    client.app.state.dispatcher.tick()  # submits all five
+    started = [(run_id, f"run-{run_id}-attempt-1") for run_id in run_ids]
+    for _, job_id in started:
+        fake_jobs.set_status(job_id, "RUNNING")
+        fake_jobs.logs[job_id] = f"{job_id}\n"
+    read: list[str] = []
+    real_job_logs = fake_jobs.job_logs
+    fake_jobs.job_logs = lambda job_id: read.append(job_id) or real_job_logs(job_id)
+    per_tick = []
+    for _ in range(archiver.every_ticks + 2):
+        before = len(read)
+        client.app.state.dispatcher.tick()
+        per_tick.append(len(read) - before)
+    # 5 live logs due at once, at most 2 Ray calls a tick for them; each copied again every 10 ticks
+    assert per_tick == [2, 2, 1] + [0] * (archiver.every_ticks - 3) + [2, 2]
+    assert set(read[:5]) == {job_id for _, job_id in started}
+    assert read[5:] == read[:4]  # copied longest ago first
+    for run_id, job_id in started:
+        assert LogStore(settings.storage_url).read(run_id, 1) == f"{job_id}\n".encode()
+
+
 def test_an_ended_attempt_missed_by_the_dispatcher_is_stored_when_first_read(client, fake_jobs, example_body,
                                                                            settings):
     run_id, job_id = _start(client, fake_jobs, example_body)
