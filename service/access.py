@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -170,21 +171,41 @@ def new_api_key() -> str:
 
 
 class AccessStore:
-    """API keys and projects over the service's ``Database``."""
+    """API keys and projects over the service's ``Database``.
 
-    def __init__(self, db: Database):
+    Every request authenticates its key, so a valid key's caller is remembered for
+    ``key_cache_s`` seconds (a database session less per request: three round trips on
+    PostgreSQL). A revoke through this store forgets every remembered caller at once; a key
+    revoked by another service process on the same database stops working here within
+    ``key_cache_s``. A key's roles never change after it is created."""
+
+    def __init__(self, db: Database, *, key_cache_s: float = 5.0, key_cache_size: int = 10_000):
         self.db = db
+        self.key_cache_s = key_cache_s
+        self.key_cache_size = key_cache_size
+        self._callers: dict[str, tuple[float, Caller]] = {}  # key hash -> (when read, caller); valid keys only
+        self._revokes = 0  # a read that began before a revoke must not be remembered after it
 
     # --- keys ----------------------------------------------------------------------------
     def authenticate(self, secret: str) -> Caller | None:
         """The caller holding ``secret``, or None for an unknown or revoked key."""
         if not secret.startswith(KEY_PREFIX) or len(secret) > 256:
             return None
+        digest, now, revokes = hash_token(secret), time.monotonic(), self._revokes
+        remembered = self._callers.get(digest)
+        if remembered is not None and now - remembered[0] < self.key_cache_s:
+            return remembered[1]
         with self.db.read() as session:
-            row = session.execute(select(ApiKey).where(ApiKey.key_hash == hash_token(secret))).scalar_one_or_none()
+            row = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
             if row is None or row.revoked_at is not None:
+                self._callers.pop(digest, None)
                 return None
-            return Caller(key_id=row.id, roles={project: Role(role) for project, role in (row.roles or {}).items()})
+            caller = Caller(key_id=row.id, roles={project: Role(role) for project, role in (row.roles or {}).items()})
+        if len(self._callers) >= self.key_cache_size:
+            self._callers.clear()
+        if revokes == self._revokes:
+            self._callers[digest] = (now, caller)
+        return caller
 
     def has_keys(self) -> bool:
         with self.db.read() as session:
@@ -219,7 +240,10 @@ class AccessStore:
             if row.revoked_at is None:
                 row.revoked_at = utcnow()
             session.flush()
-            return KeyRecord.from_row(row)
+            record = KeyRecord.from_row(row)
+        self._revokes += 1  # after the commit: a read racing the revoke is not remembered
+        self._callers.clear()
+        return record
 
     # --- projects ------------------------------------------------------------------------
     def create_project(self, name: str) -> ProjectRecord:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, or_, select, text
+from sqlalchemy import Engine, and_, func, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -26,7 +26,7 @@ from service.run_bests import upsert_bests
 from service.run_listing import InvalidCursor, RunFilter, best_first, filtered, newest_first, next_cursor
 from service.db.session import Database, clean_text, is_possible_id
 from service.metric_limits import MetricLimits, non_finite_note
-from service.metric_writes import is_replayed_batch, remember_batch
+from service.metric_writes import insert_points, is_replayed_batch, remember_batch
 from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
 from service.state_machine import RUN_TRANSITIONS
 from service.tokens import hash_token
@@ -393,7 +393,7 @@ class Repository(AttemptStore):
                     for p in points if math.isfinite(p.value)]
             if not rows:
                 return 0
-            session.execute(insert(Metric), rows)
+            insert_points(session, rows)
             run.metric_points = (run.metric_points or 0) + len(rows)
             summary = dict(run.summary or {})
             for row in rows:  # reporting order: the last value reported for a key wins

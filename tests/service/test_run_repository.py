@@ -172,6 +172,24 @@ def test_metrics_after_returns_only_new_points_in_order(repo, example_spec):
     assert len(limited) == 2 and limited_seq == limited[-1].seq
 
 
+def test_points_keep_any_key_their_order_and_their_instant_through_the_bulk_insert(repo, example_spec):
+    from datetime import datetime, timedelta, timezone
+
+    from api.views import ReportedMetric
+
+    run = _running(repo, example_spec)
+    keys = ["tab\tkey", "new\nline", "back\\slash", "quote's \"q\"", "ünï/cødé", r"\N"] * 200  # COPY's escapes
+    east = timezone(timedelta(hours=5))
+    points = [ReportedMetric(step=i, key=key, value=i / 7, time=datetime(2026, 12, 1, 12, 0, tzinfo=east) if i % 2
+                             else datetime(2026, 12, 1, 7, 0)) for i, key in enumerate(keys)]
+    assert repo.add_metrics(run.id, points) == len(points)
+    stored, _ = repo.metrics_after(run.id, after=0, limit=5000)
+    assert [(p.step, p.key, p.value) for p in stored] == [(i, key, i / 7) for i, key in enumerate(keys)]
+    assert [p.seq for p in stored] == sorted(p.seq for p in stored)
+    assert {p.time for p in stored} == {datetime(2026, 12, 1, 7, 0, tzinfo=timezone.utc)}  # naive times are UTC
+    assert repo.get_run(run.id).summary[r"\N"] == (len(keys) - 1) / 7
+
+
 def test_summary_holds_the_latest_value_of_each_key(repo, example_spec):
     run = _running(repo, example_spec)
     repo.add_metrics(run.id, _points(("loss", 2.0), ("acc", 0.3)))

@@ -154,3 +154,31 @@ def test_the_first_start_writes_an_admin_key_0600_and_later_starts_reuse_it(tmp_
     with TestClient(create_app(settings, jobs=fake_jobs, run_dispatcher=False)) as second:
         assert read_credentials(path) == key  # not replaced: the database already has keys
         assert second.get(f"{API}/me", headers=_bearer(key)).json()["roles"] == {"*": "admin"}
+
+
+def test_a_key_is_read_once_per_key_cache_s_and_a_revoke_here_forgets_it_at_once(sqlite_repo, monkeypatch):
+    from service.access import AccessStore, Caller, Role
+
+    access = AccessStore(sqlite_repo.db)
+    admin = Caller(key_id="admin", roles={"*": Role.ADMIN})
+    first, first_secret = access.create_key(name="one", roles={"*": Role.MEMBER})
+    second, second_secret = access.create_key(name="two", roles={"*": Role.MEMBER})
+    reads = []
+    real_read = access.db.read
+    monkeypatch.setattr(access.db, "read", lambda: reads.append(1) or real_read())
+    caller = access.authenticate(first_secret)
+    assert caller is not None and access.authenticate(first_secret) == caller
+    assert len(reads) == 1
+    assert access.authenticate("tsk_unknown") is None and access.authenticate("tsk_unknown") is None
+    assert len(reads) == 3  # unknown keys are never remembered
+
+    other_process = AccessStore(sqlite_repo.db)  # another service on the same database
+    other_process.revoke_key(admin, first.id)
+    assert access.authenticate(first_secret) is not None  # remembered here for key_cache_s
+    access.key_cache_s = 0.0
+    assert access.authenticate(first_secret) is None
+
+    access.key_cache_s = 3600.0
+    assert access.authenticate(second_secret) is not None
+    access.revoke_key(admin, second.id)
+    assert access.authenticate(second_secret) is None  # a revoke through this store: at once
