@@ -173,38 +173,55 @@ def new_api_key() -> str:
 class AccessStore:
     """API keys and projects over the service's ``Database``.
 
-    Every request authenticates its key, so a valid key's caller is remembered for
-    ``key_cache_s`` seconds (a database session less per request: three round trips on
-    PostgreSQL). A revoke through this store forgets every remembered caller at once; a key
-    revoked by another service process on the same database stops working here within
-    ``key_cache_s``. A key's roles never change after it is created."""
+    Every request authenticates its key and every submit reads its project, so both are
+    remembered for ``cache_s`` seconds (each a database session less: three round trips on
+    PostgreSQL). A revoke or a quota change through this store forgets what was remembered at
+    once; one made by another service process on the same database is seen here within
+    ``cache_s``. A key's roles never change after it is created, and projects are never
+    renamed or deleted."""
 
-    def __init__(self, db: Database, *, key_cache_s: float = 5.0, key_cache_size: int = 10_000):
+    def __init__(self, db: Database, *, cache_s: float = 5.0, cache_size: int = 10_000):
         self.db = db
-        self.key_cache_s = key_cache_s
-        self.key_cache_size = key_cache_size
+        self.cache_s = cache_s
+        self.cache_size = cache_size
         self._callers: dict[str, tuple[float, Caller]] = {}  # key hash -> (when read, caller); valid keys only
-        self._revokes = 0  # a read that began before a revoke must not be remembered after it
+        self._projects: dict[str, tuple[float, ProjectRecord]] = {}  # name -> (when read, project)
+        self._writes = 0  # a read that began before a revoke or quota change is not remembered after it
+
+    def _remembered(self, cache: dict[str, tuple[float, Any]], name: str) -> Any:
+        entry = cache.get(name)
+        return entry[1] if entry is not None and time.monotonic() - entry[0] < self.cache_s else None
+
+    def _remember(self, cache: dict[str, tuple[float, Any]], name: str, value: Any, *, read_at: float,
+                  writes_then: int) -> None:
+        if writes_then != self._writes:
+            return
+        if len(cache) >= self.cache_size:
+            cache.clear()
+        cache[name] = (read_at, value)
+
+    def _forget(self) -> None:
+        """After a committed revoke or quota change: nothing read before it is used again."""
+        self._writes += 1
+        self._callers.clear()
+        self._projects.clear()
 
     # --- keys ----------------------------------------------------------------------------
     def authenticate(self, secret: str) -> Caller | None:
         """The caller holding ``secret``, or None for an unknown or revoked key."""
         if not secret.startswith(KEY_PREFIX) or len(secret) > 256:
             return None
-        digest, now, revokes = hash_token(secret), time.monotonic(), self._revokes
-        remembered = self._callers.get(digest)
-        if remembered is not None and now - remembered[0] < self.key_cache_s:
-            return remembered[1]
+        digest = hash_token(secret)
+        caller = self._remembered(self._callers, digest)
+        if caller is not None:
+            return caller
+        read_at, writes_then = time.monotonic(), self._writes
         with self.db.read() as session:
             row = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
             if row is None or row.revoked_at is not None:
-                self._callers.pop(digest, None)
                 return None
             caller = Caller(key_id=row.id, roles={project: Role(role) for project, role in (row.roles or {}).items()})
-        if len(self._callers) >= self.key_cache_size:
-            self._callers.clear()
-        if revokes == self._revokes:
-            self._callers[digest] = (now, caller)
+        self._remember(self._callers, digest, caller, read_at=read_at, writes_then=writes_then)
         return caller
 
     def has_keys(self) -> bool:
@@ -241,8 +258,7 @@ class AccessStore:
                 row.revoked_at = utcnow()
             session.flush()
             record = KeyRecord.from_row(row)
-        self._revokes += 1  # after the commit: a read racing the revoke is not remembered
-        self._callers.clear()
+        self._forget()
         return record
 
     # --- projects ------------------------------------------------------------------------
@@ -263,8 +279,14 @@ class AccessStore:
                     if caller is None or caller.role_in(row.name) is not None]
 
     def get_project(self, name: str) -> ProjectRecord:
+        project = self._remembered(self._projects, name)
+        if project is not None:
+            return project
+        read_at, writes_then = time.monotonic(), self._writes
         with self.db.read() as session:
-            return ProjectRecord.from_row(_require_project(session, name))
+            project = ProjectRecord.from_row(_require_project(session, name))
+        self._remember(self._projects, name, project, read_at=read_at, writes_then=writes_then)
+        return project
 
     def set_quota(self, name: str, quota: dict[str, Any]) -> ProjectRecord:
         """Replace the project's quotas with ``quota`` (missing fields: no limit)."""
@@ -273,7 +295,9 @@ class AccessStore:
             for field in QUOTA_FIELDS:
                 setattr(row, field, quota.get(field))
             session.flush()
-            return ProjectRecord.from_row(row)
+            record = ProjectRecord.from_row(row)
+        self._forget()
+        return record
 
 
 def _require_project(session: Session, name: str) -> Project:

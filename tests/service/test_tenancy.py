@@ -156,7 +156,7 @@ def test_the_first_start_writes_an_admin_key_0600_and_later_starts_reuse_it(tmp_
         assert second.get(f"{API}/me", headers=_bearer(key)).json()["roles"] == {"*": "admin"}
 
 
-def test_a_key_is_read_once_per_key_cache_s_and_a_revoke_here_forgets_it_at_once(sqlite_repo, monkeypatch):
+def test_a_key_is_read_once_per_cache_s_and_a_revoke_here_forgets_it_at_once(sqlite_repo, monkeypatch):
     from service.access import AccessStore, Caller, Role
 
     access = AccessStore(sqlite_repo.db)
@@ -174,11 +174,35 @@ def test_a_key_is_read_once_per_key_cache_s_and_a_revoke_here_forgets_it_at_once
 
     other_process = AccessStore(sqlite_repo.db)  # another service on the same database
     other_process.revoke_key(admin, first.id)
-    assert access.authenticate(first_secret) is not None  # remembered here for key_cache_s
-    access.key_cache_s = 0.0
+    assert access.authenticate(first_secret) is not None  # remembered here for cache_s
+    access.cache_s = 0.0
     assert access.authenticate(first_secret) is None
 
-    access.key_cache_s = 3600.0
+    access.cache_s = 3600.0
     assert access.authenticate(second_secret) is not None
     access.revoke_key(admin, second.id)
     assert access.authenticate(second_secret) is None  # a revoke through this store: at once
+
+
+def test_a_project_is_read_once_per_cache_s_and_a_quota_change_here_is_seen_at_once(sqlite_repo, monkeypatch):
+    from service.access import AccessStore, ProjectNotFound
+
+    access, other_process = AccessStore(sqlite_repo.db), AccessStore(sqlite_repo.db)
+    access.create_project("cached")
+    reads = []
+    real_read = access.db.read
+    monkeypatch.setattr(access.db, "read", lambda: reads.append(1) or real_read())
+    assert access.get_project("cached") == access.get_project("cached") and len(reads) == 1
+    with pytest.raises(ProjectNotFound):
+        access.get_project("nowhere")
+    with pytest.raises(ProjectNotFound):  # a missing project is never remembered
+        access.get_project("nowhere")
+    assert len(reads) == 3
+
+    other_process.set_quota("cached", {"max_running_runs": 3})
+    assert access.get_project("cached").max_running_runs is None  # remembered here for cache_s
+    access.cache_s = 0.0
+    assert access.get_project("cached").max_running_runs == 3
+    access.cache_s = 3600.0
+    access.set_quota("cached", {"max_running_runs": 1})
+    assert access.get_project("cached").max_running_runs == 1  # a change through this store: at once
