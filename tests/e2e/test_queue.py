@@ -1,4 +1,4 @@
-"""The admission queue on a real Ray head with 4 CPUs: six 2-worker runs, at most two at once,
+"""The admission queue on a real Ray head with 4 CPUs: four 2-worker runs, at most two at once,
 the rest QUEUED with a reason, all COMPLETED in priority order."""
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ def _admitted_at(client, run_id: str) -> datetime:
     return next(e.time for e in client.run_events(run_id).data if e.to_status is RunStatus.STARTING)
 
 
-def test_six_two_worker_runs_on_four_cpus_run_two_at_a_time_in_priority_order(service):
+def test_four_two_worker_runs_on_four_cpus_run_two_at_a_time_in_priority_order(service):
     client = service.client()
     project = "queue-e2e"
     client.create_project(project)
-    client.set_quota(project, max_running_runs=0)  # hold everything until all six are queued
-    priorities = ["low", "low", "normal", "normal", "high", "high"]
+    client.set_quota(project, max_running_runs=0)  # hold everything until all four are queued
+    priorities = ["low", "normal", "high", "high"]  # submitted lowest first: order comes from priority
     runs = [client.create_run(_two_worker_spec(f"q{i}-{p}", p), project=project) for i, p in enumerate(priorities)]
     held = wait_until(lambda: [r for r in (client.get_run(run.id) for run in runs) if r.queue is not None] or None,
                       timeout=30, what="queue reasons")
@@ -41,11 +41,11 @@ def test_six_two_worker_runs_on_four_cpus_run_two_at_a_time_in_priority_order(se
                                   if r.status is RunStatus.QUEUED and r.queue is not None
                                   and r.queue.reason in ("resources", "priority")] or None,
                          timeout=60, what="runs waiting for resources")
-    assert len(waiting) >= 3  # two admitted, the others wait with a reason and a place
+    assert len(waiting) >= 2  # two admitted, the others wait with a reason and a place
     assert sorted(r.queue.position for r in waiting)[0] == 1
 
     finished = [client.wait(run.id, timeout=900) for run in runs]
-    assert [r.status for r in finished] == [RunStatus.COMPLETED] * 6, [(r.name, r.error) for r in finished]
+    assert [r.status for r in finished] == [RunStatus.COMPLETED] * 4, [(r.name, r.error) for r in finished]
 
     spans = [(_admitted_at(client, r.id), r.finished_at) for r in finished]
     for start, _ in spans:  # at any admission, at most two runs (this one included) hold the CPUs
