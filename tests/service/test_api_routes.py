@@ -130,6 +130,13 @@ def test_metrics_after_returns_only_new_points(client, fake_jobs, example_body):
     assert client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(2.0, 1.5), headers=auth).json() == {"stored": 2}
     first = client.get(url).json()
     assert [p["value"] for p in first["data"]] == [2.0, 1.5] and first["last_seq"] == first["data"][-1]["seq"]
+    # Encoded by hand (not through the response model), so held to the model here: every field, as pydantic writes it
+    from api.views import MetricPoint, MetricsPage
+
+    assert MetricsPage.model_validate(first).model_dump(mode="json") == first
+    assert set(first["data"][0]) == set(MetricPoint.model_fields)
+    assert first["data"][0]["attempt"] == 1 and first["data"][0]["superseded"] is False
+    assert first["data"][0]["time"].endswith("Z")
     client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(1.0, first_step=2), headers=auth)
     new = client.get(url, params={"after": first["last_seq"]}).json()
     assert [(p["step"], p["value"]) for p in new["data"]] == [(2, 1.0)]
