@@ -19,6 +19,8 @@ app with its dispatcher thread, Ray replaced by ``ListingRay``, which accepts ev
 - ``dashboard``: 50 open pages polling back to back as ``service/dashboard/static/js`` does
   (40 run pages: conditional GET of the run, new metrics by cursor, logs, and every 5th poll its
   events, checkpoints, exports and children; 10 run lists: conditional ``GET /runs?limit=100``);
+- ``sweep``: a 200-trial sweep expanded (every trial registered, RUNNING and COMPLETED, 8 at a
+  time, as its driver does) while one client reads ``GET /runs/{id}``; that p99 over ``get_run``'s;
 - ``tick``: ``Dispatcher.tick()`` in this process, with the 1,000 active runs, timed by
   ``tick_listeners`` (wall) and ``time.process_time`` (``cpu``), and the Ray calls it made by
   method (one ``states`` list; ``job_logs`` for the live logs the archiver copies).
@@ -68,10 +70,10 @@ RUN_BODY = {
 
 FULL = {"sizes": [1_000, 10_000, 100_000], "active": 1_000, "metric_points": 10_000_000, "metric_runs": 1_000,
         "submits": 1_000, "gets": 300, "ingest_reports": 20, "points_per_report": 1_000,
-        "pages": 50, "polls": 5, "ticks": 30}
+        "pages": 50, "polls": 5, "ticks": 30, "sweep_trials": 200}
 QUICK = {"sizes": [200], "active": 20, "metric_points": 2_000, "metric_runs": 10,
          "submits": 32, "gets": 20, "ingest_reports": 2, "points_per_report": 100,
-         "pages": 10, "polls": 2, "ticks": 5}
+         "pages": 10, "polls": 2, "ticks": 5, "sweep_trials": 12}
 
 
 class Tally:
@@ -208,6 +210,52 @@ async def ingest_phase(client, tokens: dict[str, str], reports: int, per_report:
     wall = time.perf_counter() - began
     return {**tally.report(wall), "runs": len(tokens), "points_per_report": per_report,
             "points_stored": stored, "points_per_s": round(stored / wall, 1)}
+
+
+async def sweep_phase(client, trials: int, reads_path, rng: random.Random) -> dict:
+    """A sweep of ``trials`` grid points expanded while one client reads ``GET /runs/{id}``:
+    the driver (``driver=external``: Ray is faked, so the bench plays the Tune driver a
+    service sweep's Ray job runs, through the same routes and token) registers every trial, 8
+    at a time as Tune starts them, reports each RUNNING and ends it; the reader's latencies are
+    ``during``, against ``get_run`` measured alone in the same run."""
+    lrs = [round(0.001 * (i + 1), 6) for i in range(trials)]
+    body = {"name": "bench-sweep", "base": {**RUN_BODY, "name": "bench-trial"},
+            "search": {"params": {"optimizer.lr": {"grid": lrs}}}}
+    created = await client.post(f"{API}/sweeps", json=body, params={"driver": "external"})
+    created.raise_for_status()
+    sweep_id, driver = created.json()["id"], {"Authorization": f"Bearer {created.json()['driver_token']}"}
+    driving, reading = Tally(), Tally()
+    done = asyncio.Event()
+
+    async def trial(i: int):
+        spec = {**RUN_BODY, "name": f"bench-trial-{i}", "optimizer": {**RUN_BODY["optimizer"], "lr": lrs[i]}}
+        ticket = await request(client, driving, "POST", f"{API}/sweeps/{sweep_id}/trials", headers=driver, json={
+            "trial_id": f"t{i:04d}", "spec": spec, "params": {"optimizer.lr": lrs[i]}})
+        if ticket.status_code != 200:
+            return
+        run_token = {"Authorization": f"Bearer {ticket.json()['token']}"}
+        run_id = ticket.json()["run_id"]
+        await request(client, driving, "POST", f"{API}/runs/{run_id}/report/status", json={"status": "RUNNING"},
+                      headers=run_token)
+        await request(client, driving, "POST", f"{API}/runs/{run_id}/report/status", json={"status": "COMPLETED"},
+                      headers=run_token)
+
+    async def driver_loop():
+        try:
+            await spread(8, trials, trial)
+        finally:
+            done.set()
+
+    async def reader():
+        while not done.is_set():
+            await request(client, reading, "GET", reads_path(rng))
+
+    began = time.perf_counter()
+    await asyncio.gather(driver_loop(), reader())
+    wall = time.perf_counter() - began
+    view = (await client.get(f"{API}/sweeps/{sweep_id}")).json()
+    return {"trials": trials, "trials_completed": view.get("counts", {}).get("COMPLETED", 0),
+            "driver": driving.report(wall), "get_run_during": reading.report(wall)}
 
 
 async def read_phase(client, path_of, count: int, concurrency: int, rng: random.Random) -> dict:
@@ -381,6 +429,10 @@ async def measure_size(base: str, jobs_log: Path, server_pid: int, sizes: dict, 
                                                        sizes["gets"] * 2, 16, rng))
         await phase("dashboard", dashboard_phase(client, ingest_runs + metric_run_ids, sizes["pages"],
                                                  sizes["polls"], rng))
+        sweep = await phase("sweep", sweep_phase(client, sizes["sweep_trials"],
+                                                 lambda r: f"{API}/runs/{r.choice(stored_ids)}", rng))
+        alone = result["get_run"]["p99_ms"]
+        sweep["get_run_p99_during_over_alone"] = round(sweep["get_run_during"]["p99_ms"] / alone, 2) if alone else None
     return result
 
 
@@ -524,7 +576,10 @@ def _child_pid(pid: int) -> int:
 
 
 def _failed(phase: dict) -> int:
-    return phase["requests"]["failed"] if isinstance(phase.get("requests"), dict) else phase["failed"]
+    """Failed requests of a phase: its own tally, its ``requests`` one, or its tallies' (sweep)."""
+    if "failed" in phase:
+        return phase["failed"]
+    return sum(part["failed"] for part in phase.values() if isinstance(part, dict) and "failed" in part)
 
 
 def _metric_count(engine) -> int:

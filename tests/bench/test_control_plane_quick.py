@@ -35,6 +35,11 @@ def test_quick_control_plane_bench_measures_every_phase_and_every_request_succee
         assert requests["failed"] == 0 and requests["requests"] > 0, (name, requests)
     assert size["submit"]["requests"] == report["settings"]["submits"]
     assert size["submit"]["all_submitted_to_ray_after_s"] > 0
+    sweep = size["sweep"]  # trials registered, run and completed while GET /runs/{id} is read
+    assert sweep["trials_completed"] == sweep["trials"] == report["settings"]["sweep_trials"]
+    assert sweep["driver"]["failed"] == 0 and sweep["driver"]["requests"] == 3 * sweep["trials"]
+    assert sweep["get_run_during"]["failed"] == 0 and sweep["get_run_during"]["requests"] > 0
+    assert sweep["get_run_p99_during_over_alone"] > 0
     ingest = size["ingest"]
     assert ingest["runs"] == 8
     assert ingest["points_stored"] == 8 * report["settings"]["ingest_reports"] * ingest["points_per_report"]
