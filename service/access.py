@@ -2,7 +2,8 @@
 
 A user's request carries ``Authorization: Bearer tsk_...``. Only the key's sha256 is stored
 (``service.tokens``: a key is 32 random bytes, so a plain hash cannot be brute-forced), and a
-revoked key stops working at once. A key holds a role per project:
+revoked key stops working at once (in a second service process on the same database, within
+``AccessStore.cache_s``). A key holds a role per project:
 
 * ``viewer``: read the project's runs, sweeps, metrics and checkpoints;
 * ``member``: also submit, cancel and resume runs, and create and cancel sweeps;
@@ -19,6 +20,7 @@ from __future__ import annotations
 import enum
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -187,6 +189,7 @@ class AccessStore:
         self._callers: dict[str, tuple[float, Caller]] = {}  # key hash -> (when read, caller); valid keys only
         self._projects: dict[str, tuple[float, ProjectRecord]] = {}  # name -> (when read, project)
         self._writes = 0  # a read that began before a revoke or quota change is not remembered after it
+        self._lock = threading.Lock()  # requests run on a thread pool: check-and-store is one step
 
     def _remembered(self, cache: dict[str, tuple[float, Any]], name: str) -> Any:
         entry = cache.get(name)
@@ -194,17 +197,19 @@ class AccessStore:
 
     def _remember(self, cache: dict[str, tuple[float, Any]], name: str, value: Any, *, read_at: float,
                   writes_then: int) -> None:
-        if writes_then != self._writes:
-            return
-        if len(cache) >= self.cache_size:
-            cache.clear()
-        cache[name] = (read_at, value)
+        with self._lock:
+            if writes_then != self._writes:
+                return
+            if len(cache) >= self.cache_size:
+                cache.clear()
+            cache[name] = (read_at, value)
 
     def _forget(self) -> None:
         """After a committed revoke or quota change: nothing read before it is used again."""
-        self._writes += 1
-        self._callers.clear()
-        self._projects.clear()
+        with self._lock:
+            self._writes += 1
+            self._callers.clear()
+            self._projects.clear()
 
     # --- keys ----------------------------------------------------------------------------
     def authenticate(self, secret: str) -> Caller | None:
@@ -278,8 +283,10 @@ class AccessStore:
             return [ProjectRecord.from_row(row) for row in rows
                     if caller is None or caller.role_in(row.name) is not None]
 
-    def get_project(self, name: str) -> ProjectRecord:
-        project = self._remembered(self._projects, name)
+    def get_project(self, name: str, *, fresh: bool = False) -> ProjectRecord:
+        """The project ``name`` (``ProjectNotFound`` if none); ``fresh``: read now, not remembered
+        (a check that decides a write, such as who may raise a quota)."""
+        project = None if fresh else self._remembered(self._projects, name)
         if project is not None:
             return project
         read_at, writes_then = time.monotonic(), self._writes

@@ -1,7 +1,7 @@
 """What runs and sweeps store alike: one Ray job and one bearer token per attempt.
 
 ``Repository`` (runs) and ``SweepRepository`` (sweeps) are ``AttemptStore``s; these are the
-reads and writes the job follower makes (``with_status``, ``begin_attempt``, and ``transition``
+reads and writes the job follower makes (``snapshots``, ``begin_attempt``, and ``transition``
 as a compare-and-set) and the token check of the report endpoints, written once for both.
 """
 
@@ -59,7 +59,8 @@ class AttemptStore:
     def snapshots(self, statuses: Iterable[enum.Enum]) -> list[Any]:
         """Like ``with_status``, as the dispatcher's ticks read records: only the columns of
         ``stored.snapshot``, as plain rows. Every tick reads every active record; for runs this
-        leaves out the metrics, tags and notes whose JSON was most of the read's cost."""
+        leaves out the summary, extrema, tags, notes, trial params and fork, whose JSON was most
+        of the read's cost."""
         model, snapshot = self.stored.model, self.stored.snapshot
         query = (select(*(getattr(model, field.name) for field in fields(snapshot)))
                  .where(model.status.in_([s.value for s in statuses])).order_by(model.created_at, model.id))

@@ -77,7 +77,7 @@ class Dispatcher:
             if not down:
                 # The run follower's read of the followed runs, from the start of this tick, serves
                 # the log archiver and the wall-clock check too: every active run is read once a
-                # tick. A run the followers just submitted or ended is seen by them on the next.
+                # tick. A run the followers just submitted or ended is seen by these two on the next.
                 self.log_archiver.tick(read["run"])
                 projects = {p.name: p for p in self.access.list_projects()}
                 for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=read["run"]):

@@ -6,12 +6,14 @@ then loses at most that much), but a tick copies at most ``copies_per_tick`` liv
 copied longest ago first: each copy is a Ray call, and a tick must not make one per run (with
 1,000 live runs, each log is then copied every 100 ticks). Once the attempt is no longer
 followed (its run ended, or a new attempt began) its job's final log is copied once Ray says
-the job has finished. What the archiver remembers lives in memory: an attempt that ended while the service was down is copied
-when someone first reads its logs (``service.routes.logs``).
+the job has finished (two Ray calls; these are not capped: a run ends once). What the archiver
+remembers lives in memory: an attempt that ended while the service was down is copied when
+someone first reads its logs (``service.routes.logs``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -55,25 +57,32 @@ class LogArchiver:
         self.every_ticks = every_ticks
         self.copies_per_tick = copies_per_tick
         self._ticks = 0
-        self._copied_at: dict[Attempt, int] = {}  # live attempts: the tick of their last copy (0: none yet)
+        # Live attempts: (the tick their next copy is due, a count that breaks ties first come, first served)
+        self._due_at: dict[Attempt, tuple[int, int]] = {}
+        self._turns = itertools.count()
         self._watched: set[Attempt] = set()
         self._stalled = False
 
     def tick(self, runs: list[Any] | None = None) -> None:
         """Copy each live attempt's log once every ``every_ticks`` ticks, and ended attempts' final
-        logs. ``runs``: every run in a followed status, as the dispatcher read them this tick
-        (None: read them here)."""
+        logs. ``runs``: the runs in a followed status whose jobs the dispatcher follows, as it
+        read them at the start of this tick (None: read them here)."""
         self._ticks += 1
         self._stalled = False  # a hung store or Ray: one timeout per tick, not one per attempt
         if runs is None:
             runs = self.repo.snapshots(RUN_JOBS.policy.followed)
         live = {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
                 for run in runs if RUN_JOBS.owns(run) and run.ray_job_id}
-        self._copied_at = {attempt: self._copied_at.get(attempt, 0) for attempt in live}
-        due = [attempt for attempt, tick in self._copied_at.items() if tick == 0 or self._ticks - tick >= self.every_ticks]
-        for attempt in sorted(due, key=self._copied_at.__getitem__)[:self.copies_per_tick]:
-            if not self._stalled and self._copy(attempt, final=False):
-                self._copied_at[attempt] = self._ticks
+        # A new attempt is due at once; after each try, every_ticks later. Those due longest ago go
+        # first, so under the cap every live log gets its turn. A failed try counts as a turn: a
+        # log that cannot be copied is tried again at its next one and never holds the others back.
+        self._due_at = {attempt: self._due_at.get(attempt) or (self._ticks, next(self._turns)) for attempt in live}
+        due = sorted((when, attempt) for attempt, when in self._due_at.items() if when[0] <= self._ticks)
+        for _, attempt in due[:self.copies_per_tick]:
+            if self._stalled:
+                break
+            self._copy(attempt, final=False)
+            self._due_at[attempt] = (self._ticks + self.every_ticks, next(self._turns))
         for attempt in self._watched - live:
             if not self._stalled and self._copy(attempt, final=True):
                 self._watched.discard(attempt)
@@ -81,7 +90,8 @@ class LogArchiver:
 
     def _copy(self, attempt: Attempt, *, final: bool) -> bool:
         """Copy one attempt's log; True once there is nothing left to wait for (final copy made,
-        or Ray has no such job). A Ray or storage error is logged and retried next tick."""
+        or Ray has no such job). A Ray or storage error is logged and tried again later (a final
+        copy on the next tick, a live one at its next turn)."""
         try:
             if final:
                 return archive_final_log(self.jobs, self.store, attempt)

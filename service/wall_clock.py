@@ -45,8 +45,10 @@ def attempts_started(repo: Any, run_ids: list[str]) -> dict[tuple[str, int], dat
 
 def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None = None,
             active: list[Any] | None = None) -> list[str]:
-    """Stop every active run past its limit; return the ids stopped. ``active``: runs the caller
-    read just now, among them every run in a ``LIMITED`` status (None: read them here)."""
+    """Stop every active run past its limit; return the ids stopped. ``active``: the runs the
+    caller read at the start of its tick, among them every run in a ``LIMITED`` status that is
+    not a sweep's trial (None: read them here); a run past its limit is read again before its
+    job is stopped."""
     now = now or utcnow()
     stopped = []
     runs = repo.snapshots(LIMITED) if active is None else [run for run in active if run.status in LIMITED]
@@ -59,6 +61,9 @@ def enforce(repo: Any, jobs: Any, projects: dict[str, Any], now: datetime | None
         if started is None or (now - started).total_seconds() <= limit:
             continue
         try:
+            now_stored = repo.get(run.id)  # ``active`` was read at the tick's start: has the run moved on?
+            if (now_stored.status, now_stored.attempt) != (run.status, run.attempt):
+                continue
             if run.ray_job_id:
                 jobs.stop(run.ray_job_id)
             repo.transition(run.id, RunStatus.FAILED, only_from=[run.status], attempt=run.attempt,

@@ -109,7 +109,8 @@ def list_keys(caller: CallerDep, access: AccessDep) -> KeysPage:
 
 @router.delete("/keys/{key_id}", response_model=KeyView, operation_id="revoke_key", responses=NOT_FOUND)
 def revoke_key(key_id: Annotated[str, Path(max_length=32)], caller: CallerDep, access: AccessDep) -> KeyView:
-    """Revoke a key at once (its next request gets 401). Idempotent."""
+    """Revoke a key at once (its next request to this service gets 401; to a second service
+    process on the same database, within 5 s). Idempotent."""
     return KeyView(**access.revoke_key(caller, key_id).as_dict())
 
 
@@ -136,7 +137,7 @@ def set_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: C
     ``max_duration_caps`` (bounds the service sets for everyone) to a new value needs an admin of
     every project; a project admin may send them back unchanged."""
     caller.require(name, Role.ADMIN, ProjectNotFound(name))
-    current = access.get_project(name)
+    current = access.get_project(name, fresh=True)
     raising = [field for field in RAISING_FIELDS
                if getattr(quota, field) is not None and getattr(quota, field) != getattr(current, field)]
     if raising and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:

@@ -197,14 +197,30 @@ def test_background_thread_dispatches_until_stopped(dispatcher, example_spec):
 def test_a_tick_reads_the_active_runs_once_without_their_metrics(dispatcher, example_spec, monkeypatch):
     from service.repository import ActiveRun
 
-    _running(dispatcher, example_spec)
+    running, _ = _running(dispatcher, example_spec)
     dispatcher.repo.create_run(example_spec)  # a queued run: the admission plan needs the active runs too
     reads = []
     real = dispatcher.repo.snapshots
     monkeypatch.setattr(dispatcher.repo, "snapshots", lambda statuses: reads.append(set(statuses)) or real(statuses))
     monkeypatch.setattr(dispatcher.repo, "with_status", lambda statuses: pytest.fail("a tick read whole run records"))
+    import service.dispatcher as dispatcher_module
+
+    handed = {}
+    archive_tick, enforce = dispatcher.log_archiver.tick, dispatcher_module.wall_clock.enforce
+
+    def archive_tick_seen(runs):
+        handed["archiver"] = runs
+        return archive_tick(runs)
+
+    def enforce_seen(*args, active):
+        handed["wall_clock"] = active
+        return enforce(*args, active=active)
+
+    monkeypatch.setattr(dispatcher.log_archiver, "tick", archive_tick_seen)
+    monkeypatch.setattr(dispatcher_module.wall_clock, "enforce", enforce_seen)
     dispatcher.tick()
     active = {S.STARTING, S.RUNNING, S.RESTARTING, S.CANCELING}
     # The run follower's read, shared with the queue's plan, the log archiver and the wall-clock check
     assert reads == [active, {S.QUEUED}]
-    assert all(type(run) is ActiveRun for run in real(active))
+    assert handed["archiver"] is handed["wall_clock"] and [r.id for r in handed["archiver"]] == [running.id]
+    assert all(type(run) is ActiveRun for run in handed["archiver"])

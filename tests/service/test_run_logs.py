@@ -88,6 +88,40 @@ def test_a_tick_copies_at_most_copies_per_tick_live_logs(client, fake_jobs, exam
         assert LogStore(settings.storage_url).read(run_id, 1) == f"{job_id}\n".encode()
 
 
+def _five_live_runs(client, fake_jobs, example_body) -> list[str]:
+    run_ids = [client.post("/api/v1/runs", json=example_body).json()["id"] for _ in range(5)]
+    client.app.state.dispatcher.tick()  # submits all five
+    for run_id in run_ids:
+        fake_jobs.set_status(f"run-{run_id}-attempt-1", "RUNNING")
+    return [f"run-{run_id}-attempt-1" for run_id in run_ids]
+
+
+def test_copies_rotate_through_every_live_log_and_one_that_keeps_failing_holds_none_back(client, fake_jobs,
+                                                                                        example_body):
+    archiver = client.app.state.dispatcher.log_archiver
+    archiver.copies_per_tick, archiver.every_ticks = 2, 1  # every log due on every tick: only the cap decides
+    jobs = _five_live_runs(client, fake_jobs, example_body)
+    broken = jobs[0]
+    read: list[str] = []
+    real_job_logs = fake_jobs.job_logs
+
+    def job_logs(job_id):
+        read.append(job_id)
+        if job_id == broken:
+            raise RuntimeError("Ray refused to read this log")
+        return real_job_logs(job_id)
+
+    fake_jobs.job_logs = job_logs
+    per_tick = []
+    for _ in range(5):
+        before = len(read)
+        client.app.state.dispatcher.tick()
+        per_tick.append(read[before:])
+    assert [len(tick) for tick in per_tick] == [2] * 5  # 10 tries: each of the 5 logs twice, in turn
+    assert sorted(read) == sorted(jobs * 2) and sorted(read[:5]) == sorted(jobs) and read[5:] == read[:5]
+    assert read.count(broken) == 2  # the failing one takes its turns only
+
+
 def test_an_ended_attempt_missed_by_the_dispatcher_is_stored_when_first_read(client, fake_jobs, example_body,
                                                                            settings):
     run_id, job_id = _start(client, fake_jobs, example_body)

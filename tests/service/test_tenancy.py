@@ -206,3 +206,24 @@ def test_a_project_is_read_once_per_cache_s_and_a_quota_change_here_is_seen_at_o
     access.cache_s = 3600.0
     access.set_quota("cached", {"max_running_runs": 1})
     assert access.get_project("cached").max_running_runs == 1  # a change through this store: at once
+
+
+def test_a_key_read_just_before_its_revoke_is_not_remembered_after_it(sqlite_repo, monkeypatch):
+    from contextlib import contextmanager
+
+    from service.access import AccessStore, Caller, Role
+
+    access = AccessStore(sqlite_repo.db, cache_s=3600.0)
+    key, secret = access.create_key(name="racing", roles={"*": Role.MEMBER})
+    real_read = access.db.read
+
+    @contextmanager
+    def read_then_revoked_elsewhere():  # another request's revoke commits between the read and remembering it
+        with real_read() as session:
+            yield session
+        access.revoke_key(Caller(key_id="admin", roles={"*": Role.ADMIN}), key.id)
+
+    monkeypatch.setattr(access.db, "read", read_then_revoked_elsewhere)
+    assert access.authenticate(secret) is not None  # valid when it was read
+    monkeypatch.setattr(access.db, "read", real_read)
+    assert access.authenticate(secret) is None

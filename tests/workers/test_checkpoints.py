@@ -216,3 +216,31 @@ def test_how_factorized_layers_start_is_left_out_of_the_fingerprint_but_their_si
     assert of(init="svd") == of(init="random") == of()
     assert "init" not in of()["surgery"][0] and of()["surgery"][0]["latent_features"] == 128
     assert of(latent_features=64) != of()
+
+
+@pytest.mark.integration
+def test_s3_down_during_retention_is_a_note_and_the_next_commit_deletes_what_it_left(s3_server):
+    url = s3_server.url("runs/s3-retention-outage/checkpoints")
+    spec = spec_with_checkpoints(max_duration="8ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    sink = MemorySink()
+    trainer = Trainer(spec, sink=sink, checkpoint_url=url)
+    retain, retentions = trainer.checkpointer.retain, []
+
+    def retain_while_s3_is_down_the_third_time():  # step 6's retention, which would delete step 2
+        retentions.append(len(retentions) + 1)
+        if retentions[-1] != 3:
+            return retain()
+        s3_server.stop()
+        try:
+            return retain()
+        finally:
+            s3_server.start()
+
+    trainer.checkpointer.retain = retain_while_s3_is_down_the_third_time
+    trainer.fit()
+    assert [(c["step"], c["committed"]) for c in sink.checkpoints] == [(2, True), (4, True), (6, True), (8, True)]
+    (note,) = sink.notes
+    assert "could not be deleted (keep_last=2)" in note and "the next commit tries again" in note
+    assert [step for step, _ in sink.values("train/loss")] == list(range(1, 9))
+    committed = Checkpointer(url, fingerprint={}).checkpoints()
+    assert [(c.step, c.committed) for c in committed] == [(6, True), (8, True)]  # step 8's retention caught up
