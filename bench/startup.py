@@ -23,9 +23,12 @@ data, model, optimizer), ``first_step`` (one batch and return), and ``teardown``
 call returns in this process). Ray is started once in this process (``ray.init``), as the
 service's cluster is already up when a run starts.
 
-Not measured here: the service's part (``POST /runs`` to the dispatcher's submit: at most one
-``dispatch_interval_s``, 0.5 s by default) and Ray's job start (job supervisor actor, runtime
-environment) before the driver's interpreter starts.
+Part C (``--service``), ``POST /runs`` to the first step through ``tessera serve`` (its own
+SQLite, on a Ray head started here with its dashboard, as a cluster would run it), taking turns
+with Ray's own ``TorchTrainer.fit()`` on the same head. Phases: ``pickup`` (``POST`` to the
+dispatcher's submit: the run's STARTING event), ``to_worker`` (Ray's job start, the job
+driver's interpreter and imports, Ray Train's controller, worker group and process group),
+then ``imports``, ``build`` and ``first_step`` as in part B.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import os
 import pathlib
 import platform
 import resource
+import secrets
 import statistics
 import subprocess
 import sys
@@ -237,12 +241,138 @@ def first_steps(rounds: int) -> dict[str, Any]:
     return report
 
 
+# --- part C: through the service ------------------------------------------------------------
+
+SERVICE_SPEC = {
+    "name": "bench-startup", "model": {"name": "resnet18", "params": {"small_input_stem": False}},
+    "data": {"train": {"name": "synthetic", "num_samples": 512, "image_size": IMAGE_SIZE}, "batch_size": BATCH_SIZE},
+    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}, "max_duration": "1ba",
+    "parallelism": {"strategy": "ddp", "num_workers": NUM_WORKERS}}
+
+
+def _ray_head(temp_dir: str) -> tuple[str, str]:
+    """``ray start --head`` with its dashboard (the Jobs API the service submits to), 4 CPUs;
+    returns (GCS address, dashboard URL)."""
+    from bench.local_s3 import free_port
+
+    port, dashboard = free_port(), free_port()
+    ray = str(pathlib.Path(sys.executable).with_name("ray"))
+    subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=4", "--num-gpus=0", "--include-dashboard=true",
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                    f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=180)
+    return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}"
+
+
+def service_phases(client: Any, phases_path: str) -> dict[str, float]:
+    """``POST /runs`` of ``SERVICE_SPEC`` to its first step, from the run's events and rank 0's
+    phases file (the service forwards ``TESSERA_TEST_*`` to the job)."""
+    pathlib.Path(phases_path).unlink(missing_ok=True)
+    start = time.time()
+    run = client.create_run(SERVICE_SPEC)
+    finished = client.wait(run.id, timeout=600)
+    if finished.status.value != "COMPLETED":
+        raise RuntimeError(f"run {run.id} ended {finished.status.value}: {finished.error}")
+    submitted = next(e.time for e in client.run_events(run.id).data if e.to_status.value == "STARTING").timestamp()
+    p = json.loads(pathlib.Path(phases_path).read_text())
+    return {"pickup": submitted - start, "to_worker": p["worker_entered"] - submitted,
+            "imports": p["worker_imported"] - p["worker_entered"], "build": p["trainer_built"] - p["worker_imported"],
+            "first_step": p["fit_returned"] - p["trainer_built"], "to_first_step": p["fit_returned"] - start,
+            "total": finished.finished_at.timestamp() - start}
+
+
+def service_first_steps(rounds: int) -> dict[str, Any]:
+    """Part C: ``tessera serve`` on a Ray head of its own (as in production), ``POST /runs`` to
+    the first step, taking turns with Ray's own ``TorchTrainer.fit()`` on the same head."""
+    import ray
+
+    from api.client import Client
+    from bench.local_s3 import free_port
+
+    work = tempfile.mkdtemp(prefix="bench-startup-svc-")
+    temp_dir = tempfile.mkdtemp(prefix="tray")  # short: Ray puts sockets under it
+    phases_path = os.path.join(work, "phases-service.json")
+    address, dashboard = _ray_head(temp_dir)
+    port = free_port()
+    key = "tsk_" + secrets.token_urlsafe(32)
+    env = {**os.environ, "TESSERA_HOME": work, "TESSERA_RAY_ADDRESS": dashboard, "TESSERA_PUBLIC_URL": f"http://127.0.0.1:{port}",
+           "TESSERA_BOOTSTRAP_API_KEY": key, "TESSERA_TEST_STARTUP_FILE": phases_path, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("TESSERA_DATABASE_URL", None)  # its own SQLite under TESSERA_HOME
+    tessera = str(pathlib.Path(sys.executable).with_name("tessera"))
+    server = subprocess.Popen([tessera, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=open(os.path.join(work, "service.log"), "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    rows: dict[str, list[dict[str, float]]] = {"service": [], "ray_torchtrainer": []}
+    try:
+        client = _wait_for_service(f"http://127.0.0.1:{port}", work, Client(f"http://127.0.0.1:{port}", api_key=key))
+        ray.init(address=address, log_to_driver=False)
+        ways = {"service": lambda: service_phases(client, phases_path),
+                "ray_torchtrainer": lambda: phases_of("ray_torchtrainer", work)}
+        for way in ways.values():  # untimed: the head's first Ray Train fits start its worker pool
+            way()
+        for r in range(rounds):
+            for name in list(ways) if r % 2 == 0 else list(ways)[::-1]:
+                rows[name].append(ways[name]())
+                print(f"service round {r}: {name} {rows[name][-1]['to_first_step']:.1f}s", file=sys.stderr, flush=True)
+    finally:
+        ray.shutdown()
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+        _stop_ray_head(temp_dir)
+    report: dict[str, Any] = {"rounds": rounds, "workers": NUM_WORKERS, "batch_size": BATCH_SIZE, "model": "resnet18"}
+    for way, runs in rows.items():
+        report[way] = {phase: round(statistics.median(run[phase] for run in runs), 2) for phase in runs[0]}
+        report[way]["per_round"] = [{phase: round(value, 2) for phase, value in run.items()} for run in runs]
+    pairs = list(zip(rows["service"], rows["ray_torchtrainer"]))
+    report["service_over_ray_to_first_step_median"] = round(statistics.median(
+        s["to_first_step"] / r["to_first_step"] for s, r in pairs), 4)
+    report["service_minus_ray_to_first_step_s_median"] = round(statistics.median(
+        s["to_first_step"] - r["to_first_step"] for s, r in pairs), 2)
+    return report
+
+
+def _stop_ray_head(temp_dir: str) -> None:
+    """End the Ray processes of the head started in ``temp_dir`` (``ray stop`` would end every
+    Ray cluster on the machine); Ray's agents retitle themselves, so take each match's tree."""
+    import psutil
+
+    doomed = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if temp_dir in " ".join(proc.info["cmdline"] or []):
+                doomed += [proc, *proc.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    for proc in doomed:
+        try:
+            proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def _wait_for_service(url: str, work: str, client: Any, timeout_s: float = 120) -> Any:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).json().get("ray") == "ok":
+                return client
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)  # polling a readiness condition, bounded above
+    raise RuntimeError(f"the service at {url} did not become healthy (log: {work}/service.log)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of part A (0: skip it)")
     parser.add_argument("--before", help="also time the driver imports of this git ref")
     parser.add_argument("--ray", action="store_true", help="also part B (starts a local Ray; minutes)")
     parser.add_argument("--ray-rounds", type=int, default=3)
+    parser.add_argument("--service", action="store_true",
+                        help="also part C: POST /runs to first step through `tessera serve` on its own Ray head")
+    parser.add_argument("--service-rounds", type=int, default=3)
     parser.add_argument("--out", help="also write the JSON report here")
     args = parser.parse_args()
     report: dict[str, Any] = {
@@ -255,6 +385,8 @@ def main() -> None:
         report["driver_imports"] = driver_imports(args.rounds, args.before)
     if args.ray:
         report["first_step"] = first_steps(args.ray_rounds)
+    if args.service:
+        report["service_first_step"] = service_first_steps(args.service_rounds)
     report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(report, indent=2)
     print(text)
