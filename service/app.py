@@ -19,6 +19,7 @@ from service.db.engine import make_engine, migrate
 from service.dispatch_wake import WakeDispatcher
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
+from service.heap import startup_heap_frozen
 from service.limits import RequestLimits
 from service.metrics_export import install_metrics
 from service.ray_client import JobsClient, RayJobsClient
@@ -86,7 +87,8 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 if run_dispatcher:
                     dispatcher.start()
                 try:
-                    yield
+                    with startup_heap_frozen():
+                        yield
                 finally:
                     dispatcher.stop()
         finally:

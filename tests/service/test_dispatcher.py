@@ -224,3 +224,19 @@ def test_a_tick_reads_the_active_runs_once_without_their_metrics(dispatcher, exa
     assert reads == [active, {S.QUEUED}]
     assert handed["archiver"] is handed["wall_clock"] and [r.id for r in handed["archiver"]] == [running.id]
     assert all(type(run) is ActiveRun for run in handed["archiver"])
+
+
+def test_the_objects_a_service_made_at_startup_are_frozen_while_it_runs_and_freed_after(tmp_path, fake_jobs):
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    before = gc.get_freeze_count()
+    app = create_app(Settings(home=tmp_path / "home", public_url="http://tessera.test:8000"), jobs=fake_jobs,
+                     run_dispatcher=False)
+    with TestClient(app):
+        assert gc.get_freeze_count() > before  # a full collection no longer walks them
+    assert gc.get_freeze_count() == 0  # given back to the collector when the service stops
