@@ -34,6 +34,7 @@ then ``imports``, ``build`` and ``first_step`` as in part B.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -287,6 +288,7 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
     import ray
 
     from api.client import Client
+    from bench.control_plane import wait_until_up
     from bench.local_s3 import free_port
 
     work = tempfile.mkdtemp(prefix="bench-startup-svc-")
@@ -304,7 +306,8 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
                               start_new_session=True)
     rows: dict[str, list[dict[str, float]]] = {"service": [], "ray_torchtrainer": []}
     try:
-        client = _wait_for_service(f"http://127.0.0.1:{port}", work, Client(f"http://127.0.0.1:{port}", api_key=key))
+        wait_until_up(f"http://127.0.0.1:{port}", server)
+        client = Client(f"http://127.0.0.1:{port}", api_key=key)
         ray.init(address=address, log_to_driver=False)
         ways = {"service": lambda: service_phases(client, phases_path),
                 "ray_torchtrainer": lambda: phases_of("ray_torchtrainer", work)}
@@ -333,35 +336,18 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
 
 def _stop_ray_head(temp_dir: str) -> None:
     """End the Ray processes of the head started in ``temp_dir`` (``ray stop`` would end every
-    Ray cluster on the machine); Ray's agents retitle themselves, so take each match's tree."""
+    Ray cluster on the machine); Ray's agents retitle themselves, so take each match's tree.
+    A process that is gone already, or not ours to see, is skipped."""
     import psutil
 
     doomed = []
     for proc in psutil.process_iter(["cmdline"]):
-        try:
+        with contextlib.suppress(psutil.Error):
             if temp_dir in " ".join(proc.info["cmdline"] or []):
                 doomed += [proc, *proc.children(recursive=True)]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
     for proc in doomed:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-
-
-def _wait_for_service(url: str, work: str, client: Any, timeout_s: float = 120) -> Any:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).json().get("ray") == "ok":
-                return client
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.5)  # polling a readiness condition, bounded above
-    raise RuntimeError(f"the service at {url} did not become healthy (log: {work}/service.log)")
 
 
 def main() -> None:
