@@ -34,7 +34,6 @@ then ``imports``, ``build`` and ``first_step`` as in part B.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pathlib
@@ -251,20 +250,6 @@ SERVICE_SPEC = {
     "parallelism": {"strategy": "ddp", "num_workers": NUM_WORKERS}}
 
 
-def _ray_head(temp_dir: str) -> tuple[str, str]:
-    """``ray start --head`` with its dashboard (the Jobs API the service submits to), 4 CPUs;
-    returns (GCS address, dashboard URL)."""
-    from bench.local_s3 import free_port
-
-    port, dashboard = free_port(), free_port()
-    ray = str(pathlib.Path(sys.executable).with_name("ray"))
-    subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=4", "--num-gpus=0", "--include-dashboard=true",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-                    f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=180)
-    return f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}"
-
-
 def service_phases(client: Any, phases_path: str) -> dict[str, float]:
     """``POST /runs`` of ``SERVICE_SPEC`` to its first step, from the run's events and rank 0's
     phases file (the service forwards ``TESSERA_TEST_*`` to the job)."""
@@ -289,15 +274,14 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
 
     from api.client import Client
     from bench.control_plane import wait_until_up
-    from bench.local_s3 import free_port
+    from tests.local_ray import RayHead, free_port
 
     work = tempfile.mkdtemp(prefix="bench-startup-svc-")
-    temp_dir = tempfile.mkdtemp(prefix="tray")  # short: Ray puts sockets under it
     phases_path = os.path.join(work, "phases-service.json")
-    address, dashboard = _ray_head(temp_dir)
+    head = RayHead(num_cpus=4, timeout_s=180)
     port = free_port()
     key = "tsk_" + secrets.token_urlsafe(32)
-    env = {**os.environ, "TESSERA_HOME": work, "TESSERA_RAY_ADDRESS": dashboard, "TESSERA_PUBLIC_URL": f"http://127.0.0.1:{port}",
+    env = {**os.environ, "TESSERA_HOME": work, "TESSERA_RAY_ADDRESS": head.dashboard_url, "TESSERA_PUBLIC_URL": f"http://127.0.0.1:{port}",
            "TESSERA_BOOTSTRAP_API_KEY": key, "TESSERA_TEST_STARTUP_FILE": phases_path, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("TESSERA_DATABASE_URL", None)  # its own SQLite under TESSERA_HOME
     tessera = str(pathlib.Path(sys.executable).with_name("tessera"))
@@ -308,7 +292,7 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
     try:
         wait_until_up(f"http://127.0.0.1:{port}", server)
         client = Client(f"http://127.0.0.1:{port}", api_key=key)
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=head.address, log_to_driver=False)
         ways = {"service": lambda: service_phases(client, phases_path),
                 "ray_torchtrainer": lambda: phases_of("ray_torchtrainer", work)}
         for way in ways.values():  # untimed: the head's first Ray Train fits start its worker pool
@@ -321,7 +305,7 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
         ray.shutdown()
         os.killpg(server.pid, 15)
         server.wait(timeout=60)
-        _stop_ray_head(temp_dir)
+        head.stop()
     report: dict[str, Any] = {"rounds": rounds, "workers": NUM_WORKERS, "batch_size": BATCH_SIZE, "model": "resnet18"}
     for way, runs in rows.items():
         report[way] = {phase: round(statistics.median(run[phase] for run in runs), 2) for phase in runs[0]}
@@ -332,22 +316,6 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
     report["service_minus_ray_to_first_step_s_median"] = round(statistics.median(
         s["to_first_step"] - r["to_first_step"] for s, r in pairs), 2)
     return report
-
-
-def _stop_ray_head(temp_dir: str) -> None:
-    """End the Ray processes of the head started in ``temp_dir`` (``ray stop`` would end every
-    Ray cluster on the machine); Ray's agents retitle themselves, so take each match's tree.
-    A process that is gone already, or not ours to see, is skipped."""
-    import psutil
-
-    doomed = []
-    for proc in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if temp_dir in " ".join(proc.info["cmdline"] or []):
-                doomed += [proc, *proc.children(recursive=True)]
-    for proc in doomed:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
 
 
 def main() -> None:

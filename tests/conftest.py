@@ -7,17 +7,13 @@ Real components only: PostgreSQL on 127.0.0.1:5432 (trust auth), a Ray head star
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# REPO_ROOT and free_port are imported from here by many tests.
+from tests.local_ray import REPO_ROOT, RayHead, free_port  # noqa: F401
+
 PG_ADMIN_URL = os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 # Ray's environment must be set before any Ray process starts: workers inherit it.
@@ -39,12 +35,6 @@ ADMIN_HEADERS = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
 os.environ.setdefault("TESSERA_DATA_DIRS", "/nonexistent")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def postgres_url():
     """A fresh PostgreSQL database for this test session, dropped at the end."""
@@ -56,52 +46,6 @@ def postgres_url():
     yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _kill_processes_mentioning(marker: str) -> None:
-    import psutil
-
-    me = os.getpid()
-    doomed: dict[int, psutil.Process] = {}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.pid != me and marker in " ".join(proc.info["cmdline"] or []):
-                doomed[proc.pid] = proc
-                # Ray's agents retitle themselves (`ray::DashboardAgent`), so their command
-                # lines no longer name the temp dir: take the whole tree of each match.
-                doomed.update({child.pid: child for child in proc.children(recursive=True)})
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    for proc in doomed.values():
-        try:
-            proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-
-
-class RayHead:
-    """A Ray head in its own process group: ``address`` for ray.init, ``dashboard_url`` for jobs."""
-
-    def __init__(self, num_cpus: int = 4):
-        self.temp_dir = tempfile.mkdtemp(prefix="tray")  # short: Ray puts sockets under it
-        self.port = free_port()
-        self.dashboard_port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
-        ray = str(Path(sys.executable).with_name("ray"))
-        subprocess.run(
-            [ray, "start", "--head", f"--port={self.port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-             # Two heads on the default job-agent port (52365) break job submission on both.
-             f"--dashboard-agent-listen-port={free_port()}",
-             f"--temp-dir={self.temp_dir}", "--object-store-memory=200000000", "--disable-usage-stats"],
-            check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120,
-        )
-
-    def stop(self) -> None:
-        # `ray stop` would end every Ray process on the machine; end only ours, found by temp dir.
-        _kill_processes_mentioning(self.temp_dir)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 class S3Server:

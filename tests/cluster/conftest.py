@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import REPO_ROOT, _kill_processes_mentioning, free_port
+from tests.local_ray import REPO_ROOT, free_port, kill_processes_mentioning
 from tests.e2e.conftest import cluster_service, wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -64,14 +64,14 @@ class LocalRayCluster:
 
     def stop_head(self) -> None:
         if self.head_dir:
-            _kill_processes_mentioning(self.head_dir)
+            kill_processes_mentioning(self.head_dir)
             shutil.rmtree(self.head_dir, ignore_errors=True)
             self.head_dir = None
 
     def stop_node(self, name: str) -> None:
         temp_dir = self.node_dirs.pop(name, None)
         if temp_dir:
-            _kill_processes_mentioning(temp_dir)
+            kill_processes_mentioning(temp_dir)
             shutil.rmtree(temp_dir, ignore_errors=True)
 
     def stop(self) -> None:

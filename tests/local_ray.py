@@ -1,0 +1,70 @@
+"""A Ray head on this machine in a process group of its own, as the suite and the benchmarks
+start it: ``ray start --head`` (so a service can stop and restart around it), with its dashboard
+(the Jobs API), on free loopback ports, ended by its temp dir rather than ``ray stop`` (which
+would end every Ray cluster on the machine)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def kill_processes_mentioning(marker: str) -> None:
+    """SIGKILL every process whose command line contains ``marker`` (a Ray temp dir), with its
+    whole tree: Ray's agents retitle themselves (``ray::DashboardAgent``), so their command lines
+    no longer name the temp dir. A process already gone, or not ours to see, is skipped."""
+    import psutil
+
+    me = os.getpid()
+    doomed: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if proc.pid != me and marker in " ".join(proc.info["cmdline"] or []):
+                doomed[proc.pid] = proc
+                doomed.update({child.pid: child for child in proc.children(recursive=True)})
+    for proc in doomed.values():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.kill()
+
+
+class RayHead:
+    """A Ray head in its own process group: ``address`` for ray.init, ``dashboard_url`` for jobs.
+    Its workers import from the repository (``PYTHONPATH``) and inherit this process's
+    environment, so set ``AWS_*`` and ``RAY_*`` variables before starting it."""
+
+    def __init__(self, num_cpus: int = 4, *, timeout_s: float = 120):
+        # A local throwaway cluster: no token. The head and this process's clients must agree,
+        # whatever a ``~/.ray/auth_token`` left by another local Ray makes them default to.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        self.temp_dir = tempfile.mkdtemp(prefix="tray")  # short: Ray puts sockets under it
+        self.port = free_port()
+        self.dashboard_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        ray = str(Path(sys.executable).with_name("ray"))
+        subprocess.run(
+            [ray, "start", "--head", f"--port={self.port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+             # Two heads on the default job-agent port (52365) break job submission on both.
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--temp-dir={self.temp_dir}", "--object-store-memory=200000000", "--disable-usage-stats"],
+            check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=timeout_s,
+        )
+
+    def stop(self) -> None:
+        kill_processes_mentioning(self.temp_dir)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
