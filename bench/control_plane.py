@@ -334,6 +334,10 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
     class CountingRay(ListingRay):
         """Counts the Jobs API calls a tick makes, by method."""
 
+        def __init__(self, job_ids: list[str]):
+            self.calls: dict[str, int] = {}  # before the first call is counted
+            super().__init__(job_ids)
+
         def __getattribute__(self, name):
             if name in ("submit", "status", "states", "stop", "logs_tail", "job_logs", "cluster_capacity"):
                 calls = object.__getattribute__(self, "calls")
