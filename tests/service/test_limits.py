@@ -177,3 +177,46 @@ def test_a_data_root_outside_the_data_dirs_is_a_422(limited, example_body, tmp_p
     assert trial.status_code == 422 and trial.json()["detail"][0]["field"] == "spec.data.train.root"
     example_body["data"]["train"]["root"] = str(tmp_path / "sets" / "fmnist")
     assert client.post(f"{API}/runs", json=example_body).status_code == 201
+
+
+def _nested(depth: int, inner: object = 1) -> object:
+    for _ in range(depth):
+        inner = [inner]
+    return inner
+
+
+REPORT = {"points": [{"step": i, "key": "train/loss", "value": 1 / (i + 1)} for i in range(1000)]}
+
+
+@pytest.mark.parametrize("data", [
+    _nested(63), _nested(64), _nested(65), _nested(66, inner=[]), _nested(64, inner={}), _nested(200),
+    {"a": _nested(63)}, {"a": _nested(64)}, [_nested(10)] * 50,
+    2**63 - 1, 2**63, -(2**63), -(2**63) - 1, [1.5, 10**18, 12345678901234567890],
+    [0.00012345678901234567, 1e-300, 123456789012345678901.5, -1.2345678901234567e+300],
+    {"key": "[[[[" * 40, "value": 1}, {"key": '"]]]] \\" {{{{' * 30, "n": _nested(30)}, REPORT,
+])
+def test_the_fast_path_of_the_json_check_agrees_with_the_full_walk(data):
+    """The middleware's quick look at a parsed body finds a problem exactly when the full walk
+    (which names each problem) does."""
+    from api.limits import db_value_problems
+    from service.limits import _json_problems, _may_have_problems
+
+    body = json.dumps(data).encode()
+    walked = list(db_value_problems(json.loads(body), text=False))
+    assert bool(_json_problems(body)) == bool(walked)
+    assert _may_have_problems(json.loads(body)) == bool(walked)
+
+
+def test_a_metric_report_takes_the_fast_path():
+    from service.limits import _may_have_problems
+
+    assert not _may_have_problems(REPORT)
+
+
+def test_a_body_nested_past_the_limit_is_a_422_and_one_at_it_is_not(client, example_body):
+    from api.limits import MAX_DEPTH
+
+    deep = client.post(f"{API}/runs", json={**example_body, "tags": _nested(MAX_DEPTH + 1)})
+    assert deep.status_code == 422 and "nested deeper" in deep.text, deep.text
+    at_limit = client.post(f"{API}/runs", json={**example_body, "tags": _nested(MAX_DEPTH - 1)})
+    assert at_limit.status_code == 422 and "nested deeper" not in at_limit.text  # the route's own validation
