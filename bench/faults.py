@@ -4,7 +4,7 @@ save is being written, mid-epoch, at epoch ends, during evaluation, just before 
 killed run restarts its worker group (``max_restarts=1``), resumes from its newest committed
 checkpoint, and must end bitwise equal to the same run uninterrupted, having lost no metric.
 
-    .venv/bin/python bench/faults.py [--out /tmp/faults.json] [--only 3]   # ~15 s a point on 2 cores
+    PYTHONPATH=. .venv/bin/python bench/faults.py [--out /tmp/faults.json] [--only 3]   # ~75 s a point on 2 cores
 
 Prints a JSON report: one entry per kill point (where, the step resumed from, whether the final
 checkpoints are bitwise equal and how many tensors were compared, whether every step's loss was
