@@ -44,11 +44,14 @@ def kill_processes_mentioning(marker: str) -> None:
 class RayHead:
     """A Ray head in its own process group: ``address`` for ray.init, ``dashboard_url`` for jobs.
     Its workers import from the repository (``PYTHONPATH``) and inherit this process's
-    environment, so set ``AWS_*`` and ``RAY_*`` variables before starting it."""
+    environment, so set ``AWS_*`` and ``RAY_*`` variables before starting it. Starting one sets
+    ``RAY_AUTH_MODE=disabled`` in this process's environment unless it is set already."""
 
     def __init__(self, num_cpus: int = 4, *, timeout_s: float = 120):
-        # A local throwaway cluster: no token. The head and this process's clients must agree,
-        # whatever a ``~/.ray/auth_token`` left by another local Ray makes them default to.
+        # The head and this process's clients must agree on auth. Left unset, they did not once
+        # another local Ray had written ``~/.ray/auth_token`` (the head wanted a token, the
+        # client sent none), so unset means a throwaway cluster without a token. Set (a
+        # ``ray.init`` of a local cluster in this process sets "token"), both follow it.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         self.temp_dir = tempfile.mkdtemp(prefix="tray")  # short: Ray puts sockets under it
         self.port = free_port()

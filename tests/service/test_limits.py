@@ -216,7 +216,7 @@ def test_a_metric_report_takes_the_fast_path():
 def test_a_body_nested_past_the_limit_is_a_422_and_one_at_it_is_not(client, example_body):
     from api.limits import MAX_DEPTH
 
-    deep = client.post(f"{API}/runs", json={**example_body, "tags": _nested(MAX_DEPTH + 1)})
+    deep = client.post(f"{API}/runs", json={**example_body, "tags": _nested(MAX_DEPTH)})  # a leaf at depth 65
     assert deep.status_code == 422 and "nested deeper" in deep.text, deep.text
-    at_limit = client.post(f"{API}/runs", json={**example_body, "tags": _nested(MAX_DEPTH - 1)})
+    at_limit = client.post(f"{API}/runs", json={**example_body, "tags": _nested(MAX_DEPTH - 1)})  # at 64
     assert at_limit.status_code == 422 and "nested deeper" not in at_limit.text  # the route's own validation
