@@ -38,7 +38,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.local_ray import free_port  # noqa: E402
 from bench.seed import (copy_metrics, fill, fill_active, percentiles, scratch_database,  # noqa: E402
                         vacuum_analyze)
 
@@ -369,12 +369,6 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
 
 
 # --- the run --------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

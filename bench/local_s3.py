@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.local_ray import free_port  # the one the suite uses; bench.local_s3.free_port for the benches
 
 
 def start_s3(bucket: str):

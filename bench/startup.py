@@ -162,7 +162,7 @@ def _ray_train_fn(config: dict[str, Any]) -> None:
 def run_mp_spawn(phases_path: str, storage: str) -> None:
     import torch.multiprocessing as mp
 
-    from bench.local_s3 import free_port
+    from tests.local_ray import free_port
 
     mp.start_processes(_spawned, args=(NUM_WORKERS, free_port(), phases_path), nprocs=NUM_WORKERS,
                        start_method="spawn")

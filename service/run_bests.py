@@ -7,6 +7,8 @@ lock), by an ``INSERT ... ON CONFLICT DO UPDATE`` per key on either database.
 
 from __future__ import annotations
 
+import functools
+
 from sqlalchemy import Insert
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -14,18 +16,15 @@ from sqlalchemy.orm import Session
 from service.db.models import RunBest
 
 _INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-_UPSERTS: dict[str, Insert] = {}  # one statement per dialect: compiled once, then taken from the cache
 
 
+@functools.cache  # one statement per dialect: compiled once, then taken from the cache
 def _upsert(dialect: str) -> Insert:
-    statement = _UPSERTS.get(dialect)
-    if statement is None:
-        table = RunBest.__table__
-        statement = _INSERTS[dialect](table)
-        statement = _UPSERTS[dialect] = statement.on_conflict_do_update(
-            index_elements=[table.c.run_id, table.c.key],
-            set_={"min_value": statement.excluded.min_value, "max_value": statement.excluded.max_value})
-    return statement
+    table = RunBest.__table__
+    statement = _INSERTS[dialect](table)
+    return statement.on_conflict_do_update(
+        index_elements=[table.c.run_id, table.c.key],
+        set_={"min_value": statement.excluded.min_value, "max_value": statement.excluded.max_value})
 
 
 def upsert_bests(session: Session, run_id: str, extrema: dict[str, list[float]]) -> None:
