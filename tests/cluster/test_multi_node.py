@@ -135,7 +135,7 @@ def test_a_lost_head_makes_the_service_unready_and_its_run_finishes_once_ray_is_
     assert any("resuming from s3://" in m for m in running_messages(client, run.id)[1:])
 
 
-def test_a_sweep_runs_its_trials_across_the_nodes_and_completes(cluster_svc, ray_cluster):
+def test_a_sweep_spreads_its_trials_across_the_nodes_and_one_whose_node_is_lost_is_retried(cluster_svc, ray_cluster):
     from api.views import SweepStatus
     from tests.workers.helpers_specs import SWEEP_BASE
 
@@ -143,37 +143,20 @@ def test_a_sweep_runs_its_trials_across_the_nodes_and_completes(cluster_svc, ray
     # A trial is a Tune actor of 0.25 CPU plus a trainer worker of 1 CPU: on one-CPU nodes the
     # two never share a node, so every trial spans two nodes, and two trials run at once when
     # the cluster's free CPUs allow it.
-    created = client.create_sweep({"name": "spread", "base": SWEEP_BASE, "max_concurrent_trials": 2,
-                                   "search": {"params": {"data.batch_size": {"grid": [32, 64]}}}})
-    seen: set[str] = set()
-
-    def ended():
-        seen.update(ray_cluster.train_worker_nodes(), ray_cluster.actor_nodes("ImplicitFunc"))
-        sweep = client.get_sweep(created.id)
-        return sweep if sweep.status.is_terminal else None
-
-    sweep = wait_until(ended, timeout=300, interval=0.3, what="the sweep to end")
-    assert sweep.status is SweepStatus.COMPLETED, (sweep.error, sweep.message)
-    assert sweep.counts == {"COMPLETED": 2}
-    assert len(seen) >= 2 and seen <= set(NODE_NAMES), seen
-
-
-def test_a_trial_whose_node_is_lost_is_retried_and_its_sweep_completes(cluster_svc, ray_cluster):
-    from api.views import SweepStatus
-    from tests.workers.helpers_specs import SWEEP_BASE
-
-    client = cluster_svc.client()
     created = client.create_sweep({"name": "node-loss", "base": SWEEP_BASE, "max_concurrent_trials": 2,
                                    "search": {"params": {"data.batch_size": {"grid": [32, 64]}}}})
+    seen: set[str] = set()  # the nodes trial actors and trainer workers were seen on
 
     def training_trial_node():
         if client.get_sweep(created.id).status.is_terminal:
             raise AssertionError("the sweep ended before a trial trained")
         # A Tune trial's actor (ImplicitFunc) whose trainer has workers: that trial is training.
-        trial_nodes = ray_cluster.actor_nodes("ImplicitFunc")
-        return trial_nodes[0] if trial_nodes and ray_cluster.train_worker_nodes() else None
+        trial_nodes, worker_nodes = ray_cluster.actor_nodes("ImplicitFunc"), ray_cluster.train_worker_nodes()
+        seen.update(trial_nodes, worker_nodes)
+        return trial_nodes[0] if trial_nodes and worker_nodes else None
 
     victim = wait_until(training_trial_node, timeout=240, interval=0.3, what="a trial to train")
+    assert len(seen) >= 2 and seen <= set(NODE_NAMES), seen  # the trial spans two nodes
     ray_cluster.kill_raylet(victim)
     # A replacement node joins, as an autoscaler would bring one.
     ray_cluster.stop_node(victim)
