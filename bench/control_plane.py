@@ -473,6 +473,8 @@ def main() -> None:
     parser.add_argument("--sizes", default=None, help="ended runs stored, comma-separated (default 1000,10000,100000)")
     parser.add_argument("--metric-points", type=int, default=None, help="points COPYed before the largest size")
     parser.add_argument("--points-per-report", type=int, default=None)
+    parser.add_argument("--ticks", type=int, default=None,
+                        help="dispatcher ticks timed (default 30; with 30 the p99 is the slowest tick)")
     parser.add_argument("--pg", default=os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--py-spy", type=Path, default=None,
@@ -486,6 +488,8 @@ def main() -> None:
         sizes["metric_points"] = args.metric_points
     if args.points_per_report is not None:
         sizes["points_per_report"] = args.points_per_report
+    if args.ticks is not None:
+        sizes["ticks"] = args.ticks
 
     from service.db.engine import make_engine
 
