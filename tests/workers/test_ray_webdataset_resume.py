@@ -13,6 +13,9 @@ from workers.data.pack import pack
 pytestmark = pytest.mark.integration
 
 
+# Two runs of 2 trainers with 2 loader processes each (6 processes on 2 cores): 60 s on an idle
+# machine, 435 s beside two busy loops. The suite's 600 s per test is too tight for a slow one.
+@pytest.mark.timeout(1200)
 def test_a_worker_killed_mid_epoch_on_streamed_shards_resumes_bitwise(ray_client, s3_server, tmp_path, monkeypatch):
     shards = pack("fashion_mnist", s3_server.url("ray-wds"), shard_size=100, limit=800)  # 8 shards
     data = {"name": "webdataset", "urls": shards.urls, "num_samples": shards.num_samples, "channels": 1,
