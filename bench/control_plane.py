@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/control_plane.py [--quick] [--sizes 1000,10000,100000] \
         [--metric-points 10000000] [--pg postgresql://postgres@127.0.0.1:5432/test] \
-        [--out docs/bench/control-plane-DATE.json] [--py-spy FILE]
+        [--ticks 30] [--out docs/bench/control-plane-DATE.json] [--py-spy FILE]
 
 Makes a throwaway database (``bench.seed.scratch_database``), seeds 1,000 RUNNING runs that the
 dispatcher follows, then for each size in ``--sizes`` tops the ended runs up to that count
