@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from workers.data.errors import DataError
-from workers.data.loading import batches_failing_fast, private_generator
+from workers.data.loading import batches_failing_fast, private_generator, start_worker_server, worker_processes
 from workers.data.position import BatchPosition
 from workers.data.transforms import SampleTransform, collate, decode
 
@@ -122,6 +122,8 @@ class ImageFolderLoader(BatchPosition):
             raise DataError(f"image_folder root {spec.root!r} has {len(self.classes)} class folders but "
                             f"num_classes is {self.num_classes}; expected at most {self.num_classes} folders")
         self.in_channels, self.num_workers = spec.channels, spec.num_workers
+        if self.num_workers > 0:
+            start_worker_server()
         # Known only when the spec fixes it (crop, else resize); models then pick small-image stems.
         self.image_size = spec.transforms.crop or spec.transforms.resize if spec.transforms else None
         self.dataset = _Images(paths, labels, channels=spec.channels,
@@ -154,9 +156,8 @@ class ImageFolderLoader(BatchPosition):
         batches = [b for b in batches if b]
         if not batches:
             return
-        loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.num_workers,
-                            collate_fn=_collate, pin_memory=self.device.type == "cuda",
-                            prefetch_factor=4 if self.num_workers else None,
-                            generator=private_generator(self.seed, self.epoch))
+        loader = DataLoader(self.dataset, batch_sampler=batches, collate_fn=_collate,
+                            pin_memory=self.device.type == "cuda", generator=private_generator(self.seed, self.epoch),
+                            **worker_processes(self.num_workers))
         for images, labels in batches_failing_fast(loader):
             yield self.hand_out(images, labels)

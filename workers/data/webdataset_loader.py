@@ -40,7 +40,7 @@ from webdataset.filters import _shuffle
 from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from workers.data.errors import DataError
-from workers.data.loading import batches_failing_fast, private_generator
+from workers.data.loading import batches_failing_fast, private_generator, start_worker_server, worker_processes
 from workers.data.position import BatchPosition
 from workers.data.transforms import SampleTransform, collate, decode
 
@@ -208,6 +208,8 @@ class WebDatasetLoader(BatchPosition):
             raise DataError(f"num_samples {spec.num_samples} makes no full batch of {batch_size}; lower "
                             "data.batch_size or check num_samples")
         _check_readable(self.shards[rank])
+        if spec.num_workers > 0:
+            start_worker_server()
 
     def __len__(self) -> int:
         """Steps per epoch: ``num_samples // batch_size`` for training (every rank the same)."""
@@ -237,8 +239,8 @@ class WebDatasetLoader(BatchPosition):
         dataset = _ShardStream(self.spec, plans, per_rank_batch=self.per_rank_batch, train=self.train,
                                first_plan=self.batch_in_epoch % len(plans))
         workers = len(plans) if self.spec.num_workers > 0 else 0
-        loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.device.type == "cuda",
-                            prefetch_factor=4 if workers else None, generator=private_generator(self.seed, self.epoch))
+        loader = DataLoader(dataset, batch_size=None, pin_memory=self.device.type == "cuda",
+                            generator=private_generator(self.seed, self.epoch), **worker_processes(workers))
         for images, labels in batches_failing_fast(loader):
             yield self.hand_out(images, labels)
 
