@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 # REPO_ROOT and free_port are imported from here by many tests.
-from tests.local_ray import REPO_ROOT, RayHead, free_port  # noqa: F401
+from tests.local_ray import REPO_ROOT, RayHead, free_port, ray_process_stacks  # noqa: F401
 
 PG_ADMIN_URL = os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -117,3 +117,14 @@ def ray_client(ray_head):
     ray.init(address=ray_head.address, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed integration test's report carries the stacks of the Ray processes still running
+    (a run that timed out shows what it waited on; CI keeps no logs of its own)."""
+    report = (yield).get_result()
+    if report.when == "call" and report.failed and item.get_closest_marker("integration"):
+        stacks = ray_process_stacks()
+        if stacks:
+            report.sections.append(("stacks of the Ray processes at the failure (py-spy)", stacks))

@@ -71,3 +71,30 @@ class RayHead:
     def stop(self) -> None:
         kill_processes_mentioning(self.temp_dir)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+_RAY_OWN = ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE")
+
+
+def ray_process_stacks(limit_chars: int = 60_000) -> str:
+    """``py-spy dump`` of the processes a run is made of on this machine (``ray::...`` but Ray's
+    own agents and idle workers; the ``workers.launch`` job drivers; loader workers and their fork
+    servers, which preload ``workers.data``), for a failed test's report: where a run that timed
+    out was waiting. ``ray stack`` dumps Ray's workers through ``sudo``, which CI may not have."""
+    import psutil
+
+    py_spy = str(Path(sys.executable).with_name("py-spy"))
+    dumps = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            ours = cmdline.startswith("ray::") and not cmdline.startswith(_RAY_OWN)
+            if ours or "workers.launch" in cmdline or "workers.data" in cmdline:
+                try:
+                    out = subprocess.run([py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
+                                         timeout=20)
+                    dumps.append(f"--- {proc.pid} {cmdline.strip()[:120]}\n{out.stdout}{out.stderr}")
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    dumps.append(f"--- {proc.pid} {cmdline.strip()[:120]}: no dump ({exc})")
+    text = "\n".join(dumps)
+    return text if len(text) <= limit_chars else f"[first {limit_chars} characters]\n{text[:limit_chars]}"
