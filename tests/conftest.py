@@ -125,6 +125,9 @@ def pytest_runtest_makereport(item, call):
     (a run that timed out shows what it waited on; CI keeps no logs of its own)."""
     report = (yield).get_result()
     if report.when == "call" and report.failed and item.get_closest_marker("integration"):
-        stacks = ray_process_stacks()
+        try:
+            stacks = ray_process_stacks()
+        except (Exception, pytest.fail.Exception) as exc:  # pytest-timeout's signal raises the latter
+            stacks = f"no stacks: {type(exc).__name__}: {exc}"
         if stacks:
             report.sections.append(("stacks of the Ray processes at the failure (py-spy)", stacks))

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -76,25 +77,32 @@ class RayHead:
 _RAY_OWN = ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE")
 
 
-def ray_process_stacks(limit_chars: int = 60_000) -> str:
+def ray_process_stacks(limit_chars: int = 60_000, timeout_s: float = 45.0) -> str:
     """``py-spy dump`` of the processes a run is made of on this machine (``ray::...`` but Ray's
     own agents and idle workers; the ``workers.launch`` job drivers; loader workers and their fork
     servers, which preload ``workers.data``), for a failed test's report: where a run that timed
-    out was waiting. ``ray stack`` dumps Ray's workers through ``sudo``, which CI may not have."""
+    out was waiting. All at once, within ``timeout_s`` in all. ``ray stack`` dumps Ray's workers
+    through ``sudo``, which CI may not have."""
     import psutil
 
     py_spy = str(Path(sys.executable).with_name("py-spy"))
-    dumps = []
+    dumps: dict[int, tuple[str, subprocess.Popen]] = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, OSError):
             cmdline = " ".join(proc.info["cmdline"] or [])
             ours = cmdline.startswith("ray::") and not cmdline.startswith(_RAY_OWN)
             if ours or "workers.launch" in cmdline or "workers.data" in cmdline:
-                try:
-                    out = subprocess.run([py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
-                                         timeout=20)
-                    dumps.append(f"--- {proc.pid} {cmdline.strip()[:120]}\n{out.stdout}{out.stderr}")
-                except (OSError, subprocess.TimeoutExpired) as exc:
-                    dumps.append(f"--- {proc.pid} {cmdline.strip()[:120]}: no dump ({exc})")
-    text = "\n".join(dumps)
+                dumps[proc.pid] = (cmdline.strip()[:120], subprocess.Popen(
+                    [py_spy, "dump", "--pid", str(proc.pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    text=True))
+    deadline = time.monotonic() + timeout_s
+    texts = []
+    for pid, (cmdline, dump) in dumps.items():
+        try:
+            out, _ = dump.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            dump.kill()
+            out = f"no dump within {timeout_s:.0f} s\n"
+        texts.append(f"--- {pid} {cmdline}\n{out}")
+    text = "\n".join(texts)
     return text if len(text) <= limit_chars else f"[first {limit_chars} characters]\n{text[:limit_chars]}"

@@ -8,6 +8,8 @@ import fcntl
 import logging
 import multiprocessing
 import os
+import subprocess
+import sys
 import termios
 import threading
 import time
@@ -17,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from api.data_specs import ImageFolderSpec, WebDatasetSpec
+from tests.local_ray import REPO_ROOT
 from tests.workers.data_helpers import write_indexed_folder
 from workers.data.image_folder import ImageFolderLoader
 from workers.data.loading import batches_failing_fast, worker_processes
@@ -48,7 +51,7 @@ def log_stream_held_by_another_thread():
         time.sleep(0.01)
     yield
     logging.getLogger().removeHandler(handler)
-    drain = threading.Thread(target=lambda: list(iter(lambda: os.read(read_end, 1 << 16), b"")))
+    drain = threading.Thread(target=lambda: list(iter(lambda: os.read(read_end, 1 << 16), b"")), daemon=True)
     drain.start()
     writer.join(timeout=30)
     stream.close()
@@ -76,6 +79,57 @@ def test_a_loader_worker_never_inherits_a_lock_another_thread_holds(log_stream_h
         _first_batch(num_workers=1, timeout=5)
     # A worker from the fork server does not.
     assert _first_batch(**worker_processes(1), timeout=60) == [[1.0]]
+
+
+class _Environment(IterableDataset):
+    def __iter__(self):
+        yield os.environ.get("TESSERA_TEST_LOADER_ENV", "unset")
+
+
+def test_a_loader_worker_sees_the_environment_of_its_rank_not_of_its_server(monkeypatch):
+    worker_processes(1)  # the server is up (or was already) before the variable is set
+    monkeypatch.setenv("TESSERA_TEST_LOADER_ENV", "set after the server started")
+    loader = DataLoader(_Environment(), batch_size=None, **worker_processes(1))
+    assert list(batches_failing_fast(loader)) == ["set after the server started"]
+
+
+# A rank that builds a loader with workers, takes one batch and waits to be killed.
+RANK = """
+import multiprocessing, multiprocessing.forkserver, sys, time
+from api.data_specs import ImageFolderSpec
+from workers.data.image_folder import ImageFolderLoader
+spec = ImageFolderSpec.model_validate({"name": "image_folder", "root": sys.argv[1], "channels": 1, "num_workers": 2})
+batches = iter(ImageFolderLoader(spec, batch_size=4))
+next(batches)
+pids = [p.pid for p in multiprocessing.active_children()] + [multiprocessing.forkserver._forkserver._forkserver_pid]
+print(*pids, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_rank_leaves_no_loader_worker_or_fork_server_behind(tmp_path):
+    import psutil
+
+    folder = write_indexed_folder(tmp_path / "images", 16)
+    rank = subprocess.Popen([sys.executable, "-c", RANK, str(folder)], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO_ROOT)
+    try:
+        pids = [int(pid) for pid in rank.stdout.readline().split()]
+        assert len(pids) == 3, pids  # two workers and their server
+    finally:
+        rank.kill()
+        rank.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still running 30 s after their rank was killed: {pids}"
+        time.sleep(0.1)
 
 
 def _process_kinds(loader) -> set[str]:

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 # Two runs of 2 trainers with 2 loader processes each (6 processes on 2 cores): 60 s on an idle
 # machine, 435 s beside two busy loops; 1200 s leaves a margin over the suite's 600 s per test.
 # (A CI run that failed it, its reason cut from the log, was likely the loader-worker hang that
-# workers/data/loading.py explains: reproduced in tests/e2e/test_byo_data.py, fixed since.)
+# workers/data/loading.py explains, caught in tests/e2e/test_byo_data.py about 1 run in 4 and
+# reproduced every time by tests/workers/test_loader_processes.py; fixed since.)
 @pytest.mark.timeout(1200)
 def test_a_worker_killed_mid_epoch_on_streamed_shards_resumes_bitwise(ray_client, s3_server, tmp_path, monkeypatch):
     shards = pack("fashion_mnist", s3_server.url("ray-wds"), shard_size=100, limit=800)  # 8 shards

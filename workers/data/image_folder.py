@@ -89,7 +89,7 @@ class _Images(Dataset):
         return len(self.paths)
 
     def _read(self, path: str) -> bytes:
-        if self._fs is None or self._fs[0] != os.getpid():  # forked workers must not share s3fs sessions
+        if self._fs is None or self._fs[0] != os.getpid():  # workers must not share the rank's s3fs session
             self._fs = (os.getpid(), fsspec.core.url_to_fs(path)[0])
         try:
             with self._fs[1].open(path, "rb") as f:

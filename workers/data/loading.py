@@ -4,14 +4,25 @@ RNG untouched."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import multiprocessing
 import multiprocessing.forkserver
+import os
+import select
+import sys
+import threading
+import time
 from typing import Any, Iterator
 
 # Imported once by the fork server, so that a loader worker forked from it imports nothing to
-# unpickle its dataset. "__main__": without it each worker would run the parent's main module
-# again (multiprocessing's spawn semantics), under Ray an ``import ray`` per worker per epoch.
-_PRELOADED = ["__main__", "torch", "api.data_specs", "workers.data.image_folder", "workers.data.webdataset_loader"]
+# unpickle its dataset.
+_PRELOADED = ["torch", "api.data_specs", "workers.data.image_folder", "workers.data.webdataset_loader"]
+# multiprocessing runs the parent's main script again in every worker it starts this way (as
+# ``__mp_main__``; its "__main__" preload is a no-op on Python 3.11: ``ensure_running`` keeps a
+# ``main_path`` key that ``get_preparation_data`` no longer writes). That is cheap only if what
+# the script imports is already imported: Ray's worker script imports ``ray``, the CLI ``cli.main``.
+_MAIN_IMPORTS = ["ray", "cli.main"]
 
 
 def worker_processes(num_workers: int) -> dict[str, Any]:
@@ -23,13 +34,17 @@ def worker_processes(num_workers: int) -> dict[str, Any]:
     hung for good in its first S3 read, flushing a log file whose buffer lock another thread of
     the rank held at the fork; the rank waited on that worker and DDP's other rank on the rank.
     The fork server is a single-threaded process (fork + exec), so its children inherit no
-    other thread's locks; it is started once per process (``start_worker_server``) and its
-    preloaded imports keep each worker's start as cheap as a plain fork's
-    (``tests/workers/test_loader_processes.py``). The price: a worker's dataset is pickled to
-    it rather than inherited, so datasets stay small (shard plans, file lists)."""
+    other thread's locks (``tests/workers/test_loader_processes.py`` holds such a lock and shows
+    both). It is started once per process (``start_worker_server``) and imports what workers
+    need once. What a worker does not inherit any more, it is given: the rank's environment as
+    of this call, and a watch on the rank (a worker's parent is now the server, so torch's own
+    check of its parent no longer sees the rank die). Two costs: a worker's dataset is pickled
+    to it rather than inherited (so datasets stay small: shard plans, file lists), and its
+    logging is not the rank's (warnings reach stderr, which Ray keeps in the worker's log)."""
     if num_workers <= 0:
         return {"num_workers": 0}
-    return {"num_workers": num_workers, "multiprocessing_context": start_worker_server(), "prefetch_factor": 4}
+    return {"num_workers": num_workers, "multiprocessing_context": start_worker_server(), "prefetch_factor": 4,
+            "worker_init_fn": functools.partial(_start_worker, os.getpid(), dict(os.environ))}
 
 
 def start_worker_server() -> Any:
@@ -37,9 +52,32 @@ def start_worker_server() -> Any:
     the caller goes on: loaders call this when built, before their first epoch needs it); return
     its multiprocessing context."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOADED)  # no effect once the server runs: the list never changes
+    # The list is read when the server starts; later calls change nothing.
+    context.set_forkserver_preload(_PRELOADED + [name for name in _MAIN_IMPORTS if name in sys.modules])
     multiprocessing.forkserver.ensure_running()
     return context
+
+
+def _start_worker(rank_pid: int, environ: dict[str, str], worker_id: int) -> None:
+    """In a loader worker, before it reads anything: the rank's environment, and a thread that
+    ends the worker when the rank is gone (SIGKILLed, OOM-killed), so no worker, and then no
+    fork server (it exits when its last child does), outlives its rank."""
+    os.environ.clear()
+    os.environ.update(environ)
+    threading.Thread(target=_exit_with, args=(rank_pid,), name="tessera-rank-watch", daemon=True).start()
+
+
+def _exit_with(rank_pid: int) -> None:
+    try:
+        select.select([os.pidfd_open(rank_pid)], [], [])  # readable once the process has exited
+    except ProcessLookupError:  # already gone
+        pass
+    except OSError:  # no pidfd on this kernel: ask every second
+        with contextlib.suppress(ProcessLookupError):
+            while True:
+                os.kill(rank_pid, 0)
+                time.sleep(1.0)
+    os._exit(1)
 
 
 def batches_failing_fast(loader: Any) -> Iterator[Any]:
