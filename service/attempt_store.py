@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from sqlalchemy import select
@@ -60,12 +61,36 @@ class AttemptStore:
         """Like ``with_status``, as the dispatcher's ticks read records: only the columns of
         ``stored.snapshot``, as plain rows. Every tick reads every active record; for runs this
         leaves out the summary, extrema, tags, notes, trial params and fork, whose JSON was most
-        of the read's cost."""
+        of the read's cost. The spec is read once per (record, attempt) and kept: a record's spec
+        changes only as it is queued again, which starts a new attempt (``run_writes``), and
+        decoding 1,000 specs' JSON was a sixth of a tick (``bench/control_plane.py --ticks``)."""
         model, snapshot = self.stored.model, self.stored.snapshot
-        query = (select(*(getattr(model, field.name) for field in fields(snapshot)))
+        names = [field.name for field in fields(snapshot) if field.name != "spec"]
+        query = (select(*(getattr(model, name) for name in names))
                  .where(model.status.in_([s.value for s in statuses])).order_by(model.created_at, model.id))
+        specs = self._specs()
         with self.db.read() as session:
-            return [snapshot.from_row(row) for row in session.execute(query)]
+            rows = [row._asdict() for row in session.execute(query)]
+            missing = [row["id"] for row in rows if (row["id"], row["attempt"]) not in specs]
+            fetched = {}
+            for start in range(0, len(missing), 1000):  # bounded IN lists
+                read = select(model.id, model.attempt, model.spec).where(model.id.in_(missing[start:start + 1000]))
+                for record_id, attempt, spec in session.execute(read):
+                    specs[(record_id, attempt)] = fetched[record_id] = spec
+        # A record queued again between the two reads: its newer spec (its snapshot is one tick
+        # old, and every write it leads to is a compare-and-set on the attempt). One deleted
+        # between them is left out.
+        return [snapshot.from_row(SimpleNamespace(**row, spec=specs.get((row["id"], row["attempt"]),
+                                                                         fetched.get(row["id"]))))
+                for row in rows if (row["id"], row["attempt"]) in specs or row["id"] in fetched]
+
+    def _specs(self) -> dict[tuple[str, int], Any]:
+        """The specs ``snapshots`` has read, by (id, attempt); emptied past 50,000 (ended records
+        are never asked for again)."""
+        specs = self.__dict__.setdefault("_spec_by_attempt", {})
+        if len(specs) > 50_000:
+            specs.clear()
+        return specs
 
     def transition(self, record_id: str, to_status: enum.Enum, *, message: str | None = None,
                    error: str | None = None, only_from: Iterable[enum.Enum] | None = None,

@@ -112,7 +112,7 @@ class ActiveRun:
     project: str
     status: RunStatus
     attempt: int
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # shared by every tick's snapshot of this attempt: read, never modify
     error: str | None
     ray_job_id: str | None
     sweep_id: str | None

@@ -232,3 +232,15 @@ def test_concurrent_completion_and_cancel_let_exactly_one_win(repo, example_spec
         assert winners == [f"{run.id}:{final.value}"]
         assert [e.to_status for e in repo.events(run.id)][-1] is final
         assert len(repo.events(run.id)) == 4
+
+
+def test_a_ticks_snapshot_shows_the_spec_a_resume_rewrote_though_the_spec_is_read_once_per_attempt(repo, example_spec):
+    run = _running(repo, example_spec)
+    first = repo.snapshots([S.RUNNING])
+    assert [(s.id, s.attempt, s.spec["parallelism"]["num_workers"]) for s in first] == [(run.id, 1, 2)]
+    assert repo.snapshots([S.RUNNING])[0].spec is first[0].spec  # kept, not decoded again
+    repo.transition(run.id, S.FAILED, error="lost")
+    repo.resume_run(run.id, num_workers=1)  # a new attempt, on a rewritten spec
+    again = repo.snapshots([S.QUEUED])
+    assert [(s.id, s.attempt, s.spec["parallelism"]["num_workers"]) for s in again] == [(run.id, 2, 1)]
+    assert repo.snapshots([S.RUNNING]) == []
