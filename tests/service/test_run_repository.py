@@ -244,3 +244,15 @@ def test_a_ticks_snapshot_shows_the_spec_a_resume_rewrote_though_the_spec_is_rea
     again = repo.snapshots([S.QUEUED])
     assert [(s.id, s.attempt, s.spec["parallelism"]["num_workers"]) for s in again] == [(run.id, 2, 1)]
     assert repo.snapshots([S.RUNNING]) == []
+
+
+def test_the_spec_cache_keeps_what_ticks_still_ask_for_and_drops_the_rest_within_two_turns():
+    from service.attempt_store import SpecCache
+
+    cache = SpecCache(turn=4)
+    cache.put(("live", 1), {"a": 1})
+    cache.put(("ended", 1), {"b": 2})
+    for _ in range(12):  # three turns in which only the live run is asked for
+        assert cache.get(("live", 1)) == {"a": 1}
+    assert cache.get(("ended", 1)) is None
+    assert len(cache.new) + len(cache.old) <= 2
