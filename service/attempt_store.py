@@ -82,9 +82,10 @@ class AttemptStore:
                     fetched[record_id] = spec
         # A record queued again between the two reads carries its new attempt's spec in this
         # snapshot (of the old attempt): for one tick, admission plans with it and the wall-clock
-        # check reads its limit. A record deleted between them is left out.
-        return [snapshot.from_row(SimpleNamespace(**row, spec=spec if spec is not None else fetched[row["id"]]))
-                for row, spec in zip(rows, specs) if spec is not None or row["id"] in fetched]
+        # check reads its limit. A record deleted between them has no spec and is left out.
+        specs = [spec if spec is not None else fetched.get(row["id"]) for row, spec in zip(rows, specs)]
+        return [snapshot.from_row(SimpleNamespace(**row, spec=spec))
+                for row, spec in zip(rows, specs) if spec is not None]
 
     @functools.cached_property
     def _spec_cache(self) -> "SpecCache":

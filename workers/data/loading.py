@@ -68,15 +68,16 @@ def _start_worker(rank_pid: int, environ: dict[str, str], worker_id: int) -> Non
 
 
 def _exit_with(rank_pid: int) -> None:
-    try:
-        select.select([os.pidfd_open(rank_pid)], [], [])  # readable once the process has exited
-    except ProcessLookupError:  # already gone
-        pass
-    except OSError:  # no pidfd on this kernel: ask every second
-        with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError):  # raised once the rank is gone
+        try:
+            watch = os.pidfd_open(rank_pid)
+        except ProcessLookupError:
+            raise
+        except OSError:  # no pidfd on this kernel: ask every second
             while True:
                 os.kill(rank_pid, 0)
                 time.sleep(1.0)
+        select.select([watch], [], [])  # readable once the process has exited
     os._exit(1)
 
 
