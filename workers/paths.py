@@ -119,3 +119,9 @@ def sweep_experiment_path(storage_url: str | None, sweep_id: str) -> str:
     """``{storage}/sweeps/{sweep_id}/tune``; without a storage URL, under ``$TESSERA_HOME/ray``."""
     root = _ray_root(storage_url) if storage_url else default_ray_storage_path()
     return f"{root.rstrip('/')}/sweeps/{sweep_id}/{TUNE_EXPERIMENT}"
+
+
+def failed_trial_marker(storage_url: str | None, sweep_id: str, trial_id: str) -> str:
+    """``{storage}/sweeps/{sweep_id}/failed-trials/{trial_id}``: left by a trial that failed for
+    a reason a retry would not fix, so that Tune's retries of it fail at once."""
+    return f"{sweep_experiment_path(storage_url, sweep_id).rsplit('/', 1)[0]}/failed-trials/{trial_id}"

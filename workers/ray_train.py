@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -62,15 +62,8 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     parallelism = spec.parallelism
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
-                           "run_url": run_url(storage_url, run_id) if storage_url else None,
-                           # Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) and the report patience and
-                           # spool settings reach the workers this way
-                           # whether the driver is a Ray job or a test process.
-                           "test_env": {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)},
-                           "service_url": service_url, "token": token, "tune": tune,
-                           "fork": fork.model_dump(mode="json") if fork is not None else None,
-                           "storage_url": storage_url},  # where workers fetch the run's code package
+        train_loop_config=worker_config(spec, run_id=run_id, service_url=service_url, token=token,
+                                        storage_url=storage_url, attempt=attempt, tune=tune, fork=fork),
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
         run_config=_run_config(spec, run_id, storage_path, tune=tune),
@@ -83,6 +76,20 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         log.error("run %s failed: %s", run_id, message)
         raise TrainingError(message) from exc
     return dict(result.return_value or {})
+
+
+def worker_config(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
+                  storage_url: str | None = None, attempt: int = 1, tune: bool = False,
+                  fork: ForkInfo | None = None) -> dict[str, Any]:
+    """What every rank gets (``train_rank``'s ``config``): plain JSON-able values, since Ray
+    pickles it to each worker. Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) and the report
+    patience and spool settings travel in it, whether the driver is a Ray job or a test process."""
+    return {"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
+            "run_url": run_url(storage_url, run_id) if storage_url else None,
+            "test_env": {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)},
+            "service_url": service_url, "token": token, "tune": tune,
+            "fork": fork.model_dump(mode="json") if fork is not None else None,
+            "storage_url": storage_url}  # where workers fetch the run's code package
 
 
 def _run_config(spec: RunSpec, run_id: str, storage_path: str | None, *, tune: bool) -> Any:
@@ -102,12 +109,23 @@ def _run_config(spec: RunSpec, run_id: str, storage_path: str | None, *, tune: b
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
-    """One Ray Train worker: build from the spec, report RUNNING (rank 0), train."""
+    """One Ray Train worker: its rank and device from Ray Train, then ``train_rank``."""
     entered = time.time()
     import ray.train
     import ray.train.torch
-    import torch
 
+    context = ray.train.get_context()
+    use_gpu = RunSpec.model_validate_json(config["spec"]).parallelism.use_gpu
+    return train_rank(config, rank=context.get_world_rank(), world_size=context.get_world_size(),
+                      device=ray.train.torch.get_device() if use_gpu else torch.device("cpu"),
+                      on_eval=_report_to_tune if config.get("tune") else None, entered=entered)
+
+
+def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device: torch.device,
+               on_eval: Callable[[dict[str, float]], None] | None, entered: float) -> dict[str, float] | None:
+    """One rank of a run (``config`` from ``worker_config``): build from the spec, report
+    RUNNING (rank 0), train; rank 0 returns the final metrics. A Ray Train worker calls it, and
+    so does a sweep trial that trains in its own Tune actor (``workers.tune.trial``)."""
     from api.views import RunStatus
     from workers.fault_injection import install_fault_injection
     from workers.loggers import with_loggers
@@ -119,9 +137,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     imported = time.time()
     spec = RunSpec.model_validate_json(config["spec"])
     os.environ.update(config.get("test_env") or {})
-    context = ray.train.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    device = ray.train.torch.get_device() if spec.parallelism.use_gpu else torch.device("cpu")
     run = config.get("run_url")
     sink = with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id")) if rank == 0 else NullSink()
     try:
@@ -131,7 +146,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
         with process_settings(spec):
             fork = ForkInfo.model_validate(config["fork"]) if config.get("fork") else None
             trainer = Trainer(spec, sink=sink, device=device, checkpoint_url=checkpoints_url(run) if run else None,
-                              on_eval=_report_to_tune if config.get("tune") else None, fork=fork)
+                              on_eval=on_eval, fork=fork)
             install_fault_injection(trainer)  # only when a test asks for it (TESSERA_TEST_*)
             message = with_notes(f"training on {world_size} worker(s), {device.type}", trainer.surgery_notes)
             latest = trainer.checkpointer.latest_committed() if rank == 0 and trainer.checkpointer else None

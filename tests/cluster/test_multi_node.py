@@ -140,23 +140,23 @@ def test_a_sweep_spreads_its_trials_across_the_nodes_and_one_whose_node_is_lost_
     from tests.workers.helpers_specs import SWEEP_BASE
 
     client = cluster_svc.client()
-    # A trial is a Tune actor of 0.25 CPU plus a trainer worker of 1 CPU: on one-CPU nodes the
-    # two never share a node, so every trial spans two nodes, and two trials run at once when
-    # the cluster's free CPUs allow it.
+    # A one-worker trial trains in its Tune actor, which asks for the worker's one CPU: on
+    # one-CPU nodes two trials at once run on two nodes.
     created = client.create_sweep({"name": "node-loss", "base": SWEEP_BASE, "max_concurrent_trials": 2,
                                    "search": {"params": {"data.batch_size": {"grid": [32, 64]}}}})
-    seen: set[str] = set()  # the nodes trial actors and trainer workers were seen on
 
-    def training_trial_node():
-        if client.get_sweep(created.id).status.is_terminal:
+    def training_trial_nodes():
+        sweep = client.get_sweep(created.id)
+        if sweep.status.is_terminal:
             raise AssertionError("the sweep ended before a trial trained")
-        # A Tune trial's actor (ImplicitFunc) whose trainer has workers: that trial is training.
-        trial_nodes, worker_nodes = ray_cluster.actor_nodes("ImplicitFunc"), ray_cluster.train_worker_nodes()
-        seen.update(trial_nodes, worker_nodes)
-        return trial_nodes[0] if trial_nodes and worker_nodes else None
+        # Both trial actors (ImplicitFunc) placed, and a trial of the sweep training.
+        trial_nodes = ray_cluster.actor_nodes("ImplicitFunc")
+        training = any(t.status is RunStatus.RUNNING for t in sweep.trials)
+        return trial_nodes if len(set(trial_nodes)) == 2 and training else None
 
-    victim = wait_until(training_trial_node, timeout=240, interval=0.3, what="a trial to train")
-    assert len(seen) >= 2 and seen <= set(NODE_NAMES), seen  # the trial spans two nodes
+    trial_nodes = wait_until(training_trial_nodes, timeout=240, interval=0.3, what="two trials to train")
+    assert set(trial_nodes) <= set(NODE_NAMES), trial_nodes  # on two worker nodes
+    victim = trial_nodes[0]
     ray_cluster.kill_raylet(victim)
     # A replacement node joins, as an autoscaler would bring one.
     ray_cluster.stop_node(victim)

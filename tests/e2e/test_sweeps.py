@@ -1,8 +1,8 @@
 """Sweeps end to end: the service runs the Ray Tune driver as a Ray job, trials are runs.
 
 Real components: the service (PostgreSQL, the session's Ray head), the driver job
-(``python -m workers.tune``), Tune trial actors, Ray Train workers. Each sweep is small (simple_cnn
-on 8x8 digits, one worker per trial) and still costs a minute or so on 2 cores.
+(``python -m workers.tune``), Tune trial actors, which train these one-worker trials themselves.
+Each sweep is small (simple_cnn on 8x8 digits, one worker per trial).
 """
 
 from __future__ import annotations
@@ -127,9 +127,12 @@ def test_an_external_sweep_driven_in_process_stops_when_it_is_canceled(service, 
 
 def test_a_killed_driver_is_requeued_and_restores_tune_without_rerunning_finished_trials(service):
     client = service.client()
-    # One trial at a time: a 2-epoch trial finishes, then the driver dies during the 40-epoch one.
-    created = client.create_sweep(sweep_spec("restored", {"max_duration": {"grid": ["2ep", "40ep"]}},
-                                             max_concurrent_trials=1))
+    # One trial at a time: a 2-epoch trial finishes, then the driver dies during the 400-epoch one.
+    # One-worker trials start in a reused actor and train ~1 ms a batch here: the long one must
+    # outlast Tune's next state save (~10 s), and saves every 20 epochs so its resume is short.
+    created = client.create_sweep({**sweep_spec("restored", {"max_duration": {"grid": ["2ep", "400ep"]}},
+                                                max_concurrent_trials=1),
+                                   "base": {**BASE, "checkpoint": {"interval": "20ep"}}})
     experiment = service.log_path.parent / "storage" / "sweeps" / created.id / "tune"
 
     def trials_in(status: RunStatus):
@@ -139,7 +142,7 @@ def test_a_killed_driver_is_requeued_and_restores_tune_without_rerunning_finishe
     # Tune saves its experiment state every ~10 s: wait until it holds the short trial as done.
     wait_until(lambda: terminated_trials(experiment) >= {short.trial_id}, timeout=60,
                what="Tune's saved state to hold the finished trial")
-    wait_until(lambda: trials_in(RunStatus.RUNNING).get("40ep"), timeout=120, what="the long trial to train")
+    wait_until(lambda: trials_in(RunStatus.RUNNING).get("400ep"), timeout=120, what="the long trial to train")
     driver = wait_until(lambda: driver_process(created.id), timeout=10, what="the driver process")
     driver.kill()
 
@@ -150,9 +153,9 @@ def test_a_killed_driver_is_requeued_and_restores_tune_without_rerunning_finishe
 
     assert sweep.status is SweepStatus.COMPLETED and sweep.attempt == 2, (sweep.error, sweep.message)
     runs = {r.spec["max_duration"]: r for r in client.iter_runs(sweep_id=sweep.id)}
-    assert set(runs) == {"2ep", "40ep"}  # no trial was created twice
+    assert set(runs) == {"2ep", "400ep"}  # no trial was created twice
     assert runs["2ep"].status is RunStatus.COMPLETED and runs["2ep"].attempt == 1  # not registered again
-    assert runs["40ep"].status is RunStatus.COMPLETED and runs["40ep"].attempt == 2  # resumed by the new driver
+    assert runs["400ep"].status is RunStatus.COMPLETED and runs["400ep"].attempt == 2  # resumed by the new driver
     assert runs["2ep"].id == short.id
 
 

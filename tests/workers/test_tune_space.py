@@ -6,6 +6,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.sample import Categorical, Float
 
 from api.sweeps import SweepSpec, grace_fraction
+from workers.paths import failed_trial_marker
 from workers.paths import sweep_experiment_path as experiment_path
 from workers.tune import (
     TRIAL_ACTOR_CPUS,
@@ -13,6 +14,7 @@ from workers.tune import (
     build_scheduler,
     max_concurrent_trials,
 )
+from workers.tune.space import trains_in_trial_actor, trial_resources
 
 BASE = {
     "name": "digits",
@@ -101,6 +103,30 @@ def test_the_experiment_lives_under_the_sweep_in_storage():
     assert experiment_path("file:///data/tessera", "sw1") == "/data/tessera/sweeps/sw1/tune"
     assert experiment_path("/data/tessera/", "sw1") == "/data/tessera/sweeps/sw1/tune"
     assert experiment_path("s3://bucket/root", "sw1") == "s3://bucket/root/sweeps/sw1/tune"
+    # Beside the experiment, not in it: Tune owns its experiment folder.
+    assert failed_trial_marker("s3://bucket/root", "sw1", "t_00001") == "s3://bucket/root/sweeps/sw1/failed-trials/t_00001"
+
+
+def test_one_worker_trials_train_in_their_trial_actor_with_the_workers_resources():
+    spec = sweep()  # strategy none, nothing under parallelism searched
+    assert trains_in_trial_actor(spec)
+    assert trial_resources(spec, in_actor=True) == {"CPU": 1}
+    gpu = sweep(base={**BASE, "parallelism": {"use_gpu": True, "cpus_per_worker": 2}})
+    assert trains_in_trial_actor(gpu) and trial_resources(gpu, in_actor=True) == {"CPU": 2, "GPU": 1}
+    # The actor is the worker: 4 CPUs hold 4 one-CPU trials, not 3 (0.25 + 1 each).
+    assert max_concurrent_trials(sweep(max_concurrent_trials=8), {"CPU": 4}, in_actor=True) == 4
+    assert max_concurrent_trials(sweep(max_concurrent_trials=8), {"CPU": 4}, in_actor=False) == 3
+
+
+@pytest.mark.parametrize("parallelism, searched", [
+    ({"strategy": "ddp", "num_workers": 2}, {}),
+    ({"strategy": "ddp", "num_workers": 1}, {}),  # a process group even for one worker
+    ({"strategy": "none"}, {"parallelism.cpus_per_worker": {"grid": [1, 2]}}),  # trials would differ in resources
+])
+def test_trials_with_a_process_group_or_searched_resources_start_a_worker_group(parallelism, searched):
+    spec = sweep(base={**BASE, "parallelism": parallelism}, search={"params": searched})
+    assert not trains_in_trial_actor(spec)
+    assert trial_resources(spec, in_actor=False) == {"CPU": TRIAL_ACTOR_CPUS}
 
 
 def test_ray_asha_keeps_its_rungs_where_the_driver_edits_them():

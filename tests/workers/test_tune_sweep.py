@@ -1,8 +1,10 @@
-"""A real Ray Tune sweep without a service, over the session's Ray head: trials train with Ray
-Train, ASHA stops a weak trial, the outcome names statuses, the best trial and the Pareto front.
+"""Real Ray Tune sweeps without a service, over the session's Ray head: one-worker trials train
+in one reused trial actor, ASHA stops a weak trial, the outcome names statuses, the best trial
+and the Pareto front; a trial whose actor is killed is retried and resumes from its checkpoint.
 
-One sweep on purpose: it costs ~40 s and ~3 GB (a trial actor, a Train controller and a worker)."""
+Each sweep costs ~10-20 s (a trial actor training a small CNN on digits)."""
 
+import re
 import time
 
 import pytest
@@ -29,6 +31,7 @@ def test_asha_stops_the_weak_trial_and_the_outcome_ranks_the_completed_ones(ray_
     # Other tests share this Ray head (and, rarely, leave a Train controller behind): only the
     # actors this sweep starts must be gone at the end.
     before = set(live_training_actors(ray_head))
+    actors_before = set(trial_actors(ray_head))
     outcome = run_sweep(spec, storage_url=f"file://{tmp_path}", verbose=0)
 
     by_lr = {t.params["optimizer.lr"]: t for t in outcome.trials}
@@ -44,9 +47,35 @@ def test_asha_stops_the_weak_trial_and_the_outcome_ranks_the_completed_ones(ray_
     assert set(outcome.pareto) <= {by_lr[0.05].trial_id, by_lr[0.1].trial_id}
     # The experiment lives where a restarted driver would look for it.
     assert (tmp_path / "sweeps").is_dir() and experiment_path(f"file://{tmp_path}", "x").startswith(str(tmp_path))
-    # Stopping a trial ends its trial actor, and with it the Train controller and workers it owns.
+    # One-worker trials train in their trial actor, and Tune reused it for all three (a stopped
+    # trial included): nothing was started after the first trial.
+    # (Ray's state API can answer before it lists a new actor: wait for it to list one.)
+    wait_until(lambda: set(trial_actors(ray_head)) - actors_before, timeout=30, what="the sweep's trial actor")
+    assert len(set(trial_actors(ray_head)) - actors_before) == 1
+    # Every actor the sweep started ends with it.
     wait_until(lambda: not set(live_training_actors(ray_head)) - before, timeout=60,
                what="every trial's actors to end")
+
+
+def test_a_trial_whose_actor_is_killed_is_retried_and_resumes_from_its_checkpoint(ray_client, ray_head, tmp_path,
+                                                                                   monkeypatch):
+    # 1437 digits / 64 = 22 full batches an epoch: a checkpoint at batch 22, a SIGKILL of the
+    # trial actor (it is the worker) at batch 30, once.
+    monkeypatch.setenv("TESSERA_TEST_KILL_AT_BATCH", "30")
+    monkeypatch.setenv("TESSERA_TEST_KILL_MARKER", str(tmp_path / "killed"))
+    spec = SweepSpec.model_validate({
+        "name": "killed", "base": {**BASE, "checkpoint": {"interval": "1ep"}},
+        "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}, "max_concurrent_trials": 1})
+    outcome = run_sweep(spec, storage_url=f"file://{tmp_path / 'storage'}", verbose=0)
+
+    assert (tmp_path / "killed").is_file()  # the kill happened: the rest ran in a new actor
+    [trial] = outcome.trials
+    assert trial.status == "COMPLETED" and trial.progress == 1.0 and trial.metric > 0.5, trial
+    # The retry resumed: the run folder holds the checkpoint of batch 22 and the final one (44),
+    # and none between (a fresh start would have saved 22 again, not resumed past it).
+    [run] = (tmp_path / "storage" / "runs").iterdir()
+    steps = sorted(int(m.group(1)) for p in (run / "checkpoints").iterdir() if (m := re.search(r"ba(\d+)$", p.name)))
+    assert steps == [22, 44], steps
 
 
 def live_training_actors(ray_head) -> list[str]:
@@ -55,6 +84,14 @@ def live_training_actors(ray_head) -> list[str]:
 
     alive = list_actors(address=ray_head.dashboard_url, filters=[("state", "=", "ALIVE")], limit=1000)
     return [a.actor_id for a in alive if a.class_name in ("TrainController", "RayTrainWorker", "ImplicitFunc")]
+
+
+def trial_actors(ray_head) -> list[str]:
+    """Ids of every Tune trial actor the head has seen, alive or dead."""
+    from ray.util.state import list_actors
+
+    return [a.actor_id for a in list_actors(address=ray_head.dashboard_url, filters=[("class_name", "=", "ImplicitFunc")],
+                                            limit=1000)]
 
 
 def wait_until(condition, *, timeout: float, what: str):

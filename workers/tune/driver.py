@@ -25,10 +25,12 @@ from api.views import SweepStatus
 from workers.errors import describe
 from workers.outcome import MAX_ERROR_CHARS, MAX_MESSAGE_CHARS
 from workers.paths import TUNE_EXPERIMENT, sweep_experiment_path
+from workers.ray_train import WORKER_ENV_PREFIXES
 from workers.reporter import call_with_retries
 from workers.tune.outcome import SweepOutcome, finalize, summary
 from workers.tune.reporting import _SESSIONS, _DriverSession, _ReportTrialEnds, _StopWhenSweepEnds
-from workers.tune.space import TRIAL_ACTOR_CPUS, build_param_space, build_scheduler, max_concurrent_trials
+from workers.tune.space import (build_param_space, build_scheduler, max_concurrent_trials, trains_in_trial_actor,
+                                trial_resources)
 from workers.tune.trial import START_TIMEOUT_ENV, TrialContext, train_trial
 
 log = logging.getLogger("workers.tune")
@@ -40,28 +42,33 @@ def _trial_dirname(trial: Any) -> str:
     return trial.trial_id  # so a result's folder names its trial
 
 
-def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | None, verbose: int):
+def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | None, verbose: int,
+              in_actor: bool | None = None):
     import ray
 
     if not ray.is_initialized():
         ray.init()  # inside a Ray job this connects to the job's cluster
+    in_actor = trains_in_trial_actor(spec) if in_actor is None else in_actor
     context = TrialContext(
         sweep_json=spec.model_dump_json(), key=session.key, sweep_id=session.sweep_id,
         service_url=session.client.base_url if session.client else None, token=session.token,
-        storage_url=storage_url, start_timeout_s=os.environ.get(START_TIMEOUT_ENV, "30"))
-    trainable = tune.with_resources(tune.with_parameters(train_trial, context=context), {"CPU": TRIAL_ACTOR_CPUS})
+        storage_url=storage_url, start_timeout_s=os.environ.get(START_TIMEOUT_ENV, "30"), in_actor=in_actor,
+        worker_env={k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)})
+    trainable = tune.with_resources(tune.with_parameters(train_trial, context=context),
+                                    trial_resources(spec, in_actor=in_actor))
     path = sweep_experiment_path(storage_url, session.key)
     if tune.Tuner.can_restore(path):
         log.info("restoring the Tune experiment at %s", path)
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=False)
     else:
-        concurrency = max_concurrent_trials(spec, ray.cluster_resources())
-        log.info("starting Tune at %s, up to %d trial(s) at a time", path, concurrency)
+        concurrency = max_concurrent_trials(spec, ray.cluster_resources(), in_actor=in_actor)
+        log.info("starting Tune at %s, up to %d trial(s) at a time, %s", path, concurrency,
+                 "each in its (reused) trial actor" if in_actor else "each on a Ray Train worker group")
         tuner = tune.Tuner(
             trainable, param_space=build_param_space(spec),
             tune_config=tune.TuneConfig(num_samples=spec.num_samples, scheduler=build_scheduler(spec),
                                         max_concurrent_trials=concurrency, time_budget_s=spec.time_budget_s,
-                                        trial_dirname_creator=_trial_dirname, reuse_actors=False),
+                                        trial_dirname_creator=_trial_dirname, reuse_actors=in_actor),
             run_config=tune.RunConfig(name=TUNE_EXPERIMENT, storage_path=path.rsplit("/", 1)[0],
                                       failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
                                       callbacks=[_ReportTrialEnds(session.key)],
@@ -70,7 +77,7 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
 
 
 def drive_sweep(sweep_id: str, *, client: Client, token: str, storage_url: str | None = None, attempt: int = 1,
-                verbose: int = 1) -> SweepOutcome:
+                verbose: int = 1, in_actor: bool | None = None) -> SweepOutcome:
     """Drive one attempt of a sweep the service stores: report RUNNING, run (or restore) its Tune
     experiment at ``workers.paths.sweep_experiment_path``, end every trial in the service, report
     COMPLETED, or FAILED with the error (and re-raise). If the sweep is canceled meanwhile,
@@ -82,7 +89,7 @@ def drive_sweep(sweep_id: str, *, client: Client, token: str, storage_url: str |
 
     try:
         session.report_sweep(SweepStatus.RUNNING, message=f"driver attempt {attempt}")
-        results = _run_tune(spec, session, storage_url=storage_url, verbose=verbose)
+        results = _run_tune(spec, session, storage_url=storage_url, verbose=verbose, in_actor=in_actor)
         outcome = finalize(spec, results, session)
     except Exception as exc:
         log.error("sweep %s attempt %d failed: %s", sweep_id, attempt, describe(exc))
@@ -101,22 +108,24 @@ def drive_sweep(sweep_id: str, *, client: Client, token: str, storage_url: str |
 
 
 def run_sweep(spec: SweepSpec | dict[str, Any], *, client: Client | None = None, storage_url: str | None = None,
-              verbose: int = 1) -> SweepOutcome:
+              verbose: int = 1, in_actor: bool | None = None) -> SweepOutcome:
     """Run a sweep in this process (connects to Ray with ``ray.init()`` unless already connected).
 
     With ``client``: creates an ``external`` sweep in the service and drives it, so its trials
     show up as runs there (``outcome.sweep_id``, ``trial.run_id``). Without: just Tune.
     ``storage_url`` (``file://``/``s3://``): where checkpoints and the Tune experiment go.
-    ``verbose``: Tune's progress output (0 silent, 1 status tables)."""
+    ``verbose``: Tune's progress output (0 silent, 1 status tables). ``in_actor``: whether
+    trials train in their (reused) Tune actors; by default when they can
+    (``trains_in_trial_actor``); ``False`` starts a Ray Train worker group per trial."""
     spec = spec if isinstance(spec, SweepSpec) else SweepSpec.model_validate(spec)
     if client is not None:
         view = client.create_sweep(spec, driver="external")
         return drive_sweep(view.id, client=client, token=view.driver_token, storage_url=storage_url,
-                           verbose=verbose)
+                           verbose=verbose, in_actor=in_actor)
     session = _DriverSession(key=f"local-{spec.name}-{uuid.uuid4().hex[:8]}")
     _SESSIONS[session.key] = session
     try:
-        results = _run_tune(spec, session, storage_url=storage_url, verbose=verbose)
+        results = _run_tune(spec, session, storage_url=storage_url, verbose=verbose, in_actor=in_actor)
         return finalize(spec, results, session)
     finally:
         _SESSIONS.pop(session.key, None)

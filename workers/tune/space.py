@@ -12,7 +12,25 @@ from api.sweeps import SweepSpec, algorithm_sets, grace_fraction
 log = logging.getLogger("workers.tune")
 
 PROGRESS = "time/progress"  # Tune's time attribute: the fraction of max_duration trained, 0..1
-TRIAL_ACTOR_CPUS = 0.25     # the trial actor only waits on its trainer; its workers ask for their own
+TRIAL_ACTOR_CPUS = 0.25     # a trial actor that only waits on its trainer; its workers ask for their own
+
+
+def trains_in_trial_actor(spec: SweepSpec) -> bool:
+    """Whether every trial of ``spec`` is one worker without a process group (strategy
+    ``none``, nothing under ``parallelism`` searched). Such a trial trains in its Tune actor,
+    which asks for the worker's resources and which Tune reuses for the next trial: no Ray Train
+    controller and worker group to start per trial, and the imports, the data set and the
+    loader's fork server are already in the process (``workers.tune.trial``)."""
+    return spec.base.parallelism.strategy == "none" and not any(
+        path.startswith("parallelism.") for path in spec.search.params)
+
+
+def trial_resources(spec: SweepSpec, *, in_actor: bool) -> dict[str, float]:
+    """What a trial actor asks Ray for: the worker's CPUs (and GPU) when it trains itself."""
+    if not in_actor:
+        return {"CPU": TRIAL_ACTOR_CPUS}
+    parallelism = spec.base.parallelism
+    return {"CPU": parallelism.cpus_per_worker, **({"GPU": 1} if parallelism.use_gpu else {})}
 
 
 def build_param_space(spec: SweepSpec) -> dict[str, Any]:
@@ -63,9 +81,10 @@ def _drop_rung_at_max_t(scheduler: Any) -> None:
             bracket._rungs = [rung for rung in bracket._rungs if rung[0] < 1.0 - 1e-3]
 
 
-def max_concurrent_trials(spec: SweepSpec, cluster_resources: dict[str, float]) -> int:
+def max_concurrent_trials(spec: SweepSpec, cluster_resources: dict[str, float], *, in_actor: bool = False) -> int:
     """At most ``spec.max_concurrent_trials``, and no more trials than the cluster's CPUs (and
-    GPUs) hold with every trial's actor and workers running; at least 1.
+    GPUs) hold with every trial's actor and workers running; at least 1. ``in_actor``: the
+    trial actor is the worker (``trains_in_trial_actor``).
 
     A trial's trainer workers are scheduled by Ray Train, outside Tune's accounting (Tune only
     sees the trial actor's ``TRIAL_ACTOR_CPUS``), so without this cap Tune would start trials
@@ -73,12 +92,13 @@ def max_concurrent_trials(spec: SweepSpec, cluster_resources: dict[str, float]) 
     base = spec.base.parallelism
     workers = max([base.num_workers, *_searched_values(spec, "parallelism.num_workers")])
     cpus = max([base.cpus_per_worker, *_searched_values(spec, "parallelism.cpus_per_worker")])
-    fits = int(cluster_resources.get("CPU", 0) // (TRIAL_ACTOR_CPUS + workers * cpus))
+    needs = workers * cpus + (0 if in_actor else TRIAL_ACTOR_CPUS)
+    fits = int(cluster_resources.get("CPU", 0) // needs)
     if base.use_gpu:
         fits = min(fits, int(cluster_resources.get("GPU", 0) // workers))
     if fits < 1:
         log.warning("a trial needs %.2f CPUs but the cluster has %s: trials will fail to get workers",
-                    TRIAL_ACTOR_CPUS + workers * cpus, cluster_resources.get("CPU", 0))
+                    needs, cluster_resources.get("CPU", 0))
     return max(1, min(spec.max_concurrent_trials, fits))
 
 

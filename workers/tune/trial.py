@@ -1,9 +1,20 @@
 """One Tune trial: a Tessera run trained by a Tune *function* trainable.
 
-Train v2 cannot be handed to ``tune.Tuner`` directly (``tune.Tuner(TorchTrainer(...))`` fails
-with "Improper 'run' - not string nor trainable"), so each trial registers itself with the
-service (when there is one), then trains with ``fit_with_ray(..., tune=True)``, whose
-``TuneReportCallback`` forwards rank 0's evaluations to Tune's scheduler.
+Each trial registers itself with the service (when there is one), then trains one of two ways:
+
+- **In its trial actor** (``TrialContext.in_actor``, ``space.trains_in_trial_actor``): a
+  one-worker trial without a process group calls ``train_rank`` right there and reports each
+  evaluation with ``tune.report``. Tune reuses the actor for the next trial (``reuse_actors``),
+  so after the first trial nothing is started or imported again. ``spec.max_restarts`` is kept
+  by training again in the same actor, from the newest checkpoint, as Ray Train would.
+- **On a Ray Train worker group** (DDP, FSDP, or a sweep over ``parallelism``):
+  ``fit_with_ray(..., tune=True)``, whose ``TuneReportCallback`` forwards rank 0's evaluations
+  to Tune's scheduler. (Train v2 cannot be handed to ``tune.Tuner`` directly:
+  ``tune.Tuner(TorchTrainer(...))`` fails with "Improper 'run' - not string nor trainable".)
+
+A trial Tune stops (ASHA) ends inside ``tune.report``, which raises ``SystemExit`` in the
+trial's thread: not an ``Exception``, so nothing here reports it as failed; the driver's
+``_ReportTrialEnds`` ends it in the service.
 """
 
 from __future__ import annotations
@@ -11,17 +22,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from pathlib import Path
+import time
 from typing import Any
 
 from ray import tune
 
 from api.client import Client
 from api.errors import ApiError
+from api.specs import RunSpec
 from api.sweeps import SweepSpec, trial_spec
 from api.views import TrialRegistration
+from workers.checkpoint import storage_for
+from workers.errors import TrainingError, describe
 from workers.outcome import RunOutcome
-from workers.paths import ray_storage_path
+from workers.paths import failed_trial_marker, ray_storage_path
 from workers.reporter import call_with_retries
 
 log = logging.getLogger("workers.tune")
@@ -29,7 +43,6 @@ log = logging.getLogger("workers.tune")
 # Read by the Train controller a trial starts: a trainer that finds no free CPUs fails the
 # trial (and Tune retries it) instead of waiting forever for workers.
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-FAILED_MARKER = ".tessera-failed"  # in the trial's folder: a failure not worth retrying
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,19 +56,28 @@ class TrialContext:
     token: str | None = dataclasses.field(repr=False)  # this driver attempt's sweep token
     storage_url: str | None
     start_timeout_s: str
+    in_actor: bool = False  # train in the trial actor (one worker, no process group)
+    # The driver's TESSERA_TEST_/REPORT_/SPOOL_ variables (``ray_train.WORKER_ENV_PREFIXES``),
+    # for trials whose actor started before the driver's environment was known.
+    worker_env: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     """One Tune trial: register it (with a service), train it, report COMPLETED or FAILED."""
-    from workers.ray_train import fit_with_ray
+    from workers.ray_train import fit_with_ray, worker_config
 
     os.environ.setdefault(START_TIMEOUT_ENV, context.start_timeout_s)
+    os.environ.update(context.worker_env)
     trial_id = tune.get_context().get_trial_id()
-    # Tune retries every failed trial; only "no workers" is worth retrying, so a trial that
-    # failed for another reason leaves a marker that makes its retries fail at once.
-    failed_marker = Path(tune.get_context().get_trial_dir()) / FAILED_MARKER
-    if failed_marker.is_file():
-        raise RuntimeError(f"not retried: {failed_marker.read_text()}")
+    # Tune retries every failed trial; only "no workers" (or a lost actor) is worth retrying, so a
+    # trial that failed for another reason leaves a marker that makes its retries fail at once.
+    # It lives on the sweep's storage, not in ``tune.get_context().get_trial_dir()``: Ray 2.60
+    # gives a trial in a fresh actor its driver staging folder and one in a reused actor its
+    # working folder (``FunctionTrainable.setup`` vs ``reset_config``), so a retry could miss it.
+    marker = failed_trial_marker(context.storage_url, context.key, trial_id)
+    storage = storage_for(marker)
+    if storage.isfile(marker):
+        raise RuntimeError(f"not retried: {storage.read_bytes(marker).decode()}")
     sweep = SweepSpec.model_validate_json(context.sweep_json)
     params = dict(config.get("params") or {})
     spec = trial_spec(sweep.base, tuple(config["algorithms"]), params, name=f"{sweep.name}-{trial_id}"[:128])
@@ -72,15 +94,45 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
         run_id, token, attempt = ticket.run_id, ticket.token, ticket.attempt
     outcome = RunOutcome(client, run_id, token)
     try:
-        metrics = fit_with_ray(spec, run_id=run_id, service_url=context.service_url, token=token,
-                               storage_path=ray_storage_path(context.storage_url, attempt=attempt),
-                               storage_url=context.storage_url, attempt=attempt, tune=True)
+        if context.in_actor:
+            metrics = _train_in_actor(spec, worker_config(spec, run_id=run_id, service_url=context.service_url,
+                                                          token=token, storage_url=context.storage_url,
+                                                          attempt=attempt, tune=True))
+        else:
+            metrics = fit_with_ray(spec, run_id=run_id, service_url=context.service_url, token=token,
+                                   storage_path=ray_storage_path(context.storage_url, attempt=attempt),
+                                   storage_url=context.storage_url, attempt=attempt, tune=True)
     except Exception as exc:
         error = outcome.failed(exc)
         if "StartupTimeout" not in error:
-            failed_marker.write_text(error)
+            storage.write_bytes(marker, error.encode())
         raise  # Tune marks the trial errored; the sweep goes on
     outcome.completed(metrics)
+
+
+def _train_in_actor(spec: RunSpec, config: dict[str, Any]) -> dict[str, float]:
+    """Train the one rank here, up to ``1 + spec.max_restarts`` times (each later try resumes
+    from the newest checkpoint and reports RESTARTING first, as on Ray Train); raises
+    ``TrainingError`` with the last try's error."""
+    from workers.parallel import device_for
+    from workers.ray_train import train_rank
+
+    device = device_for(spec.parallelism.use_gpu)  # Ray set CUDA_VISIBLE_DEVICES to the actor's GPU
+    restarts = 0
+    while True:
+        try:
+            return train_rank(config, rank=0, world_size=1, device=device, on_eval=_report_to_tune,
+                              entered=time.time()) or {}
+        except Exception as exc:
+            if restarts == spec.max_restarts:
+                raise TrainingError(describe(exc)) from exc
+            restarts += 1
+            log.warning("run %s failed, training it again (restart %d of %d): %s", config["run_id"],
+                        restarts, spec.max_restarts, describe(exc))
+
+
+def _report_to_tune(results: dict[str, float]) -> None:
+    tune.report(dict(results))
 
 
 def _register(client: Client, context: TrialContext, registration: TrialRegistration) -> Any:
