@@ -13,7 +13,9 @@ trial at a time, FIFO, on a local Ray started here (``ray.init``, 4 logical CPUs
 
 A trial's figure is the driver's wall time from Tune's trial start to its end
 (``TrialOutcome.wall_time_s``): start-up plus one batch and one evaluation of ~360 images (a
-few ms here), so an upper bound on the trial's start. The first trial of a sweep also pays for
+few ms here), so an upper bound on the trial's start. For a reused actor Tune's trial start comes
+after the actor's reset, whose wait for the last trial's thread is not counted (these trials
+end by themselves, so that thread has already ended). The first trial of a sweep also pays for
 the first actor's start; the goal is about the others ("a sweep trial's start <= 3 s after the
 first trial"), reported as their median.
 """

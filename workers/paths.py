@@ -121,7 +121,8 @@ def sweep_experiment_path(storage_url: str | None, sweep_id: str) -> str:
     return f"{root.rstrip('/')}/sweeps/{sweep_id}/{TUNE_EXPERIMENT}"
 
 
-def failed_trial_marker(storage_url: str | None, sweep_id: str, trial_id: str) -> str:
-    """``{storage}/sweeps/{sweep_id}/failed-trials/{trial_id}``: left by a trial that failed for
-    a reason a retry would not fix, so that Tune's retries of it fail at once."""
-    return f"{sweep_experiment_path(storage_url, sweep_id).rsplit('/', 1)[0]}/failed-trials/{trial_id}"
+def failed_trials_url(storage_url: str | None, sweep_id: str) -> str:
+    """``{storage}/sweeps/{sweep_id}/failed-trials``: a trial that failed for a reason a retry
+    would not fix leaves its error there as a file named by its trial id, so that Tune's retries
+    of it fail at once. Worked out in the driver: a trial actor runs in another folder."""
+    return f"{sweep_experiment_path(storage_url, sweep_id).rsplit('/', 1)[0]}/failed-trials"

@@ -1,9 +1,11 @@
 """Running a ``RunSpec`` on Ray Train: the only module that touches ``ray.train``.
 
 ``fit_with_ray`` builds a ``TorchTrainer`` whose workers each run ``train_loop_per_worker``:
-they rebuild everything from the spec (sent as JSON), train one rank each, and rank 0 reports
-to the service (or prints, without one) and returns its final metrics. Ray's ``TorchConfig``
-creates the process group: gloo on CPU, nccl on GPU.
+they rebuild everything from the spec (sent as JSON, ``worker_config``) and train one rank
+each (``train_rank``), and rank 0 reports to the service (or prints, without one) and returns
+its final metrics. Ray's ``TorchConfig`` creates the process group: gloo on CPU, nccl on GPU.
+A one-worker sweep trial calls ``train_rank`` in its Tune actor, without Ray Train
+(``workers.tune.trial``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The job driver imports this module only to start the TorchTrainer: what the workers need
-# (the trainer, models, checkpoints, algorithms) is imported inside ``train_loop_per_worker``,
+# (the trainer, models, checkpoints, algorithms) is imported inside ``train_rank``,
 # so the driver does not load torchvision and torch.distributed.checkpoint (bench/startup.py).
 
 # The driver's variables every Ray Train worker gets: test hooks, and how reports wait out outages.

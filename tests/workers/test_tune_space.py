@@ -6,7 +6,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.sample import Categorical, Float
 
 from api.sweeps import SweepSpec, grace_fraction
-from workers.paths import failed_trial_marker
+from workers.paths import failed_trials_url
 from workers.paths import sweep_experiment_path as experiment_path
 from workers.tune import (
     TRIAL_ACTOR_CPUS,
@@ -14,6 +14,7 @@ from workers.tune import (
     build_scheduler,
     max_concurrent_trials,
 )
+from workers.tune import run_sweep
 from workers.tune.space import trains_in_trial_actor, trial_resources
 
 BASE = {
@@ -104,7 +105,7 @@ def test_the_experiment_lives_under_the_sweep_in_storage():
     assert experiment_path("/data/tessera/", "sw1") == "/data/tessera/sweeps/sw1/tune"
     assert experiment_path("s3://bucket/root", "sw1") == "s3://bucket/root/sweeps/sw1/tune"
     # Beside the experiment, not in it: Tune owns its experiment folder.
-    assert failed_trial_marker("s3://bucket/root", "sw1", "t_00001") == "s3://bucket/root/sweeps/sw1/failed-trials/t_00001"
+    assert failed_trials_url("s3://bucket/root", "sw1") == "s3://bucket/root/sweeps/sw1/failed-trials"
 
 
 def test_one_worker_trials_train_in_their_trial_actor_with_the_workers_resources():
@@ -127,6 +128,9 @@ def test_trials_with_a_process_group_or_searched_resources_start_a_worker_group(
     spec = sweep(base={**BASE, "parallelism": parallelism}, search={"params": searched})
     assert not trains_in_trial_actor(spec)
     assert trial_resources(spec, in_actor=False) == {"CPU": TRIAL_ACTOR_CPUS}
+    # Forcing such trials into their actor would train one rank of several: refused, before Ray.
+    with pytest.raises(ValueError, match="in_actor=True needs one-worker trials"):
+        run_sweep(spec, in_actor=True)
 
 
 def test_ray_asha_keeps_its_rungs_where_the_driver_edits_them():

@@ -71,11 +71,13 @@ def test_a_trial_whose_actor_is_killed_is_retried_and_resumes_from_its_checkpoin
     assert (tmp_path / "killed").is_file()  # the kill happened: the rest ran in a new actor
     [trial] = outcome.trials
     assert trial.status == "COMPLETED" and trial.progress == 1.0 and trial.metric > 0.5, trial
-    # The retry resumed: the run folder holds the checkpoint of batch 22 and the final one (44),
-    # and none between (a fresh start would have saved 22 again, not resumed past it).
+    # The retry resumed from batch 22: that checkpoint was written before the kill and never
+    # again (a fresh start would have saved it anew), and the final one (44) after.
     [run] = (tmp_path / "storage" / "runs").iterdir()
-    steps = sorted(int(m.group(1)) for p in (run / "checkpoints").iterdir() if (m := re.search(r"ba(\d+)$", p.name)))
-    assert steps == [22, 44], steps
+    checkpoints = {int(m.group(1)): p for p in (run / "checkpoints").iterdir() if (m := re.search(r"ba(\d+)$", p.name))}
+    assert sorted(checkpoints) == [22, 44], sorted(checkpoints)
+    killed_at = (tmp_path / "killed").stat().st_mtime
+    assert newest_write(checkpoints[22]) < killed_at < newest_write(checkpoints[44])
 
 
 def live_training_actors(ray_head) -> list[str]:
@@ -84,6 +86,10 @@ def live_training_actors(ray_head) -> list[str]:
 
     alive = list_actors(address=ray_head.dashboard_url, filters=[("state", "=", "ALIVE")], limit=1000)
     return [a.actor_id for a in alive if a.class_name in ("TrainController", "RayTrainWorker", "ImplicitFunc")]
+
+
+def newest_write(folder) -> float:
+    return max(p.stat().st_mtime for p in folder.rglob("*") if p.is_file())
 
 
 def trial_actors(ray_head) -> list[str]:

@@ -3,9 +3,11 @@
 The service runs ``python -m workers.tune --sweep-id ID`` as a Ray job (``drive_sweep``);
 ``run_sweep`` runs a sweep in this process. How it fits together is in ``docs/sweeps.md``.
 
-A trial's trainer workers are scheduled by Ray Train, outside Tune's accounting, so the driver
-caps concurrency at what the cluster's CPUs hold (``max_concurrent_trials``), and a trainer
-that still cannot get workers fails fast and is retried by Tune (``TRIAL_RETRIES``).
+A one-worker trial trains in its Tune actor, which Tune schedules with the worker's resources
+and reuses for the next trial (``workers.tune.trial``). Any other trial's trainer workers are
+scheduled by Ray Train, outside Tune's accounting, so the driver caps concurrency at what the
+cluster's CPUs hold (``max_concurrent_trials``), and a trainer that still cannot get workers
+fails fast and is retried by Tune (``TRIAL_RETRIES``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from api.sweeps import SweepSpec
 from api.views import SweepStatus
 from workers.errors import describe
 from workers.outcome import MAX_ERROR_CHARS, MAX_MESSAGE_CHARS
-from workers.paths import TUNE_EXPERIMENT, sweep_experiment_path
+from workers.paths import TUNE_EXPERIMENT, failed_trials_url, sweep_experiment_path
 from workers.ray_train import WORKER_ENV_PREFIXES
 from workers.reporter import call_with_retries
 from workers.tune.outcome import SweepOutcome, finalize, summary
@@ -35,7 +37,7 @@ from workers.tune.trial import START_TIMEOUT_ENV, TrialContext, train_trial
 
 log = logging.getLogger("workers.tune")
 
-TRIAL_RETRIES = 2  # Tune re-runs a trial whose trainer found no workers this often
+TRIAL_RETRIES = 2  # Tune re-runs a trial whose trainer found no workers, or whose actor died, this often
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -46,13 +48,18 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
               in_actor: bool | None = None):
     import ray
 
+    if in_actor is None:
+        in_actor = trains_in_trial_actor(spec)
+    elif in_actor and not trains_in_trial_actor(spec):
+        raise ValueError("in_actor=True needs one-worker trials (strategy 'none', nothing under "
+                         "'parallelism' searched); this sweep's trials need a Ray Train worker group")
     if not ray.is_initialized():
         ray.init()  # inside a Ray job this connects to the job's cluster
-    in_actor = trains_in_trial_actor(spec) if in_actor is None else in_actor
     context = TrialContext(
         sweep_json=spec.model_dump_json(), key=session.key, sweep_id=session.sweep_id,
         service_url=session.client.base_url if session.client else None, token=session.token,
         storage_url=storage_url, start_timeout_s=os.environ.get(START_TIMEOUT_ENV, "30"), in_actor=in_actor,
+        failed_trials=failed_trials_url(storage_url, session.key),
         worker_env={k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)})
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context),
                                     trial_resources(spec, in_actor=in_actor))

@@ -88,7 +88,8 @@ def max_concurrent_trials(spec: SweepSpec, cluster_resources: dict[str, float], 
 
     A trial's trainer workers are scheduled by Ray Train, outside Tune's accounting (Tune only
     sees the trial actor's ``TRIAL_ACTOR_CPUS``), so without this cap Tune would start trials
-    whose workers can never be placed."""
+    whose workers can never be placed. (A trial that trains in its actor is accounted by Tune;
+    the cap then only keeps to the spec's.)"""
     base = spec.base.parallelism
     workers = max([base.num_workers, *_searched_values(spec, "parallelism.num_workers")])
     cpus = max([base.cpus_per_worker, *_searched_values(spec, "parallelism.cpus_per_worker")])

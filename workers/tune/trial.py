@@ -12,14 +12,20 @@ Each trial registers itself with the service (when there is one), then trains on
   to Tune's scheduler. (Train v2 cannot be handed to ``tune.Tuner`` directly:
   ``tune.Tuner(TorchTrainer(...))`` fails with "Improper 'run' - not string nor trainable".)
 
-A trial Tune stops (ASHA) ends inside ``tune.report``, which raises ``SystemExit`` in the
-trial's thread: not an ``Exception``, so nothing here reports it as failed; the driver's
-``_ReportTrialEnds`` ends it in the service.
+A trial Tune stops (ASHA) stays blocked in ``tune.report`` until Tune resets the actor for the
+next trial (or stops it), which raises ``SystemExit`` there: not an ``Exception``, so nothing
+here reports it as failed; the driver's ``_ReportTrialEnds`` ends it in the service. The reset
+waits ``TUNE_FUNCTION_THREAD_TIMEOUT_S`` for that thread to unwind (closing its sink delivers
+its last reports), after which Tune would fail the next trial: set here to a minute, not 2 s.
+
+A reused actor frees the last trial's model and optimizer (``gc.collect``; they are held in
+reference cycles) before the next trial builds its own, so GPU memory does not pile up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -35,7 +41,7 @@ from api.views import TrialRegistration
 from workers.checkpoint import storage_for
 from workers.errors import TrainingError, describe
 from workers.outcome import RunOutcome
-from workers.paths import failed_trial_marker, ray_storage_path
+from workers.paths import ray_storage_path
 from workers.reporter import call_with_retries
 
 log = logging.getLogger("workers.tune")
@@ -43,6 +49,7 @@ log = logging.getLogger("workers.tune")
 # Read by the Train controller a trial starts: a trainer that finds no free CPUs fails the
 # trial (and Tune retries it) instead of waiting forever for workers.
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+THREAD_TIMEOUT_ENV = "TUNE_FUNCTION_THREAD_TIMEOUT_S"  # FunctionTrainable.reset_config, Ray 2.60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +63,7 @@ class TrialContext:
     token: str | None = dataclasses.field(repr=False)  # this driver attempt's sweep token
     storage_url: str | None
     start_timeout_s: str
+    failed_trials: str  # workers.paths.failed_trials_url, absolute (worked out in the driver)
     in_actor: bool = False  # train in the trial actor (one worker, no process group)
     # The driver's TESSERA_TEST_/REPORT_/SPOOL_ variables (``ray_train.WORKER_ENV_PREFIXES``),
     # for trials whose actor started before the driver's environment was known.
@@ -67,6 +75,7 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     from workers.ray_train import fit_with_ray, worker_config
 
     os.environ.setdefault(START_TIMEOUT_ENV, context.start_timeout_s)
+    os.environ.setdefault(THREAD_TIMEOUT_ENV, "60")  # read by this actor's next reset
     os.environ.update(context.worker_env)
     trial_id = tune.get_context().get_trial_id()
     # Tune retries every failed trial; only "no workers" (or a lost actor) is worth retrying, so a
@@ -74,7 +83,7 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     # It lives on the sweep's storage, not in ``tune.get_context().get_trial_dir()``: Ray 2.60
     # gives a trial in a fresh actor its driver staging folder and one in a reused actor its
     # working folder (``FunctionTrainable.setup`` vs ``reset_config``), so a retry could miss it.
-    marker = failed_trial_marker(context.storage_url, context.key, trial_id)
+    marker = f"{context.failed_trials}/{trial_id}"
     storage = storage_for(marker)
     if storage.isfile(marker):
         raise RuntimeError(f"not retried: {storage.read_bytes(marker).decode()}")
@@ -105,7 +114,10 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     except Exception as exc:
         error = outcome.failed(exc)
         if "StartupTimeout" not in error:
-            storage.write_bytes(marker, error.encode())
+            try:
+                storage.write_bytes(marker, error.encode())
+            except Exception as marker_exc:  # the training error matters more; Tune may retry once
+                log.warning("could not write %s: %s", marker, describe(marker_exc))
         raise  # Tune marks the trial errored; the sweep goes on
     outcome.completed(metrics)
 
@@ -120,6 +132,7 @@ def _train_in_actor(spec: RunSpec, config: dict[str, Any]) -> dict[str, float]:
     device = device_for(spec.parallelism.use_gpu)  # Ray set CUDA_VISIBLE_DEVICES to the actor's GPU
     restarts = 0
     while True:
+        _free_last_trainer(device)
         try:
             return train_rank(config, rank=0, world_size=1, device=device, on_eval=_report_to_tune,
                               entered=time.time()) or {}
@@ -129,6 +142,15 @@ def _train_in_actor(spec: RunSpec, config: dict[str, Any]) -> dict[str, float]:
             restarts += 1
             log.warning("run %s failed, training it again (restart %d of %d): %s", config["run_id"],
                         restarts, spec.max_restarts, describe(exc))
+
+
+def _free_last_trainer(device: Any) -> None:
+    """Collect what an earlier trial (or try) in this process left in reference cycles."""
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _report_to_tune(results: dict[str, float]) -> None:
