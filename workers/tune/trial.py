@@ -19,7 +19,7 @@ waits ``TUNE_FUNCTION_THREAD_TIMEOUT_S`` for that thread to unwind (closing its 
 its last reports), after which Tune would fail the next trial: set here to a minute, not 2 s.
 
 A reused actor frees the last trial's model and optimizer (``gc.collect``; they are held in
-reference cycles) before the next trial builds its own, so GPU memory does not pile up.
+reference cycles) before the next trial builds its own, so memory does not pile up.
 """
 
 from __future__ import annotations
@@ -145,10 +145,14 @@ def _train_in_actor(spec: RunSpec, config: dict[str, Any]) -> dict[str, float]:
 
 
 def _free_last_trainer(device: Any) -> None:
-    """Collect what an earlier trial (or try) in this process left in reference cycles."""
+    """Collect what an earlier trial (or try) in this process left in reference cycles, then
+    freeze what survives (imports, Ray's and Tune's state), so that the next collection walks
+    only the objects made since: a full collection of this process takes ~0.3 s, one after a
+    freeze a few ms. Frozen objects are still freed by reference counting."""
     import torch
 
     gc.collect()
+    gc.freeze()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
