@@ -115,14 +115,19 @@ def ray_storage_path(storage_url: str | None, *, attempt: int) -> str | None:
     return f"{_ray_root(storage_url)}/ray/attempt-{attempt}"
 
 
+def _sweep_folder(storage_url: str | None, sweep_id: str) -> str:
+    """``{storage}/sweeps/{sweep_id}``; without a storage URL, under ``$TESSERA_HOME/ray``."""
+    root = _ray_root(storage_url) if storage_url else default_ray_storage_path()
+    return f"{root.rstrip('/')}/sweeps/{sweep_id}"
+
+
 def sweep_experiment_path(storage_url: str | None, sweep_id: str) -> str:
     """``{storage}/sweeps/{sweep_id}/tune``; without a storage URL, under ``$TESSERA_HOME/ray``."""
-    root = _ray_root(storage_url) if storage_url else default_ray_storage_path()
-    return f"{root.rstrip('/')}/sweeps/{sweep_id}/{TUNE_EXPERIMENT}"
+    return f"{_sweep_folder(storage_url, sweep_id)}/{TUNE_EXPERIMENT}"
 
 
 def failed_trials_url(storage_url: str | None, sweep_id: str) -> str:
     """``{storage}/sweeps/{sweep_id}/failed-trials``: a trial that failed for a reason a retry
     would not fix leaves its error there as a file named by its trial id, so that Tune's retries
     of it fail at once. Worked out in the driver: a trial actor runs in another folder."""
-    return f"{sweep_experiment_path(storage_url, sweep_id).rsplit('/', 1)[0]}/failed-trials"
+    return f"{_sweep_folder(storage_url, sweep_id)}/failed-trials"

@@ -80,6 +80,11 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     return dict(result.return_value or {})
 
 
+def forwarded_env() -> dict[str, str]:
+    """This process's variables that start with ``WORKER_ENV_PREFIXES``, for the ranks it starts."""
+    return {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)}
+
+
 def worker_config(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                   storage_url: str | None = None, attempt: int = 1, tune: bool = False,
                   fork: ForkInfo | None = None) -> dict[str, Any]:
@@ -88,7 +93,7 @@ def worker_config(spec: RunSpec, *, run_id: str, service_url: str | None = None,
     patience and spool settings travel in it, whether the driver is a Ray job or a test process."""
     return {"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
             "run_url": run_url(storage_url, run_id) if storage_url else None,
-            "test_env": {k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)},
+            "test_env": forwarded_env(),
             "service_url": service_url, "token": token, "tune": tune,
             "fork": fork.model_dump(mode="json") if fork is not None else None,
             "storage_url": storage_url}  # where workers fetch the run's code package
@@ -117,17 +122,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     import ray.train.torch
 
     context = ray.train.get_context()
-    use_gpu = RunSpec.model_validate_json(config["spec"]).parallelism.use_gpu
     return train_rank(config, rank=context.get_world_rank(), world_size=context.get_world_size(),
-                      device=ray.train.torch.get_device() if use_gpu else torch.device("cpu"),
+                      device_for=lambda use_gpu: ray.train.torch.get_device() if use_gpu else torch.device("cpu"),
                       on_eval=_report_to_tune if config.get("tune") else None, entered=entered)
 
 
-def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device: torch.device,
+def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for: Callable[[bool], torch.device],
                on_eval: Callable[[dict[str, float]], None] | None, entered: float) -> dict[str, float] | None:
     """One rank of a run (``config`` from ``worker_config``): build from the spec, report
-    RUNNING (rank 0), train; rank 0 returns the final metrics. A Ray Train worker calls it, and
-    so does a sweep trial that trains in its own Tune actor (``workers.tune.trial``)."""
+    RUNNING (rank 0), train; rank 0 returns the final metrics. ``device_for(use_gpu)``: this
+    rank's device. A Ray Train worker calls it, and so does a sweep trial that trains in its own
+    Tune actor (``workers.tune.trial``)."""
     from api.views import RunStatus
     from workers.fault_injection import install_fault_injection
     from workers.loggers import with_loggers
@@ -138,6 +143,7 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device: to
 
     imported = time.time()
     spec = RunSpec.model_validate_json(config["spec"])
+    device = device_for(spec.parallelism.use_gpu)
     os.environ.update(config.get("test_env") or {})
     run = config.get("run_url")
     sink = with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id")) if rank == 0 else NullSink()

@@ -27,7 +27,7 @@ from api.views import SweepStatus
 from workers.errors import describe
 from workers.outcome import MAX_ERROR_CHARS, MAX_MESSAGE_CHARS
 from workers.paths import TUNE_EXPERIMENT, failed_trials_url, sweep_experiment_path
-from workers.ray_train import WORKER_ENV_PREFIXES
+from workers.ray_train import forwarded_env
 from workers.reporter import call_with_retries
 from workers.tune.outcome import SweepOutcome, finalize, summary
 from workers.tune.reporting import _SESSIONS, _DriverSession, _ReportTrialEnds, _StopWhenSweepEnds
@@ -60,7 +60,7 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
         service_url=session.client.base_url if session.client else None, token=session.token,
         storage_url=storage_url, start_timeout_s=os.environ.get(START_TIMEOUT_ENV, "30"), in_actor=in_actor,
         failed_trials=failed_trials_url(storage_url, session.key),
-        worker_env={k: v for k, v in os.environ.items() if k.startswith(WORKER_ENV_PREFIXES)})
+        worker_env=forwarded_env())
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context),
                                     trial_resources(spec, in_actor=in_actor))
     path = sweep_experiment_path(storage_url, session.key)

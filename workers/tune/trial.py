@@ -65,7 +65,7 @@ class TrialContext:
     start_timeout_s: str
     failed_trials: str  # workers.paths.failed_trials_url, absolute (worked out in the driver)
     in_actor: bool = False  # train in the trial actor (one worker, no process group)
-    # The driver's TESSERA_TEST_/REPORT_/SPOOL_ variables (``ray_train.WORKER_ENV_PREFIXES``),
+    # The driver's TESSERA_TEST_/REPORT_/SPOOL_ variables (``ray_train.forwarded_env``),
     # for trials whose actor started before the driver's environment was known.
     worker_env: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -129,12 +129,12 @@ def _train_in_actor(spec: RunSpec, config: dict[str, Any]) -> dict[str, float]:
     from workers.parallel import device_for
     from workers.ray_train import train_rank
 
-    device = device_for(spec.parallelism.use_gpu)  # Ray set CUDA_VISIBLE_DEVICES to the actor's GPU
+    gpu = spec.parallelism.use_gpu  # Ray set CUDA_VISIBLE_DEVICES to the actor's GPU
     restarts = 0
     while True:
-        _free_last_trainer(device)
+        _free_last_trainer(gpu)
         try:
-            return train_rank(config, rank=0, world_size=1, device=device, on_eval=_report_to_tune,
+            return train_rank(config, rank=0, world_size=1, device_for=device_for, on_eval=_report_to_tune,
                               entered=time.time()) or {}
         except Exception as exc:
             if restarts == spec.max_restarts:
@@ -144,7 +144,7 @@ def _train_in_actor(spec: RunSpec, config: dict[str, Any]) -> dict[str, float]:
                         restarts, spec.max_restarts, describe(exc))
 
 
-def _free_last_trainer(device: Any) -> None:
+def _free_last_trainer(gpu: bool) -> None:
     """Collect what an earlier trial (or try) in this process left in reference cycles, then
     freeze what survives (imports, Ray's and Tune's state), so that the next collection walks
     only the objects made since: a full collection of this process takes ~0.3 s, one after a
@@ -153,7 +153,7 @@ def _free_last_trainer(device: Any) -> None:
 
     gc.collect()
     gc.freeze()
-    if device.type == "cuda":
+    if gpu:
         torch.cuda.empty_cache()
 
 
