@@ -216,10 +216,10 @@ class AccessStore:
         """The caller holding ``secret``, or None for an unknown or revoked key."""
         if not secret.startswith(KEY_PREFIX) or len(secret) > 256:
             return None
-        digest = hash_token(secret)
-        caller = self._remembered(self._callers, digest)
+        caller = self.remembered_caller(secret)
         if caller is not None:
             return caller
+        digest = hash_token(secret)
         read_at, writes_then = time.monotonic(), self._writes
         with self.db.read() as session:
             row = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
@@ -228,6 +228,11 @@ class AccessStore:
             caller = Caller(key_id=row.id, roles={project: Role(role) for project, role in (row.roles or {}).items()})
         self._remember(self._callers, digest, caller, read_at=read_at, writes_then=writes_then)
         return caller
+
+    def remembered_caller(self, secret: str) -> Caller | None:
+        """The caller holding ``secret`` if a read of the last ``cache_s`` found its key valid
+        (no database read); None otherwise, including for keys that may well be valid."""
+        return self._remembered(self._callers, hash_token(secret)) if len(secret) <= 256 else None
 
     def has_keys(self) -> bool:
         with self.db.read() as session:

@@ -1,4 +1,9 @@
-"""FastAPI dependencies as ``Annotated`` aliases: what a route needs, taken from ``app.state``."""
+"""FastAPI dependencies as ``Annotated`` aliases: what a route needs, taken from ``app.state``.
+
+The ones that only read ``app.state`` (or a remembered API key) are ``async``: FastAPI runs a
+plain ``def`` dependency on its thread pool, a hop there and back for each of them on every
+request. What may wait on the database runs on the pool.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from service.access import AccessStore, Caller, ProjectNotFound, Role
 from service.ray_client import JobsClient
@@ -15,23 +21,23 @@ from service.sweep_repository import SweepRepository
 from service.tokens import bearer_token
 
 
-def get_repo(request: Request) -> Repository:
+async def get_repo(request: Request) -> Repository:
     return request.app.state.repo
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_sweeps(request: Request) -> SweepRepository:
+async def get_sweeps(request: Request) -> SweepRepository:
     return request.app.state.sweeps
 
 
-def get_jobs(request: Request) -> JobsClient:
+async def get_jobs(request: Request) -> JobsClient:
     return request.app.state.jobs
 
 
-def get_access(request: Request) -> AccessStore:
+async def get_access(request: Request) -> AccessStore:
     return request.app.state.access
 
 
@@ -84,7 +90,15 @@ def require_caller(request: Request, access: AccessDep) -> Caller:
     return caller
 
 
-CallerDep = Annotated[Caller, Depends(require_caller)]
+async def current_caller(request: Request, access: AccessDep) -> Caller:
+    """``require_caller`` as a dependency: a key remembered from an earlier request is answered
+    here, on the event loop; one that must be read from the database, on the thread pool."""
+    token = bearer_token(request.headers.get("authorization", ""))
+    caller = access.remembered_caller(token) if token is not None else None
+    return caller if caller is not None else await run_in_threadpool(require_caller, request, access)
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]
 
 
 def project_for_create(caller: Caller, access: AccessStore, project: str | None, needed: Role = Role.MEMBER) -> str:

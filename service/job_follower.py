@@ -33,6 +33,10 @@ from service.tokens import new_token
 
 log = logging.getLogger(__name__)
 
+# Records started in one transaction (``AttemptStore.begin_attempts``) before their jobs are sent:
+# a burst of submits reaches Ray in batches, not after the whole queue is written.
+SUBMIT_BATCH = 100
+
 # How Ray's answer reads in event messages: "Ray job X failed", "driver job X was stopped".
 WHAT_HAPPENED = {None: "not found", "FAILED": "failed", "STOPPED": "was stopped",
                  "SUCCEEDED": "succeeded without a result"}
@@ -87,9 +91,8 @@ class JobFollower:
                 self._guarded(self.resolve_pending, record)
         queued = self.owned([self.kind.status.QUEUED])
         admitted = self.admit(queued, everyone) if self.admit is not None else queued
-        for record in admitted:
-            if not self.ray_down:
-                self._guarded(self.submit, record)
+        for start in range(0, len(admitted), SUBMIT_BATCH):
+            self.submit(admitted[start:start + SUBMIT_BATCH])
         # A job submitted a moment ago is looked at from the next tick on: a submission whose
         # answer was lost may not be visible in Ray yet, and must not read as "job gone".
         just_submitted = {record.id for record in admitted} | unsettled | set(self.pending)
@@ -126,7 +129,7 @@ class JobFollower:
                 fixes.append(f"{self.kind.name} {record.id}: {fix}")
         return fixes
 
-    def _guarded(self, action: Callable[..., str | None], record: Any, **kwargs: Any) -> str | None:
+    def _guarded(self, action: Callable[..., Any], record: Any, **kwargs: Any) -> Any:
         # Each record is handled on its own: one record's problem is logged and never stops the loop.
         try:
             return action(record, **kwargs)
@@ -140,16 +143,31 @@ class JobFollower:
                           record.status.value)
         return None
 
-    def submit(self, record: Any) -> None:
-        """QUEUED → STARTING with a fresh token, and submit this attempt's job; a re-queued
-        record waits (stays QUEUED) until its previous attempt's job is stopped or gone."""
-        if not self._previous_job_gone(record):
+    def submit(self, queued: list[Any]) -> None:
+        """QUEUED → STARTING with a fresh token for each of ``queued`` (in one transaction), and
+        submit each attempt's job; a re-queued record waits (stays QUEUED) until its previous
+        attempt's job is stopped or gone. Once Ray cannot be asked, the jobs not sent yet wait in
+        ``pending`` like a lost answer: the next tick asks Ray for each, then sends it."""
+        ready = [record for record in queued if not self.ray_down and self._guarded(self._previous_job_gone, record)]
+        if not ready:
             return
-        token = new_token()
-        started = self.store.begin_attempt(
-            record.id, token=token, message=f"submitting {self.kind.attempt_noun} {record.attempt} to Ray")
-        self._send(started, self.kind.entrypoint(self.settings, record.id),
-                   self.kind.job_env(self.settings, started, token), sends=1)
+        tokens = {record.id: new_token() for record in ready}
+        noun = self.kind.attempt_noun
+        try:
+            started = self.store.begin_attempts(ready, tokens, lambda attempt: f"submitting {noun} {attempt} to Ray")
+        except Exception:  # the database: every record stays QUEUED, and the next tick tries again
+            log.exception("could not start %d %s(s); will retry", len(ready), self.kind.name)
+            return
+        for record in started:
+            self._guarded(self._send_first, record, token=tokens[record.id])
+
+    def _send_first(self, record: Any, *, token: str) -> None:
+        entrypoint, env = self.kind.entrypoint(self.settings, record.id), self.kind.job_env(self.settings, record, token)
+        if self.ray_down:
+            self.pending[record.id] = PendingSubmit(record.ray_job_id, record.attempt, entrypoint, env, sends=0,
+                                                    last_error="not sent: Ray could not be asked this tick")
+        else:
+            self._send(record, entrypoint, env, sends=1)
 
     def _send(self, record: Any, entrypoint: str, env: dict[str, str], *, sends: int) -> None:
         """Submit ``record``'s current job; a lost answer leaves it in ``pending``, a refusal fails it."""

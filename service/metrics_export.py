@@ -20,6 +20,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.views import RunStatus
 from service.db.models import Run
@@ -88,23 +89,41 @@ def _ray_up(jobs) -> int:
 def install_metrics(app: FastAPI) -> ServiceMetrics:
     """Add the request-counting middleware and ``GET /metrics`` to ``app``."""
     metrics = app.state.prometheus = ServiceMetrics(app)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        started = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            route = request.scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"  # 404s: one label, not one per path
-            metrics.requests.labels(request.method, template, str(status)).inc()
-            metrics.latency.labels(request.method, template).observe(time.perf_counter() - started)
-
+    app.add_middleware(CountRequests, metrics=metrics)
     app.include_router(router)
     return metrics
+
+
+class CountRequests:
+    """ASGI middleware: count each HTTP request and time it, by method, route template and status.
+
+    A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's
+    ``BaseHTTPMiddleware`` runs the rest of the app in a task of its own and streams the response
+    through a memory channel, which cost a submit about a tenth of its server time."""
+
+    def __init__(self, app: ASGIApp, *, metrics: ServiceMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # what an exception that escapes the app becomes
+
+        async def send_and_note_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note_status)
+        finally:
+            # The router put the matched route in the scope; 404s get one label, not one per path.
+            template = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.requests.labels(scope["method"], template, str(status)).inc()
+            self.metrics.latency.labels(scope["method"], template).observe(time.perf_counter() - started)
 
 
 def count_metric_points(request: Request, stored: int) -> None:

@@ -180,6 +180,26 @@ def test_one_run_s_problem_does_not_stop_the_others(dispatcher, example_spec):
     assert dispatcher.repo.get_run(other.id).status is S.FAILED
 
 
+def test_a_tick_starts_its_queued_runs_in_batches_of_one_transaction_each(dispatcher, example_spec, monkeypatch):
+    from service import job_follower
+
+    monkeypatch.setattr(job_follower, "SUBMIT_BATCH", 3)
+    runs = [dispatcher.repo.create_run(example_spec) for _ in range(7)]
+    batches = []
+    real = dispatcher.repo.begin_attempts
+
+    def counted(queued, tokens, message):
+        assert len(dispatcher.jobs.submit_calls) == sum(batches)  # the earlier batches' jobs are sent first
+        batches.append(len(queued))
+        return real(queued, tokens, message)
+
+    monkeypatch.setattr(dispatcher.repo, "begin_attempts", counted)
+    dispatcher.tick()
+    assert batches == [3, 3, 1]
+    assert dispatcher.jobs.submit_calls == [f"run-{run.id}-attempt-1" for run in runs]  # oldest first
+    assert all(dispatcher.repo.get_run(run.id).status is S.STARTING for run in runs)
+
+
 def test_background_thread_dispatches_until_stopped(dispatcher, example_spec):
     run = dispatcher.repo.create_run(example_spec)
     dispatcher.start()

@@ -256,3 +256,21 @@ def test_the_spec_cache_keeps_what_ticks_still_ask_for_and_drops_the_rest_within
         assert cache.get(("live", 1)) == {"a": 1}
     assert cache.get(("ended", 1)) is None
     assert len(cache.new) + len(cache.old) <= 2
+
+
+def test_begin_attempts_starts_a_batch_in_queue_order_and_skips_what_moved_on(repo, example_spec):
+    queued = [repo.create_run(example_spec) for _ in range(4)]
+    canceled, requeued = queued[1], queued[2]
+    repo.cancel_run(canceled.id)
+    repo.begin_attempt(requeued.id, token="old")
+    repo.transition(requeued.id, S.QUEUED)  # attempt 2 now: the snapshot of attempt 1 is stale
+    order = [queued[3], canceled, requeued, queued[0]]
+    tokens = {run.id: f"tok-{i}" for i, run in enumerate(order)}
+    started = repo.begin_attempts(order, tokens, lambda attempt: f"submitting run {attempt} to Ray")
+    assert [run.id for run in started] == [queued[3].id, queued[0].id]
+    for run in started:
+        assert run.status is S.STARTING and run.ray_job_id == f"run-{run.id}-attempt-1"
+        assert repo.check_token(run.id, tokens[run.id])
+        assert repo.events(run.id)[-1].message == "submitting run 1 to Ray"
+    assert repo.get_run(canceled.id).status is S.CANCELING
+    assert (repo.get_run(requeued.id).status, repo.get_run(requeued.id).attempt) == (S.QUEUED, 2)

@@ -100,7 +100,9 @@ def test_while_ray_cannot_be_asked_nothing_is_decided_and_the_tick_stops_asking(
     ray.script = [(ambiguous(), False)]
     dispatcher.tick()
     assert len(ray.submit_calls) == 1  # the second run waits: one failed call ends the tick's Ray work
-    assert dispatcher.repo.get_run(second.id).status is S.QUEUED
+    # Both were started in one transaction; the second's job waits, unsent, as a lost answer does.
+    assert dispatcher.repo.get_run(second.id).status is S.STARTING
+    assert dispatcher.followers[0].pending[second.id].sends == 0
     ray.states_error = RayUnavailable("Ray's Jobs API did not answer within 10s")
     for _ in range(3):
         dispatcher.tick()
