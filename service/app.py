@@ -19,7 +19,6 @@ from service.db.engine import make_engine, migrate
 from service.dispatch_wake import WakeDispatcher
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
-from service.gil_turns import short_gil_turns
 from service.heap import startup_heap_frozen
 from service.limits import RequestLimits
 from service.metrics_export import install_metrics
@@ -88,7 +87,7 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 if run_dispatcher:
                     dispatcher.start()
                 try:
-                    with startup_heap_frozen(), short_gil_turns():
+                    with startup_heap_frozen():
                         yield
                 finally:
                     dispatcher.stop()
