@@ -216,10 +216,10 @@ class AccessStore:
         """The caller holding ``secret``, or None for an unknown or revoked key."""
         if not secret.startswith(KEY_PREFIX) or len(secret) > 256:
             return None
-        caller = self.remembered_caller(secret)
+        digest = hash_token(secret)
+        caller = self._remembered(self._callers, digest)
         if caller is not None:
             return caller
-        digest = hash_token(secret)
         read_at, writes_then = time.monotonic(), self._writes
         with self.db.read() as session:
             row = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()

@@ -122,15 +122,19 @@ class AttemptStore:
         ``message(attempt)`` its event) in one transaction: what a dispatcher tick submits costs one
         locking read, one batch of updates and one of inserts, not a transaction per record. A
         record that left QUEUED or moved to another attempt since its snapshot (a cancel), or is
-        gone, is left as it is and not returned; the others come back in the order of ``queued``."""
+        gone, is left as it is and not returned; the others come back in the order of ``queued``.
+        Rows another writer holds locked are skipped (PostgreSQL's ``SKIP LOCKED``; SQLite locks
+        the whole database anyway) and stay QUEUED for the next tick: the batch never waits on a
+        user's or a driver's transaction while it holds its own rows, so it cannot deadlock with
+        one that locks several runs in another order (a sweep's cancel locks its trials)."""
         model, status = self.stored.model, self.stored.status
         with self.db.write() as session:
-            query = select(model).where(model.id.in_([record.id for record in queued])).order_by(model.id)
-            rows = {row.id: row for row in session.execute(query.with_for_update()).scalars()}
+            query = select(model).where(model.id.in_([record.id for record in queued]))
+            rows = {row.id: row for row in session.execute(query.with_for_update(skip_locked=True)).scalars()}
             started = []
             for record in queued:
                 row = rows.get(record.id)
-                if row is None:  # deleted since the snapshot
+                if row is None:  # deleted since the snapshot, or locked by another writer
                     continue
                 try:
                     self.stored.transitions.require_snapshot(

@@ -91,8 +91,10 @@ class JobFollower:
                 self._guarded(self.resolve_pending, record)
         queued = self.owned([self.kind.status.QUEUED])
         admitted = self.admit(queued, everyone) if self.admit is not None else queued
-        for start in range(0, len(admitted), SUBMIT_BATCH):
-            self.submit(admitted[start:start + SUBMIT_BATCH])
+        # The first goes alone: when Ray cannot take it, every other record stays QUEUED.
+        for batch in [admitted[:1]] + [admitted[i:i + SUBMIT_BATCH] for i in range(1, len(admitted), SUBMIT_BATCH)]:
+            if not self.ray_down:
+                self.submit(batch)
         # A job submitted a moment ago is looked at from the next tick on: a submission whose
         # answer was lost may not be visible in Ray yet, and must not read as "job gone".
         just_submitted = {record.id for record in admitted} | unsettled | set(self.pending)
@@ -131,6 +133,7 @@ class JobFollower:
 
     def _guarded(self, action: Callable[..., Any], record: Any, **kwargs: Any) -> Any:
         # Each record is handled on its own: one record's problem is logged and never stops the loop.
+        # Returns what ``action`` returned, or None when it raised.
         try:
             return action(record, **kwargs)
         except IllegalTransition as exc:  # a user, worker or driver changed the record first; theirs stands
@@ -146,26 +149,37 @@ class JobFollower:
     def submit(self, queued: list[Any]) -> None:
         """QUEUED → STARTING with a fresh token for each of ``queued`` (in one transaction), and
         submit each attempt's job; a re-queued record waits (stays QUEUED) until its previous
-        attempt's job is stopped or gone. Once Ray cannot be asked, the jobs not sent yet wait in
-        ``pending`` like a lost answer: the next tick asks Ray for each, then sends it."""
+        attempt's job is stopped or gone. If Ray stops answering partway, the rest of the batch's
+        jobs wait in ``pending`` unsent (``sends=0``), and the next tick sends them."""
         ready = [record for record in queued if not self.ray_down and self._guarded(self._previous_job_gone, record)]
-        if not ready:
+        if not ready or self.ray_down:  # Ray failed while being asked about a previous job: all stay QUEUED
             return
         tokens = {record.id: new_token() for record in ready}
-        noun = self.kind.attempt_noun
-        try:
-            started = self.store.begin_attempts(ready, tokens, lambda attempt: f"submitting {noun} {attempt} to Ray")
-        except Exception:  # the database: every record stays QUEUED, and the next tick tries again
-            log.exception("could not start %d %s(s); will retry", len(ready), self.kind.name)
-            return
-        for record in started:
+        for record in self._begin(ready, tokens):
             self._guarded(self._send_first, record, token=tokens[record.id])
+
+    def _begin(self, ready: list[Any], tokens: dict[str, str]) -> list[Any]:
+        """``store.begin_attempts`` for ``ready``; if the batch fails, each record on its own, so
+        one record's problem holds back only that record (it stays QUEUED, tried again next tick)."""
+        noun = self.kind.attempt_noun
+
+        def message(attempt: int) -> str:
+            return f"submitting {noun} {attempt} to Ray"
+
+        try:
+            return self.store.begin_attempts(ready, tokens, message)
+        except Exception:
+            log.warning("could not start %d %s(s) at once; starting them one by one", len(ready), self.kind.name,
+                        exc_info=True)
+        started = [self._guarded(lambda record: self.store.begin_attempts([record], tokens, message), record)
+                   for record in ready]
+        return [record for one in started if one for record in one]
 
     def _send_first(self, record: Any, *, token: str) -> None:
         entrypoint, env = self.kind.entrypoint(self.settings, record.id), self.kind.job_env(self.settings, record, token)
         if self.ray_down:
             self.pending[record.id] = PendingSubmit(record.ray_job_id, record.attempt, entrypoint, env, sends=0,
-                                                    last_error="not sent: Ray could not be asked this tick")
+                                                    last_error="not sent: Ray stopped answering during this tick")
         else:
             self._send(record, entrypoint, env, sends=1)
 
@@ -192,6 +206,9 @@ class JobFollower:
         """Ask Ray for the job of a submit whose answer was lost: proceed if Ray has it, send it
         again if Ray does not (while sends are left), else fail the record with the reason."""
         pending = self.pending[record.id]
+        if pending.sends == 0:  # never sent: there is nothing to ask Ray about
+            self._send(record, pending.entrypoint, pending.env, sends=1)
+            return
         state = self.jobs.status(pending.job_id)  # raises while Ray cannot be asked: keep waiting
         if state is not None:
             del self.pending[record.id]

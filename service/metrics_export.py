@@ -109,12 +109,12 @@ class CountRequests:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500  # what an exception that escapes the app becomes
+        status, answered = 500, None  # what an exception that escapes the app becomes
 
         async def send_and_note_status(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], time.perf_counter()
             await send(message)
 
         try:
@@ -123,7 +123,9 @@ class CountRequests:
             # The router put the matched route in the scope; 404s get one label, not one per path.
             template = getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.requests.labels(scope["method"], template, str(status)).inc()
-            self.metrics.latency.labels(scope["method"], template).observe(time.perf_counter() - started)
+            # Latency is time to the response's start: a streamed download's body is not counted.
+            took = (answered or time.perf_counter()) - started
+            self.metrics.latency.labels(scope["method"], template).observe(took)
 
 
 def count_metric_points(request: Request, stored: int) -> None:

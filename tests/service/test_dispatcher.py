@@ -180,7 +180,7 @@ def test_one_run_s_problem_does_not_stop_the_others(dispatcher, example_spec):
     assert dispatcher.repo.get_run(other.id).status is S.FAILED
 
 
-def test_a_tick_starts_its_queued_runs_in_batches_of_one_transaction_each(dispatcher, example_spec, monkeypatch):
+def test_a_tick_sends_its_first_run_alone_then_starts_the_rest_in_batches_of_one_transaction(dispatcher, example_spec, monkeypatch):
     from service import job_follower
 
     monkeypatch.setattr(job_follower, "SUBMIT_BATCH", 3)
@@ -195,9 +195,27 @@ def test_a_tick_starts_its_queued_runs_in_batches_of_one_transaction_each(dispat
 
     monkeypatch.setattr(dispatcher.repo, "begin_attempts", counted)
     dispatcher.tick()
-    assert batches == [3, 3, 1]
+    assert batches == [1, 3, 3]  # the first alone: if Ray cannot take it, the rest stay QUEUED
     assert dispatcher.jobs.submit_calls == [f"run-{run.id}-attempt-1" for run in runs]  # oldest first
     assert all(dispatcher.repo.get_run(run.id).status is S.STARTING for run in runs)
+
+
+def test_a_batch_that_cannot_be_started_at_once_is_started_run_by_run(dispatcher, example_spec, monkeypatch):
+    runs = [dispatcher.repo.create_run(example_spec) for _ in range(4)]
+    poisoned = runs[2].id
+    real = dispatcher.repo.begin_attempts
+
+    def fails_with_the_poisoned_run(queued, tokens, message):
+        if any(run.id == poisoned for run in queued):
+            raise ValueError("a value the database refuses")
+        return real(queued, tokens, message)
+
+    monkeypatch.setattr(dispatcher.repo, "begin_attempts", fails_with_the_poisoned_run)
+    dispatcher.tick()
+    assert dispatcher.repo.get_run(poisoned).status is S.QUEUED  # tried again next tick
+    others = [run for run in runs if run.id != poisoned]
+    assert all(dispatcher.repo.get_run(run.id).status is S.STARTING for run in others)
+    assert sorted(dispatcher.jobs.submit_calls) == sorted(f"run-{run.id}-attempt-1" for run in others)
 
 
 def test_background_thread_dispatches_until_stopped(dispatcher, example_spec):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 API = "/api/v1"
@@ -32,6 +33,29 @@ def test_request_counts_and_latency_are_by_route_template(client, example_body):
     assert _value(after, "tessera_http_requests_total", method="POST", route="/api/v1/runs", status="201") == 1
     assert _value(after, "tessera_http_request_duration_seconds_count", method="GET", route=route) == 3
     assert not any(run_id in str(labels) for _, labels in after)  # ids never become labels
+
+
+def test_requests_no_route_answered_count_as_unmatched_with_their_status(client, settings):
+    client.get(f"{API}/no-such-route/123")
+    too_large = b"{" + b" " * settings.max_body_bytes + b"}"
+    assert client.post(f"{API}/runs", content=too_large, headers={"content-type": "application/json"}).status_code == 413
+    samples = _scrape(client)
+    assert _value(samples, "tessera_http_requests_total", method="GET", route="unmatched", status="404") == 1
+    assert _value(samples, "tessera_http_requests_total", method="POST", route="unmatched", status="413") == 1
+    assert not any("123" in str(labels) for _, labels in samples)
+
+
+def test_an_error_that_escapes_a_route_counts_as_a_500(client, monkeypatch):
+    from service.routes import runs
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(runs.Repository, "list_runs", broken)
+    with pytest.raises(RuntimeError):
+        client.get(f"{API}/runs")
+    samples = _scrape(client)
+    assert _value(samples, "tessera_http_requests_total", method="GET", route="/api/v1/runs", status="500") == 1
 
 
 def test_runs_by_status_queue_depth_ticks_ingest_and_ray(client, fake_jobs, example_body):

@@ -274,3 +274,19 @@ def test_begin_attempts_starts_a_batch_in_queue_order_and_skips_what_moved_on(re
         assert repo.events(run.id)[-1].message == "submitting run 1 to Ray"
     assert repo.get_run(canceled.id).status is S.CANCELING
     assert (repo.get_run(requeued.id).status, repo.get_run(requeued.id).attempt) == (S.QUEUED, 2)
+
+
+def test_begin_attempts_skips_a_run_another_writer_holds_instead_of_waiting_for_it(_postgres_engine, example_spec):
+    from sqlalchemy import text
+
+    from service.repository import Repository
+
+    with _postgres_engine.begin() as conn:
+        conn.execute(text("TRUNCATE metrics, run_events, runs, sweeps RESTART IDENTITY CASCADE"))
+    repo = Repository(_postgres_engine)
+    held, free = repo.create_run(example_spec), repo.create_run(example_spec)
+    tokens = {held.id: "a", free.id: "b"}
+    with repo.db.locked_write(Run, held.id, RunNotFound):  # a user's cancel, say, mid-transaction
+        started = repo.begin_attempts([held, free], tokens, lambda attempt: "submitting")
+    assert [run.id for run in started] == [free.id]
+    assert repo.get_run(held.id).status is S.QUEUED  # the next tick starts it

@@ -15,21 +15,34 @@ S = RunStatus
 
 class FlakyRay(FakeJobs):
     """A fake Ray whose next submits fail as scripted: ``created`` says whether Ray made the job
-    before the answer was lost (a 5xx or timeout after Ray acted)."""
+    before the answer was lost (a 5xx or timeout after Ray acted); an entry ``(None, _)`` is a
+    submit that goes through. ``status_calls`` lists the jobs Ray was asked about."""
 
     def __init__(self):
         super().__init__()
-        self.script: list[tuple[Exception, bool]] = []
+        self.script: list[tuple[Exception | None, bool]] = []
         self.states_error: Exception | None = None
+        self.status_calls: list[str] = []
+        self.stop_error: Exception | None = None
 
     def submit(self, submission_id, entrypoint, env_vars):
-        if self.script:
-            error, created = self.script.pop(0)
-            self.submit_calls.append(submission_id)
-            if created:
-                self.jobs.setdefault(submission_id, {"status": "PENDING", "entrypoint": entrypoint, "env": env_vars})
-            raise error
-        super().submit(submission_id, entrypoint, env_vars)
+        error, created = self.script.pop(0) if self.script else (None, False)
+        if error is None:
+            super().submit(submission_id, entrypoint, env_vars)
+            return
+        self.submit_calls.append(submission_id)
+        if created:
+            self.jobs.setdefault(submission_id, {"status": "PENDING", "entrypoint": entrypoint, "env": env_vars})
+        raise error
+
+    def status(self, submission_id):
+        self.status_calls.append(submission_id)
+        return super().status(submission_id)
+
+    def stop(self, submission_id):
+        if self.stop_error is not None:
+            raise self.stop_error
+        super().stop(submission_id)
 
     def states(self):
         if self.states_error is not None:
@@ -100,9 +113,7 @@ def test_while_ray_cannot_be_asked_nothing_is_decided_and_the_tick_stops_asking(
     ray.script = [(ambiguous(), False)]
     dispatcher.tick()
     assert len(ray.submit_calls) == 1  # the second run waits: one failed call ends the tick's Ray work
-    # Both were started in one transaction; the second's job waits, unsent, as a lost answer does.
-    assert dispatcher.repo.get_run(second.id).status is S.STARTING
-    assert dispatcher.followers[0].pending[second.id].sends == 0
+    assert dispatcher.repo.get_run(second.id).status is S.QUEUED  # a tick's first run is sent alone
     ray.states_error = RayUnavailable("Ray's Jobs API did not answer within 10s")
     for _ in range(3):
         dispatcher.tick()
@@ -130,3 +141,33 @@ def test_a_requeued_attempt_waits_until_the_previous_attempts_job_is_stopped(dis
     ray.set_status(old_job, "STOPPED")
     dispatcher.tick()
     assert dispatcher.repo.get_run(run.id).status is S.STARTING and f"run-{run.id}-attempt-2" in ray.jobs
+
+
+def test_when_ray_stops_answering_mid_batch_the_rest_wait_unsent_and_go_next_tick(dispatcher, ray, example_spec):
+    runs = [dispatcher.repo.create_run(example_spec) for _ in range(4)]
+    ray.script = [(None, True), (None, True), (ambiguous(), False)]  # the tick's first run, then a batch of 3
+    dispatcher.tick()
+    assert len(ray.submit_calls) == 3
+    unsent = runs[3]
+    pending = dispatcher.followers[0].pending[unsent.id]
+    assert pending.sends == 0 and dispatcher.repo.get_run(unsent.id).status is S.STARTING
+    asked_before = len(ray.status_calls)
+    dispatcher.tick()
+    assert f"run-{unsent.id}-attempt-1" in ray.jobs
+    asked = ray.status_calls[asked_before:]
+    assert f"run-{unsent.id}-attempt-1" not in asked  # never sent: nothing to ask Ray about first
+    assert unsent.id not in dispatcher.followers[0].pending
+
+
+def test_a_ray_failure_while_a_previous_job_is_checked_leaves_the_whole_batch_queued(dispatcher, ray, example_spec):
+    first, fresh, requeued = (dispatcher.repo.create_run(example_spec) for _ in range(3))
+    dispatcher.repo.begin_attempt(requeued.id, token="t")
+    dispatcher.repo.transition(requeued.id, S.QUEUED, message="Ray job not found")  # attempt 2: its old job is checked
+    ray.stop_error = RayUnavailable("Ray's Jobs API did not answer within 10s")
+    dispatcher.tick()  # the first run goes alone; then [fresh, requeued]: asking about requeued's old job fails
+    assert ray.submit_calls == [f"run-{first.id}-attempt-1"]
+    assert dispatcher.repo.get_run(fresh.id).status is S.QUEUED  # not STARTING with nobody to send it
+    assert dispatcher.repo.get_run(requeued.id).status is S.QUEUED
+    ray.stop_error = None
+    dispatcher.tick()
+    assert f"run-{fresh.id}-attempt-1" in ray.jobs and f"run-{requeued.id}-attempt-2" in ray.jobs
