@@ -491,8 +491,7 @@ def main() -> None:
     from service.db.engine import make_engine
 
     report: dict = {"bench": "control_plane", "date": date.today().isoformat(), "quick": args.quick,
-                    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                                             capture_output=True, text=True).stdout.strip(),
+                    "commit": short_commit(REPO_ROOT),
                     "machine": f"{os.cpu_count()} cores, client and server on the same machine (loopback)",
                     "ray": "faked in the server process (bench/control_plane_server.py ListingRay): every submit "
                            "accepted at once, every job listed by one states() call",
@@ -505,9 +504,7 @@ def main() -> None:
             began = time.perf_counter()
             active = fill_active(engine, sizes["active"])
             report["seeding"]["active_runs_s"] = round(time.perf_counter() - began, 1)
-            command = [sys.executable, str(REPO_ROOT / "bench" / "control_plane_server.py"), "--db", url,
-                       "--port", str(port), "--key", BENCH_KEY, "--jobs-log", str(jobs_log),
-                       "--active", str(len(active))]
+            command = server_command(REPO_ROOT, url, port, jobs_log, len(active))
             if args.py_spy:
                 command = [str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "50", "--gil",
                            "--subprocesses", "-o", str(args.py_spy), "--"] + command
@@ -552,6 +549,17 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+
+
+def server_command(tree: Path, url: str, port: int, jobs_log: Path, active: int) -> list[str]:
+    """The command that starts ``tree``'s ``bench/control_plane_server.py`` on ``url``."""
+    return [sys.executable, str(tree / "bench" / "control_plane_server.py"), "--db", url, "--port", str(port),
+            "--key", BENCH_KEY, "--jobs-log", str(jobs_log), "--active", str(active)]
+
+
+def short_commit(tree: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
+                          text=True).stdout.strip()
 
 
 def stop_server(server: subprocess.Popen, *, under_py_spy: bool) -> None:

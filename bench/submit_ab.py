@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.control_plane import (BENCH_KEY, REPO_ROOT, cpu_seconds, settle, stop_server,  # noqa: E402
-                                 submit_phase, wait_until_up)
+from bench.control_plane import (BENCH_KEY, REPO_ROOT, cpu_seconds, server_command, settle,  # noqa: E402
+                                 short_commit, stop_server, submit_phase, wait_until_up)
 from bench.seed import fill, fill_active, scratch_database, vacuum_analyze  # noqa: E402
 from tests.local_ray import free_port  # noqa: E402
 
@@ -50,10 +50,8 @@ def one_server(tree: Path, pg: str, active: int, submits: int, rounds: int) -> l
         fill(engine, 1000, first=0, settle=False)
         vacuum_analyze(engine)
         port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, str(tree / "bench" / "control_plane_server.py"), "--db", url, "--port", str(port),
-             "--key", BENCH_KEY, "--jobs-log", str(jobs_log), "--active", str(len(seeded))],
-            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+        server = subprocess.Popen(server_command(tree, url, port, jobs_log, len(seeded)), cwd=tree,
+                                  env={**os.environ, "PYTHONPATH": str(tree)})
         try:
             base = f"http://127.0.0.1:{port}"
             wait_until_up(base, server)
@@ -96,8 +94,7 @@ def main() -> None:
             print(side, json.dumps(result), file=sys.stderr, flush=True)
     medians = {side: {name: statistics.median(r[name] for r in results) for name in FIGURES}
                for side, results in rounds.items()}
-    commits = {side: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
-                                    text=True).stdout.strip() for side, tree in trees.items()}
+    commits = {side: short_commit(tree) for side, tree in trees.items()}
     report = {"bench": "submit_ab", "date": date.today().isoformat(), "commits": commits, "order": order,
               "machine": f"{os.cpu_count()} cores, client, server and PostgreSQL on the same machine (loopback)",
               "settings": {"submits": args.submits, "clients": 16, "active_runs": args.active, "ended_runs": 1000},

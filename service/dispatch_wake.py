@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.response_start import ResponseStart
+
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
 PROGRESS_REPORTS = ("/report/metrics", "/report/checkpoint", "/report/note")
 
@@ -28,15 +30,8 @@ class WakeDispatcher:
                 or any(marker in path for marker in PROGRESS_REPORTS)):
             await self.app(scope, receive, send)
             return
-        status = 0
-
-        async def send_and_note_status(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        await self.app(scope, receive, send_and_note_status)
+        response = ResponseStart(send)
+        await self.app(scope, receive, response)
         dispatcher = getattr(scope["app"].state, "dispatcher", None) if "app" in scope else None
-        if 200 <= status < 300 and dispatcher is not None:
+        if response.status is not None and 200 <= response.status < 300 and dispatcher is not None:
             dispatcher.wake()

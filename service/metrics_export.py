@@ -20,10 +20,11 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.views import RunStatus
 from service.db.models import Run
+from service.response_start import ResponseStart
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["monitoring"])
@@ -108,23 +109,16 @@ class CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
-        status, answered = 500, None  # what an exception that escapes the app becomes
-
-        async def send_and_note_status(message: Message) -> None:
-            nonlocal status, answered
-            if message["type"] == "http.response.start":
-                status, answered = message["status"], time.perf_counter()
-            await send(message)
-
+        started, response = time.perf_counter(), ResponseStart(send)
         try:
-            await self.app(scope, receive, send_and_note_status)
+            await self.app(scope, receive, response)
         finally:
             # The router put the matched route in the scope; 404s get one label, not one per path.
             template = getattr(scope.get("route"), "path", None) or "unmatched"
+            status = response.status or 500  # an exception escaped the app before it answered
             self.metrics.requests.labels(scope["method"], template, str(status)).inc()
             # Latency is time to the response's start: a streamed download's body is not counted.
-            took = (answered or time.perf_counter()) - started
+            took = (response.at or time.perf_counter()) - started
             self.metrics.latency.labels(scope["method"], template).observe(took)
 
 
