@@ -506,8 +506,7 @@ def main() -> None:
             report["seeding"]["active_runs_s"] = round(time.perf_counter() - began, 1)
             command = server_command(REPO_ROOT, url, port, jobs_log, len(active))
             if args.py_spy:
-                command = [str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "50", "--gil",
-                           "--subprocesses", "-o", str(args.py_spy), "--"] + command
+                command = under_py_spy(command, args.py_spy)
             server = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
             try:
                 base = f"http://127.0.0.1:{port}"
@@ -560,6 +559,12 @@ def server_command(tree: Path, url: str, port: int, jobs_log: Path, active: int)
 def short_commit(tree: Path) -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
                           text=True).stdout.strip()
+
+
+def under_py_spy(command: list[str], profile: Path) -> list[str]:
+    """``command`` run by ``py-spy record``: GIL-holding samples, as collapsed stacks in ``profile``."""
+    return [str(Path(sys.executable).with_name("py-spy")), "record", "--format", "raw", "--rate", "50", "--gil",
+            "--subprocesses", "-o", str(profile), "--"] + command
 
 
 def stop_server(server: subprocess.Popen, *, under_py_spy: bool) -> None:

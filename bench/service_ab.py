@@ -1,0 +1,141 @@
+"""Submit or ingestion throughput, this tree against a baseline tree, side by side on one machine.
+
+    git worktree add /tmp/baseline <commit>
+    PYTHONPATH=. .venv/bin/python bench/service_ab.py --baseline /tmp/baseline [--phase submit|ingest] \
+        [--pairs 2] [--submits 1000] [--active 1000] [--out docs/bench/PHASE-ab-DATE.json]
+
+Each server starts ``bench/control_plane_server.py`` from one tree (the real app, Ray faked by
+``ListingRay``) on a fresh scratch database seeded with ``--active`` RUNNING runs (the
+dispatcher follows them) and 1,000 ended ones, then measures one phase of
+``bench/control_plane.py`` twice:
+
+- ``submit``: ``--submits`` ``POST /runs`` from 16 concurrent clients;
+- ``ingest``: 8 new runs, each sending 20 metric reports of 1,000 points at once.
+
+Servers alternate baseline, this tree, this tree, baseline, ... so a machine that slows down
+mid-run weighs on both sides. Prints each round and the medians' ratios (this tree over the
+baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.control_plane import (BENCH_KEY, REPO_ROOT, cpu_seconds, ingest_phase, server_command,  # noqa: E402
+                                 _child_pid, settle, short_commit, stop_server, submit_phase, tokens_of,
+                                 under_py_spy, wait_until_up)
+from bench.seed import fill, fill_active, scratch_database, vacuum_analyze  # noqa: E402
+from tests.local_ray import free_port  # noqa: E402
+
+FIGURES = {"submit": ("per_s", "p99_ms", "all_submitted_to_ray_after_s", "server_cpu_s", "client_cpu_s"),
+           "ingest": ("points_per_s", "p99_ms", "server_cpu_s", "client_cpu_s")}
+INGEST = {"runs": 8, "reports": 20, "points_per_report": 1_000}
+
+
+async def measure(phase: str, client, jobs_log: Path, submits: int) -> tuple[dict, list[str]]:
+    """One round of ``phase``: its figures, and the runs it submitted (to be settled after)."""
+    if phase == "submit":
+        return await submit_phase(client, submits)
+    _, ids = await submit_phase(client, INGEST["runs"])
+    tokens = await tokens_of(jobs_log, ids)
+    return await ingest_phase(client, tokens, INGEST["reports"], INGEST["points_per_report"]), ids
+
+
+def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, rounds: int,
+               profile: Path | None = None) -> list[dict]:
+    """``rounds`` rounds of ``phase`` against a server started from ``tree`` (under py-spy into
+    ``profile`` if given)."""
+    import httpx
+
+    from service.db.engine import make_engine
+
+    with scratch_database(pg) as url, tempfile.TemporaryDirectory() as scratch:
+        engine = make_engine(url)
+        jobs_log = Path(scratch) / "jobs.jsonl"
+        jobs_log.touch()
+        seeded = fill_active(engine, active)
+        fill(engine, 1000, first=0, settle=False)
+        vacuum_analyze(engine)
+        port = free_port()
+        command = server_command(tree, url, port, jobs_log, len(seeded))
+        server = subprocess.Popen(command if profile is None else under_py_spy(command, profile), cwd=tree,
+                                  env={**os.environ, "PYTHONPATH": str(tree)})
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until_up(base, server)
+            server_pid = server.pid if profile is None else _child_pid(server.pid)
+
+            async def bursts() -> list[dict]:
+                results = []
+                limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+                async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {BENCH_KEY}"},
+                                             limits=limits, timeout=120) as client:
+                    for _ in range(rounds):
+                        cpu, server_cpu = time.process_time(), cpu_seconds(server_pid)
+                        result, ids = await measure(phase, client, jobs_log, submits)
+                        result["client_cpu_s"] = round(time.process_time() - cpu, 2)
+                        result["server_cpu_s"] = round(cpu_seconds(server_pid) - server_cpu, 2)
+                        results.append({name: result[name] for name in FIGURES[phase]} | {"failed": result["failed"]})
+                        settle(engine, ids)
+                return results
+
+            return asyncio.run(bursts())
+        finally:
+            stop_server(server, under_py_spy=profile is not None)
+            engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", type=Path, required=True, help="a checkout of the commit to compare against")
+    parser.add_argument("--phase", choices=sorted(FIGURES), default="submit")
+    parser.add_argument("--pairs", type=int, default=2, help="servers per side (alternating)")
+    parser.add_argument("--submits", type=int, default=1000)
+    parser.add_argument("--active", type=int, default=1000)
+    parser.add_argument("--pg", default=os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--py-spy", type=Path, default=None,
+                        help="record this tree's servers with py-spy into FILE.N (collapsed stacks; slows them: "
+                             "for where the time goes, not for the ratios)")
+    args = parser.parse_args()
+    trees = {"baseline": args.baseline.resolve(), "this": REPO_ROOT}
+    order = [side for pair in range(args.pairs) for side in (("baseline", "this") if pair % 2 == 0 else ("this", "baseline"))]
+    rounds: dict[str, list[dict]] = {"baseline": [], "this": []}
+    for index, side in enumerate(order):
+        profile = args.py_spy.with_name(f"{args.py_spy.name}.{index}") if args.py_spy and side == "this" else None
+        for result in one_server(trees[side], args.pg, args.phase, args.active, args.submits, rounds=2,
+                                 profile=profile):
+            rounds[side].append(result)
+            print(side, json.dumps(result), file=sys.stderr, flush=True)
+    figures = FIGURES[args.phase]
+    medians = {side: {name: statistics.median(r[name] for r in results) for name in figures}
+               for side, results in rounds.items()}
+    commits = {side: short_commit(tree) for side, tree in trees.items()}
+    settings = ({"submits": args.submits, "clients": 16} if args.phase == "submit" else INGEST)
+    report = {"bench": f"{args.phase}_ab", "date": date.today().isoformat(), "commits": commits, "order": order,
+              "machine": f"{os.cpu_count()} cores, client, server and PostgreSQL on the same machine (loopback)",
+              "settings": {**settings, "active_runs": args.active, "ended_runs": 1000},
+              "rounds": rounds, "medians": medians,
+              "this_over_baseline": {name: round(medians["this"][name] / medians["baseline"][name], 3)
+                                     for name in figures if medians["baseline"][name]},
+              "all_requests_succeeded": all(r["failed"] == 0 for results in rounds.values() for r in results)}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
