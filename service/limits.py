@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.limits import INT64_MAX, INT64_MIN, MAX_DEPTH, db_value_problems, dotted, value_problem
+from service.json_body import PARSED, parse_json
 
 MiB = 1024 * 1024
 BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -70,7 +71,7 @@ class RequestLimits:
             await _send_json(send, 413, too_large)
             return
         if _is_json(scope) and body:
-            problems = _json_problems(body)
+            problems = _json_problems(scope, body)
             if problems:
                 await _send_json(send, 422, {"detail": problems})
                 return
@@ -160,13 +161,16 @@ def _may_have_problems(data: Any, depth: int = 0) -> bool:
     return False
 
 
-def _json_problems(body: bytes) -> list[dict[str, Any]]:
+def _json_problems(scope: Scope, body: bytes) -> list[dict[str, Any]]:
+    """What no column can hold in a JSON body. A body that parses is left in the scope for the
+    route (``service.json_body``): it is parsed once."""
     try:
-        data = json.loads(body)
+        data = parse_json(body)
     except RecursionError:
         return [{"field": "", "loc": ["body"], "msg": "JSON nested too deeply", "input": None}]
     except ValueError:
         return []  # not JSON: the route's own validation says so, with the position
+    scope[PARSED] = data
     if not _may_have_problems(data):
         return []
     return [{"field": dotted(loc), "loc": ["body", *loc], "msg": msg, "input": value}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from service.db.models import Metric, Run, RunBest, UTCDateTime
+from service.db.models import Metric, Run, RunBest, aware
 
 
 # COPY is PostgreSQL's bulk load: a 1,000-point report is one round trip and no per-row SQL,
@@ -27,7 +27,14 @@ from service.db.models import Metric, Run, RunBest, UTCDateTime
 # report, in process). Row order is kept, so ``seq`` follows report order. It runs on the
 # session's own connection, so in its transaction; its errors are psycopg's own (not wrapped by
 # SQLAlchemy): a database error is a 500 either way, which a worker's reporter retries.
-_COPY_METRICS = "COPY metrics (run_id, step, key, value, time, attempt) FROM STDIN"
+#
+# Binary COPY with the columns' types declared: psycopg then dumps each value with the dumper
+# of its column, chosen once. Text COPY (``write_row`` without types) picks a dumper per value
+# from its Python type; that cost 4.5-5.2 ms of CPU per 1,000 rows, binary 0.7-0.9 ms (same
+# rows into a scratch table, same process). The types must be the columns' own: binary COPY
+# converts nothing (``varchar`` and ``text`` share one binary form).
+_COPY_METRICS = "COPY metrics (run_id, step, key, value, time, attempt) FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES = ("text", "int8", "text", "float8", "timestamptz", "int4")
 
 
 def insert_points(session: Session, rows: list[dict]) -> None:
@@ -37,11 +44,10 @@ def insert_points(session: Session, rows: list[dict]) -> None:
     if connection.dialect.name != "postgresql":
         session.execute(insert(Metric), rows)
         return
-    stamp = UTCDateTime().process_bind_param
     with connection.connection.driver_connection.cursor() as cursor, cursor.copy(_COPY_METRICS) as copy:
-        for row in rows:
-            copy.write_row((row["run_id"], row["step"], row["key"], row["value"], stamp(row["time"], connection.dialect),
-                            row["attempt"]))
+        copy.set_types(_COPY_TYPES)
+        for row in rows:  # a timestamptz in binary is its instant: any time zone will do
+            copy.write_row((row["run_id"], row["step"], row["key"], row["value"], aware(row["time"]), row["attempt"]))
 
 
 def is_replayed_batch(run: Run, session_id: str | None, batch: int | None) -> bool:

@@ -18,6 +18,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def aware(value: datetime) -> datetime:
+    """``value`` with a time zone: a naive time from a caller is taken to be UTC already."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
 class UTCDateTime(TypeDecorator):
     """A timestamp that is always timezone-aware UTC in Python.
 
@@ -31,9 +36,7 @@ class UTCDateTime(TypeDecorator):
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:  # a naive time from a caller is taken to be UTC already
-            value = value.replace(tzinfo=timezone.utc)
-        value = value.astimezone(timezone.utc)
+        value = aware(value).astimezone(timezone.utc)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:

@@ -11,9 +11,11 @@ from pydantic import BaseModel, Field
 from service.access import EVERY_PROJECT, RAISING_FIELDS, Forbidden, ProjectNotFound, Role
 from service.deps import AccessDep, CallerDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
+from service.json_body import ParsedBodyRoute
 
 router = APIRouter(prefix="/api/v1", tags=["access"],
-                   responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
+                   responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}, 403: {"model": ErrorBody}},
+                   route_class=ParsedBodyRoute)
 
 PROJECT_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,62}$"
 NOT_FOUND = {404: {"model": ErrorBody}}

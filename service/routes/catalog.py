@@ -16,8 +16,9 @@ from api.algorithm_specs import ALGORITHM_SPECS
 from api.specs import DatasetSpec, ModelSpec
 from api.views import CatalogEntry, CatalogPage
 from service.errors import ErrorBody
+from service.json_body import ParsedBodyRoute
 
-router = APIRouter(prefix="/api/v1", tags=["catalog"])
+router = APIRouter(prefix="/api/v1", tags=["catalog"], route_class=ParsedBodyRoute)
 
 # Method cards are package data of `api` (api/method_cards/<name>.md), which the service image
 # installs; `algorithms` (torch) is not there. A module attribute so tests can point it elsewhere.

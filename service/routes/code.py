@@ -19,8 +19,9 @@ from service.access import Role
 from service.code_store import CodeStore, project_code_store
 from service.deps import AccessDep, CallerDep, project_for_create
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.json_body import ParsedBodyRoute
 
-router = APIRouter(prefix="/api/v1/code", tags=["code"], responses=VALIDATION_RESPONSES)
+router = APIRouter(prefix="/api/v1/code", tags=["code"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 PROJECT_QUERY = Query(max_length=64, description="the project whose packages to use (default: the API key's only "
                                                      "project, else `default`)")

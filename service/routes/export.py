@@ -22,11 +22,12 @@ from service.access import Role
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep
 from service.export_jobs import ExportRequests
+from service.json_body import ParsedBodyRoute
 from service.storage_paths import EXPORT_SUFFIXES, export_url, exports_url, project_storage_url
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.routes.runs import scoped_run
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 CHUNK_BYTES = 1 << 20
 

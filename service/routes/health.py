@@ -22,8 +22,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.deps import JobsDep, RepoDep, SettingsDep
+from service.json_body import ParsedBodyRoute
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=ParsedBodyRoute)
 log = logging.getLogger(__name__)
 
 RAY_PROBE_TIMEOUT_S = 3.0

@@ -12,10 +12,11 @@ from service.access import Role
 from service.cleanup import NotEnded, StorageUnavailable, delete_run, delete_sweep
 from service.deps import CallerDep, RepoDep, SettingsDep, SweepsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
+from service.json_body import ParsedBodyRoute
 from service.routes.runs import scoped_run
 from service.routes.sweeps import scoped_sweep
 
-router = APIRouter(prefix="/api/v1", responses=VALIDATION_RESPONSES)
+router = APIRouter(prefix="/api/v1", responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 NOT_FOUND = {404: {"model": ErrorBody}, 403: {"model": ErrorBody}}
 DELETE_ERRORS = {**NOT_FOUND, 409: {"model": ErrorBody}, 503: {"model": ErrorBody}}

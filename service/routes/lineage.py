@@ -19,13 +19,14 @@ from api.views import RunsPage, RunView
 from service.access import Role
 from service.deps import AccessDep, CallerDep, RepoDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.json_body import ParsedBodyRoute
 from service.lineage import (LineageRefused, children, chosen_checkpoint, continue_run, fork_info, forked_spec,
                              insert_fork)
 from service.repository import RunRecord
 from service.routes.runs import queued_view, scoped_run, submit_problems
 from service.spec_caps import duration_problem
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 REFUSALS = {404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
 

@@ -18,12 +18,13 @@ from service.attempt_store import attempt_job_id
 from service.access import Role
 from service.deps import CallerDep, JobsDep, RepoDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.json_body import ParsedBodyRoute
 from service.log_archive import Attempt, archive_final_log
 from service.log_store import LogStore, get_log_store
 from service.routes.runs import scoped_run
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 MAX_PAGE_BYTES = 1 << 20
 

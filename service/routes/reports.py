@@ -12,11 +12,13 @@ from pydantic import BaseModel
 from api.views import CheckpointReport, CheckpointView, MetricsReport, NoteReport, RunStatus, RunView, StatusReport
 from service.deps import RepoDep, RunTokenDep, SettingsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.json_body import ParsedBodyRoute
 from service.metric_limits import MetricLimits
 from service.metrics_export import count_metric_points
 
 router = APIRouter(prefix="/api/v1/runs", tags=["reports"],
-                   responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}})
+                   responses={**VALIDATION_RESPONSES, 401: {"model": ErrorBody}},
+                   route_class=ParsedBodyRoute)
 
 REPORTABLE = (RunStatus.RUNNING, RunStatus.RESTARTING, RunStatus.COMPLETED, RunStatus.FAILED)
 MAX_STEP = 2**63 - 1  # BIGINT column

@@ -17,6 +17,7 @@ from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage
 from service.code_store import project_code_store
 from service.access import KEY_PREFIX, Caller, Role
 from service.deps import AccessDep, CallerDep, RepoDep, project_for_create, require_caller
+from service.json_body import ParsedBodyRoute
 from service.tokens import bearer_token
 from service.db.session import clean_text
 from service.repository import Repository, RunNotFound, RunRecord
@@ -26,7 +27,7 @@ from service import idempotency
 from service.settings import Settings
 from service.spec_caps import spec_cap_problems
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES)
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 NOT_FOUND = {404: {"model": ErrorBody}}
 NOT_MODIFIED = {304: {"description": "unchanged since the ETag sent in If-None-Match"}}

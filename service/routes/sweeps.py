@@ -19,6 +19,7 @@ from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, Swee
                        TrialTicket)
 from service.access import KEY_PREFIX, Caller, Role
 from service.deps import AccessDep, CallerDep, SettingsDep, SweepsDep, SweepTokenDep, project_for_create, require_caller
+from service.json_body import ParsedBodyRoute
 from service.tokens import bearer_token
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
@@ -26,7 +27,8 @@ from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format
 from service.spec_caps import searched_duration_problems
 from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, submit_problems
 
-router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES)
+router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES,
+                   route_class=ParsedBodyRoute)
 
 NOT_FOUND = {404: {"model": ErrorBody}}
 CONFLICT = {409: {"model": ErrorBody}}

@@ -203,7 +203,7 @@ def test_the_fast_path_of_the_json_check_agrees_with_the_full_walk(data):
 
     body = json.dumps(data).encode()
     walked = list(db_value_problems(json.loads(body), text=False))
-    assert bool(_json_problems(body)) == bool(walked)
+    assert bool(_json_problems({}, body)) == bool(walked)
     assert _may_have_problems(json.loads(body)) == bool(walked)
 
 
@@ -220,3 +220,65 @@ def test_a_body_nested_past_the_limit_is_a_422_and_one_at_it_is_not(client, exam
     assert deep.status_code == 422 and "nested deeper" in deep.text, deep.text
     at_limit = client.post(f"{API}/runs", json={**example_body, "tags": _nested(MAX_DEPTH - 1)})  # at 64
     assert at_limit.status_code == 422 and "nested deeper" not in at_limit.text  # the route's own validation
+
+
+@pytest.mark.parametrize("body", [
+    b'{"a": 123456789012345678901234567890, "b": -9223372036854775809}', b'[NaN, Infinity, -Infinity, 1e400, -0.0]',
+    b'{"a": 1, "a": 2}', b'[0.1, 0.30000000000000004, 5e-324, 2.2250738585072011e-308, 1.7976931348623157e308]',
+    b'["\\u00e9\\ud83d\\ude00", "\\u0000", "\\/\\b\\f"]', b'"\\ud800"', _nested(300).__repr__().encode(),
+    '{"é": "ü"}'.encode("utf-16"), b'\xef\xbb\xbf{"bom": 1}', b"1E5", b" {} ",
+])
+def test_the_fast_json_parse_gives_what_json_loads_gives(body):
+    """``parse_json`` answers every body as ``json.loads`` does (types and floats bit for bit),
+    including the ones its fast parser refuses and hands to ``json.loads``."""
+    import math
+    import struct
+
+    from service.json_body import parse_json
+
+    def same(a, b) -> bool:
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, float):
+            return (math.isnan(a) and math.isnan(b)) or struct.pack("d", a) == struct.pack("d", b)
+        if isinstance(a, (list, dict)):
+            pairs = zip(a.items(), b.items()) if isinstance(a, dict) else zip(a, b)
+            return len(a) == len(b) and all(same(x, y) for x, y in pairs)
+        return a == b
+
+    try:
+        expected = json.loads(body)
+    except ValueError as error:
+        with pytest.raises(type(error)):
+            parse_json(body)
+        return
+    assert same(parse_json(body), expected)
+
+
+def test_every_route_takes_the_body_the_limits_check_parsed(client, fake_jobs, example_body, monkeypatch):
+    """A JSON body is parsed once, by ``RequestLimits``: no route parses it again."""
+    from fastapi.routing import APIRoute
+
+    import starlette.requests
+    from service.json_body import ParsedBodyRoute
+
+    def routes(router):  # FastAPI keeps an included router whole, as its original_router
+        for route in router.routes:
+            included = getattr(route, "original_router", None)
+            yield from routes(included) if included is not None else [route]
+
+    with_body = [route for route in routes(client.app) if isinstance(route, APIRoute) and route.body_field]
+    assert len(with_body) > 10 and all(isinstance(route, ParsedBodyRoute) for route in with_body)
+    run, token = _start(client, fake_jobs, example_body)
+    parses = []
+    parse_again = starlette.requests.Request.json
+
+    async def counted(request):
+        parses.append(request.url.path)
+        return await parse_again(request)
+
+    monkeypatch.setattr(starlette.requests.Request, "json", counted)
+    response = client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(1.0, 2.0),
+                           headers={"Authorization": f"Bearer {token}"})
+    assert response.json() == {"stored": 2} and parses == []
+    assert client.post(f"{API}/runs", json=example_body).status_code == 201 and parses == []

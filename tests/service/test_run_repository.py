@@ -190,6 +190,16 @@ def test_points_keep_any_key_their_order_and_their_instant_through_the_bulk_inse
     assert repo.get_run(run.id).summary[r"\N"] == (len(keys) - 1) / 7
 
 
+def test_the_bulk_insert_keeps_extreme_floats_and_the_largest_step_exactly(repo, example_spec):
+    run = _running(repo, example_spec)
+    values = [5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, -0.0, -1 / 3, 0.1 + 0.2, 1e22]
+    points = [ReportedMetric(step=i, key="v", value=value, time=T0) for i, value in enumerate(values)]
+    points.append(ReportedMetric(step=2**63 - 1, key="last", value=1.0, time=T0))
+    repo.add_metrics(run.id, points)
+    stored, _ = repo.metrics_after(run.id, after=0)
+    assert [(p.step, p.value) for p in stored] == [(p.step, p.value) for p in points]
+
+
 def test_summary_holds_the_latest_value_of_each_key(repo, example_spec):
     run = _running(repo, example_spec)
     repo.add_metrics(run.id, _points(("loss", 2.0), ("acc", 0.3)))
