@@ -557,8 +557,13 @@ def server_command(tree: Path, url: str, port: int, jobs_log: Path, active: int)
 
 
 def short_commit(tree: Path) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
-                          text=True).stdout.strip()
+    """``tree``'s commit, with ``+changes`` when its tracked files differ from it (a figure
+    measured from uncommitted code must not carry the commit's name alone)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True)
+
+    changed = git("diff", "--quiet", "HEAD").returncode != 0
+    return git("rev-parse", "--short", "HEAD").stdout.strip() + ("+changes" if changed else "")
 
 
 def under_py_spy(command: list[str], profile: Path) -> list[str]:

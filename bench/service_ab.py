@@ -1,4 +1,4 @@
-"""Submit or ingestion throughput, this tree against a baseline tree, side by side on one machine.
+"""Submit or ingestion throughput, or read latency, this tree against a baseline tree, side by side on one machine.
 
     git worktree add /tmp/baseline <commit>
     PYTHONPATH=. .venv/bin/python bench/service_ab.py --baseline /tmp/baseline [--phase submit|ingest] \
@@ -10,7 +10,8 @@ dispatcher follows them) and 1,000 ended ones, then measures one phase of
 ``bench/control_plane.py`` twice:
 
 - ``submit``: ``--submits`` ``POST /runs`` from 16 concurrent clients;
-- ``ingest``: 8 new runs, each sending 20 metric reports of 1,000 points at once.
+- ``ingest``: 8 new runs, each sending 20 metric reports of 1,000 points at once;
+- ``read``: 300 ``GET /runs/{id}`` of ended runs, then 300 ``GET /runs?limit=50``, one client.
 
 Servers alternate baseline, this tree, this tree, baseline, ... so a machine that slows down
 mid-run weighs on both sides. Prints each round and the medians' ratios (this tree over the
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -33,21 +35,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.control_plane import (BENCH_KEY, REPO_ROOT, cpu_seconds, ingest_phase, server_command,  # noqa: E402
+from bench.control_plane import (API, BENCH_KEY, REPO_ROOT, cpu_seconds, ingest_phase, server_command,  # noqa: E402
                                  _child_pid, settle, short_commit, stop_server, submit_phase, tokens_of,
-                                 under_py_spy, wait_until_up)
+                                 read_phase, under_py_spy, wait_until_up)
 from bench.seed import fill, fill_active, scratch_database, vacuum_analyze  # noqa: E402
 from tests.local_ray import free_port  # noqa: E402
 
 FIGURES = {"submit": ("per_s", "p99_ms", "all_submitted_to_ray_after_s", "server_cpu_s", "client_cpu_s"),
-           "ingest": ("points_per_s", "p99_ms", "server_cpu_s", "client_cpu_s")}
+           "ingest": ("points_per_s", "p99_ms", "server_cpu_s", "client_cpu_s"),
+           "read": ("get_p50_ms", "get_p99_ms", "list_p50_ms", "list_p99_ms", "server_cpu_s", "client_cpu_s")}
 INGEST = {"runs": 8, "reports": 20, "points_per_report": 1_000}
+READS = 300  # each of GET /runs/{id} and GET /runs?limit=50, one client, as bench/control_plane.py does
 
 
-async def measure(phase: str, client, jobs_log: Path, submits: int) -> tuple[dict, list[str]]:
+async def measure(phase: str, client, jobs_log: Path, submits: int, stored: list[str]) -> tuple[dict, list[str]]:
     """One round of ``phase``: its figures, and the runs it submitted (to be settled after)."""
     if phase == "submit":
         return await submit_phase(client, submits)
+    if phase == "read":
+        rng = random.Random(0)
+        get = await read_phase(client, lambda r: f"{API}/runs/{r.choice(stored)}", READS, 1, rng)
+        listed = await read_phase(client, lambda r: f"{API}/runs?limit=50", READS, 1, rng)
+        figures = {f"{name}_{p}": result[p] for name, result in (("get", get), ("list", listed))
+                   for p in ("p50_ms", "p99_ms")}
+        return {**figures, "failed": get["failed"] + listed["failed"]}, []
     _, ids = await submit_phase(client, INGEST["runs"])
     tokens = await tokens_of(jobs_log, ids)
     return await ingest_phase(client, tokens, INGEST["reports"], INGEST["points_per_report"]), ids
@@ -66,7 +77,7 @@ def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, round
         jobs_log = Path(scratch) / "jobs.jsonl"
         jobs_log.touch()
         seeded = fill_active(engine, active)
-        fill(engine, 1000, first=0, settle=False)
+        stored = fill(engine, 1000, first=0, settle=False)
         vacuum_analyze(engine)
         port = free_port()
         command = server_command(tree, url, port, jobs_log, len(seeded))
@@ -84,7 +95,7 @@ def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, round
                                              limits=limits, timeout=120) as client:
                     for _ in range(rounds):
                         cpu, server_cpu = time.process_time(), cpu_seconds(server_pid)
-                        result, ids = await measure(phase, client, jobs_log, submits)
+                        result, ids = await measure(phase, client, jobs_log, submits, stored)
                         result["client_cpu_s"] = round(time.process_time() - cpu, 2)
                         result["server_cpu_s"] = round(cpu_seconds(server_pid) - server_cpu, 2)
                         results.append({name: result[name] for name in FIGURES[phase]} | {"failed": result["failed"]})
@@ -123,7 +134,8 @@ def main() -> None:
     medians = {side: {name: statistics.median(r[name] for r in results) for name in figures}
                for side, results in rounds.items()}
     commits = {side: short_commit(tree) for side, tree in trees.items()}
-    settings = ({"submits": args.submits, "clients": 16} if args.phase == "submit" else INGEST)
+    settings = {"submit": {"submits": args.submits, "clients": 16}, "ingest": INGEST,
+                "read": {"reads": READS, "clients": 1}}[args.phase]
     report = {"bench": f"{args.phase}_ab", "date": date.today().isoformat(), "commits": commits, "order": order,
               "machine": f"{os.cpu_count()} cores, client, server and PostgreSQL on the same machine (loopback)",
               "settings": {**settings, "active_runs": args.active, "ended_runs": 1000},
