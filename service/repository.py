@@ -388,8 +388,9 @@ class Repository(AttemptStore):
             if note is not None:
                 status = RunStatus(run.status)
                 add_run_event(session, run, status, status, note, utcnow())
+            attempt = run.attempt  # read once: each read of a mapped attribute goes through the ORM
             rows = [{"run_id": run_id, "step": p.step, "key": p.key, "value": p.value, "time": p.time,
-                     "attempt": run.attempt}
+                     "attempt": attempt}
                     for p in points if math.isfinite(p.value)]
             if not rows:
                 return 0
@@ -399,8 +400,10 @@ class Repository(AttemptStore):
             for row in rows:  # reporting order: the last value reported for a key wins
                 summary[row["key"]] = row["value"]
             run.summary = summary
-            run.extrema = with_extrema(run.extrema or {}, ((row["key"], row["value"]) for row in rows))
-            upsert_bests(session, run_id, {row["key"]: run.extrema[row["key"]] for row in rows})
+            extrema = with_extrema(run.extrema or {}, ((row["key"], row["value"]) for row in rows))
+            run.extrema = extrema
+            reported = dict.fromkeys(row["key"] for row in rows)  # each key once, in reporting order
+            upsert_bests(session, run_id, {key: extrema[key] for key in reported})
             run.updated_at = utcnow()
             return len(rows)
 
