@@ -10,12 +10,30 @@ answers a 422 that says which field and why, before any route or database sees t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1  # an INTEGER column (epochs, world sizes, attempts)
 MAX_DEPTH = 64  # nested JSON deeper than this is refused: no spec is this deep, a recursion bomb is
+
+
+def _in_utc_years(value: datetime) -> datetime:
+    if value.tzinfo is not None and value.year in (1, 9999):  # only an offset can push it past them
+        try:
+            value.astimezone(timezone.utc)
+        except OverflowError:
+            raise ValueError("the time must fall in the years 1 to 9999 once in UTC") from None
+    return value
+
+
+# A time a worker reports (a metric point's, a checkpoint's). Its instant in UTC must lie in the
+# years 1..9999, the range a Python datetime holds: PostgreSQL would store an instant outside it
+# (a timestamptz spans 4713 BC to 294276 AD) that no read could return. A naive time is UTC.
+ReportedTime = Annotated[datetime, AfterValidator(_in_utc_years)]
 
 
 def _show(value: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.limits import INT32_MAX, INT64_MAX
+from api.limits import INT32_MAX, INT64_MAX, ReportedTime
 from api.lineage import ForkInfo
 
 
@@ -183,7 +183,7 @@ class ReportedMetric(BaseModel):
     step: int = Field(..., ge=0, le=INT64_MAX)
     key: str = Field(..., min_length=1, max_length=128)
     value: float
-    time: datetime
+    time: ReportedTime
 
 
 class MetricsReport(BaseModel):
@@ -226,7 +226,7 @@ class CheckpointReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     step: int = Field(..., ge=0, le=INT64_MAX)
     epoch: int = Field(..., ge=0, le=INT32_MAX, description="stored as a 32-bit integer")
-    time: datetime
+    time: ReportedTime
     bytes: int = Field(0, ge=0, le=INT64_MAX)
     committed: bool
     url: str = Field(..., min_length=1, max_length=2_000)

@@ -562,7 +562,7 @@ def short_commit(tree: Path) -> str:
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True)
 
-    changed = git("diff", "--quiet", "HEAD").returncode != 0
+    changed = git("diff", "--quiet", "HEAD").returncode == 1  # 0: none; above 1: git failed
     return git("rev-parse", "--short", "HEAD").stdout.strip() + ("+changes" if changed else "")
 
 

@@ -1,8 +1,8 @@
 """Submit or ingestion throughput, or read latency, this tree against a baseline tree, side by side on one machine.
 
     git worktree add /tmp/baseline <commit>
-    PYTHONPATH=. .venv/bin/python bench/service_ab.py --baseline /tmp/baseline [--phase submit|ingest] \
-        [--pairs 2] [--submits 1000] [--active 1000] [--out docs/bench/PHASE-ab-DATE.json]
+    PYTHONPATH=. .venv/bin/python bench/service_ab.py --baseline /tmp/baseline [--phase submit|ingest|read] \
+        [--pairs 2] [--submits 1000] [--active 1000] [--out docs/bench/PHASE-ab-DATE.json] [--py-spy FILE]
 
 Each server starts ``bench/control_plane_server.py`` from one tree (the real app, Ray faked by
 ``ListingRay``) on a fresh scratch database seeded with ``--active`` RUNNING runs (the
@@ -10,7 +10,8 @@ dispatcher follows them) and 1,000 ended ones, then measures one phase of
 ``bench/control_plane.py`` twice:
 
 - ``submit``: ``--submits`` ``POST /runs`` from 16 concurrent clients;
-- ``ingest``: 8 new runs, each sending 20 metric reports of 1,000 points at once;
+- ``ingest``: 8 new runs (submitted and handed to Ray before the clock and the CPU counts
+  start), each sending 20 metric reports of 1,000 points at once;
 - ``read``: 300 ``GET /runs/{id}`` of ended runs, then 300 ``GET /runs?limit=50``, one client.
 
 Servers alternate baseline, this tree, this tree, baseline, ... so a machine that slows down
@@ -48,8 +49,20 @@ INGEST = {"runs": 8, "reports": 20, "points_per_report": 1_000}
 READS = 300  # each of GET /runs/{id} and GET /runs?limit=50, one client, as bench/control_plane.py does
 
 
-async def measure(phase: str, client, jobs_log: Path, submits: int, stored: list[str]) -> tuple[dict, list[str]]:
-    """One round of ``phase``: its figures, and the runs it submitted (to be settled after)."""
+async def prepare(phase: str, client, jobs_log: Path) -> tuple[dict[str, str], list[str]]:
+    """What a round of ``phase`` needs before it is timed: for ``ingest``, 8 started runs and
+    their tokens. Returns the tokens and the runs submitted (to be settled after the round)."""
+    if phase != "ingest":
+        return {}, []
+    _, ids = await submit_phase(client, INGEST["runs"])
+    tokens = await tokens_of(jobs_log, ids)
+    if len(tokens) != len(ids):
+        raise RuntimeError(f"only {len(tokens)} of {len(ids)} runs were handed to Ray within 60 s")
+    return tokens, ids
+
+
+async def measure(phase: str, client, submits: int, stored: list[str], tokens: dict[str, str]) -> tuple[dict, list[str]]:
+    """One timed round of ``phase``: its figures, and the runs it submitted (to be settled after)."""
     if phase == "submit":
         return await submit_phase(client, submits)
     if phase == "read":
@@ -59,9 +72,7 @@ async def measure(phase: str, client, jobs_log: Path, submits: int, stored: list
         figures = {f"{name}_{p}": result[p] for name, result in (("get", get), ("list", listed))
                    for p in ("p50_ms", "p99_ms")}
         return {**figures, "failed": get["failed"] + listed["failed"]}, []
-    _, ids = await submit_phase(client, INGEST["runs"])
-    tokens = await tokens_of(jobs_log, ids)
-    return await ingest_phase(client, tokens, INGEST["reports"], INGEST["points_per_report"]), ids
+    return await ingest_phase(client, tokens, INGEST["reports"], INGEST["points_per_report"]), []
 
 
 def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, rounds: int,
@@ -94,12 +105,13 @@ def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, round
                 async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {BENCH_KEY}"},
                                              limits=limits, timeout=120) as client:
                     for _ in range(rounds):
+                        tokens, started = await prepare(phase, client, jobs_log)
                         cpu, server_cpu = time.process_time(), cpu_seconds(server_pid)
-                        result, ids = await measure(phase, client, jobs_log, submits, stored)
+                        result, ids = await measure(phase, client, submits, stored, tokens)
                         result["client_cpu_s"] = round(time.process_time() - cpu, 2)
                         result["server_cpu_s"] = round(cpu_seconds(server_pid) - server_cpu, 2)
                         results.append({name: result[name] for name in FIGURES[phase]} | {"failed": result["failed"]})
-                        settle(engine, ids)
+                        settle(engine, started + ids)
                 return results
 
             return asyncio.run(bursts())
@@ -122,6 +134,7 @@ def main() -> None:
                              "for where the time goes, not for the ratios)")
     args = parser.parse_args()
     trees = {"baseline": args.baseline.resolve(), "this": REPO_ROOT}
+    commits = {side: short_commit(tree) for side, tree in trees.items()}  # before: the trees may change meanwhile
     order = [side for pair in range(args.pairs) for side in (("baseline", "this") if pair % 2 == 0 else ("this", "baseline"))]
     rounds: dict[str, list[dict]] = {"baseline": [], "this": []}
     for index, side in enumerate(order):
@@ -133,12 +146,12 @@ def main() -> None:
     figures = FIGURES[args.phase]
     medians = {side: {name: statistics.median(r[name] for r in results) for name in figures}
                for side, results in rounds.items()}
-    commits = {side: short_commit(tree) for side, tree in trees.items()}
     settings = {"submit": {"submits": args.submits, "clients": 16}, "ingest": INGEST,
                 "read": {"reads": READS, "clients": 1}}[args.phase]
     report = {"bench": f"{args.phase}_ab", "date": date.today().isoformat(), "commits": commits, "order": order,
               "machine": f"{os.cpu_count()} cores, client, server and PostgreSQL on the same machine (loopback)",
-              "settings": {**settings, "active_runs": args.active, "ended_runs": 1000},
+              "settings": {**settings, "active_runs": args.active, "ended_runs": 1000,
+                           "this_tree_under_py_spy": bool(args.py_spy)},  # then its ratios are not a fair A/B
               "rounds": rounds, "medians": medians,
               "this_over_baseline": {name: round(medians["this"][name] / medians["baseline"][name], 3)
                                      for name in figures if medians["baseline"][name]},

@@ -32,21 +32,19 @@ def parse_json(body: bytes) -> Any:
         return json.loads(body)
 
 
-class _ParsedBodyRequest(Request):
-    async def json(self) -> Any:
-        if not hasattr(self, "_json"):
-            self._json = self.scope[PARSED] if PARSED in self.scope else await super().json()
-        return self._json
-
-
 class ParsedBodyRoute(APIRoute):
-    """A route whose JSON body is the one ``RequestLimits`` parsed (FastAPI reads the body
-    through ``Request.json``). Every router of the app uses it (``tests/service/test_limits.py``)."""
+    """A route whose JSON body is the one ``RequestLimits`` parsed: FastAPI reads a body through
+    ``Request.json``, which parses only if the request has no ``_json`` yet (Starlette's own
+    cache), so the handler sets it from the scope. The same request object goes on, so
+    exception handlers and FastAPI see one request. Every router of the app is built with it
+    (``tests/service/test_limits.py`` checks every route that takes a body)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def with_parsed_body(request: Request) -> Response:
-            return await handler(_ParsedBodyRequest(request.scope, request.receive))
+            if PARSED in request.scope:
+                request._json = request.scope.pop(PARSED)  # held by the request alone from here
+            return await handler(request)
 
         return with_parsed_body

@@ -24,10 +24,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.views import RunStatus
 from service.db.models import Run
+from service.json_body import ParsedBodyRoute
 from service.response_start import ResponseStart
 
 log = logging.getLogger(__name__)
-router = APIRouter(tags=["monitoring"])
+router = APIRouter(tags=["monitoring"], route_class=ParsedBodyRoute)
 
 
 class ServiceMetrics:
