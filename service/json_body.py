@@ -37,7 +37,7 @@ class ParsedBodyRoute(APIRoute):
     ``Request.json``, which parses only if the request has no ``_json`` yet (Starlette's own
     cache), so the handler sets it from the scope. The same request object goes on, so
     exception handlers and FastAPI see one request. Every router of the app is built with it
-    (``tests/service/test_limits.py`` checks every route that takes a body)."""
+    (``tests/service/test_limits.py`` walks the app's routes; only the dashboard's page is not)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
