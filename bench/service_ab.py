@@ -36,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.control_plane import (API, BENCH_KEY, REPO_ROOT, cpu_seconds, ingest_phase, server_command,  # noqa: E402
-                                 _child_pid, settle, short_commit, stop_server, submit_phase, tokens_of,
-                                 read_phase, under_py_spy, wait_until_up)
+from bench.control_plane import (API, BENCH_KEY, REPO_ROOT, _child_pid, cpu_seconds, ingest_phase,  # noqa: E402
+                                 read_phase, server_command, settle, short_commit, stop_server, submit_phase,
+                                 tokens_of, under_py_spy, wait_until_up)
 from bench.seed import fill, fill_active, scratch_database, vacuum_analyze  # noqa: E402
 from tests.local_ray import free_port  # noqa: E402
 
