@@ -17,26 +17,33 @@ time (``cpu_ratio``: one torch thread does all the compute, and waiting for a co
 count). The headlines are their medians over rounds.
 
 Cases: ResNet-20 (compute-bound: overheads vanish) and a tiny CNN on 8x8 images, whose
-sub-millisecond step makes every microsecond of per-step Python show.
+sub-millisecond step makes every microsecond of per-step Python show. The tiny case also runs
+the Trainer with 5 do-nothing algorithms, and a ``floor``: the Trainer's loop, loader and turn
+taking around the plain loop's own step (``bare_step``), which is as close to 1 as any Trainer
+could come in this harness.
 
 ``engine`` is the cost of dispatching one event with 5 algorithms that match every event and
 do nothing, against the same engine with none, and that cost times the events a step fires as
 a fraction of the tiny case's step. ``calls_per_step`` counts ``Engine.run_event`` calls per
-training step (8: AFTER_DATALOADER, the six forward/loss/backward events, BATCH_END), which the
-smoke test in tests/bench pins so that added per-step work shows up.
+training step (9: AFTER_DATALOADER, the six forward/loss/backward events, AFTER_TRAIN_BATCH,
+BATCH_END) and ``python_calls_per_step`` the Python calls a step makes beyond the plain loop's
+(``sys.setprofile``: a count, not a timing); the smoke test in tests/bench pins both so that
+added per-step work shows up. Between a step's kernels, every call costs several times what
+a micro-benchmark says (the loader's two index operations: 3-5x their cost in a loop of their own).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import platform
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 # This script sits next to bench/algorithms.py, which is named like Tessera's `algorithms`
 # package: drop bench/ from the import path and put the repository root first.
@@ -96,11 +103,13 @@ def plain_steps(case: dict[str, Any], spec: RunSpec):
         epoch += 1
 
 
-def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm] | None = None) -> dict[str, float]:
+def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm] | None = None, *,
+                floor: bool = False) -> dict[str, float]:
     """Seconds spent by ``Trainer.fit`` (all of it, FIT_START to FIT_END; the build is not
     timed) and by the plain loop over as many steps, run step by step in turn: each time the
     trainer asks its loader for a batch, its clock stops and the plain loop takes one step.
-    Alternating every few milliseconds, both sides see the same machine load."""
+    Alternating every few milliseconds, both sides see the same machine load. With ``floor``
+    the Trainer's step is ``bare_step``: the plain loop's work inside the Trainer's loop."""
     plain = plain_steps(case, spec)
     clock = {"trainer": 0.0, "plain": 0.0, "trainer_cpu": 0.0, "plain_cpu": 0.0}
     per_step: dict[str, list[float]] = {"trainer": [], "plain": []}
@@ -108,6 +117,8 @@ def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm]
         trainer = Trainer(spec)
         if algorithms:
             trainer.engine.algorithms = trainer.state.algorithms = list(algorithms)
+        if floor:
+            trainer.train_batch = lambda inputs, targets: bare_step(trainer, inputs, targets)
         loader = trainer.train_loader
         batches_of = type(loader).__iter__
         mark = [0.0, 0.0]  # wall, this thread's CPU time
@@ -139,6 +150,17 @@ def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm]
     return clock
 
 
+def bare_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """The plain loop's step, plus the timestamp the Trainer's loop needs to end: what the
+    Trainer would cost if its own step did nothing more (the ``floor`` side)."""
+    state = trainer.state
+    state.optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(state.model(inputs), targets)
+    loss.backward()
+    state.optimizer.step()
+    state.timestamp = state.timestamp.after_batch(samples=inputs.shape[0])
+
+
 class DoNothing(Algorithm):
     """Matches every event and does nothing: the engine's dispatch cost, alone."""
 
@@ -167,6 +189,46 @@ def calls_per_step(spec: RunSpec, steps: int) -> float:
     return counted["calls"] / steps
 
 
+def count_python_calls(fn: Callable[[], Any]) -> int:
+    """Function and builtin calls (and generator resumptions) that ``fn()`` makes, as
+    ``sys.setprofile`` sees them in this thread."""
+    count = 0
+
+    def profiler(frame, event, arg):
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def python_calls_per_step(case: dict[str, Any], steps: tuple[int, int] = (64, 192)) -> dict[str, float]:
+    """Python calls per training step of the Trainer and of the plain loop: not a timing but the
+    count of per-step work, which the smoke test pins. The Trainer's is the difference of two
+    fits of whole epochs (its per-fit work cancels out), with metrics flushed at epoch ends only,
+    so the count does not depend on the machine's speed."""
+    fits = []
+    for n in (steps[0],) + steps:  # the first fit only warms up (lazy imports, first-call caches)
+        spec = run_spec(case, n)
+        with process_settings(spec):
+            trainer = Trainer(spec)
+            trainer.metrics.interval_s = math.inf
+            fits.append(count_python_calls(trainer.fit))
+    trainer_calls = (fits[2] - fits[1]) / (steps[1] - steps[0])
+    spec = run_spec(case, 1)
+    with process_settings(spec):
+        plain = plain_steps(case, spec)
+        next(plain)
+        n = steps[1] - steps[0]
+        plain_calls = count_python_calls(lambda: [next(plain) for _ in range(n)]) / n
+    return {"trainer": round(trainer_calls, 2), "plain": round(plain_calls, 2),
+            "trainer_extra": round(trainer_calls - plain_calls, 2)}
+
+
 def engine_cost(rounds: int, events: int) -> dict[str, float]:
     """CPU seconds per ``run_event`` with 5 do-nothing algorithms and with none, taking turns
     in short blocks (CPU time of this thread: waiting for a core does not count)."""
@@ -191,18 +253,19 @@ def engine_cost(rounds: int, events: int) -> dict[str, float]:
 
 
 def compare(name: str, case: dict[str, Any], *, steps: int, rounds: int, with_noop: bool) -> dict[str, Any]:
-    """Rounds of Trainer vs plain, interleaved step by step; with ``with_noop``, every other
-    round the Trainer carries 5 do-nothing algorithms."""
+    """Rounds of Trainer vs plain, interleaved step by step; with ``with_noop``, each round also
+    has the Trainer with 5 do-nothing algorithms and the ``floor`` (``bare_step``) against plain."""
     spec = run_spec(case, steps)
     interleaved(case, run_spec(case, max(2, steps // 4)))  # warm the allocator and kernels, untimed
-    sides = ["trainer"] + (["trainer_5noop"] if with_noop else [])
+    sides = ["trainer"] + (["trainer_5noop", "floor"] if with_noop else [])
     ratios: dict[str, list[float]] = {side: [] for side in sides}
     step_ratios: dict[str, list[float]] = {side: [] for side in sides}
     cpu_ratios: dict[str, list[float]] = {side: [] for side in sides}
     rates: dict[str, list[float]] = {"plain": [], **{side: [] for side in sides}}
     for r in range(rounds):
         for side in sides:
-            clock = interleaved(case, spec, [DoNothing() for _ in range(5)] if side == "trainer_5noop" else None)
+            clock = interleaved(case, spec, [DoNothing() for _ in range(5)] if side == "trainer_5noop" else None,
+                                floor=side == "floor")
             ratios[side].append(clock["plain"] / clock["trainer"])  # trainer steps/s over plain steps/s
             step_ratios[side].append(clock["plain_step_median"] / clock["trainer_step_median"])
             cpu_ratios[side].append(clock["plain_cpu"] / clock["trainer_cpu"])
@@ -228,7 +291,10 @@ def compare(name: str, case: dict[str, Any], *, steps: int, rounds: int, with_no
     row["cpu_ratio_median"] = round(statistics.median(cpu_ratios["trainer"]), 4)
     if with_noop:
         row["noop5_cpu_ratio_median"] = round(statistics.median(cpu_ratios["trainer_5noop"]), 4)
-    if with_noop:
+        # How close to 1 any Trainer could come in this harness: its loop, loader and turn-taking
+        # around the plain loop's own step.
+        row["floor_cpu_ratio_median"] = round(statistics.median(cpu_ratios["floor"]), 4)
+        row["floor_ratio_median"] = round(statistics.median(ratios["floor"]), 4)
         row["noop5_ratio_median"] = round(statistics.median(ratios["trainer_5noop"]), 4)
         row["noop5_vs_trainer"] = round(row["noop5_ratio_median"] / row["ratio_median"], 4)
     return row
@@ -257,6 +323,7 @@ def main() -> None:
     tiny = CASES["tiny"]
     spec = run_spec(tiny, QUICK_STEPS["tiny"])
     report["calls_per_step"] = calls_per_step(spec, QUICK_STEPS["tiny"])
+    report["python_calls_per_step"] = python_calls_per_step(tiny)
     cost = engine_cost(rounds=3 if args.quick else 15, events=8_000 if args.quick else 16_000)
     engine: dict[str, Any] = {"seconds_per_event_no_algorithms": cost["none"],
                               "seconds_per_event_5_noop_algorithms": cost["five"],

@@ -9,7 +9,6 @@ agree once per batch whether any of them ran out of memory.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Callable, Literal
 
@@ -54,8 +53,11 @@ class Microbatches:
         agreement = self.agreement
         loss = None
         try:
-            with agreement.attempt() if agreement is not None else contextlib.nullcontext():
+            if agreement is None:  # one rank, or a fixed size: nothing to agree on
                 loss = step(inputs, targets)
+            else:
+                with agreement.attempt():
+                    loss = step(inputs, targets)
         except torch.OutOfMemoryError:
             if not self.auto:
                 raise

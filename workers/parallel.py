@@ -14,6 +14,7 @@ Without a process group everything runs as a single rank.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import ContextManager
 
 import torch
@@ -83,9 +84,10 @@ def shard_model(model: torch.nn.Module, *, device: torch.device) -> torch.nn.Mod
 
 
 def is_fsdp(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
+    # Asked at every step (``no_sync``): until FSDP's module is imported no model can be sharded,
+    # and an ``import`` statement here would cost more than the check itself.
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -126,8 +126,14 @@ class Trainer:
         self._build_optimization()
         self.eval_every = self._interval(spec.eval_interval)
         self._last_eval_batch = -1
+        # Autocast for forward and loss (nothing for fp32), made once: entering one context
+        # object twice a step, never nested, is what a fresh one per use would do.
+        self.forward_context = autocast(spec.precision, self.device)
         self.microbatches = Microbatches(spec.microbatch_size, model=self.state.model, device=self.device,
                                          world_size=self.world_size)
+        # Whether a whole-batch backward must say if it syncs gradients: DDP deferring its
+        # all-reduce, or FSDP (a microbatched batch may have turned its sync off).
+        self.sync_control = self.microbatches.defer_gradient_sync or is_fsdp(self.state.model)
         # Augmentations (CutMix boxes, permutations) draw from a per-rank stream.
         torch.manual_seed(spec.seed + self.rank)
 
@@ -198,13 +204,15 @@ class Trainer:
             remaining = state.max_batches - state.timestamp.batch
             for inputs, targets in itertools.islice(self.train_loader, remaining):
                 self.train_batch(inputs, targets)
+                save_due = self.checkpoints.due(state.timestamp.batch)
                 if self._eval_due() and not self.train_loader.exhausted:
                     self.evaluate()
-                elif self.checkpoints.due(state.timestamp.batch):
+                elif save_due:
                     self._flush_metrics_to_spool()
                 elif self.metrics.due():
                     self._flush_metrics()
-                self.checkpoints.maybe_save(state.timestamp.batch)
+                if save_due:
+                    self.checkpoints.save()
             if self.train_loader.exhausted:
                 # An evaluation due on the epoch's last batch runs after EPOCH_END (as in
                 # Composer), so it is labelled with the completed epoch.
@@ -215,7 +223,7 @@ class Trainer:
                     self.evaluate()
                 self.sink.flush()
         self._flush_metrics_to_spool()
-        self.checkpoints.maybe_save(state.timestamp.batch, last=True)  # always end with the final state
+        self.checkpoints.save_final(state.timestamp.batch)  # always end with the final state
         if self._last_eval_batch != state.timestamp.batch:
             self.evaluate()  # always end with an evaluation of the final model
         self.checkpoints.wait()
@@ -304,7 +312,10 @@ class Trainer:
             # The whole batch at once (the usual case): no slices, no weighting, no running sum.
             # Four fewer tensor ops per step, which a small model's step time feels (bench/loop.py).
             state.inputs, state.targets = batch_inputs, batch_targets
-            with no_sync(state.model, skip=defer_sync):
+            if self.sync_control:
+                with no_sync(state.model, skip=defer_sync):
+                    self._forward_backward(1.0)
+            else:
                 self._forward_backward(1.0)
             return state.loss.detach()
         batch_loss = torch.zeros((), device=self.device)
@@ -320,13 +331,13 @@ class Trainer:
         return batch_loss
 
     def _forward_backward(self, weight: float) -> None:
-        state, engine = self.state, self.engine
+        state, engine, forward_context = self.state, self.engine, self.forward_context
         engine.run_event(Event.BEFORE_FORWARD, state)
-        with autocast(state.precision, self.device):
+        with forward_context:
             state.outputs = state.model(state.inputs)
         engine.run_event(Event.AFTER_FORWARD, state)
         engine.run_event(Event.BEFORE_LOSS, state)
-        with autocast(state.precision, self.device):
+        with forward_context:
             state.loss = state.loss_fn(state.outputs, state.targets)
         engine.run_event(Event.AFTER_LOSS, state)
         engine.run_event(Event.BEFORE_BACKWARD, state)

@@ -69,6 +69,41 @@ def test_scheduler_steps_the_optimizer_lr_per_batch():
     assert lrs == pytest.approx([0.0, 0.5, 1.0, 0.75, 0.5, 0.25])
 
 
+def test_lean_scheduler_matches_torch_lambda_lr_bit_for_bit_and_shares_its_checkpoints():
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from workers.optim import BatchLambdaLR
+
+    def multiplier(step):
+        return lr_multiplier(step, schedule="cosine", warmup_batches=3, max_batches=20, alpha_f=0.1)
+
+    def two_groups():
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        return torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[1].parameters(), "lr": 0.3}],
+                               lr=0.7)
+
+    ours_optimizer, torch_optimizer = two_groups(), two_groups()
+    ours, theirs = BatchLambdaLR(ours_optimizer, multiplier), LambdaLR(torch_optimizer, multiplier)
+    for _ in range(25):  # past max_batches: the schedule holds at alpha_f
+        assert [g["lr"] for g in ours_optimizer.param_groups] == [g["lr"] for g in torch_optimizer.param_groups]
+        ours_optimizer.step(), torch_optimizer.step()
+        ours.step(), theirs.step()
+    assert ours.get_last_lr() == theirs.get_last_lr()
+    # torch's step leaves a flag of its get_lr context in the instance; nothing else differs.
+    theirs_state = {k: v for k, v in theirs.state_dict().items() if k != "_get_lr_called_within_step"}
+    assert ours.state_dict() == theirs_state
+
+    # A checkpoint of torch's scheduler resumes in ours (and the other way): same next rates.
+    resumed_optimizer = two_groups()
+    resumed = BatchLambdaLR(resumed_optimizer, multiplier)
+    resumed.load_state_dict(theirs.state_dict())
+    resumed_optimizer.load_state_dict(torch_optimizer.state_dict())
+    resumed.step(), theirs.step()
+    assert [g["lr"] for g in resumed_optimizer.param_groups] == [g["lr"] for g in torch_optimizer.param_groups]
+    with pytest.raises(TypeError, match="takes no epoch"):
+        ours.step(3)
+
+
 def test_sequence_logits_count_every_token_as_one_example():
     from workers.loss import eval_metrics, eval_sums
 

@@ -38,7 +38,7 @@ def test_checkpoints_are_saved_on_the_interval_and_once_at_the_end(tmp_path):
     trainer = Trainer(checkpointed_spec(max_duration="5ba"), sink=sink, checkpoint_url=f"file://{tmp_path}/c")
     trainer.fit()
     assert [c["step"] for c in sink.checkpoints] == [2, 4, 5]
-    trainer.checkpoints.maybe_save(5, last=True)  # the end is saved already
+    trainer.checkpoints.save_final(5)  # the end is saved already
     assert len(sink.checkpoints) == 3
 
 

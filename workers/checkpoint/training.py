@@ -120,18 +120,13 @@ class TrainingCheckpoints:
         self.last_saved_batch = -1
 
     def due(self, step: int) -> bool:
-        """Whether ``maybe_save(step)`` will save."""
+        """Whether a checkpoint is due once ``step`` is done (every ``every`` batches); the loop
+        then calls ``save`` on every rank."""
         return self.checkpointer is not None and bool(self.every) and step % self.every == 0
 
-    def maybe_save(self, step: int, *, last: bool = False) -> None:
-        """Save if ``step`` is on the interval or, with ``last``, if ``step`` is not saved yet
-        (collective: every rank calls this at every step)."""
-        if self.checkpointer is None:
-            return
-        if last:
-            if step != self.last_saved_batch:
-                self.save()
-        elif self.every and step % self.every == 0:
+    def save_final(self, step: int) -> None:
+        """Save the final state unless ``step`` is saved already (collective)."""
+        if self.checkpointer is not None and step != self.last_saved_batch:
             self.save()
 
     def save(self) -> None:

@@ -52,6 +52,8 @@ class BatchPosition:
         self.batch_in_epoch += 1
         if self.sample_transforms:
             images = torch.stack([self._transform(image) for image in images])
+        if self.device.type == "cpu":  # where every loader's batches are made: ``to`` would return them as they are
+            return images, labels
         return images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     def _transform(self, image: torch.Tensor) -> torch.Tensor:
