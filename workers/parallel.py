@@ -84,7 +84,7 @@ def shard_model(model: torch.nn.Module, *, device: torch.device) -> torch.nn.Mod
 
 
 def is_fsdp(model: torch.nn.Module) -> bool:
-    # Asked at every step (``no_sync``): until FSDP's module is imported no model can be sharded,
+    # Asked per microbatch (``no_sync``): until FSDP's module is imported no model can be sharded,
     # and an ``import`` statement here would cost more than the check itself.
     fsdp = sys.modules.get("torch.distributed.fsdp")
     return fsdp is not None and isinstance(model, fsdp.FSDPModule)
