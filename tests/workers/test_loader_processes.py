@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import inspect
 import logging
 import multiprocessing
 import os
@@ -91,6 +92,27 @@ def test_a_loader_worker_sees_the_environment_of_its_rank_not_of_its_server(monk
     monkeypatch.setenv("TESSERA_TEST_LOADER_ENV", "set after the server started")
     loader = DataLoader(_Environment(), batch_size=None, **worker_processes(1))
     assert list(batches_failing_fast(loader)) == ["set after the server started"]
+
+
+class _FailsHoldingTheDoneEventLock(IterableDataset):
+    """A worker that raises while it holds the lock of its loader's done event. Any worker may be
+    holding it at any moment (it checks the event on each turn of its loop); this one is caught
+    there every time, as one in CI was by chance when its rank killed it."""
+
+    def __iter__(self):
+        frame = inspect.currentframe()
+        while frame.f_code.co_name != "_worker_loop":
+            frame = frame.f_back
+        frame.f_locals["done_event"]._cond.acquire()
+        raise ValueError("a bad sample")
+        yield
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_while_holding_a_shared_lock_does_not_hang_its_rank():
+    loader = DataLoader(_FailsHoldingTheDoneEventLock(), batch_size=None, **worker_processes(1))
+    with pytest.raises(ValueError, match="a bad sample"):
+        list(batches_failing_fast(loader))
 
 
 # A rank that builds a loader with workers, takes one batch and waits to be killed.

@@ -89,13 +89,31 @@ def batches_failing_fast(loader: Any) -> Iterator[Any]:
     try:
         yield from iterator
     except Exception:
-        for worker in getattr(iterator, "_workers", ()):
-            if worker.is_alive():
-                worker.terminate()
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        _kill_workers(iterator)
         raise
+
+
+def _kill_workers(iterator: Any) -> None:
+    """Kill a multi-process DataLoader iterator's workers, wait for them, then let torch release
+    the rest (queues, its SIGCHLD watch on their pids).
+
+    torch's shutdown first sets the workers' done event, a ``multiprocessing.Event``, and every
+    worker checks that event on each turn of its loop, holding the event's lock while it does. A
+    worker killed at that moment leaves the lock held for good, and the ``set()`` then waits
+    forever: the rank hung, and CI with it. Once the workers are dead nobody reads the event, so
+    torch is handed a plain one to set (``tests/workers/test_loader_processes.py`` kills a worker
+    holding the lock)."""
+    workers = getattr(iterator, "_workers", ())
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+    for worker in workers:
+        worker.join()
+    if hasattr(iterator, "_workers_done_event"):
+        iterator._workers_done_event = threading.Event()
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def private_generator(seed: int, epoch: int) -> Any:
