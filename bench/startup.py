@@ -19,8 +19,9 @@ Part B (``--ray``), spawn to first step of the same job, 2 CPU workers, gloo, Re
 Phases, from rank 0's clock (Unix time, same machine): ``to_worker`` (start of the call to the
 train function: Ray's controller, worker group and process group, or process spawn),
 ``imports`` (the worker's imports), ``build`` (process group where the function makes it,
-data, model, optimizer), ``first_step`` (one batch and return), and ``teardown`` (until the
-call returns in this process). Ray is started once in this process (``ray.init``), as the
+data, model, optimizer), ``first_step`` (one batch), ``rest_of_fit`` (Tessera only: the
+final checkpoint and model export a run ends with; ``to_first_step`` stops before it), and
+``teardown`` (until the call returns in this process). Ray is started once in this process (``ray.init``), as the
 service's cluster is already up when a run starts.
 
 Part C (``--service``), ``POST /runs`` to the first step through ``tessera serve`` (its own
@@ -206,10 +207,19 @@ def phases_of(way: str, storage: str) -> dict[str, float]:
     WAYS[way](phases_path, storage)
     returned = time.time()
     p = json.loads(pathlib.Path(phases_path).read_text())
-    return {"to_worker": p["worker_entered"] - start, "imports": p["worker_imported"] - p["worker_entered"],
-            "build": p["trainer_built"] - p["worker_imported"], "first_step": p["fit_returned"] - p["trainer_built"],
-            "to_first_step": p["fit_returned"] - start, "teardown": returned - p["fit_returned"],
+    return {"to_worker": p["worker_entered"] - start, **step_phases(p, start), "teardown": returned - p["fit_returned"],
             "total": returned - start}
+
+
+def step_phases(p: dict[str, float], start: float) -> dict[str, float]:
+    """``imports``, ``build``, ``first_step``, ``rest_of_fit`` and ``to_first_step`` from rank 0's
+    timestamps. A baseline's function returns right after its one step; Tessera's ``fit`` then
+    saves a checkpoint and exports the model, so its rank 0 also records when the step returned
+    (``first_step_done``)."""
+    step_done = p.get("first_step_done", p["fit_returned"])
+    return {"imports": p["worker_imported"] - p["worker_entered"], "build": p["trainer_built"] - p["worker_imported"],
+            "first_step": step_done - p["trainer_built"], "rest_of_fit": p["fit_returned"] - step_done,
+            "to_first_step": step_done - start}
 
 
 def first_steps(rounds: int) -> dict[str, Any]:
@@ -261,9 +271,7 @@ def service_phases(client: Any, phases_path: str) -> dict[str, float]:
         raise RuntimeError(f"run {run.id} ended {finished.status.value}: {finished.error}")
     submitted = next(e.time for e in client.run_events(run.id).data if e.to_status.value == "STARTING").timestamp()
     p = json.loads(pathlib.Path(phases_path).read_text())
-    return {"pickup": submitted - start, "to_worker": p["worker_entered"] - submitted,
-            "imports": p["worker_imported"] - p["worker_entered"], "build": p["trainer_built"] - p["worker_imported"],
-            "first_step": p["fit_returned"] - p["trainer_built"], "to_first_step": p["fit_returned"] - start,
+    return {"pickup": submitted - start, "to_worker": p["worker_entered"] - submitted, **step_phases(p, start),
             "total": finished.finished_at.timestamp() - start}
 
 
