@@ -19,10 +19,11 @@ Part B (``--ray``), spawn to first step of the same job, 2 CPU workers, gloo, Re
 Phases, from rank 0's clock (Unix time, same machine): ``to_worker`` (start of the call to the
 train function: Ray's controller, worker group and process group, or process spawn),
 ``imports`` (the worker's imports), ``build`` (process group where the function makes it,
-data, model, optimizer), ``first_step`` (one batch), ``rest_of_fit`` (Tessera only: the
-final checkpoint and model export a run ends with; ``to_first_step`` stops before it), and
-``teardown`` (until the call returns in this process). Ray is started once in this process (``ray.init``), as the
-service's cluster is already up when a run starts.
+data, model, optimizer), ``first_step`` (one batch, returned to the host), ``rest_of_fit``
+(Tessera only: what ``fit`` does after that step, as every run ends: metric flushes, a final
+checkpoint and evaluation, the model's export; ``to_first_step`` stops before it), and
+``teardown`` (until the call returns in this process). Ray is started once in this process
+(``ray.init``), as the service's cluster is already up when a run starts.
 
 Part C (``--service``), ``POST /runs`` to the first step through ``tessera serve`` (its own
 SQLite, on a Ray head started here with its dashboard, as a cluster would run it), taking turns
@@ -213,9 +214,9 @@ def phases_of(way: str, storage: str) -> dict[str, float]:
 
 def step_phases(p: dict[str, float], start: float) -> dict[str, float]:
     """``imports``, ``build``, ``first_step``, ``rest_of_fit`` and ``to_first_step`` from rank 0's
-    timestamps. A baseline's function returns right after its one step; Tessera's ``fit`` then
-    saves a checkpoint and exports the model, so its rank 0 also records when the step returned
-    (``first_step_done``)."""
+    timestamps. A baseline's function returns right after its one step; Tessera's ``fit`` goes
+    on to end the run (final checkpoint, evaluation, export), so its rank 0 also records when
+    the step returned (``first_step_done``)."""
     step_done = p.get("first_step_done", p["fit_returned"])
     return {"imports": p["worker_imported"] - p["worker_entered"], "build": p["trainer_built"] - p["worker_imported"],
             "first_step": step_done - p["trainer_built"], "rest_of_fit": p["fit_returned"] - step_done,

@@ -180,10 +180,11 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
 
 
 def _first_step_clock(trainer: Any) -> dict[str, float]:
-    """When the trainer's first step returns (``"done"``). Start-up ends there: ``fit`` of a
-    one-batch run goes on to save a checkpoint and export the model, which a baseline that takes
-    one step (``bench/startup.py``) does not do. The instance's ``train_batch`` is wrapped for
-    that one call and then unwrapped, so later steps pay nothing."""
+    """When the trainer's first step returns to the host (``"done"``; on CUDA its kernels may
+    still run). Start-up ends there: ``fit`` of a one-batch run goes on to end the run (final
+    checkpoint, evaluation, export), which a baseline that takes one step (``bench/startup.py``)
+    does not do. The instance's ``train_batch`` is wrapped for that one call and then unwrapped,
+    so later steps pay nothing."""
     clock: dict[str, float] = {}
     train_batch = trainer.train_batch
 

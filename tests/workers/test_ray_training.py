@@ -86,8 +86,11 @@ def ddp_spec(**overrides):
     return RunSpec.model_validate(body)
 
 
-def test_ddp_run_on_two_workers_with_three_algorithms_learns_and_reports_to_the_service(ray_client, tmp_path):
+def test_ddp_run_on_two_workers_with_three_algorithms_learns_and_reports_to_the_service(ray_client, tmp_path,
+                                                                                     monkeypatch):
     run_id = f"test-{uuid.uuid4().hex[:8]}"
+    phases_file = tmp_path / "startup-phases.json"  # rank 0 writes its start-up phases here (bench/startup.py)
+    monkeypatch.setenv("TESSERA_TEST_STARTUP_FILE", str(phases_file))
     with RecordingService() as service:
         metrics = fit_with_ray(ddp_spec(), run_id=run_id, service_url=service.url, token=TOKEN,
                                storage_path=str(tmp_path))
@@ -103,6 +106,10 @@ def test_ddp_run_on_two_workers_with_three_algorithms_learns_and_reports_to_the_
     assert service.steps("eval/accuracy") == [22, 44, 66]
     final = [p["value"] for p in service.metrics if p["key"] == "eval/accuracy" and p["step"] == 66]
     assert final == [metrics["eval/accuracy"]]
+    phases = json.loads(phases_file.read_text())
+    assert list(phases) == ["worker_entered", "worker_imported", "trainer_built", "first_step_done", "fit_returned"]
+    assert sorted(phases.values()) == list(phases.values())
+    assert phases["first_step_done"] < phases["fit_returned"]  # 65 more steps and 3 evaluations came after it
 
 
 def test_a_failing_worker_raises_a_training_error_naming_the_root_cause(ray_client, tmp_path):

@@ -95,20 +95,36 @@ def batches_failing_fast(loader: Any) -> Iterator[Any]:
 
 def _kill_workers(iterator: Any) -> None:
     """Kill a multi-process DataLoader iterator's workers, wait for them, then let torch release
-    the rest (queues, its SIGCHLD watch on their pids).
+    the rest (its queues).
 
-    torch's shutdown first sets the workers' done event, a ``multiprocessing.Event``, and every
-    worker checks that event on each turn of its loop, holding the event's lock while it does. A
-    worker killed at that moment leaves the lock held for good, and the ``set()`` then waits
-    forever: the rank hung, and CI with it. Once the workers are dead nobody reads the event, so
-    torch is handed a plain one to set (``tests/workers/test_loader_processes.py`` kills a worker
-    holding the lock)."""
+    torch's shutdown sets the workers' done event, a ``multiprocessing.Event``, and every worker
+    checks that event on each turn of its loop, holding the event's lock while it does. A worker
+    killed at that moment leaves the lock held for good, and the ``set()`` then waits forever:
+    the rank hung, and CI with it. Once the workers are dead nobody reads the event, so torch is
+    handed a plain one to set (``tests/workers/test_loader_processes.py`` kills a worker holding
+    the lock). A worker that dies by itself holding it (OOM-killed) still hangs torch's own
+    liveness check, before any error reaches this function: that is torch's, not handled here.
+
+    On CUDA a pin-memory thread reads the workers' results; it is stopped first, as torch does,
+    while the workers are alive: a worker killed mid-message would leave it waiting for the rest."""
+    from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL, signal_handling
+
+    pin_memory_thread = getattr(iterator, "_pin_memory_thread", None)
+    if pin_memory_thread is not None:
+        iterator._pin_memory_thread_done_event.set()
+        iterator._worker_result_queue.put((None, None))  # wakes it if it waits for a result
+        pin_memory_thread.join(timeout=MP_STATUS_CHECK_INTERVAL)
+    if getattr(iterator, "_worker_pids_set", False):
+        # torch's SIGCHLD handler would report the workers this kills ("killed by signal") in
+        # place of the error being raised (where they are this process's children: fork).
+        signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
     workers = getattr(iterator, "_workers", ())
     for worker in workers:
         if worker.is_alive():
             worker.kill()
     for worker in workers:
-        worker.join()
+        worker.join(timeout=MP_STATUS_CHECK_INTERVAL)  # a worker in an uninterruptible read may outlive SIGKILL a while
     if hasattr(iterator, "_workers_done_event"):
         iterator._workers_done_event = threading.Event()
     shutdown = getattr(iterator, "_shutdown_workers", None)
