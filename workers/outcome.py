@@ -16,7 +16,6 @@ from typing import Mapping
 
 from api.client import Client
 from api.views import RunStatus, StatusReport
-from workers.checkpoint.training import FINAL_SAVED_KEY
 from workers.errors import describe
 from workers.retry import call_with_retries
 
@@ -24,6 +23,11 @@ log = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 20_000   # what the service stores of an error
 MAX_MESSAGE_CHARS = 2_000  # and of a status message
+# The metric a run with checkpoints reports at its end (the trainer records it): 1 if its final
+# state is committed, 0 if the final save failed after its retries (then COMPLETED says
+# ``final_checkpoint: missing``). Here, not beside the checkpoints, so that the job driver, which
+# imports this module, does not import torch's distributed checkpointing.
+FINAL_SAVED_KEY = "checkpoint/final_saved"
 
 
 def summary_of(metrics: Mapping[str, float]) -> str:

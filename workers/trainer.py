@@ -26,7 +26,7 @@ from api.lineage import ForkInfo
 from api.specs import RunSpec
 from workers.checkpoint import Checkpointer, fingerprint, with_retries
 from workers.checkpoint.fork_source import load_fork_source
-from workers.checkpoint.training import (FINAL_SAVED_KEY, AlgorithmStates, RankRng, StateOf, Stateful,
+from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stateful,
                                          TimestampState, TrainingCheckpoints, scaler_state)
 from workers.data import build_eval_loader, build_train_loader
 from workers.engine import Callback, Engine
@@ -40,6 +40,7 @@ from workers.models import build_model
 from workers.models.user_code import loss_of
 from workers.paths import run_of_checkpoints
 from workers.optim import build_optimizer, build_scheduler
+from workers.outcome import FINAL_SAVED_KEY
 from workers.parallel import (all_reduce_max, all_reduce_sum, average_buffers, average_gradients, device_for,
                               is_fsdp, no_sync, rank_and_world_size, unwrap, wrap_model)
 from workers.precision import autocast, grad_scaler

@@ -180,7 +180,7 @@ def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s
 
 @pytest.mark.integration
 def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_the_newest_committed(s3_server):
-    from workers.checkpoint.training import FINAL_SAVED_KEY
+    from workers.outcome import FINAL_SAVED_KEY
 
     url = s3_server.url("runs/s3-final-outage/checkpoints")
     spec = spec_with_checkpoints(max_duration="7ba", checkpoint={"interval": "2ba", "keep_last": 2})

@@ -1,13 +1,17 @@
 """Root causes out of wrapped errors, and the launch entry point's failure path."""
 
 import json
+import os
 import pickle
+import subprocess
+import sys
 
 import httpx
 
 from api.client import Client
 from workers.errors import TrainingError, describe, root_cause
 from workers.launch import main, run_attempt
+from tests.local_ray import REPO_ROOT
 from workers.paths import ray_storage_path as storage_path_for
 
 TOKEN = "tok-never-printed"
@@ -78,3 +82,15 @@ def test_launch_without_its_environment_exits_2_and_names_the_variables(monkeypa
     monkeypatch.delenv("TESSERA_RUN_TOKEN", raising=False)
     assert main(["--run-id", "r1"]) == 2
     assert "TESSERA_SERVICE_URL and TESSERA_RUN_TOKEN" in capsys.readouterr().err
+
+
+def test_the_job_driver_imports_no_trainer_and_no_distributed_checkpointing():
+    # What a run's Ray job driver imports before fit_with_ray starts the workers (they import the
+    # trainer themselves): anything more is start-up time every run pays (bench/startup.py).
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, workers.launch, workers.ray_train, ray.train.torch; "
+         "print(sorted(m for m in sys.modules if m == 'torch.distributed.checkpoint' "
+         "or m.startswith(('workers.trainer', 'workers.checkpoint', 'workers.models', 'algorithms'))))"],
+        check=True, capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=120).stdout
+    assert json.loads(loaded.replace("'", '"')) == []

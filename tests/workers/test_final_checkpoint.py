@@ -10,7 +10,7 @@ import httpx
 
 from api.client import Client
 from tests.workers.helpers_specs import tiny_spec
-from workers.checkpoint.training import FINAL_SAVED_KEY
+from workers.outcome import FINAL_SAVED_KEY
 from workers.events import Event
 from workers.outcome import RunOutcome
 from workers.reporter import MemorySink

@@ -29,11 +29,6 @@ if TYPE_CHECKING:
     from algorithms.base import Algorithm
 
 
-# The metric a run with checkpoints reports at its end: 1 if its final state is committed, 0 if
-# the final save failed after its retries (the service then records ``final_checkpoint: missing``).
-FINAL_SAVED_KEY = "checkpoint/final_saved"
-
-
 class Stateful(Protocol):
     """A part of the run's state that saves and restores itself."""
 
