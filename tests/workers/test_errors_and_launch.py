@@ -9,9 +9,9 @@ import sys
 import httpx
 
 from api.client import Client
+from tests.local_ray import REPO_ROOT
 from workers.errors import TrainingError, describe, root_cause
 from workers.launch import main, run_attempt
-from tests.local_ray import REPO_ROOT
 from workers.paths import ray_storage_path as storage_path_for
 
 TOKEN = "tok-never-printed"
@@ -87,10 +87,10 @@ def test_launch_without_its_environment_exits_2_and_names_the_variables(monkeypa
 def test_the_job_driver_imports_no_trainer_and_no_distributed_checkpointing():
     # What a run's Ray job driver imports before fit_with_ray starts the workers (they import the
     # trainer themselves): anything more is start-up time every run pays (bench/startup.py).
-    loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, workers.launch, workers.ray_train, ray.train.torch; "
-         "print(sorted(m for m in sys.modules if m == 'torch.distributed.checkpoint' "
-         "or m.startswith(('workers.trainer', 'workers.checkpoint', 'workers.models', 'algorithms'))))"],
-        check=True, capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        timeout=120).stdout
-    assert json.loads(loaded.replace("'", '"')) == []
+    code = ("import sys, workers.launch, workers.ray_train, ray.train.torch; "
+            "bad = [m for m in sys.modules if m == 'torch.distributed.checkpoint' "
+            "or m.startswith(('workers.trainer', 'workers.checkpoint', 'workers.models', 'algorithms'))]; "
+            "assert not bad, bad")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120)
+    assert result.returncode == 0, result.stderr

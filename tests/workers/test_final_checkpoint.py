@@ -10,9 +10,8 @@ import httpx
 
 from api.client import Client
 from tests.workers.helpers_specs import tiny_spec
-from workers.outcome import FINAL_SAVED_KEY
 from workers.events import Event
-from workers.outcome import RunOutcome
+from workers.outcome import FINAL_SAVED_KEY, RunOutcome
 from workers.reporter import MemorySink
 from workers.trainer import Trainer
 
