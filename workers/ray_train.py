@@ -167,34 +167,36 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
             # The step it starts from: what earlier attempts reported after it is superseded.
             sink.status(RunStatus.RUNNING, message=message, step=latest.step if latest is not None else 0)
             built = time.time()
-            first_step = _first_step_clock(trainer) if rank == 0 else {}
+            first_step = FirstStepClock(trainer.engine) if rank == 0 else None
             metrics = trainer.fit()
     finally:
         sink.close()
     if rank == 0:
         phases = {"worker_entered": entered, "worker_imported": imported, "trainer_built": built}
-        if "done" in first_step:  # a run resumed at its end takes no step
-            phases["first_step_done"] = first_step["done"]
+        if first_step.done is not None:  # a run resumed at its end takes no step
+            phases["first_step_done"] = first_step.done
         _record_startup({**phases, "fit_returned": time.time()})
     return metrics if rank == 0 else None
 
 
-def _first_step_clock(trainer: Any) -> dict[str, float]:
-    """When the trainer's first step returns to the host (``"done"``; on CUDA its kernels may
-    still run). Start-up ends there: ``fit`` of a one-batch run goes on to end the run (final
-    checkpoint, evaluation, export), which a baseline that takes one step (``bench/startup.py``)
-    does not do. The instance's ``train_batch`` is wrapped for that one call and then unwrapped,
-    so later steps pay nothing."""
-    clock: dict[str, float] = {}
-    train_batch = trainer.train_batch
+class FirstStepClock:
+    """An engine callback: when the trainer's first step ends (``done``, Unix seconds; on CUDA
+    its kernels may still run). Start-up ends there: ``fit`` of a one-batch run goes on to end
+    the run (final checkpoint, evaluation, export), which a baseline that takes one step
+    (``bench/startup.py``) does not do. It takes itself off the engine at that first
+    ``BATCH_END``, so later steps pay nothing."""
 
-    def first(inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        del trainer.train_batch  # the class's method again, from the next step on
-        train_batch(inputs, targets)
-        clock["done"] = time.time()
+    def __init__(self, engine: Any):
+        self.engine, self.done = engine, None
+        engine.callbacks.append(self)
 
-    trainer.train_batch = first
-    return clock
+    def run_event(self, event: Any, state: Any) -> None:
+        from workers.events import Event
+
+        if event == Event.BATCH_END:
+            self.done = time.time()
+            # A new list: the engine is iterating the old one.
+            self.engine.callbacks = [c for c in self.engine.callbacks if c is not self]
 
 
 def _record_startup(phases: dict[str, float]) -> None:

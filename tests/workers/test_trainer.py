@@ -118,16 +118,17 @@ def test_train_local_runs_a_single_worker_spec_in_process():
     assert "eval/accuracy" in final
 
 
-def test_the_start_up_bench_clock_times_the_first_step_only_and_leaves_later_steps_unwrapped():
-    from workers.ray_train import _first_step_clock
+def test_the_start_up_clock_times_the_first_step_only_and_leaves_the_engine_after_it():
+    from workers.ray_train import FirstStepClock
 
     trainer = Trainer(tiny_spec(max_duration="3ba"), sink=MemorySink())
     log = EventLog(read=lambda state: time.time())
     trainer.engine.callbacks.append(log)
-    clock = _first_step_clock(trainer)
+    clock = FirstStepClock(trainer.engine)
     trainer.fit()
     batch_ends = [t for event, t in log.values if event == Event.BATCH_END]
     next_batches = [t for event, t in log.values if event == Event.AFTER_DATALOADER]
     assert len(batch_ends) == 3
-    assert batch_ends[0] <= clock["done"] <= next_batches[1]  # the first step's end, before the second
+    assert batch_ends[0] <= clock.done <= next_batches[1]  # the first step's end, before the second
     assert "train_batch" not in vars(trainer)  # steps 2 and 3 ran the class's method
+    assert trainer.engine.callbacks == [log]  # and no clock

@@ -109,27 +109,24 @@ def _kill_workers(iterator: Any) -> None:
     while the workers are alive: a worker killed mid-message would leave it waiting for the rest."""
     from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL, signal_handling
 
-    pin_memory_thread = getattr(iterator, "_pin_memory_thread", None)
-    if pin_memory_thread is not None:
+    if not hasattr(iterator, "_workers"):  # num_workers=0: batches are made in this process
+        return
+    if hasattr(iterator, "_pin_memory_thread"):
         iterator._pin_memory_thread_done_event.set()
         iterator._worker_result_queue.put((None, None))  # wakes it if it waits for a result
-        pin_memory_thread.join(timeout=MP_STATUS_CHECK_INTERVAL)
-    if getattr(iterator, "_worker_pids_set", False):
+        iterator._pin_memory_thread.join(timeout=MP_STATUS_CHECK_INTERVAL)
+    if iterator._worker_pids_set:
         # torch's SIGCHLD handler would report the workers this kills ("killed by signal") in
         # place of the error being raised (where they are this process's children: fork).
         signal_handling._remove_worker_pids(id(iterator))
         iterator._worker_pids_set = False
-    workers = getattr(iterator, "_workers", ())
-    for worker in workers:
+    for worker in iterator._workers:
         if worker.is_alive():
             worker.kill()
-    for worker in workers:
+    for worker in iterator._workers:
         worker.join(timeout=MP_STATUS_CHECK_INTERVAL)  # a worker in an uninterruptible read may outlive SIGKILL a while
-    if hasattr(iterator, "_workers_done_event"):
-        iterator._workers_done_event = threading.Event()
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    iterator._workers_done_event = threading.Event()
+    iterator._shutdown_workers()
 
 
 def private_generator(seed: int, epoch: int) -> Any:
