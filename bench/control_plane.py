@@ -144,16 +144,36 @@ async def spread(concurrency: int, count: int, one) -> float:
 
 # --- phases ------------------------------------------------------------------------------
 
-async def submit_phase(client, count: int) -> tuple[dict, list[str]]:
+async def submit_phase(client, count: int, clients: int = 16) -> tuple[dict, list[str]]:
+    """``count`` ``POST /runs`` from ``clients`` concurrent connections of the lean client (``bench.http_load``:
+    httpx would spend as much CPU as the service on this machine), then the time until the
+    dispatcher handed every one to Ray."""
+    from bench.http_load import LeanConnection
+
     tally, ids = Tally(), []
+    headers = {"Authorization": client.headers["Authorization"]}
+    connections = [LeanConnection(client.base_url.host, client.base_url.port, headers) for _ in range(clients)]
+    free = list(connections)
 
     async def one(i):
-        response = await request(client, tally, "POST", f"{API}/runs", ok=(201,),
-                                 json={**RUN_BODY, "name": f"bench-submit-{i}"})
-        if response.status_code == 201:
-            ids.append(response.json()["id"])
+        connection = free.pop()
+        began = time.perf_counter()
+        try:
+            status, body = await connection.request("POST", f"{API}/runs", {**RUN_BODY, "name": f"bench-submit-{i}"})
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            status, body = 0, f"no answer ({type(exc).__name__}: {exc})".encode()
+        finally:
+            free.append(connection)
+        tally.samples.append(time.perf_counter() - began)
+        tally.requests += 1
+        if status == 201:
+            ids.append(json.loads(body)["id"])
+        else:
+            tally.failures.append(f"POST {API}/runs: {status} {body[:200].decode(errors='replace')}")
 
-    wall = await spread(16, count, one)
+    wall = await spread(clients, count, one)
+    for connection in connections:
+        await connection.close()
     result = tally.report(wall)
     # The dispatcher wakes on each submit; the queue is drained when no run is QUEUED.
     began = time.perf_counter()
@@ -371,8 +391,20 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
 # --- the run --------------------------------------------------------------------------------
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    """CPU seconds (user + system) of ``pid`` and every live process under it (a server's workers)."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime
+    tree = {pid}
+    for _ in range(8):  # deep enough for a supervisor's workers and their helpers
+        tree |= {child for child, (parent, _) in stats.items() if parent in tree}
+    ticks = sum(stats[member][1] for member in tree if member in stats)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def run_count(engine) -> int:
@@ -550,10 +582,12 @@ def main() -> None:
         args.out.write_text(text + "\n")
 
 
-def server_command(tree: Path, url: str, port: int, jobs_log: Path, active: int) -> list[str]:
-    """The command that starts ``tree``'s ``bench/control_plane_server.py`` on ``url``."""
+def server_command(tree: Path, url: str, port: int, jobs_log: Path, active: int, workers: int = 1) -> list[str]:
+    """The command that starts ``tree``'s ``bench/control_plane_server.py`` on ``url`` (with
+    ``workers`` API processes; the flag is left out for one, which older trees do not know)."""
     return [sys.executable, str(tree / "bench" / "control_plane_server.py"), "--db", url, "--port", str(port),
-            "--key", BENCH_KEY, "--jobs-log", str(jobs_log), "--active", str(active)]
+            "--key", BENCH_KEY, "--jobs-log", str(jobs_log), "--active", str(active),
+            *(["--workers", str(workers)] if workers != 1 else [])]
 
 
 def short_commit(tree: Path) -> str:

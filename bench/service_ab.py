@@ -2,17 +2,21 @@
 
     git worktree add /tmp/baseline <commit>
     PYTHONPATH=. .venv/bin/python bench/service_ab.py --baseline /tmp/baseline [--phase submit|ingest|read] \
-        [--pairs 2] [--submits 1000] [--active 1000] [--out docs/bench/PHASE-ab-DATE.json] [--py-spy FILE]
+        [--pairs 2] [--submits 1000] [--active 1000] [--clients 16] [--workers N] [--baseline-workers N] \
+        [--out docs/bench/PHASE-ab-DATE.json] [--py-spy FILE]
 
 Each server starts ``bench/control_plane_server.py`` from one tree (the real app, Ray faked by
 ``ListingRay``) on a fresh scratch database seeded with ``--active`` RUNNING runs (the
 dispatcher follows them) and 1,000 ended ones, then measures one phase of
 ``bench/control_plane.py`` twice:
 
-- ``submit``: ``--submits`` ``POST /runs`` from 16 concurrent clients;
+- ``submit``: ``--submits`` ``POST /runs`` from ``--clients`` concurrent connections (the lean client);
 - ``ingest``: 8 new runs (submitted and handed to Ray before the clock and the CPU counts
   start), each sending 20 metric reports of 1,000 points at once;
 - ``read``: 300 ``GET /runs/{id}`` of ended runs, then 300 ``GET /runs?limit=50``, one client.
+
+``--workers`` / ``--baseline-workers``: API processes of this tree's / the baseline's servers
+(default 1; the baseline may be this tree, to compare process counts).
 
 Servers alternate baseline, this tree, this tree, baseline, ... so a machine that slows down
 mid-run weighs on both sides. Prints each round and the medians' ratios (this tree over the
@@ -61,10 +65,11 @@ async def prepare(phase: str, client, jobs_log: Path) -> tuple[dict[str, str], l
     return tokens, ids
 
 
-async def measure(phase: str, client, submits: int, stored: list[str], tokens: dict[str, str]) -> tuple[dict, list[str]]:
+async def measure(phase: str, client, submits: int, stored: list[str], tokens: dict[str, str],
+                  clients: int = 16) -> tuple[dict, list[str]]:
     """One timed round of ``phase``: its figures, and the runs it submitted (to be settled after)."""
     if phase == "submit":
-        return await submit_phase(client, submits)
+        return await submit_phase(client, submits, clients)
     if phase == "read":
         rng = random.Random(0)
         get = await read_phase(client, lambda r: f"{API}/runs/{r.choice(stored)}", READS, 1, rng)
@@ -76,7 +81,7 @@ async def measure(phase: str, client, submits: int, stored: list[str], tokens: d
 
 
 def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, rounds: int,
-               profile: Path | None = None) -> list[dict]:
+               profile: Path | None = None, workers: int = 1, clients: int = 16) -> list[dict]:
     """``rounds`` rounds of ``phase`` against a server started from ``tree`` (under py-spy into
     ``profile`` if given)."""
     import httpx
@@ -91,7 +96,7 @@ def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, round
         stored = fill(engine, 1000, first=0, settle=False)
         vacuum_analyze(engine)
         port = free_port()
-        command = server_command(tree, url, port, jobs_log, len(seeded))
+        command = server_command(tree, url, port, jobs_log, len(seeded), workers)
         server = subprocess.Popen(command if profile is None else under_py_spy(command, profile), cwd=tree,
                                   env={**os.environ, "PYTHONPATH": str(tree)})
         try:
@@ -107,7 +112,7 @@ def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, round
                     for _ in range(rounds):
                         tokens, started = await prepare(phase, client, jobs_log)
                         cpu, server_cpu = time.process_time(), cpu_seconds(server_pid)
-                        result, ids = await measure(phase, client, submits, stored, tokens)
+                        result, ids = await measure(phase, client, submits, stored, tokens, clients)
                         result["client_cpu_s"] = round(time.process_time() - cpu, 2)
                         result["server_cpu_s"] = round(cpu_seconds(server_pid) - server_cpu, 2)
                         results.append({name: result[name] for name in FIGURES[phase]} | {"failed": result["failed"]})
@@ -127,6 +132,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="servers per side (alternating)")
     parser.add_argument("--submits", type=int, default=1000)
     parser.add_argument("--active", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=16, help="concurrent connections of the submit phase")
+    parser.add_argument("--workers", type=int, default=1, help="API processes of this tree's servers")
+    parser.add_argument("--baseline-workers", type=int, default=1, help="API processes of the baseline's servers")
     parser.add_argument("--pg", default=os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--py-spy", type=Path, default=None,
@@ -139,18 +147,20 @@ def main() -> None:
     rounds: dict[str, list[dict]] = {"baseline": [], "this": []}
     for index, side in enumerate(order):
         profile = args.py_spy.with_name(f"{args.py_spy.name}.{index}") if args.py_spy and side == "this" else None
+        workers = args.workers if side == "this" else args.baseline_workers
         for result in one_server(trees[side], args.pg, args.phase, args.active, args.submits, rounds=2,
-                                 profile=profile):
+                                 profile=profile, workers=workers, clients=args.clients):
             rounds[side].append(result)
             print(side, json.dumps(result), file=sys.stderr, flush=True)
     figures = FIGURES[args.phase]
     medians = {side: {name: statistics.median(r[name] for r in results) for name in figures}
                for side, results in rounds.items()}
-    settings = {"submit": {"submits": args.submits, "clients": 16}, "ingest": INGEST,
+    settings = {"submit": {"submits": args.submits, "clients": args.clients}, "ingest": INGEST,
                 "read": {"reads": READS, "clients": 1}}[args.phase]
     report = {"bench": f"{args.phase}_ab", "date": date.today().isoformat(), "commits": commits, "order": order,
               "machine": f"{os.cpu_count()} cores, client, server and PostgreSQL on the same machine (loopback)",
               "settings": {**settings, "active_runs": args.active, "ended_runs": 1000,
+                           "workers": {"baseline": args.baseline_workers, "this": args.workers},
                            "this_tree_under_py_spy": bool(args.py_spy)},  # then its ratios are not a fair A/B
               "rounds": rounds, "medians": medians,
               "this_over_baseline": {name: round(medians["this"][name] / medians["baseline"][name], 3)

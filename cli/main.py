@@ -52,6 +52,8 @@ register_lineage(app, UrlOption, DEFAULT_URL, _call, console)
 def serve(
     host: Annotated[Optional[str], typer.Option(help="bind address (env TESSERA_HOST)")] = None,
     port: Annotated[Optional[int], typer.Option(help="port (env TESSERA_PORT)")] = None,
+    workers: Annotated[Optional[int], typer.Option(
+        help="API processes (env TESSERA_WORKERS; above 1 needs PostgreSQL); one of them dispatches")] = None,
 ) -> None:
     """Run the control plane (API, dispatcher, dashboard) with settings from TESSERA_* env vars."""
     try:
@@ -59,7 +61,7 @@ def serve(
     except ModuleNotFoundError as exc:
         needs_extra("service", exc)
 
-    run(host=host, port=port)
+    run(host=host, port=port, workers=workers)
 
 
 @app.command()

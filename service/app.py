@@ -2,6 +2,8 @@
 
 Startup, in order: migrate the database, connect to Ray (or start an embedded head),
 reconcile every active run and sweep with Ray, then start the dispatcher thread. Shutdown reverses it.
+Served by several processes (``service.processes``), each runs this lifespan; only the process
+that holds the dispatch lease (``service.dispatch_lease``) reconciles and dispatches.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sqlalchemy import Engine
 
 from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
+from service.dispatch_lease import lease_for
 from service.dispatch_wake import WakeDispatcher
 from service.dispatcher import Dispatcher
 from service.errors import install_error_handlers
@@ -76,14 +79,13 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
         engine = _open_database(settings)
         try:
             with _jobs_client(settings, jobs) as client:
-                dispatcher = Dispatcher(Repository(engine), client, settings)
+                dispatcher = Dispatcher(Repository(engine), client, settings, lease_for(engine, settings.workers))
                 app.state.repo, app.state.sweeps = dispatcher.repo, dispatcher.sweeps
                 app.state.jobs, app.state.dispatcher = client, dispatcher
                 app.state.access = dispatcher.access
                 ensure_admin_key(app.state.access, settings)
                 dispatcher.tick_listeners.append(app.state.prometheus.tick_seconds.observe)
-                for fix in dispatcher.reconcile():
-                    log.info("reconciled %s", fix)
+                dispatcher.take_lead()  # reconciles, in the process that dispatches
                 if run_dispatcher:
                     dispatcher.start()
                 try:

@@ -6,6 +6,10 @@ It drives two ``JobFollower``s, one per ``JobKind``: run attempts and sweep driv
 ``wake()`` (a submit, a cancel, an ended run: ``service.dispatch_wake``); ``reconcile()`` makes
 the database agree with Ray once at startup, before anything new is submitted.
 
+Served by several processes (``TESSERA_WORKERS``), every process has a dispatcher but only the
+one holding the ``lease`` (``service.dispatch_lease``) ticks; it reconciles when it takes the
+lease. The others' threads try to take it each interval, and pass their wakes on to it.
+
 A tick never waits on Ray without a bound: it starts with one bounded call (the job list);
 if Ray cannot be asked, the rest of the tick's Ray work is skipped and ``ray_error`` says
 why, and the followers stop asking Ray as soon as one call fails. ``last_tick_at`` is what
@@ -15,6 +19,7 @@ why, and the followers stop asking Ray as soon as one call fails. ``last_tick_at
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +27,7 @@ from collections.abc import Callable
 from service.access import AccessStore
 from service import wall_clock
 from service.admission import Admission
+from service.dispatch_lease import DispatchLease, SoleLease
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
 from service.log_archive import LogArchiver
@@ -33,12 +39,17 @@ from service.sweep_repository import SweepRepository
 
 log = logging.getLogger(__name__)
 
+FOLLOWER_CAPACITY_READ_S = 10.0  # how often a process that does not dispatch reads the cluster's size
+
 
 class Dispatcher:
     """Moves runs and sweeps between the database and Ray; see the module docstring."""
 
-    def __init__(self, repo: Repository, jobs: JobsClient, settings: Settings):
+    def __init__(self, repo: Repository, jobs: JobsClient, settings: Settings, lease: DispatchLease | None = None):
         self.repo = repo
+        self.lease = lease or SoleLease()
+        self.leading = False  # whether this process holds the lease (and has reconciled)
+        self._capacity_read_at = float("-inf")  # when a process that does not dispatch last read the cluster's size
         self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
@@ -94,6 +105,20 @@ class Dispatcher:
         """Compare every active run and sweep with Ray once (at startup); return the fixes made."""
         return [fix for follower in self.followers for fix in follower.reconcile()]
 
+    def take_lead(self) -> bool:
+        """Whether this process dispatches: it holds the lease, and reconciled when it took it."""
+        held = self.lease.held()
+        if held and not self.leading:
+            for fix in self.reconcile():
+                log.info("reconciled %s", fix)
+            self.leading = True
+            if not isinstance(self.lease, SoleLease):
+                log.info("this process (pid %d) dispatches now", os.getpid())
+        elif not held and self.leading:
+            log.warning("this process (pid %d) no longer dispatches", os.getpid())
+            self.leading = False
+        return held
+
     # --- background thread ---------------------------------------------------------------
     def start(self) -> None:
         """Run ``tick()`` every ``dispatch_interval_s`` on a daemon thread until ``stop()``."""
@@ -103,6 +128,7 @@ class Dispatcher:
         self.last_tick_at = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="tessera-dispatcher", daemon=True)
         self._thread.start()
+        self.lease.listen(self._woken_by_another_process)
 
     @property
     def running(self) -> bool:
@@ -113,12 +139,17 @@ class Dispatcher:
         """Run the next tick now instead of at the end of the interval (no-op without the thread)."""
         self._wake.set()
 
+    def _woken_by_another_process(self) -> None:
+        if self.leading:
+            self._wake.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        self.lease.close()
 
     def _loop(self) -> None:
         interval = self.settings.dispatch_interval_s
@@ -126,7 +157,13 @@ class Dispatcher:
             self._wake.clear()  # a wake during this tick makes the next one start early
             started = time.monotonic()
             try:
-                self.tick()
+                if self.take_lead():
+                    self.tick()
+                elif started - self._capacity_read_at >= FOLLOWER_CAPACITY_READ_S:
+                    # Submits here are checked against the cluster's size (``submit_problems``);
+                    # only the leader's ticks read it otherwise.
+                    self._capacity_read_at = started
+                    self.admission.read_capacity()
             except Exception:  # e.g. the database is briefly unreachable
                 log.exception("dispatcher tick failed; retrying in %.1fs", interval)
             self.last_tick_at = time.monotonic()
@@ -135,4 +172,5 @@ class Dispatcher:
             # waking it, leaves the request threads at least half of the time (and the GIL).
             if self._stop.wait(min(took, interval)):
                 return
-            self._wake.wait(max(0.0, interval - took))
+            if self._wake.wait(max(0.0, interval - took)) and not self.leading and not self._stop.is_set():
+                self.lease.notify()  # a write this process answered: the leading process acts on it

@@ -23,12 +23,20 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def run(host: str | None = None, port: int | None = None, *, log_level: str = "info") -> None:
-    """Serve the API with uvicorn (blocking). ``host``/``port`` override ``TESSERA_HOST``/``TESSERA_PORT``."""
+def run(host: str | None = None, port: int | None = None, workers: int | None = None, *,
+        log_level: str = "info") -> None:
+    """Serve the API with uvicorn (blocking). ``host``/``port``/``workers`` override
+    ``TESSERA_HOST``/``TESSERA_PORT``/``TESSERA_WORKERS``; above one worker, see ``service.processes``."""
     import uvicorn
 
-    overrides = {key: value for key, value in (("host", host), ("port", port)) if value is not None}
+    overrides = {key: value for key, value in (("host", host), ("port", port), ("workers", workers))
+                 if value is not None}
     settings = load_settings(**overrides)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.workers > 1:
+        from service.processes import serve_processes
+
+        serve_processes(settings, overrides, log_level=log_level)
+        return
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)

@@ -9,16 +9,22 @@ Each app has its own ``CollectorRegistry`` (tests build many apps in one process
 * ``tessera_dispatcher_tick_seconds``: how long each dispatcher pass took;
 * ``tessera_metric_points_total``: metric points workers reported (``rate()`` is the ingest rate);
 * ``tessera_ray_up``: 1 if Ray's Jobs API answered the scrape's probe, else 0.
+
+Served by several processes (``service.processes``), the counters and histograms live in
+files under ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, chosen when
+the variable is set as it is imported), and a scrape, which one process answers, sums them all.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -45,6 +51,11 @@ class ServiceMetrics:
         self.metric_points = Counter("tessera_metric_points", "Metric points reported by workers",
                                      registry=self.registry)
         self.registry.register(_StateCollector(app))
+        self.exposed = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # every process's instruments, and this one's state
+            self.exposed = CollectorRegistry()
+            MultiProcessCollector(self.exposed)
+            self.exposed.register(_StateCollector(app))
 
 
 class _StateCollector:
@@ -133,4 +144,4 @@ def count_metric_points(request: Request, stored: int) -> None:
 @router.get("/metrics", include_in_schema=False)
 def prometheus_metrics(request: Request) -> Response:
     """The service's metrics in Prometheus text format."""
-    return Response(generate_latest(request.app.state.prometheus.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(request.app.state.prometheus.exposed), media_type=CONTENT_TYPE_LATEST)

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     public_url: str | None = Field(None, description="URL workers use to reach the service; default http://{host}:{port}")
+    workers: int = Field(1, ge=1, le=64, description="processes that serve the API (above 1: PostgreSQL only); "
+                                                     "one of them at a time dispatches")
     dispatch_interval_s: float = Field(0.5, gt=0.0, le=60.0)
     # --- outages (docs/outages-service.md): nothing waits on Ray or storage without a bound --
     ray_timeout_s: float = Field(10.0, gt=0.0, le=600.0,
@@ -123,6 +125,10 @@ class Settings(BaseSettings):
         if scheme.startswith("sqlite") and self.database_url.split("://", 1)[-1] in ("", "/", "/:memory:"):
             raise ValueError("TESSERA_DATABASE_URL: an in-memory SQLite database is private to one connection "
                              "and would lose runs; use a file such as sqlite:////var/lib/tessera/tessera.db")
+        if self.workers > 1 and not scheme.startswith("postgresql"):
+            raise ValueError(f"TESSERA_WORKERS={self.workers} needs PostgreSQL (TESSERA_DATABASE_URL="
+                             "postgresql+psycopg://...): SQLite takes one writer at a time, so its service "
+                             "runs in one process; use TESSERA_WORKERS=1")
         if "://" not in self.storage_url:
             raise ValueError(f"TESSERA_STORAGE_URL must be an fsspec URL such as file:///data/tessera or "
                              f"s3://bucket/prefix; got {redact_url(self.storage_url)!r}")

@@ -55,3 +55,11 @@ def test_repr_and_redacted_view_never_show_passwords():
 def test_in_memory_sqlite_is_refused_because_it_would_lose_runs(url):
     with pytest.raises(SettingsError, match="^invalid Tessera settings:\n  TESSERA_DATABASE_URL: an in-memory"):
         load_settings(database_url=url)
+
+
+def test_several_api_processes_need_postgresql():
+    with pytest.raises(SettingsError, match="TESSERA_WORKERS=2 needs PostgreSQL"):
+        load_settings(workers=2)
+    assert load_settings(workers=2, database_url="postgresql+psycopg://db/tessera").workers == 2
+    with pytest.raises(SettingsError, match="TESSERA_WORKERS: Input should be greater than or equal to 1"):
+        load_settings(workers=0)

@@ -1,0 +1,231 @@
+"""The API served by several processes on PostgreSQL (``TESSERA_WORKERS``): one process at a
+time dispatches (``service.dispatch_lease``), a write answered by another still wakes it, the
+lease moves when its holder goes, and ``tessera serve --workers 2`` runs, counts every
+process's requests in ``/metrics`` and replaces a process that dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.db.engine import make_engine, migrate
+from service.dispatch_lease import LOCK_KEY, AdvisoryLease
+from service.settings import Settings
+from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL
+from tests.local_ray import REPO_ROOT, free_port
+from tests.service.conftest import FakeJobs
+
+API = "/api/v1"
+TESSERA = str(Path(sys.executable).with_name("tessera"))
+
+
+@pytest.fixture
+def database_url():
+    """A fresh, migrated PostgreSQL database of its own: the dispatch lock is per database, and a
+    dispatching service must not see other tests' runs."""
+    name = f"tessera_procs_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    engine = make_engine(url)
+    migrate(engine)
+    engine.dispose()
+    yield url
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def lock_holders(url: str) -> list[str]:
+    """The application names of the sessions that hold the dispatch lock."""
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        return [row[0] for row in conn.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = %s",
+            (LOCK_KEY,))]
+
+
+def wait_until(condition, *, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)  # polling a condition, bounded above
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def test_one_lease_holder_at_a_time_and_the_next_takes_over_when_it_goes(database_url):
+    engine = make_engine(database_url)
+    first, second = AdvisoryLease(engine), AdvisoryLease(engine)
+    try:
+        assert first.held() and not second.held()
+        assert first.held() and not second.held()  # asking again changes nothing
+        assert lock_holders(database_url) == [f"tessera dispatch-lease pid={os.getpid()}"]
+        first.close()
+        assert second.held()
+        assert not first.held()  # the old holder, asking again, finds it taken
+    finally:
+        first.close()
+        second.close()
+        engine.dispose()
+
+
+def test_a_notify_reaches_the_listening_process(database_url):
+    engine = make_engine(database_url)
+    sender, listener = AdvisoryLease(engine), AdvisoryLease(engine)
+    woken = threading.Event()
+    try:
+        listener.listen(woken.set)
+        # LISTEN takes effect once the listening thread has connected: notify until one arrives.
+        wait_until(lambda: sender.notify() or woken.wait(0.2), timeout=30, what="a notify to be delivered")
+    finally:
+        sender.close()
+        listener.close()
+        engine.dispose()
+
+
+def test_only_the_lease_holder_dispatches_and_a_follower_passes_its_wakes_on(tmp_path, database_url, example_body):
+    """Two API processes' apps on one database: a run submitted to the one that does not
+    dispatch goes to Ray at once (a 60 s interval would otherwise hold it), by the one that does;
+    when that one stops, the other takes the lease (on its next wake, here) and dispatches."""
+    jobs = {"first": FakeJobs(), "second": FakeJobs()}
+
+    def app_for(name: str):
+        settings = Settings(home=tmp_path / name, database_url=database_url, public_url="http://tessera.test:8000",
+                            storage_url=f"file://{tmp_path}/storage", dispatch_interval_s=60, workers=2)
+        return create_app(settings, jobs=jobs[name])
+
+    first = TestClient(app_for("first"), headers=ADMIN_HEADERS).__enter__()
+    try:
+        with TestClient(app_for("second"), headers=ADMIN_HEADERS) as second:
+            assert first.app.state.dispatcher.leading and not second.app.state.dispatcher.leading
+            run = second.post(f"{API}/runs", json=example_body).json()
+            wait_until(lambda: any(run["id"] in s for s in jobs["first"].submit_calls), timeout=30,
+                       what="the leading process to submit the run the other one took")
+            assert jobs["second"].submit_calls == []
+
+            first.__exit__(None, None, None)  # the first process goes, and its lease with its connection
+            first = None
+            later = second.post(f"{API}/runs", json=example_body).json()  # wakes the second, which takes over
+            wait_until(lambda: any(later["id"] in s for s in jobs["second"].submit_calls), timeout=30,
+                       what="the process left to take the lease and submit the next run")
+            assert second.app.state.dispatcher.leading
+    finally:
+        if first is not None:
+            first.__exit__(None, None, None)
+
+
+class SizedJobs(FakeJobs):
+    """A fake Ray whose cluster has ``cpus`` CPUs, and can grow."""
+
+    def __init__(self, cpus: float):
+        super().__init__()
+        self.cpus = cpus
+
+    def cluster_capacity(self) -> tuple[float, float]:
+        return self.cpus, 0.0
+
+
+def test_a_process_that_does_not_dispatch_still_sees_the_cluster_grow(tmp_path, database_url, example_body,
+                                                                      monkeypatch):
+    """Its submits are checked against the cluster's size, which only the leader's ticks read:
+    the follower reads it on its own, or a run refused on a small cluster would stay refused."""
+    from service import dispatcher as dispatcher_module
+
+    monkeypatch.setattr(dispatcher_module, "FOLLOWER_CAPACITY_READ_S", 0.2)
+    jobs = {"first": SizedJobs(cpus=1), "second": SizedJobs(cpus=1)}
+
+    def app_for(name: str):
+        settings = Settings(home=tmp_path / name, database_url=database_url, public_url="http://tessera.test:8000",
+                            storage_url=f"file://{tmp_path}/storage", dispatch_interval_s=0.1, workers=2)
+        return create_app(settings, jobs=jobs[name])
+
+    with TestClient(app_for("first"), headers=ADMIN_HEADERS) as first:
+        with TestClient(app_for("second"), headers=ADMIN_HEADERS) as second:
+            assert not second.app.state.dispatcher.leading
+            refused = second.post(f"{API}/runs", json=example_body)  # 2 workers x 1 CPU on a 1-CPU cluster
+            assert refused.status_code == 422 and "can never start" in refused.text
+            jobs["second"].cpus = jobs["first"].cpus = 8
+            wait_until(lambda: second.post(f"{API}/runs", json=example_body).status_code == 201, timeout=30,
+                       what="the follower to read the grown cluster")
+
+
+def test_serve_with_two_processes_counts_all_requests_and_replaces_a_dead_process(tmp_path, database_url):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TESSERA_HOME": str(tmp_path / "home"), "TESSERA_DATABASE_URL": database_url,
+           "TESSERA_RAY_ADDRESS": "http://127.0.0.1:9",  # no Ray: the service runs, runs wait
+           "TESSERA_RAY_TIMEOUT_S": "1", "TESSERA_DISPATCH_INTERVAL_S": "0.2"}
+    log_path = tmp_path / "service.log"
+    with open(log_path, "w") as log:
+        service = subprocess.Popen([TESSERA, "serve", "--port", str(port), "--workers", "2"], env=env, cwd=REPO_ROOT,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def answers() -> bool:
+            assert service.poll() is None, f"the service exited:\n{log_path.read_text()[-3000:]}"
+            try:
+                return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(answers, timeout=120, what="the service to answer")
+        holders = wait_until(lambda: lock_holders(database_url), timeout=30, what="a process to take the lease")
+        assert len(holders) == 1
+        leader = int(holders[0].rsplit("pid=", 1)[1])
+        processes = set(api_processes(service.pid))
+        assert leader in processes and len(processes) == 2
+
+        # Every request counts, whichever process answered it and whichever answers the scrape.
+        with httpx.Client(base_url=url, headers=ADMIN_HEADERS) as client:
+            for _ in range(20):
+                with httpx.Client(base_url=url, headers=ADMIN_HEADERS) as fresh:  # new connections spread
+                    assert fresh.get(f"{API}/runs").status_code == 200
+            scraped = client.get("/metrics").text
+        counted = sum(float(line.rsplit(" ", 1)[1]) for line in scraped.splitlines()
+                      if line.startswith('tessera_http_requests_total{method="GET",route="/api/v1/runs"'))
+        assert counted == 20
+
+        os.kill(leader, signal.SIGKILL)
+        new_holders = wait_until(lambda: [h for h in lock_holders(database_url) if f"pid={leader}" not in h],
+                                 timeout=30, what="another process to take the lease")
+        assert int(new_holders[0].rsplit("pid=", 1)[1]) in processes
+        replaced = wait_until(lambda: len(set(api_processes(service.pid)) - {leader}) == 2 and answers(), timeout=120,
+                              what="a new process in place of the killed one")
+        assert replaced
+    finally:
+        service.send_signal(signal.SIGINT)
+        try:
+            assert service.wait(60) == 0, log_path.read_text()[-3000:]
+        finally:
+            if service.poll() is None:
+                os.killpg(service.pid, signal.SIGKILL)
+    assert not lock_holders(database_url)
+
+
+def api_processes(supervisor: int) -> list[int]:
+    """The live API processes under ``supervisor`` (named ``tessera-api`` by multiprocessing's spawn)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == supervisor and fields[0] != "Z" and b"multiprocessing.spawn" in cmdline:
+            found.append(int(entry.name))
+    return found
