@@ -72,16 +72,20 @@ def active_job_ids(count: int) -> list[str]:
 SERVER_ARGS_ENV = "TESSERA_BENCH_SERVER_ARGS"
 
 
+def settings_for(args: dict):
+    from service.settings import Settings
+
+    return Settings(home=Path(args["home"]), database_url=args["db"], bootstrap_api_key=args["key"],
+                    public_url=f"http://127.0.0.1:{args['port']}", worker_python=sys.executable,
+                    workers=args["workers"])
+
+
 def build_app(args: dict | None = None):
     """The app for ``args`` (``main``'s arguments and ``home``; default: from ``SERVER_ARGS_ENV``)."""
     from service.app import create_app
-    from service.settings import Settings
 
     args = args or json.loads(os.environ[SERVER_ARGS_ENV])
-    settings = Settings(home=Path(args["home"]), database_url=args["db"], bootstrap_api_key=args["key"],
-                        public_url=f"http://127.0.0.1:{args['port']}", worker_python=sys.executable,
-                        workers=args["workers"])
-    return create_app(settings, jobs=ListingRay(active_job_ids(args["active"]), Path(args["jobs_log"])))
+    return create_app(settings_for(args), jobs=ListingRay(active_job_ids(args["active"]), Path(args["jobs_log"])))
 
 
 def main() -> None:
@@ -105,8 +109,9 @@ def main() -> None:
         if args.workers == 1:
             uvicorn.run(build_app(server_args), **serving)
             return
-        from service.processes import MULTIPROC_DIR_ENV, supervise
+        from service.processes import MULTIPROC_DIR_ENV, prepare_database, supervise
 
+        prepare_database(settings_for(server_args))  # as service.processes.serve_processes does
         os.environ[SERVER_ARGS_ENV] = json.dumps(server_args)
         with tempfile.TemporaryDirectory() as metrics_dir:
             os.environ[MULTIPROC_DIR_ENV] = metrics_dir  # as service.processes.serve_processes does

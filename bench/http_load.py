@@ -33,8 +33,8 @@ class LeanConnection:
         self._writer.write(head.encode() + payload)
         try:
             return await self._response()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            await self.close()  # the next request opens a new connection
+        except BaseException:
+            await self.close()  # half read, or broken: the next request opens a new connection
             raise
 
     async def _response(self) -> tuple[int, bytes]:

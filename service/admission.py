@@ -206,10 +206,11 @@ class Admission:
         capacity = self.capacity or self.read_capacity()
         return capacity.why_never(Demand.of(spec)) if capacity is not None else None
 
-    def __call__(self, queued: list[Any], active: list[Any] | None = None) -> list[Any]:
+    def __call__(self, queued: list[Any], active: list[Any] | None = None, *, fresh_capacity: bool = True) -> list[Any]:
         """The runs of ``queued`` (oldest first) to submit now, in queue order. ``active``: every
         active run as the run follower read it this tick (None: read here). Plans the service's
-        QUEUED sweeps in the same pass; ``admit_sweeps`` then hands those out."""
+        QUEUED sweeps in the same pass; ``admit_sweeps`` then hands those out.
+        ``fresh_capacity=False``: plan with the cluster's size as last read."""
         from api.views import ACTIVE_STATUSES
 
         sweeps = self._queued_sweeps()
@@ -217,7 +218,8 @@ class Admission:
         if not queued and not sweeps:
             self.waiting = {}
             return []
-        capacity = self.read_capacity()  # every tick with a queue, so a submit is checked against a fresh size
+        # Every tick with a queue, so a submit is checked against a fresh size.
+        capacity = self.read_capacity() if fresh_capacity else self.capacity
         holding = [_candidate(run) for run in (self.repo.snapshots(ACTIVE_STATUSES) if active is None else active)]
         quotas = {p.name: Quota(p.max_running_runs, p.max_workers, p.max_gpus) for p in self.access.list_projects()}
         candidates = sorted([(run.created_at, _candidate(run)) for run in queued]

@@ -85,14 +85,14 @@ def _lifespan(settings: Settings, jobs: JobsClient | None, run_dispatcher: bool)
                 app.state.access = dispatcher.access
                 ensure_admin_key(app.state.access, settings)
                 dispatcher.tick_listeners.append(app.state.prometheus.tick_seconds.observe)
-                dispatcher.take_lead()  # reconciles, in the process that dispatches
-                if run_dispatcher:
-                    dispatcher.start()
                 try:
+                    dispatcher.take_lead()  # reconciles, in the process that dispatches
+                    if run_dispatcher:
+                        dispatcher.start()
                     with startup_heap_frozen():
                         yield
                 finally:
-                    dispatcher.stop()
+                    dispatcher.stop()  # and gives the dispatch lease up
         finally:
             engine.dispose()
 

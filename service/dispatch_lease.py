@@ -12,9 +12,12 @@ one that does, as ``service.dispatch_wake`` does within a process: the follower 
 ``NOTIFY`` on ``WAKE_CHANNEL`` and every process ``LISTEN``\\ s on its own connection. Only the
 leader acts on it.
 
-A leader whose connection broke without it noticing (a network partition) may dispatch for one
-more tick beside its successor; a tick's writes take row locks and Ray refuses a second job with
-the same submission id, so that tick cannot submit an attempt twice.
+The lease's connections have TCP keepalives and a user timeout (``CONNECTION_OPTIONS``): a
+leader cut off from the database notices within about 30 s, and the server ends the lost
+session, and with it the lock, as soon. Until then the leader may dispatch beside its
+successor; a tick's writes take row locks and Ray refuses a second job with the same submission
+id, so no attempt is submitted twice. The session that holds the lock is named
+``tessera dispatcher pid=N`` in ``pg_stat_activity``; the others ``tessera dispatch-lease pid=N``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ log = logging.getLogger(__name__)
 LOCK_KEY = 0x7465737365726101
 WAKE_CHANNEL = "tessera_dispatch"
 LISTEN_POLL_S = 1.0  # how often the listening thread looks up from the socket to see if it must stop
+# libpq options of the lease's own connections: bounded connects, and dead peers found in ~30 s.
+CONNECTION_OPTIONS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                      "keepalives_count": 3, "tcp_user_timeout": 30_000}
 
 
 class DispatchLease(Protocol):
@@ -79,6 +85,7 @@ class AdvisoryLease:
         self.engine = engine
         self._conn: Any = None
         self._held = False
+        self._error: str | None = None  # why the last try to reach the database failed; None: it did not
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
 
@@ -87,10 +94,14 @@ class AdvisoryLease:
         autocommit, named so that ``pg_stat_activity`` says which process holds what."""
         dialect = self.engine.dialect
         args, kwargs = dialect.create_connect_args(self.engine.url)
-        conn = dialect.connect(*args, **kwargs)
+        conn = dialect.connect(*args, **{**CONNECTION_OPTIONS, **kwargs})
         conn.autocommit = True
-        conn.execute("SELECT set_config('application_name', %s, false)", (f"tessera {role} pid={os.getpid()}",))
+        self._name(conn, role)
         return conn
+
+    @staticmethod
+    def _name(conn: Any, role: str) -> None:
+        conn.execute("SELECT set_config('application_name', %s, false)", (f"tessera {role} pid={os.getpid()}",))
 
     def held(self) -> bool:
         try:
@@ -99,11 +110,17 @@ class AdvisoryLease:
                 self._conn = self._connect("dispatch-lease")
             if self._held:
                 self._conn.execute("SELECT 1")  # the lock lives exactly as long as this session
-            else:
-                self._held = bool(self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0])
+            elif self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0]:
+                self._held = True
+                self._name(self._conn, "dispatcher")
+            self._error = None
         except Exception as exc:  # the database is away: whoever holds the lock now, it is not us
             if self._held:
                 log.warning("lost the dispatch lease: %s", exc)
+            elif self._error is None:  # once per outage, not every interval
+                log.warning("cannot ask for the dispatch lease (this process will not dispatch until it can): %s",
+                            exc)
+            self._error = str(exc)
             self._drop()
         return self._held
 
@@ -126,16 +143,21 @@ class AdvisoryLease:
         self._listener.start()
 
     def _listen(self, on_wake: Callable[[], None]) -> None:
-        conn = None
+        conn, failing = None, False
         while not self._stop.is_set():
             try:
                 if conn is None or conn.closed or conn.broken:
                     conn = self._connect("dispatch-wake")
                     conn.execute(f"LISTEN {WAKE_CHANNEL}")
+                    if failing:
+                        log.info("dispatch wakes: listening again")
+                    failing = False
                 for _ in conn.notifies(timeout=LISTEN_POLL_S, stop_after=1):
                     on_wake()
             except Exception as exc:  # the database is away: try again after a pause
-                log.warning("dispatch wakes: listening failed (%s); retrying", exc)
+                if not failing:  # once per outage; the leader ticks on its interval meanwhile
+                    log.warning("dispatch wakes: listening failed (%s); retrying every %.0f s", exc, LISTEN_POLL_S)
+                failing = True
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -145,6 +167,11 @@ class AdvisoryLease:
 
     def _drop(self) -> None:
         if self._conn is not None:
+            try:
+                if self._held and not self._conn.broken:  # at once: closing alone frees it when the server notices
+                    self._conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+            except Exception:
+                pass
             try:
                 self._conn.close()  # ends the session, and with it the lock
             except Exception:

@@ -139,6 +139,18 @@ class Dispatcher:
         """Run the next tick now instead of at the end of the interval (no-op without the thread)."""
         self._wake.set()
 
+    def _plan_queue(self, now: float) -> None:
+        """In a process that does not dispatch: plan the queue as the leader's tick does, without
+        submitting, so that this process's answers say why a QUEUED run waits (``queue``), and
+        read the cluster's size every ``FOLLOWER_CAPACITY_READ_S``: submits here are checked
+        against it (``submit_problems``), and only the leader's ticks read it otherwise."""
+        fresh = now - self._capacity_read_at >= FOLLOWER_CAPACITY_READ_S
+        if fresh:
+            self._capacity_read_at = now
+            self.admission.read_capacity()
+        runs = self.followers[0]
+        self.admission(runs.owned([runs.kind.status.QUEUED]), fresh_capacity=False)
+
     def _woken_by_another_process(self) -> None:
         if self.leading:
             self._wake.set()
@@ -159,11 +171,8 @@ class Dispatcher:
             try:
                 if self.take_lead():
                     self.tick()
-                elif started - self._capacity_read_at >= FOLLOWER_CAPACITY_READ_S:
-                    # Submits here are checked against the cluster's size (``submit_problems``);
-                    # only the leader's ticks read it otherwise.
-                    self._capacity_read_at = started
-                    self.admission.read_capacity()
+                else:
+                    self._plan_queue(started)
             except Exception:  # e.g. the database is briefly unreachable
                 log.exception("dispatcher tick failed; retrying in %.1fs", interval)
             self.last_tick_at = time.monotonic()

@@ -11,15 +11,17 @@ The kernel spreads connections over ``SO_REUSEPORT`` sockets by a hash of their 
 
 Before the workers start, this module does what they must not each do at once:
 
-- the database is migrated and the first admin key made here, once, before any worker starts;
+- the database is migrated and the first admin key made here (``prepare_database``), before any
+  worker starts; each worker's own start-up then finds both done;
 - the embedded Ray head (when ``TESSERA_RAY_ADDRESS`` is unset) is started here, in the
   supervisor, and its address handed to the workers, which then talk to it as to any cluster;
 - Prometheus counters are kept in files under a fresh ``PROMETHEUS_MULTIPROC_DIR``, so that
   ``GET /metrics``, answered by any one worker, counts every worker's requests.
 
 Each worker builds the app from the environment (``service.main:app``), so command-line
-overrides go into the environment first. Which worker dispatches is ``service.dispatch_lease``'s
-business.
+overrides go into the environment first. A worker joins the port's ``SO_REUSEPORT`` group only
+once its app has started (uvicorn calls ``listen`` then), and exits when the supervisor does.
+Which worker dispatches is ``service.dispatch_lease``'s business.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import collections
 import copy
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -50,19 +53,10 @@ def serve_processes(settings: Settings, overrides: dict[str, Any], *, log_level:
     """Serve ``service.main:app`` from ``settings.workers`` processes until SIGINT or SIGTERM (blocking)."""
     import uvicorn
 
-    from service.access import AccessStore
-    from service.bootstrap import ensure_admin_key
-    from service.db.engine import make_engine, migrate
-    from service.db.session import Database
-
+    port_is_free(settings.host, settings.port)
     for name, value in overrides.items():  # the workers read their settings from the environment
         os.environ[f"TESSERA_{name.upper()}"] = str(value)
-    engine = make_engine(settings.database_url)
-    try:
-        migrate(engine)
-        ensure_admin_key(AccessStore(Database(engine)), settings)
-    finally:
-        engine.dispose()
+    prepare_database(settings)
     metrics_dir = tempfile.mkdtemp(prefix="tessera-metrics-")
     os.environ[MULTIPROC_DIR_ENV] = metrics_dir
     embedded = settings.embedded_ray
@@ -82,12 +76,41 @@ def serve_processes(settings: Settings, overrides: dict[str, Any], *, log_level:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
+def prepare_database(settings: Settings) -> None:
+    """Migrate the database and make the first admin key, once, before the workers start (N
+    workers doing it at once would race on the schema and on the key's unique hash)."""
+    from service.access import AccessStore
+    from service.bootstrap import ensure_admin_key
+    from service.db.engine import make_engine, migrate
+    from service.db.session import Database
+
+    engine = make_engine(settings.database_url)
+    try:
+        migrate(engine)
+        ensure_admin_key(AccessStore(Database(engine)), settings)
+    finally:
+        engine.dispose()
+
+
+def port_is_free(host: str, port: int) -> None:
+    """Fail now if anything listens on ``host:port``: the workers' ``SO_REUSEPORT`` sockets would
+    otherwise join another server's group (another ``tessera serve --workers``) without an error."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT left by a stopped server is fine
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SystemExit(f"cannot serve on {host}:{port}: {exc.strerror} (is another server running there?)")
+
+
 def supervise(config: Any, count: int) -> None:
     """Keep ``count`` processes serving ``config`` until SIGINT or SIGTERM, then stop them.
 
-    A process that exits is replaced, unless its app failed to start (uvicorn's exit status 3:
-    the next one would fail the same way) or processes keep exiting (more than ``3 * count`` in
-    a minute); then the others are stopped too and this raises ``SystemExit(3)``.
+    A process that exits is replaced. The service stops instead (``SystemExit(3)``) when one of
+    the first ``count`` exits with uvicorn's start-up failure (3: a broken app, which every
+    replacement would repeat), or when processes keep exiting (more than ``3 * count`` in a
+    minute). A replacement that fails to start is only counted: its cause (the database or Ray
+    away for a moment) may pass.
     """
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or connections inherited
     stop = threading.Event()
@@ -99,50 +122,53 @@ def supervise(config: Any, count: int) -> None:
         process.start()
         return process
 
-    processes = [start() for _ in range(count)]
-    log.info("serving on %s:%d from %d processes: %s", config.host, config.port, count,
-             ", ".join(str(p.pid) for p in processes))
-    exits: collections.deque[float] = collections.deque()
+    processes: list[Any] = []
     failed = False
-    while not stop.wait(0.5) and not failed:
-        for index, process in enumerate(processes):
+    try:
+        processes = [start() for _ in range(count)]
+        first = {process.pid for process in processes}
+        log.info("serving on %s:%d from %d processes: %s", config.host, config.port, count,
+                 ", ".join(str(p.pid) for p in processes))
+        exits: collections.deque[float] = collections.deque()
+        while not failed and not stop.wait(0.5):
+            for index, process in enumerate(processes):
+                if process.is_alive():
+                    continue
+                exits.append(time.monotonic())
+                while exits and exits[0] < time.monotonic() - 60:
+                    exits.popleft()
+                broken = process.exitcode == STARTUP_FAILURE and process.pid in first
+                if broken or len(exits) > 3 * count:
+                    log.error("API process %d exited with %s %s; stopping", process.pid, process.exitcode,
+                              "(its app could not start)" if broken else f"({len(exits)} exits within a minute)")
+                    failed = True
+                    break
+                processes[index] = start()
+                log.warning("API process %d exited with %s; started %d in its place", process.pid,
+                            process.exitcode, processes[index].pid)
+    finally:
+        for process in processes:
             if process.is_alive():
-                continue
-            exits.append(time.monotonic())
-            while exits and exits[0] < time.monotonic() - 60:
-                exits.popleft()
-            if process.exitcode == STARTUP_FAILURE or len(exits) > 3 * count:
-                log.error("API process %d exited with %s %s; stopping", process.pid, process.exitcode,
-                          "(its app could not start)" if process.exitcode == STARTUP_FAILURE
-                          else f"({len(exits)} exits within a minute)")
-                failed = True
-                break
-            processes[index] = start()
-            log.warning("API process %d exited with %s; started %d in its place", process.pid, process.exitcode,
-                        processes[index].pid)
-    for process in processes:
-        if process.is_alive():
-            process.terminate()  # uvicorn shuts down gracefully on SIGTERM
-    for process in processes:
-        process.join(30)
-        if process.is_alive():
-            process.kill()
-            process.join()
+                process.terminate()  # uvicorn shuts down gracefully on SIGTERM
+        for process in processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join()
     if failed:
         raise SystemExit(STARTUP_FAILURE)
 
 
 def _serve_one(config: Any) -> None:
-    """One API process: uvicorn on a ``SO_REUSEPORT`` socket of its own."""
+    """One API process: uvicorn on a ``SO_REUSEPORT`` socket of its own, until the supervisor goes."""
     import uvicorn
 
     config.configure_logging()
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets whose proto says
     # TCP (base_events._set_nodelay), and accepted sockets inherit it. Without it a response's
     # body, written after its headers, waits for the client's delayed ACK: measured here, 52 ms
     # per submit on two processes that were two-thirds idle.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = socket.socket(_family(config.host), socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
@@ -150,8 +176,24 @@ def _serve_one(config: Any) -> None:
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         sys.exit(STARTUP_FAILURE)
-    sock.listen(config.backlog)
-    uvicorn.Server(config).run(sockets=[sock])
+    # No listen() here: uvicorn's create_server listens once the app has started, so no connection
+    # is queued on a process that is still starting (or failing to).
+    server = uvicorn.Server(config)
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # a supervisor killed outright must not leave its workers serving
+        threading.Thread(target=_exit_with, args=(parent.sentinel, server), name="tessera-parent-watch",
+                         daemon=True).start()
+    server.run(sockets=[sock])
+
+
+def _exit_with(sentinel: int, server: Any) -> None:
+    multiprocessing.connection.wait([sentinel])
+    log.warning("the supervising process is gone; stopping")
+    server.should_exit = True
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def logging_config(log_level: str) -> dict[str, Any]:

@@ -125,7 +125,7 @@ class Settings(BaseSettings):
         if scheme.startswith("sqlite") and self.database_url.split("://", 1)[-1] in ("", "/", "/:memory:"):
             raise ValueError("TESSERA_DATABASE_URL: an in-memory SQLite database is private to one connection "
                              "and would lose runs; use a file such as sqlite:////var/lib/tessera/tessera.db")
-        if self.workers > 1 and not scheme.startswith("postgresql"):
+        if self.workers > 1 and scheme != "postgresql+psycopg":  # the dispatch lease speaks psycopg 3
             raise ValueError(f"TESSERA_WORKERS={self.workers} needs PostgreSQL (TESSERA_DATABASE_URL="
                              "postgresql+psycopg://...): SQLite takes one writer at a time, so its service "
                              "runs in one process; use TESSERA_WORKERS=1")

@@ -32,19 +32,24 @@ TESSERA = str(Path(sys.executable).with_name("tessera"))
 
 
 @pytest.fixture
-def database_url():
-    """A fresh, migrated PostgreSQL database of its own: the dispatch lock is per database, and a
+def empty_database_url():
+    """A fresh, empty PostgreSQL database of its own: the dispatch lock is per database, and a
     dispatching service must not see other tests' runs."""
     name = f"tessera_procs_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    engine = make_engine(url)
-    migrate(engine)
-    engine.dispose()
-    yield url
+    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(empty_database_url):
+    """Like ``empty_database_url``, migrated."""
+    engine = make_engine(empty_database_url)
+    migrate(engine)
+    engine.dispose()
+    return empty_database_url
 
 
 def lock_holders(url: str) -> list[str]:
@@ -52,7 +57,8 @@ def lock_holders(url: str) -> list[str]:
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
         return [row[0] for row in conn.execute(
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = %s",
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "  # 1: a one-bigint key
+            "AND ((l.classid::bigint << 32) | l.objid::bigint) = %s",
             (LOCK_KEY,))]
 
 
@@ -72,8 +78,8 @@ def test_one_lease_holder_at_a_time_and_the_next_takes_over_when_it_goes(databas
     try:
         assert first.held() and not second.held()
         assert first.held() and not second.held()  # asking again changes nothing
-        assert lock_holders(database_url) == [f"tessera dispatch-lease pid={os.getpid()}"]
-        first.close()
+        assert lock_holders(database_url) == [f"tessera dispatcher pid={os.getpid()}"]
+        first.close()  # unlocks before it closes: the next try of another process gets it
         assert second.held()
         assert not first.held()  # the old holder, asking again, finds it taken
     finally:
@@ -162,10 +168,41 @@ def test_a_process_that_does_not_dispatch_still_sees_the_cluster_grow(tmp_path, 
                        what="the follower to read the grown cluster")
 
 
-def test_serve_with_two_processes_counts_all_requests_and_replaces_a_dead_process(tmp_path, database_url):
+def test_every_process_says_why_a_queued_run_waits(tmp_path, database_url, example_body):
+    """``queue`` (place and reason) comes from the admission plan, which the leader makes as it
+    ticks; a process that does not dispatch plans the queue too, so its answer is the same."""
+    jobs = {"first": SizedJobs(cpus=2), "second": SizedJobs(cpus=2)}  # room for one 2-worker run
+
+    def app_for(name: str):
+        settings = Settings(home=tmp_path / name, database_url=database_url, public_url="http://tessera.test:8000",
+                            storage_url=f"file://{tmp_path}/storage", dispatch_interval_s=0.1, workers=2)
+        return create_app(settings, jobs=jobs[name])
+
+    with TestClient(app_for("first"), headers=ADMIN_HEADERS) as first:
+        with TestClient(app_for("second"), headers=ADMIN_HEADERS) as second:
+            running = first.post(f"{API}/runs", json=example_body).json()
+            wait_until(lambda: first.get(f"{API}/runs/{running['id']}").json()["status"] != "QUEUED", timeout=30,
+                       what="the first run to go to Ray")
+            waiting = first.post(f"{API}/runs", json=example_body).json()
+
+            def queue_seen_by(client):
+                return client.get(f"{API}/runs/{waiting['id']}").json().get("queue")
+
+            seen = wait_until(lambda: queue_seen_by(first), timeout=30, what="the leader's plan")
+            assert seen["reason"] == "resources"
+            assert wait_until(lambda: queue_seen_by(second), timeout=30, what="the other process's plan") == seen
+            assert not second.app.state.dispatcher.leading
+
+
+def test_serve_with_two_processes_counts_all_requests_and_replaces_a_dead_process(tmp_path, empty_database_url):
+    """On an empty database (the supervisor migrates it, once), with no Ray to reach."""
+    database_url = empty_database_url
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "TESSERA_HOME": str(tmp_path / "home"), "TESSERA_DATABASE_URL": database_url,
+    scratch = tmp_path / "tmp"  # where the supervisor keeps the processes' Prometheus files
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "TESSERA_HOME": str(tmp_path / "home"),
+           "TESSERA_DATABASE_URL": database_url,
            "TESSERA_RAY_ADDRESS": "http://127.0.0.1:9",  # no Ray: the service runs, runs wait
            "TESSERA_RAY_TIMEOUT_S": "1", "TESSERA_DISPATCH_INTERVAL_S": "0.2"}
     log_path = tmp_path / "service.log"
@@ -196,6 +233,8 @@ def test_serve_with_two_processes_counts_all_requests_and_replaces_a_dead_proces
         counted = sum(float(line.rsplit(" ", 1)[1]) for line in scraped.splitlines()
                       if line.startswith('tessera_http_requests_total{method="GET",route="/api/v1/runs"'))
         assert counted == 20
+        # ... and both processes answered some of them, each counting in its own file.
+        assert all(requests_counted_by(scratch, pid) > 0 for pid in processes)
 
         os.kill(leader, signal.SIGKILL)
         new_holders = wait_until(lambda: [h for h in lock_holders(database_url) if f"pid={leader}" not in h],
@@ -214,6 +253,18 @@ def test_serve_with_two_processes_counts_all_requests_and_replaces_a_dead_proces
     assert not lock_holders(database_url)
 
 
+def requests_counted_by(scratch: Path, pid: int) -> float:
+    """``GET /api/v1/runs`` requests counted in process ``pid``'s own Prometheus file."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    total = 0.0
+    for path in scratch.glob(f"tessera-metrics-*/counter_{pid}.db"):
+        for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(str(path)):
+            if '"tessera_http_requests_total"' in key and '"/api/v1/runs"' in key and '"GET"' in key:
+                total += value
+    return total
+
+
 def api_processes(supervisor: int) -> list[int]:
     """The live API processes under ``supervisor`` (named ``tessera-api`` by multiprocessing's spawn)."""
     found = []
@@ -229,3 +280,19 @@ def api_processes(supervisor: int) -> list[int]:
         if int(fields[1]) == supervisor and fields[0] != "Z" and b"multiprocessing.spawn" in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def test_serve_with_two_processes_refuses_a_port_another_server_listens_on(tmp_path, empty_database_url):
+    """Its processes' SO_REUSEPORT sockets would otherwise share the port with that server."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        env = {**os.environ, "TESSERA_HOME": str(tmp_path / "home"), "TESSERA_DATABASE_URL": empty_database_url,
+               "TESSERA_RAY_ADDRESS": "http://127.0.0.1:9"}
+        result = subprocess.run([TESSERA, "serve", "--port", str(port), "--workers", "2"], env=env, cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in result.stderr

@@ -60,6 +60,8 @@ def test_in_memory_sqlite_is_refused_because_it_would_lose_runs(url):
 def test_several_api_processes_need_postgresql():
     with pytest.raises(SettingsError, match="TESSERA_WORKERS=2 needs PostgreSQL"):
         load_settings(workers=2)
+    with pytest.raises(SettingsError, match="TESSERA_WORKERS=2 needs PostgreSQL"):
+        load_settings(workers=2, database_url="postgresql://db/tessera")  # another driver than psycopg 3
     assert load_settings(workers=2, database_url="postgresql+psycopg://db/tessera").workers == 2
     with pytest.raises(SettingsError, match="TESSERA_WORKERS: Input should be greater than or equal to 1"):
         load_settings(workers=0)
