@@ -39,7 +39,10 @@ from service.sweep_repository import SweepRepository
 
 log = logging.getLogger(__name__)
 
-FOLLOWER_CAPACITY_READ_S = 10.0  # how often a process that does not dispatch reads the cluster's size
+# How often a process that does not dispatch plans the queue (for the ``queue`` of its answers),
+# and reads the cluster's size: each plan reads every active run.
+FOLLOWER_PLAN_S = 2.0
+FOLLOWER_CAPACITY_READ_S = 10.0
 
 
 class Dispatcher:
@@ -49,7 +52,7 @@ class Dispatcher:
         self.repo = repo
         self.lease = lease or SoleLease()
         self.leading = False  # whether this process holds the lease (and has reconciled)
-        self._capacity_read_at = float("-inf")  # when a process that does not dispatch last read the cluster's size
+        self._planned_at = self._capacity_read_at = float("-inf")  # when a process that does not dispatch last did
         self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
@@ -140,16 +143,18 @@ class Dispatcher:
         self._wake.set()
 
     def _plan_queue(self, now: float) -> None:
-        """In a process that does not dispatch: plan the queue as the leader's tick does, without
-        submitting, so that this process's answers say why a QUEUED run waits (``queue``), and
-        read the cluster's size every ``FOLLOWER_CAPACITY_READ_S``: submits here are checked
-        against it (``submit_problems``), and only the leader's ticks read it otherwise."""
-        fresh = now - self._capacity_read_at >= FOLLOWER_CAPACITY_READ_S
-        if fresh:
+        """In a process that does not dispatch: every ``FOLLOWER_PLAN_S``, plan the queue as the
+        leader's tick does, without submitting, so that this process's answers say why a QUEUED
+        run waits (``queue``); every ``FOLLOWER_CAPACITY_READ_S``, read the cluster's size first:
+        submits here are checked against it (``submit_problems``), and only the leader's ticks
+        read it otherwise."""
+        if now - self._capacity_read_at >= FOLLOWER_CAPACITY_READ_S:
             self._capacity_read_at = now
             self.admission.read_capacity()
-        runs = self.followers[0]
-        self.admission(runs.owned([runs.kind.status.QUEUED]), fresh_capacity=False)
+        if now - self._planned_at >= FOLLOWER_PLAN_S:
+            self._planned_at = now
+            runs = self.followers[0]
+            self.admission(runs.owned([runs.kind.status.QUEUED]), fresh_capacity=False)
 
     def _woken_by_another_process(self) -> None:
         if self.leading:

@@ -168,9 +168,12 @@ def test_a_process_that_does_not_dispatch_still_sees_the_cluster_grow(tmp_path, 
                        what="the follower to read the grown cluster")
 
 
-def test_every_process_says_why_a_queued_run_waits(tmp_path, database_url, example_body):
+def test_every_process_says_why_a_queued_run_waits(tmp_path, database_url, example_body, monkeypatch):
     """``queue`` (place and reason) comes from the admission plan, which the leader makes as it
     ticks; a process that does not dispatch plans the queue too, so its answer is the same."""
+    from service import dispatcher as dispatcher_module
+
+    monkeypatch.setattr(dispatcher_module, "FOLLOWER_PLAN_S", 0.2)
     jobs = {"first": SizedJobs(cpus=2), "second": SizedJobs(cpus=2)}  # room for one 2-worker run
 
     def app_for(name: str):
