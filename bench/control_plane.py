@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/control_plane.py [--quick] [--sizes 1000,10000,100000] \
         [--metric-points 10000000] [--pg postgresql://postgres@127.0.0.1:5432/test] \
-        [--ticks 30] [--out docs/bench/control-plane-DATE.json] [--py-spy FILE]
+        [--ticks 30] [--workers N] [--out docs/bench/control-plane-DATE.json] [--py-spy FILE]
 
 Makes a throwaway database (``bench.seed.scratch_database``), seeds 1,000 RUNNING runs that the
 dispatcher follows, then for each size in ``--sizes`` tops the ended runs up to that count
@@ -508,6 +508,7 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=None,
                         help=f"dispatcher ticks timed (default {FULL['ticks']}; with 30 the p99 is the slowest tick)")
     parser.add_argument("--pg", default=os.environ.get("TESSERA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--workers", type=int, default=1, help="API processes of the server (TESSERA_WORKERS)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--py-spy", type=Path, default=None,
                         help="record the server with py-spy into this file (collapsed stacks of the thread "
@@ -527,7 +528,7 @@ def main() -> None:
                     "machine": f"{os.cpu_count()} cores, client and server on the same machine (loopback)",
                     "ray": "faked in the server process (bench/control_plane_server.py ListingRay): every submit "
                            "accepted at once, every job listed by one states() call",
-                    "settings": sizes, "sizes": {}, "seeding": {}}
+                    "settings": {**sizes, "workers": args.workers}, "sizes": {}, "seeding": {}}
     with scratch_database(args.pg) as url, tempfile.TemporaryDirectory() as scratch:
         engine = make_engine(url)
         port, jobs_log = free_port(), Path(scratch) / "jobs.jsonl"
@@ -536,7 +537,7 @@ def main() -> None:
             began = time.perf_counter()
             active = fill_active(engine, sizes["active"])
             report["seeding"]["active_runs_s"] = round(time.perf_counter() - began, 1)
-            command = server_command(REPO_ROOT, url, port, jobs_log, len(active))
+            command = server_command(REPO_ROOT, url, port, jobs_log, len(active), args.workers)
             if args.py_spy:
                 command = under_py_spy(command, args.py_spy)
             server = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
