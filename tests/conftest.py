@@ -6,6 +6,7 @@ Real components only: PostgreSQL on 127.0.0.1:5432 (trust auth), a Ray head star
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -37,17 +38,26 @@ ADMIN_HEADERS = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
 os.environ.setdefault("TESSERA_DATA_DIRS", "/nonexistent")
 
 
+@contextlib.contextmanager
+def fresh_postgres_database(prefix: str = "tessera_test"):
+    """A new, empty PostgreSQL database (its SQLAlchemy URL), dropped when the block ends."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def postgres_url():
     """A fresh PostgreSQL database for this test session, dropped at the end."""
-    import psycopg
-
-    name = f"tessera_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_postgres_database() as url:
+        yield url
 
 
 class S3Server:

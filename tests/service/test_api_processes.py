@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ from service.app import create_app
 from service.db.engine import make_engine, migrate
 from service.dispatch_lease import LOCK_KEY, AdvisoryLease
 from service.settings import Settings
-from tests.conftest import ADMIN_HEADERS, PG_ADMIN_URL
+from tests.conftest import ADMIN_HEADERS, fresh_postgres_database
 from tests.local_ray import REPO_ROOT, free_port
 from tests.service.conftest import FakeJobs
 
@@ -35,12 +34,8 @@ TESSERA = str(Path(sys.executable).with_name("tessera"))
 def empty_database_url():
     """A fresh, empty PostgreSQL database of its own: the dispatch lock is per database, and a
     dispatching service must not see other tests' runs."""
-    name = f"tessera_procs_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_postgres_database("tessera_procs") as url:
+        yield url
 
 
 @pytest.fixture
@@ -60,6 +55,17 @@ def lock_holders(url: str) -> list[str]:
             "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "  # 1: a one-bigint key
             "AND ((l.classid::bigint << 32) | l.objid::bigint) = %s",
             (LOCK_KEY,))]
+
+
+def process_apps(tmp_path: Path, database_url: str, jobs: dict, *, interval_s: float):
+    """``app_for(name)``: the app of one API process of a 2-process service on ``database_url``,
+    with the fake Ray ``jobs[name]``."""
+    def app_for(name: str):
+        settings = Settings(home=tmp_path / name, database_url=database_url, public_url="http://tessera.test:8000",
+                            storage_url=f"file://{tmp_path}/storage", dispatch_interval_s=interval_s, workers=2)
+        return create_app(settings, jobs=jobs[name])
+
+    return app_for
 
 
 def wait_until(condition, *, timeout: float, what: str):
@@ -107,11 +113,7 @@ def test_only_the_lease_holder_dispatches_and_a_follower_passes_its_wakes_on(tmp
     dispatch goes to Ray at once (a 60 s interval would otherwise hold it), by the one that does;
     when that one stops, the other takes the lease (on its next wake, here) and dispatches."""
     jobs = {"first": FakeJobs(), "second": FakeJobs()}
-
-    def app_for(name: str):
-        settings = Settings(home=tmp_path / name, database_url=database_url, public_url="http://tessera.test:8000",
-                            storage_url=f"file://{tmp_path}/storage", dispatch_interval_s=60, workers=2)
-        return create_app(settings, jobs=jobs[name])
+    app_for = process_apps(tmp_path, database_url, jobs, interval_s=60)
 
     first = TestClient(app_for("first"), headers=ADMIN_HEADERS).__enter__()
     try:
@@ -152,11 +154,7 @@ def test_a_process_that_does_not_dispatch_still_sees_the_cluster_grow(tmp_path, 
 
     monkeypatch.setattr(dispatcher_module, "FOLLOWER_CAPACITY_READ_S", 0.2)
     jobs = {"first": SizedJobs(cpus=1), "second": SizedJobs(cpus=1)}
-
-    def app_for(name: str):
-        settings = Settings(home=tmp_path / name, database_url=database_url, public_url="http://tessera.test:8000",
-                            storage_url=f"file://{tmp_path}/storage", dispatch_interval_s=0.1, workers=2)
-        return create_app(settings, jobs=jobs[name])
+    app_for = process_apps(tmp_path, database_url, jobs, interval_s=0.1)
 
     with TestClient(app_for("first"), headers=ADMIN_HEADERS) as first:
         with TestClient(app_for("second"), headers=ADMIN_HEADERS) as second:
@@ -175,11 +173,7 @@ def test_every_process_says_why_a_queued_run_waits(tmp_path, database_url, examp
 
     monkeypatch.setattr(dispatcher_module, "FOLLOWER_PLAN_S", 0.2)
     jobs = {"first": SizedJobs(cpus=2), "second": SizedJobs(cpus=2)}  # room for one 2-worker run
-
-    def app_for(name: str):
-        settings = Settings(home=tmp_path / name, database_url=database_url, public_url="http://tessera.test:8000",
-                            storage_url=f"file://{tmp_path}/storage", dispatch_interval_s=0.1, workers=2)
-        return create_app(settings, jobs=jobs[name])
+    app_for = process_apps(tmp_path, database_url, jobs, interval_s=0.1)
 
     with TestClient(app_for("first"), headers=ADMIN_HEADERS) as first:
         with TestClient(app_for("second"), headers=ADMIN_HEADERS) as second:
