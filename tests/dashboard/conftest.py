@@ -83,12 +83,20 @@ DOC_SCREENSHOT_NAMES = {"runs-1280", "run-1280", "submit-error-800", "sweep-1280
                         "compare-1280"}
 
 
-def assert_fits_width(page, width: int) -> None:
-    """Nothing on the page is wider than the window (no horizontal scrolling)."""
+def assert_fits_width(page, width: int, settle_ms: int = 5000) -> None:
+    """Nothing on the page is wider than the window (no horizontal scrolling), once its layout
+    has settled: the charts take their new width from a ResizeObserver, which fires after the
+    frame in which the window changed (seen in CI: 812 px at an 800 px window for that frame)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.set_viewport_size({"width": width, "height": 900})
     page.wait_for_function(f"document.documentElement.clientWidth === {width}")
+    try:
+        page.wait_for_function(f"document.documentElement.scrollWidth <= {width}", timeout=settle_ms)
+    except PlaywrightTimeout:
+        pass  # the assertion below says how wide it stayed
     scroll_width = page.evaluate("document.documentElement.scrollWidth")
-    assert scroll_width <= width, f"page is {scroll_width}px wide at a {width}px window"
+    assert scroll_width <= width, f"page is {scroll_width}px wide at a {width}px window after {settle_ms} ms"
 
 
 # --- a live service: real Ray head, PostgreSQL, `tessera serve` in a subprocess ---------
