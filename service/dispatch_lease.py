@@ -12,9 +12,10 @@ one that does, as ``service.dispatch_wake`` does within a process: the follower 
 ``NOTIFY`` on ``WAKE_CHANNEL`` and every process ``LISTEN``\\ s on its own connection. Only the
 leader acts on it.
 
-The lease's connections have TCP keepalives and a user timeout (``CONNECTION_OPTIONS``): a
+The lease's connections have TCP keepalives and a user timeout at both ends
+(``CONNECTION_OPTIONS`` for libpq, ``SERVER_SETTINGS`` for the server's side of the session): a
 leader cut off from the database notices within about 30 s, and the server ends the lost
-session, and with it the lock, as soon. Until then the leader may dispatch beside its
+session, and with it the lock, about as soon (its operating system's default would take hours). Until then the leader may dispatch beside its
 successor; a tick's writes take row locks and Ray refuses a second job with the same submission
 id, so no attempt is submitted twice. The session that holds the lock is named
 ``tessera dispatcher pid=N`` in ``pg_stat_activity``; the others ``tessera dispatch-lease pid=N``.
@@ -40,6 +41,9 @@ LISTEN_POLL_S = 1.0  # how often the listening thread looks up from the socket t
 # libpq options of the lease's own connections: bounded connects, and dead peers found in ~30 s.
 CONNECTION_OPTIONS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
                       "keepalives_count": 3, "tcp_user_timeout": 30_000}
+# The same on the server's side of each session (ordinary users may set these).
+SERVER_SETTINGS = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3",
+                   "tcp_user_timeout": "30000"}
 
 
 class DispatchLease(Protocol):
@@ -96,6 +100,8 @@ class AdvisoryLease:
         args, kwargs = dialect.create_connect_args(self.engine.url)
         conn = dialect.connect(*args, **{**CONNECTION_OPTIONS, **kwargs})
         conn.autocommit = True
+        for name, value in SERVER_SETTINGS.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
         self._name(conn, role)
         return conn
 

@@ -53,6 +53,7 @@ class Dispatcher:
         self.lease = lease or SoleLease()
         self.leading = False  # whether this process holds the lease (and has reconciled)
         self._planned_at = self._capacity_read_at = float("-inf")  # when a process that does not dispatch last did
+        self._plan_error: str | None = None  # why its last plan of the queue failed
         self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
@@ -154,7 +155,14 @@ class Dispatcher:
         if now - self._planned_at >= FOLLOWER_PLAN_S:
             self._planned_at = now
             runs = self.followers[0]
-            self.admission(runs.owned([runs.kind.status.QUEUED]), fresh_capacity=False)
+            try:
+                self.admission(runs.owned([runs.kind.status.QUEUED]), fresh_capacity=False)
+            except Exception as exc:  # the database is away: say so once, not every plan
+                if self._plan_error is None:
+                    log.warning("cannot plan the queue (answers will not say why a run waits): %s", exc)
+                self._plan_error = str(exc)
+            else:
+                self._plan_error = None
 
     def _woken_by_another_process(self) -> None:
         if self.leading:

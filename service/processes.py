@@ -126,7 +126,7 @@ def supervise(config: Any, count: int) -> None:
     failed = False
     try:
         processes = [start() for _ in range(count)]
-        first = {process.pid for process in processes}
+        first = set(processes)  # the objects, not their pids: a replacement may reuse a pid
         log.info("serving on %s:%d from %d processes: %s", config.host, config.port, count,
                  ", ".join(str(p.pid) for p in processes))
         exits: collections.deque[float] = collections.deque()
@@ -137,7 +137,7 @@ def supervise(config: Any, count: int) -> None:
                 exits.append(time.monotonic())
                 while exits and exits[0] < time.monotonic() - 60:
                     exits.popleft()
-                broken = process.exitcode == STARTUP_FAILURE and process.pid in first
+                broken = process.exitcode == STARTUP_FAILURE and process in first
                 if broken or len(exits) > 3 * count:
                     log.error("API process %d exited with %s %s; stopping", process.pid, process.exitcode,
                               "(its app could not start)" if broken else f"({len(exits)} exits within a minute)")

@@ -126,9 +126,9 @@ class Settings(BaseSettings):
             raise ValueError("TESSERA_DATABASE_URL: an in-memory SQLite database is private to one connection "
                              "and would lose runs; use a file such as sqlite:////var/lib/tessera/tessera.db")
         if self.workers > 1 and scheme != "postgresql+psycopg":  # the dispatch lease speaks psycopg 3
-            raise ValueError(f"TESSERA_WORKERS={self.workers} needs PostgreSQL (TESSERA_DATABASE_URL="
-                             "postgresql+psycopg://...): SQLite takes one writer at a time, so its service "
-                             "runs in one process; use TESSERA_WORKERS=1")
+            raise ValueError(f"TESSERA_WORKERS={self.workers} needs PostgreSQL through psycopg 3 (TESSERA_DATABASE_URL="
+                             "postgresql+psycopg://...; the dispatch lease uses it); SQLite takes one writer at a "
+                             "time, so its service runs in one process: use TESSERA_WORKERS=1 there")
         if "://" not in self.storage_url:
             raise ValueError(f"TESSERA_STORAGE_URL must be an fsspec URL such as file:///data/tessera or "
                              f"s3://bucket/prefix; got {redact_url(self.storage_url)!r}")
