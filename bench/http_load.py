@@ -11,6 +11,7 @@ service answers (no chunked bodies, no redirects); anything else raises.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 
@@ -61,8 +62,6 @@ class LeanConnection:
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            try:
+            with contextlib.suppress(ConnectionError):  # the server closed it first
                 await self._writer.wait_closed()
-            except ConnectionError:
-                pass
         self._reader = self._writer = None

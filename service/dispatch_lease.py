@@ -23,6 +23,7 @@ id, so no attempt is submitted twice. The session that holds the lock is named
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -67,13 +68,13 @@ class SoleLease:
         return True
 
     def notify(self) -> None:
-        pass
+        """Nothing to do: the one process's wakes reach its own dispatcher directly."""
 
     def listen(self, on_wake: Callable[[], None]) -> None:
-        pass
+        """Nothing to do: no other process sends wakes."""
 
     def close(self) -> None:
-        pass
+        """Nothing to do: no lock and no connection are held."""
 
 
 class AdvisoryLease:
@@ -173,15 +174,11 @@ class AdvisoryLease:
 
     def _drop(self) -> None:
         if self._conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # a broken connection: the server ends the session
                 if self._held and not self._conn.broken:  # at once: closing alone frees it when the server notices
                     self._conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
-            except Exception:
-                pass
-            try:
+            with contextlib.suppress(Exception):
                 self._conn.close()  # ends the session, and with it the lock
-            except Exception:
-                pass
         self._conn, self._held = None, False
 
     def close(self) -> None:

@@ -8,6 +8,8 @@ on these machines. Without chromium the browser tests fail and say how to instal
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import threading
 import time
@@ -91,10 +93,8 @@ def assert_fits_width(page, width: int, settle_ms: int = 5000) -> None:
 
     page.set_viewport_size({"width": width, "height": 900})
     page.wait_for_function(f"document.documentElement.clientWidth === {width}")
-    try:
+    with contextlib.suppress(PlaywrightTimeout):  # the assertion below says how wide it stayed
         page.wait_for_function(f"document.documentElement.scrollWidth <= {width}", timeout=settle_ms)
-    except PlaywrightTimeout:
-        pass  # the assertion below says how wide it stayed
     scroll_width = page.evaluate("document.documentElement.scrollWidth")
     assert scroll_width <= width, f"page is {scroll_width}px wide at a {width}px window after {settle_ms} ms"
 
