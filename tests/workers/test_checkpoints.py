@@ -244,3 +244,38 @@ def test_s3_down_during_retention_is_a_note_and_the_next_commit_deletes_what_it_
     assert [step for step, _ in sink.values("train/loss")] == list(range(1, 9))
     committed = Checkpointer(url, fingerprint={}).checkpoints()
     assert [(c.step, c.committed) for c in committed] == [(6, True), (8, True)]  # step 8's retention caught up
+
+
+def test_a_committed_checkpoint_that_lost_a_file_is_skipped_and_its_step_is_saved_again_whole(tmp_path):
+    spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    url = f"file://{tmp_path}"
+    train(spec, checkpoint_url=url, sink=MemorySink())
+    (tmp_path / "ep0-ba4" / "rank0.pt").unlink()  # lost from storage after its commit
+    checkpointer = Checkpointer(url, fingerprint={})
+    assert checkpointer.missing_files(f"{url}/ep0-ba4", 1) == ["rank0.pt"]
+    assert checkpointer.latest_committed().name == "ep0-ba2"
+
+    longer = spec_with_checkpoints(max_duration="6ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    sink = MemorySink()
+    train(longer, checkpoint_url=url, sink=sink)
+    assert [step for step, _ in sink.values("train/loss")][0] == 3  # resumed after batch 2
+    assert [(c["step"], c["committed"]) for c in sink.checkpoints] == [(4, True), (6, True)]
+    assert (tmp_path / "ep0-ba4" / "rank0.pt").exists() and not checkpointer.missing_files(f"{url}/ep0-ba4", 1)
+
+
+def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path, monkeypatch):
+    write_files = Checkpointer._write_files
+
+    def write_then_lose_trainer_state(self, url, *args):
+        write_files(self, url, *args)
+        if url.endswith("ep0-ba4"):
+            storage_for(url).remove(join(url, "trainer.pt"))
+
+    monkeypatch.setattr(Checkpointer, "_write_files", write_then_lose_trainer_state)
+    sink = MemorySink()
+    train(spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2}),
+          checkpoint_url=f"file://{tmp_path}", sink=sink)
+    outcomes = [(c["step"], c["committed"]) for c in sink.checkpoints]
+    assert outcomes == [(2, True), (4, False)], outcomes
+    assert "trainer.pt missing from" in sink.checkpoints[-1]["error"]
+    assert not (tmp_path / "ep0-ba4" / MARKER).exists()

@@ -12,8 +12,11 @@ Layout under ``{storage}/runs/{run_id}/checkpoints/``::
 
 A checkpoint counts only once ``COMMITTED`` exists. DCP's final step gathers every rank's write
 result on rank 0 and broadcasts the outcome, so when ``dcp.save`` returns on rank 0 every rank
-has finished writing (the barrier); only then is the marker written. A folder without the
-marker is a torn write: never loaded, deleted by retention once a newer one is committed.
+has finished writing (the barrier); rank 0 then checks that every file is there and only then
+writes the marker. A folder without the marker is a torn write: never loaded, deleted by
+retention once a newer one is committed. A step saved again (a resume from an older checkpoint)
+loses its old marker before anything is rewritten. A resume skips, with a warning, a committed
+checkpoint that has lost a file since (``latest_committed``).
 
 Every save is collective: all ranks call ``save`` at the same step. Failures are collective
 too (DCP raises on every rank if any rank failed; the per-rank files are agreed on with an
@@ -191,9 +194,21 @@ class Checkpointer:
         return sorted(infos, key=lambda i: (i.step, i.epoch))
 
     def latest_committed(self) -> CheckpointInfo | None:
-        """The newest checkpoint with its commit marker; torn writes are skipped."""
-        committed = [info for info in self.checkpoints() if info.committed]
-        return committed[-1] if committed else None
+        """The newest checkpoint with its commit marker and its files; torn writes are skipped,
+        and so, with a warning, is a committed checkpoint that has lost a file since."""
+        for info in reversed([info for info in self.checkpoints() if info.committed]):
+            missing = self.missing_files(info.url, self.marker(info).get("world_size", 1))
+            if not missing:
+                return info
+            log.warning("checkpoint %s is committed but %s missing: not loadable, skipped", info.url,
+                        ", ".join(missing))
+        return None
+
+    def missing_files(self, url: str, world_size: int) -> list[str]:
+        """The files of a whole checkpoint (its marker aside) that the folder ``url`` lacks."""
+        present = set(self.storage.listdir(url))
+        needed = [".metadata", "trainer.pt", *(f"rank{rank}.pt" for rank in range(world_size))]
+        return [name for name in needed if name not in present]
 
     def marker(self, info: CheckpointInfo) -> dict[str, Any]:
         return json.loads(self.storage.read_bytes(join(info.url, MARKER)))
@@ -232,6 +247,9 @@ class Checkpointer:
                          what=f"saving checkpoint {name}", attempts=self.attempts, first_delay_s=self.first_delay_s)
             if self.rank != 0:
                 return
+            missing = self.missing_files(url, self.world_size)
+            if missing:  # written and then gone: committing would promise what a resume cannot load
+                raise FileNotFoundError(f"{', '.join(missing)} missing from {url} after every rank wrote it")
             size = self.storage.size(url)
             meta = {"step": step, "epoch": epoch, "time": datetime.now(timezone.utc).isoformat(),
                     "bytes": size, "world_size": self.world_size, "fingerprint": self.fingerprint,
@@ -261,6 +279,10 @@ class Checkpointer:
         """One try at writing every file of a checkpoint but its marker (collective)."""
         ok = True
         try:
+            if self.rank == 0 and self.storage.isfile(join(url, MARKER)):
+                # A step saved again (a resume from an older checkpoint): uncommit it first, so a
+                # write that dies halfway is a torn write, not a committed mix of two saves.
+                self.storage.remove(join(url, MARKER))
             self.storage.write_bytes(join(url, f"rank{self.rank}.pt"), _to_bytes(rank_state))
             if self.rank == 0:
                 self.storage.write_bytes(join(url, "trainer.pt"), _to_bytes(trainer_state))
