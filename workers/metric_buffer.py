@@ -51,9 +51,12 @@ class MetricBuffer:
             return
         pending, self.pending = self.pending, []
         losses = torch.stack([loss for _, loss, _ in pending]).tolist() if pending else []
+        add = self.sink.add  # two points a step: straight to the sink, ``latest`` set once below
         for (step, _, lr), loss in zip(pending, losses):
-            self.record(step, "train/loss", loss)
-            self.record(step, "lr", lr)
+            add(step, "train/loss", loss)
+            add(step, "lr", lr)
+        if pending:
+            self.latest["train/loss"], self.latest["lr"] = losses[-1], pending[-1][2]
         step = timestamp.batch
         start, start_sample = self._throughput_mark
         now = time.monotonic()

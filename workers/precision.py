@@ -25,6 +25,6 @@ def autocast(precision: Precision | str, device: torch.device) -> ContextManager
 
 
 def grad_scaler(precision: Precision | str, device: torch.device) -> torch.amp.GradScaler:
-    """A GradScaler enabled only for fp16. A disabled scaler passes everything through, so the
-    loop calls ``scale``/``step``/``update`` the same way for every precision."""
+    """A GradScaler enabled only for fp16. A disabled scaler passes everything through; the
+    trainer's step skips its calls then (``Trainer.scaling``), algorithms may still call it."""
     return torch.amp.GradScaler(device.type, enabled=Precision(precision) is Precision.AMP_FP16)

@@ -23,7 +23,7 @@ import torch
 from algorithms.registry import build_algorithms
 from api.catalog import DATASETS
 from api.lineage import ForkInfo
-from api.specs import RunSpec
+from api.specs import Precision, RunSpec
 from workers.checkpoint import Checkpointer, fingerprint, with_retries
 from workers.checkpoint.fork_source import load_fork_source
 from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stateful,
@@ -127,9 +127,9 @@ class Trainer:
         self._build_optimization()
         self.eval_every = self._interval(spec.eval_interval)
         self._last_eval_batch = -1
-        # Autocast for forward and loss (nothing for fp32), made once: entering one context
+        # Autocast for forward and loss (None for fp32), made once: entering one context
         # object twice a step, never nested, is what a fresh one per use would do.
-        self.forward_context = autocast(spec.precision, self.device)
+        self.forward_context = None if spec.precision is Precision.FP32 else autocast(spec.precision, self.device)
         self.microbatches = Microbatches(spec.microbatch_size, model=self.state.model, device=self.device,
                                          world_size=self.world_size)
         # Whether a whole-batch backward must say if it syncs gradients: DDP deferring its
@@ -151,6 +151,8 @@ class Trainer:
         state.scheduler = build_scheduler(state.optimizer, spec.scheduler, max_batches=state.max_batches,
                                           warmup_batches=self._batches(spec.scheduler.warmup, state.max_batches))
         state.scaler = grad_scaler(spec.precision, self.device)
+        # fp16 only: the loop skips a disabled scaler's calls, which would only pass through.
+        self.scaling = state.scaler.is_enabled()
 
     def _checkpointer(self, checkpoint_url: str, in_channels: int) -> Checkpointer:
         """The run's checkpoint folder; its fingerprint refuses checkpoints of another model."""
@@ -272,24 +274,29 @@ class Trainer:
         batch_inputs, batch_targets = state.inputs, state.targets
         batch_size = batch_inputs.shape[0]
         lr = state.optimizer.param_groups[0]["lr"]
-        while True:
-            batch_loss = microbatches.attempt(self._accumulate_gradients, batch_inputs, batch_targets)
-            if batch_loss is not None:
-                break
-            if not microbatches.halve(batch_size, state):
-                raise torch.OutOfMemoryError(f"out of memory on this batch with microbatches of "
-                                             f"{microbatches.size or batch_size}, on this rank or another")
+        if not microbatches.auto:  # a fixed size cannot run out of memory and retry
+            batch_loss = self._accumulate_gradients(batch_inputs, batch_targets)
+        else:
+            while (batch_loss := microbatches.attempt(self._accumulate_gradients, batch_inputs,
+                                                      batch_targets)) is None:
+                if not microbatches.halve(batch_size, state):
+                    raise torch.OutOfMemoryError(f"out of memory on this batch with microbatches of "
+                                                 f"{microbatches.size or batch_size}, on this rank or another")
         if microbatches.defer_gradient_sync:
             average_gradients(state.model)
         # Algorithms that read gradients (clipping) must see their true values: unscale first
-        # (a no-op unless fp16); ``step`` then skips its own unscale and still skips inf/NaN steps.
-        state.scaler.unscale_(state.optimizer)
+        # (fp16 only); ``step`` then skips its own unscale and still skips inf/NaN steps.
+        if self.scaling:
+            state.scaler.unscale_(state.optimizer)
         # SAM takes a second forward/backward of this batch at other weights.
         state.recompute_gradients = lambda: self._recompute_gradients(batch_inputs, batch_targets)
         engine.run_event(Event.AFTER_TRAIN_BATCH, state)
         state.recompute_gradients = None
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
+        if self.scaling:
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+        else:  # a disabled scaler's step and update only pass through: four calls a step saved
+            state.optimizer.step()
         state.scheduler.step()
         state.timestamp = state.timestamp.after_batch(samples=batch_size * self.world_size)
         engine.run_event(Event.BATCH_END, state)
@@ -306,10 +313,9 @@ class Trainer:
         """Forward and backward over the batch's microbatches; returns the batch's mean loss."""
         state = self.state
         batch_size = batch_inputs.shape[0]
-        bounds = self.microbatches.bounds(batch_size)
-        defer_sync = self.microbatches.defer_gradient_sync
+        size, defer_sync = self.microbatches.size, self.microbatches.defer_gradient_sync
         state.optimizer.zero_grad(set_to_none=True)
-        if len(bounds) == 1:
+        if size is None or size >= batch_size:
             # The whole batch at once (the usual case): no slices, no weighting, no running sum.
             # Four fewer tensor ops per step, which a small model's step time feels (bench/loop.py).
             state.inputs, state.targets = batch_inputs, batch_targets
@@ -319,6 +325,7 @@ class Trainer:
             else:
                 self._forward_backward(1.0)
             return state.loss.detach()
+        bounds = self.microbatches.bounds(batch_size)
         batch_loss = torch.zeros((), device=self.device)
         for i, (start, end) in enumerate(bounds):
             state.inputs, state.targets = batch_inputs[start:end], batch_targets[start:end]
@@ -334,15 +341,22 @@ class Trainer:
     def _forward_backward(self, weight: float) -> None:
         state, engine, forward_context = self.state, self.engine, self.forward_context
         engine.run_event(Event.BEFORE_FORWARD, state)
-        with forward_context:
+        if forward_context is None:  # fp32: no context to enter and leave, twice a step
             state.outputs = state.model(state.inputs)
+        else:
+            with forward_context:
+                state.outputs = state.model(state.inputs)
         engine.run_event(Event.AFTER_FORWARD, state)
         engine.run_event(Event.BEFORE_LOSS, state)
-        with forward_context:
+        if forward_context is None:
             state.loss = state.loss_fn(state.outputs, state.targets)
+        else:
+            with forward_context:
+                state.loss = state.loss_fn(state.outputs, state.targets)
         engine.run_event(Event.AFTER_LOSS, state)
         engine.run_event(Event.BEFORE_BACKWARD, state)
-        state.scaler.scale(state.loss if weight == 1.0 else state.loss * weight).backward()
+        loss = state.loss if weight == 1.0 else state.loss * weight
+        (state.scaler.scale(loss) if self.scaling else loss).backward()
         engine.run_event(Event.AFTER_BACKWARD, state)
 
     # --- evaluation ---------------------------------------------------------------------
