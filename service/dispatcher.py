@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from api.views import QueueInfo
 from service.access import AccessStore
 from service import wall_clock
 from service.admission import Admission
@@ -39,8 +40,8 @@ from service.sweep_repository import SweepRepository
 
 log = logging.getLogger(__name__)
 
-# How often a process that does not dispatch plans the queue (for the ``queue`` of its answers),
-# and reads the cluster's size: each plan reads every active run.
+# How often a process that does not dispatch plans the queue (for the ``queue`` of its answers)
+# while its answers read the plan, and reads the cluster's size: each plan reads every active run.
 FOLLOWER_PLAN_S = 2.0
 FOLLOWER_CAPACITY_READ_S = 10.0
 
@@ -52,8 +53,9 @@ class Dispatcher:
         self.repo = repo
         self.lease = lease or SoleLease()
         self.leading = False  # whether this process holds the lease (and has reconciled)
-        self._planned_at = self._capacity_read_at = float("-inf")  # when a process that does not dispatch last did
+        self._planned_at = self._capacity_read_at = float("-inf")  # when this process last did
         self._plan_error: str | None = None  # why its last plan of the queue failed
+        self._plan_read = False  # whether an answer read the plan since this process last made one
         self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
@@ -89,6 +91,7 @@ class Dispatcher:
                     read[follower.kind.name] = follower.tick(lambda: listed[0])
                     down = follower.ray_down
             self.ray_error = "a call to Ray failed during the last tick" if down else None
+            self._planned_at = time.monotonic()  # the run follower planned the queue
             if not down:
                 # The run follower's read of the followed runs, from the start of this tick, serves
                 # the log archiver and the wall-clock check too: every active run is read once a
@@ -143,17 +146,28 @@ class Dispatcher:
         """Run the next tick now instead of at the end of the interval (no-op without the thread)."""
         self._wake.set()
 
+    def queue_of(self, record_id: str) -> QueueInfo | None:
+        """Where a QUEUED run or sweep stands in the last plan of the queue, and why it waits
+        (None: not in it). The leader plans every tick that can ask Ray. Another process plans
+        only while its answers read the plan (``_plan_queue``), so a burst of submits costs it no
+        plans. A plan older than two plan intervals is not shown: after a quiet spell the next
+        plan comes within a tick, and until then the answer is None rather than a stale place."""
+        self._plan_read = True
+        if time.monotonic() - self._planned_at > 2 * max(FOLLOWER_PLAN_S, self.settings.dispatch_interval_s):
+            return None
+        return self.admission.waiting.get(record_id)
+
     def _plan_queue(self, now: float) -> None:
-        """In a process that does not dispatch: every ``FOLLOWER_PLAN_S``, plan the queue as the
-        leader's tick does, without submitting, so that this process's answers say why a QUEUED
-        run waits (``queue``); every ``FOLLOWER_CAPACITY_READ_S``, read the cluster's size first:
-        submits here are checked against it (``submit_problems``), and only the leader's ticks
-        read it otherwise."""
+        """In a process that does not dispatch: every ``FOLLOWER_PLAN_S`` while its answers read
+        the plan (``queue_of``), plan the queue as the leader's tick does, without submitting, so
+        that they say why a QUEUED run waits (``queue``); every ``FOLLOWER_CAPACITY_READ_S``, read
+        the cluster's size first: submits here are checked against it (``submit_problems``), and
+        only the leader's ticks read it otherwise."""
         if now - self._capacity_read_at >= FOLLOWER_CAPACITY_READ_S:
             self._capacity_read_at = now
             self.admission.read_capacity()
-        if now - self._planned_at >= FOLLOWER_PLAN_S:
-            self._planned_at = now
+        if self._plan_read and now - self._planned_at >= FOLLOWER_PLAN_S:
+            self._planned_at, self._plan_read = now, False
             runs = self.followers[0]
             try:
                 self.admission(runs.owned([runs.kind.status.QUEUED]), fresh_capacity=False)

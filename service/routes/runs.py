@@ -50,7 +50,7 @@ def queued_view(request: Request, run: RunRecord) -> RunView:
     view = run.to_view()
     if run.status is RunStatus.QUEUED:
         dispatcher = getattr(request.app.state, "dispatcher", None)
-        info = dispatcher.admission.waiting.get(run.id) if dispatcher is not None else None
+        info = dispatcher.queue_of(run.id) if dispatcher is not None else None
         if info is not None:
             view = view.model_copy(update={"queue": info})
     return view
@@ -101,11 +101,12 @@ def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep
     refused = submit_problems(request, spec, project=access.get_project(name))
     if refused:
         return validation_response(refused)
+    # A run made just now is in no plan of the queue yet: its view has no ``queue``.
     if idempotency_key is None:
-        return view_json(queued_view(request, repo.create_run(spec, project=name)), 201)
+        return view_json(repo.create_run(spec, project=name).to_view(), 201)
     run, created = repo.create_run_once(spec, project=name, idempotency_key=idempotency_key)
     if created:
-        return view_json(queued_view(request, run), 201)
+        return view_json(run.to_view(), 201)
     problem = idempotency.replay_problem(idempotency_key, run.spec, spec)  # a concurrent request won the race
     return validation_response([problem]) if problem is not None else _replayed(request, run)
 

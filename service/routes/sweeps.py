@@ -42,7 +42,7 @@ def queued_sweep(request: Request, view: SweepView) -> SweepView:
     if view.status is not SweepStatus.QUEUED:
         return view
     dispatcher = getattr(request.app.state, "dispatcher", None)
-    info = dispatcher.admission.waiting.get(view.id) if dispatcher is not None else None
+    info = dispatcher.queue_of(view.id) if dispatcher is not None else None
     return view.model_copy(update={"queue": info}) if info is not None else view
 
 
