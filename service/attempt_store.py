@@ -11,11 +11,12 @@ import enum
 import functools
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from sqlalchemy import select
+from sqlalchemy.orm import load_only
 
 from service.db.session import Database, is_possible_id
 from service.lifecycle import IllegalTransition, TransitionTable
@@ -126,10 +127,16 @@ class AttemptStore:
         Rows another writer holds locked are skipped (PostgreSQL's ``SKIP LOCKED``; SQLite locks
         the whole database anyway) and stay QUEUED for the next tick: the batch never waits on a
         user's or a driver's transaction while it holds its own rows, so it cannot deadlock with
-        one that locks several runs in another order (a sweep's cancel locks its trials)."""
+        one that locks several runs in another order (a sweep's cancel locks its trials).
+
+        Returns the snapshots of the records started, moved to STARTING on their attempt with
+        their job id: the rows are read with only the columns a transition uses (not the spec
+        and metrics JSON, which were most of this read's cost)."""
         model, status = self.stored.model, self.stored.status
         with self.db.write() as session:
-            query = select(model).where(model.id.in_([record.id for record in queued]))
+            # Any other column read by mistake raises here instead of loading row by row.
+            only = load_only(*(getattr(model, name) for name in TRANSITION_COLUMNS), raiseload=True)
+            query = select(model).options(only).where(model.id.in_([record.id for record in queued]))
             rows = {row.id: row for row in session.execute(query.with_for_update(skip_locked=True)).scalars()}
             started = []
             for record in queued:
@@ -144,9 +151,10 @@ class AttemptStore:
                 except IllegalTransition as exc:
                     log.debug("not starting %s: %s", record.id, exc)
                     continue
-                started.append(row)
+                started.append(replace(record, status=status.STARTING, attempt=row.attempt,
+                                       ray_job_id=row.ray_job_id))
             session.flush()
-            return [self.stored.record.from_row(row) for row in started]
+            return started
 
     def _start_attempt(self, session: Any, row: Any, token: str, message: str | None) -> None:
         self.stored.apply_status(session, row, self.stored.status.STARTING, message=message, error=None)
@@ -161,6 +169,12 @@ class AttemptStore:
                 query = select(self.stored.model.token_hash).where(self.stored.model.id == record_id)
                 stored = session.execute(query).scalar_one_or_none()
         return token_matches(token, stored)
+
+
+# What moving a run or sweep to another status reads or writes (``apply_run_status``,
+# ``apply_sweep_status``, ``_start_attempt``): the columns they share, besides ``id``.
+TRANSITION_COLUMNS = ("status", "attempt", "error", "ray_job_id", "token_hash", "started_at", "finished_at",
+                      "updated_at")
 
 
 def attempt_job_id(prefix: str, record_id: str, attempt: int) -> str:

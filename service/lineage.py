@@ -105,10 +105,9 @@ def insert_fork(repo: Repository, parent: RunRecord, spec: RunSpec, info: ForkIn
     """Store the child as a QUEUED run in the parent's project, with its lineage."""
     origin = "fresh weights" if info.checkpoint_url is None else f"its checkpoint at batch {info.step}"
     with repo.db.write() as session:
-        run = insert_run(session, spec, message=f"forked from run {parent.id} ({origin})", project=parent.project,
-                         parent_id=parent.id, fork=info.model_dump(mode="json", by_alias=True))
-        session.flush()
-        return RunRecord.from_row(run)
+        return RunRecord.from_row(insert_run(session, spec, message=f"forked from run {parent.id} ({origin})",
+                                             project=parent.project, parent_id=parent.id,
+                                             fork=info.model_dump(mode="json", by_alias=True)))
 
 
 def continue_run(repo: Repository, run_id: str, max_duration: Time) -> RunRecord:

@@ -183,9 +183,7 @@ class Repository(AttemptStore):
     def create_run(self, spec: RunSpec, *, sweep_id: str | None = None, project: str = DEFAULT_PROJECT) -> RunRecord:
         """Store a validated spec as a QUEUED run of ``project`` with its first event, in one transaction."""
         with self.db.write() as session:
-            run = insert_run(session, spec, message="created", sweep_id=sweep_id, project=project)
-            session.flush()
-            return RunRecord.from_row(run)
+            return RunRecord.from_row(insert_run(session, spec, message="created", sweep_id=sweep_id, project=project))
 
     def create_run_once(self, spec: RunSpec, *, project: str, idempotency_key: str) -> tuple[RunRecord, bool]:
         """``create_run`` once per ``(project, idempotency_key)``: the run and True when this call
@@ -196,9 +194,8 @@ class Repository(AttemptStore):
             return existing, False
         try:
             with self.db.write() as session:
-                run = insert_run(session, spec, message="created", project=project, idempotency_key=idempotency_key)
-                session.flush()
-                return RunRecord.from_row(run), True
+                return RunRecord.from_row(insert_run(session, spec, message="created", project=project,
+                                                     idempotency_key=idempotency_key)), True
         except IntegrityError:
             winner = self.run_by_idempotency_key(project, idempotency_key)
             if winner is None:

@@ -21,13 +21,19 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 # Execution options of a write session; on SQLite they turn its BEGIN into BEGIN IMMEDIATE.
 WRITE_OPTIONS = {"tessera_write": True}
+# PostgreSQL connections a process keeps open, and how many more it may open for a while.
+POOL_SIZE, POOL_OVERFLOW = 10, 5
 
 
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url`` (``sqlite:///path`` or ``postgresql+psycopg://...``)."""
     url = make_url(database_url)
     if url.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        # At most 15 connections a process, as with SQLAlchemy's defaults (5 kept, 10 more on
+        # demand), but 10 of them kept: a connection above those kept is opened for one request
+        # and closed after it, which under a burst of submits cost a connect (and a PostgreSQL
+        # backend) per request.
+        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
 
     if url.database and url.database != ":memory:":
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)

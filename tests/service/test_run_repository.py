@@ -47,10 +47,14 @@ def test_created_run_is_queued_on_attempt_one_with_its_first_event(repo, example
 
 
 def test_a_create_that_fails_midway_leaves_nothing_behind(repo, example_spec, monkeypatch):
-    def broken_event(*args, **kwargs):
-        raise RuntimeError("disk full")
+    insert = run_writes.insert
 
-    monkeypatch.setattr(run_writes, "add_run_event", broken_event)
+    def insert_failing_for_events(table):  # the run's row is written, then its event fails
+        if table is RunEvent.__table__:
+            raise RuntimeError("disk full")
+        return insert(table)
+
+    monkeypatch.setattr(run_writes, "insert", insert_failing_for_events)
     with pytest.raises(RuntimeError, match="disk full"):
         repo.create_run(example_spec)
     assert repo.list_runs() == ([], None)
