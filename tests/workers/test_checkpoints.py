@@ -246,13 +246,14 @@ def test_s3_down_during_retention_is_a_note_and_the_next_commit_deletes_what_it_
     assert [(c.step, c.committed) for c in committed] == [(6, True), (8, True)]  # step 8's retention caught up
 
 
-def test_a_committed_checkpoint_that_lost_a_file_is_skipped_and_its_step_is_saved_again_whole(tmp_path):
+@pytest.mark.parametrize("lost", ["rank0.pt", "__0_0.distcp"])  # a rank's own file; model and optimizer data
+def test_a_committed_checkpoint_that_lost_a_file_is_skipped_and_its_step_is_saved_again_whole(tmp_path, lost):
     spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
     url = f"file://{tmp_path}"
     train(spec, checkpoint_url=url, sink=MemorySink())
-    (tmp_path / "ep0-ba4" / "rank0.pt").unlink()  # lost from storage after its commit
+    (tmp_path / "ep0-ba4" / lost).unlink()  # lost from storage after its commit
     checkpointer = Checkpointer(url, fingerprint={})
-    assert checkpointer.missing_files(f"{url}/ep0-ba4", 1) == ["rank0.pt"]
+    assert checkpointer.missing_files(f"{url}/ep0-ba4", 1) == [lost]
     assert checkpointer.latest_committed().name == "ep0-ba2"
 
     longer = spec_with_checkpoints(max_duration="6ba", checkpoint={"interval": "2ba", "keep_last": 2})
@@ -260,7 +261,16 @@ def test_a_committed_checkpoint_that_lost_a_file_is_skipped_and_its_step_is_save
     train(longer, checkpoint_url=url, sink=sink)
     assert [step for step, _ in sink.values("train/loss")][0] == 3  # resumed after batch 2
     assert [(c["step"], c["committed"]) for c in sink.checkpoints] == [(4, True), (6, True)]
-    assert (tmp_path / "ep0-ba4" / "rank0.pt").exists() and not checkpointer.missing_files(f"{url}/ep0-ba4", 1)
+    assert any("ep0-ba4" in note and "cannot be loaded" in note for note in sink.notes)
+    assert (tmp_path / "ep0-ba4" / lost).exists() and not checkpointer.missing_files(f"{url}/ep0-ba4", 1)
+
+
+def test_retention_never_deletes_the_last_loadable_checkpoint_for_a_newer_one_that_lost_a_file(tmp_path):
+    spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    train(spec, checkpoint_url=f"file://{tmp_path}", sink=MemorySink())
+    (tmp_path / "ep0-ba4" / "rank0.pt").unlink()
+    assert Checkpointer(f"file://{tmp_path}", fingerprint={}, keep_last=1).retain() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba2", "ep0-ba4"]
 
 
 def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path, monkeypatch):

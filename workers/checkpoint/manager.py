@@ -12,11 +12,13 @@ Layout under ``{storage}/runs/{run_id}/checkpoints/``::
 
 A checkpoint counts only once ``COMMITTED`` exists. DCP's final step gathers every rank's write
 result on rank 0 and broadcasts the outcome, so when ``dcp.save`` returns on rank 0 every rank
-has finished writing (the barrier); rank 0 then checks that every file is there and only then
-writes the marker. A folder without the marker is a torn write: never loaded, deleted by
-retention once a newer one is committed. A step saved again (a resume from an older checkpoint)
-loses its old marker before anything is rewritten. A resume skips, with a warning, a committed
-checkpoint that has lost a file since (``latest_committed``).
+has finished writing (the barrier); rank 0 then checks that every file is there (DCP's data
+files as ``.metadata`` names them, ``trainer.pt``, each rank's file) and only then writes the
+marker. A folder without the marker is a torn write: never loaded, deleted by retention once a
+newer one is committed. A step saved again (a resume from an older checkpoint) loses its old
+marker before any rank rewrites a file. A committed checkpoint that has lost a file since counts
+as torn: a resume skips it with a warning and a run note (``latest_committed``), and retention
+never keeps it in place of one that loads.
 
 Every save is collective: all ranks call ``save`` at the same step. Failures are collective
 too (DCP raises on every rank if any rank failed; the per-rank files are agreed on with an
@@ -178,6 +180,8 @@ class Checkpointer:
         self.outcomes: dict[int, bool] = {}
         self.attempts, self.first_delay_s = attempts, first_delay_s
         self._thread: threading.Thread | None = None
+        self._whole: set[str] = set()  # URLs of checkpoints found whole (``_missing``)
+        self.damaged: list[str] = []  # committed checkpoints the last ``latest_committed`` skipped
         # Async writes run collectives from a background thread: give them their own group.
         self._group = dist.new_group(backend="gloo") if async_save and _distributed() else None
 
@@ -194,21 +198,39 @@ class Checkpointer:
         return sorted(infos, key=lambda i: (i.step, i.epoch))
 
     def latest_committed(self) -> CheckpointInfo | None:
-        """The newest checkpoint with its commit marker and its files; torn writes are skipped,
-        and so, with a warning, is a committed checkpoint that has lost a file since."""
+        """The newest checkpoint with its commit marker and all its files; torn writes are
+        skipped, and so, with a warning (and a note on the resume: ``agreed_latest``), is a
+        committed checkpoint that has lost a file since."""
+        self.damaged = []
         for info in reversed([info for info in self.checkpoints() if info.committed]):
-            missing = self.missing_files(info.url, self.marker(info).get("world_size", 1))
+            missing = self._missing(info)
             if not missing:
                 return info
             log.warning("checkpoint %s is committed but %s missing: not loadable, skipped", info.url,
                         ", ".join(missing))
+            self.damaged.append(f"{info.url} (missing {', '.join(missing[:5])})")
         return None
 
     def missing_files(self, url: str, world_size: int) -> list[str]:
-        """The files of a whole checkpoint (its marker aside) that the folder ``url`` lacks."""
+        """The files of a whole checkpoint (its marker aside) that the folder ``url`` lacks: DCP's
+        ``.metadata`` and every data file it names, ``trainer.pt`` and each rank's own file."""
         present = set(self.storage.listdir(url))
         needed = [".metadata", "trainer.pt", *(f"rank{rank}.pt" for rank in range(world_size))]
-        return [name for name in needed if name not in present]
+        missing = [name for name in needed if name not in present]
+        if ".metadata" not in missing:
+            data = {item.relative_path for item in ParallelFsspecReader(url).read_metadata().storage_data.values()}
+            missing += sorted(data - present)
+        return missing
+
+    def _missing(self, info: CheckpointInfo) -> list[str]:
+        """``missing_files`` of a committed checkpoint, at the world size that wrote it. A folder
+        found whole once is remembered as whole by this checkpointer (retention asks each commit)."""
+        if info.url in self._whole:
+            return []
+        missing = self.missing_files(info.url, self.marker(info).get("world_size", 1))
+        if not missing:
+            self._whole.add(info.url)
+        return missing
 
     def marker(self, info: CheckpointInfo) -> dict[str, Any]:
         return json.loads(self.storage.read_bytes(join(info.url, MARKER)))
@@ -247,9 +269,11 @@ class Checkpointer:
                          what=f"saving checkpoint {name}", attempts=self.attempts, first_delay_s=self.first_delay_s)
             if self.rank != 0:
                 return
+            self._whole.discard(url)  # written again: what was found whole before says nothing now
             missing = self.missing_files(url, self.world_size)
             if missing:  # written and then gone: committing would promise what a resume cannot load
-                raise FileNotFoundError(f"{', '.join(missing)} missing from {url} after every rank wrote it")
+                raise FileNotFoundError(f"{', '.join(missing[:5])} missing from {url} after every rank wrote it")
+            self._whole.add(url)
             size = self.storage.size(url)
             meta = {"step": step, "epoch": epoch, "time": datetime.now(timezone.utc).isoformat(),
                     "bytes": size, "world_size": self.world_size, "fingerprint": self.fingerprint,
@@ -277,27 +301,40 @@ class Checkpointer:
     def _write_files(self, url: str, state: dict[str, Any], trainer_state: dict[str, Any],
                      rank_state: dict[str, Any], group: Any) -> None:
         """One try at writing every file of a checkpoint but its marker (collective)."""
-        ok = True
-        try:
+        def uncommit() -> None:
+            # A step saved again (a resume from an older checkpoint) loses its marker before any
+            # rank rewrites a file (the others wait in ``_agreed``), so a write that dies halfway
+            # is a torn write, not a committed mix of two saves.
             if self.rank == 0 and self.storage.isfile(join(url, MARKER)):
-                # A step saved again (a resume from an older checkpoint): uncommit it first, so a
-                # write that dies halfway is a torn write, not a committed mix of two saves.
                 self.storage.remove(join(url, MARKER))
+
+        def write_own_files() -> None:
             self.storage.write_bytes(join(url, f"rank{self.rank}.pt"), _to_bytes(rank_state))
             if self.rank == 0:
                 self.storage.write_bytes(join(url, "trainer.pt"), _to_bytes(trainer_state))
-        except Exception:
-            ok = False
-            if not _distributed():
-                raise
-            log.exception("rank %d could not write its files of %s", self.rank, url)
-        if _distributed():  # every rank must agree before the collective DCP write
-            flag = torch.tensor([0 if ok else 1])
-            dist.all_reduce(flag, group=group)
-            if flag.item():
-                raise OSError(f"a rank could not write its files of checkpoint {url}")
+
+        self._agreed(uncommit, url, group, "uncommit")
+        self._agreed(write_own_files, url, group, "write its files of")  # before the collective DCP write
         dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
                  no_dist=not _distributed())
+
+    def _agreed(self, action: Callable[[], None], url: str, group: Any, what: str) -> None:
+        """``action()`` on this rank. With several ranks every rank learns whether all of theirs
+        succeeded (one all-reduce, which also makes each wait for the others) and all raise
+        together if one failed; a rank alone raises what ``action`` raised."""
+        if not _distributed():
+            action()
+            return
+        ok = True
+        try:
+            action()
+        except Exception:
+            ok = False
+            log.exception("rank %d could not %s %s", self.rank, what, url)
+        flag = torch.tensor([0 if ok else 1])
+        dist.all_reduce(flag, group=group)
+        if flag.item():
+            raise OSError(f"a rank could not {what} checkpoint {url}")
 
     def _report(self, **fields: Any) -> None:
         if self.on_report is None:
@@ -321,10 +358,12 @@ class Checkpointer:
         """Keep the newest ``keep_last`` committed checkpoints; delete older ones and torn
         writes older than the newest commit (a newer uncommitted one may still be in flight)."""
         infos = self.checkpoints()
-        committed = [info for info in infos if info.committed]
+        # A committed checkpoint that has lost a file counts as a torn write: it must not take
+        # the place of one a resume can load.
+        committed = [info for info in infos if info.committed and not self._missing(info)]
         doomed = committed[:-self.keep_last] if len(committed) > self.keep_last else []
         if committed:
-            doomed += [info for info in infos if not info.committed and info.step < committed[-1].step]
+            doomed += [info for info in infos if info not in committed and info.step < committed[-1].step]
         for info in doomed:
             self.storage.remove(info.url)
         return [info.name for info in doomed]
@@ -353,6 +392,8 @@ class Checkpointer:
         """``latest_committed`` as rank 0 sees it, the same on every rank."""
         choice = [with_retries(self.latest_committed, what=f"listing {self.root_url}", attempts=self.attempts,
                                first_delay_s=self.first_delay_s) if self.rank == 0 else None]
+        for damaged in self.damaged if self.rank == 0 else []:
+            self._note(f"checkpoint {damaged} is committed but cannot be loaded; resuming from an older one")
         if _distributed():
             dist.broadcast_object_list(choice, src=0)
         return choice[0]
