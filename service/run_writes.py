@@ -30,19 +30,16 @@ def insert_run(session: Session, spec: RunSpec, *, message: str, **columns: Any)
     Two Core INSERTs, not ``session.add`` and a flush: the ORM's unit of work for these two rows
     was half of a submit's CPU time in its endpoint (py-spy, ``bench/service_ab.py``)."""
     now = utcnow()
-    row = {**_NULL_RUN, "id": new_id(), "project": DEFAULT_PROJECT, "name": spec.name,
-           "status": RunStatus.QUEUED.value, "attempt": 1, "spec": spec.model_dump(mode="json"), "summary": {},
-           "extrema": {}, "tags": list(spec.tags), "metric_points": 0, "created_at": now, "updated_at": now,
-           **columns}
-    session.execute(insert(Run.__table__), row)
-    session.execute(insert(RunEvent.__table__), {"run_id": row["id"], "from_status": None,
+    # Only the columns given: one left out gets its default, or SQL NULL (an explicit None in a
+    # JSON column would be stored as JSON 'null', which raw SQL tells apart from NULL).
+    values = {"id": new_id(), "project": DEFAULT_PROJECT, "name": spec.name, "status": RunStatus.QUEUED.value,
+              "attempt": 1, "spec": spec.model_dump(mode="json"), "summary": {}, "extrema": {},
+              "tags": list(spec.tags), "metric_points": 0, "created_at": now, "updated_at": now, **columns}
+    session.execute(insert(Run.__table__), values)
+    session.execute(insert(RunEvent.__table__), {"run_id": values["id"], "from_status": None,
                                                  "to_status": RunStatus.QUEUED.value, "attempt": 1, "time": now,
                                                  "message": message})
-    return SimpleNamespace(**row)
-
-
-# Every column of ``runs`` as NULL: an inserted row names them all, so its namespace has them all.
-_NULL_RUN = {column.name: None for column in Run.__table__.columns}
+    return SimpleNamespace(**{**{column.name: None for column in Run.__table__.columns}, **values})
 
 
 def add_run_event(session: Session, run: Run, from_status: RunStatus | None, to_status: RunStatus,

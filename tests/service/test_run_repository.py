@@ -44,6 +44,10 @@ def test_created_run_is_queued_on_attempt_one_with_its_first_event(repo, example
     assert repo.get_run(run.id) == run
     [event] = repo.events(run.id)
     assert (event.from_status, event.to_status, event.attempt) == (None, S.QUEUED, 1)
+    # Columns left out are SQL NULL, not JSON 'null' (what an explicit None in a JSON column stores).
+    with repo.engine.connect() as conn:
+        unset = select(Run.id).where(Run.fork.is_(None), Run.trial_params.is_(None), Run.notes.is_(None))
+        assert conn.execute(unset).scalars().all() == [run.id]
 
 
 def test_a_create_that_fails_midway_leaves_nothing_behind(repo, example_spec, monkeypatch):
