@@ -129,9 +129,10 @@ class AttemptStore:
         user's or a driver's transaction while it holds its own rows, so it cannot deadlock with
         one that locks several runs in another order (a sweep's cancel locks its trials).
 
-        Returns the snapshots of the records started, moved to STARTING on their attempt with
-        their job id: the rows are read with only the columns a transition uses (not the spec
-        and metrics JSON, which were most of this read's cost)."""
+        Returns the snapshots of the records started with their status (STARTING), attempt and
+        job id as now stored; their other fields are as in the snapshot. The rows are read with
+        only the columns a transition uses (not the spec and metrics JSON, which were most of
+        this read's cost)."""
         model, status = self.stored.model, self.stored.status
         with self.db.write() as session:
             # Any other column read by mistake raises here instead of loading row by row.

@@ -56,6 +56,7 @@ class Dispatcher:
         self._planned_at = self._capacity_read_at = float("-inf")  # when this process last did
         self._plan_error: str | None = None  # why its last plan of the queue failed
         self._plan_read = False  # whether an answer read the plan since this process last made one
+        self._plan_lock = threading.Lock()  # one plan at a time (``Admission`` keeps one plan's state)
         self.sweeps = SweepRepository(repo)
         self.jobs = jobs
         self.settings = settings
@@ -85,13 +86,14 @@ class Dispatcher:
             self._ray_unreachable(exc)
         else:
             down, read = False, {}
-            for follower in self.followers:
-                follower.ray_down = False
-                if not down:  # once Ray failed a call this tick, the next follower waits too
-                    read[follower.kind.name] = follower.tick(lambda: listed[0])
-                    down = follower.ray_down
+            with self._plan_lock:  # the run follower plans the queue
+                for follower in self.followers:
+                    follower.ray_down = False
+                    if not down:  # once Ray failed a call this tick, the next follower waits too
+                        read[follower.kind.name] = follower.tick(lambda: listed[0])
+                        down = follower.ray_down
+                self._planned_at = time.monotonic()
             self.ray_error = "a call to Ray failed during the last tick" if down else None
-            self._planned_at = time.monotonic()  # the run follower planned the queue
             if not down:
                 # The run follower's read of the followed runs, from the start of this tick, serves
                 # the log archiver and the wall-clock check too: every active run is read once a
@@ -148,30 +150,42 @@ class Dispatcher:
 
     def queue_of(self, record_id: str) -> QueueInfo | None:
         """Where a QUEUED run or sweep stands in the last plan of the queue, and why it waits
-        (None: not in it). The leader plans every tick that can ask Ray. Another process plans
-        only while its answers read the plan (``_plan_queue``), so a burst of submits costs it no
-        plans. A plan older than two plan intervals is not shown: after a quiet spell the next
-        plan comes within a tick, and until then the answer is None rather than a stale place."""
-        self._plan_read = True
-        if time.monotonic() - self._planned_at > 2 * max(FOLLOWER_PLAN_S, self.settings.dispatch_interval_s):
-            return None
+        (None: not in it). The leader plans every tick. Another process plans only while its
+        answers read the plan, so a burst of submits costs it no plans: in its dispatcher thread
+        every ``FOLLOWER_PLAN_S`` while they do (``_plan_queue``), and here, on the request, when
+        its plan is older than that (the first read after a quiet spell), so no answer shows a
+        stale place."""
+        if not self.leading:
+            self._plan_read = True
+            if time.monotonic() - self._planned_at >= FOLLOWER_PLAN_S:
+                self._plan_now()
         return self.admission.waiting.get(record_id)
 
     def _plan_queue(self, now: float) -> None:
         """In a process that does not dispatch: every ``FOLLOWER_PLAN_S`` while its answers read
-        the plan (``queue_of``), plan the queue as the leader's tick does, without submitting, so
-        that they say why a QUEUED run waits (``queue``); every ``FOLLOWER_CAPACITY_READ_S``, read
-        the cluster's size first: submits here are checked against it (``submit_problems``), and
-        only the leader's ticks read it otherwise."""
+        the plan (``queue_of``), plan the queue; every ``FOLLOWER_CAPACITY_READ_S``, read the
+        cluster's size first: submits here are checked against it (``submit_problems``), and only
+        the leader's ticks read it otherwise."""
         if now - self._capacity_read_at >= FOLLOWER_CAPACITY_READ_S:
             self._capacity_read_at = now
             self.admission.read_capacity()
         if self._plan_read and now - self._planned_at >= FOLLOWER_PLAN_S:
+            self._plan_now()
+
+    def _plan_now(self) -> None:
+        """Plan the queue as the leader's tick does, without submitting, unless a plan was made
+        while this one waited for the lock (ticks and plans take turns: one ``Admission``). A
+        failed plan leaves no places to show, and the next try waits ``FOLLOWER_PLAN_S``."""
+        with self._plan_lock:
+            now = time.monotonic()
+            if now - self._planned_at < FOLLOWER_PLAN_S:
+                return
             self._planned_at, self._plan_read = now, False
             runs = self.followers[0]
             try:
                 self.admission(runs.owned([runs.kind.status.QUEUED]), fresh_capacity=False)
             except Exception as exc:  # the database is away: say so once, not every plan
+                self.admission.waiting = {}
                 if self._plan_error is None:
                     log.warning("cannot plan the queue (answers will not say why a run waits): %s", exc)
                 self._plan_error = str(exc)

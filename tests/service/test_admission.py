@@ -126,6 +126,37 @@ def test_the_dispatcher_admits_by_priority_and_shows_each_waiting_run_its_place(
     assert jobs.list_calls == 1 and jobs.status_calls == 0
 
 
+def test_a_process_that_does_not_dispatch_plans_the_queue_only_when_an_answer_reads_the_plan(
+        sized, example_body, monkeypatch):
+    from service import dispatcher as dispatcher_module
+    from service.admission import Admission
+
+    client, _jobs = sized
+    dispatcher = client.app.state.dispatcher
+    ids = [_submit(client, example_body) for _ in range(3)]
+    dispatcher.tick()  # two fit the cluster; the third waits
+    dispatcher.leading = False  # from here on, a process that does not hold the dispatch lease
+    plans = []
+    real_plan = Admission.__call__
+    monkeypatch.setattr(Admission, "__call__", lambda self, *a, **k: plans.append(1) or real_plan(self, *a, **k))
+
+    def place(run_id):
+        return (client.get(f"{API}/runs/{run_id}").json().get("queue") or {}).get("position")
+
+    later = _submit(client, example_body)
+    assert (place(ids[2]), place(later)) == (1, None)  # the tick's plan, fresh: no plan of its own
+    dispatcher._plan_queue(dispatcher._planned_at + 60)  # its thread, with nobody reading since: no plan
+    assert plans == []
+    monkeypatch.setattr(dispatcher_module, "FOLLOWER_PLAN_S", 0.0)  # every plan is stale now
+    assert place(later) == 2 and plans == [1]  # planned on the request that read it
+
+    def broken(self, *args, **kwargs):
+        raise OSError("the database is away")
+
+    monkeypatch.setattr(Admission, "__call__", broken)
+    assert place(later) is None  # a failed plan shows no place rather than an old one
+
+
 def test_a_run_that_can_never_fit_is_refused_at_submit_unless_an_autoscaler_is_configured(sized, example_body):
     client, _jobs = sized
     client.app.state.dispatcher.tick()  # the dispatcher has read the cluster's size
