@@ -274,7 +274,7 @@ class Trainer:
         batch_inputs, batch_targets = state.inputs, state.targets
         batch_size = batch_inputs.shape[0]
         lr = state.optimizer.param_groups[0]["lr"]
-        if not microbatches.auto:  # a fixed size cannot run out of memory and retry
+        if not microbatches.auto:  # only 'auto' retries a batch that ran out of memory
             batch_loss = self._accumulate_gradients(batch_inputs, batch_targets)
         else:
             while (batch_loss := microbatches.attempt(self._accumulate_gradients, batch_inputs,
