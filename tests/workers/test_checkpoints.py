@@ -289,3 +289,13 @@ def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path,
     assert outcomes == [(2, True), (4, False)], outcomes
     assert "trainer.pt missing from" in sink.checkpoints[-1]["error"]
     assert not (tmp_path / "ep0-ba4" / MARKER).exists()
+
+
+@pytest.mark.parametrize("garbled", [MARKER, ".metadata"])
+def test_a_committed_checkpoint_whose_marker_or_metadata_no_longer_parses_counts_as_damaged(tmp_path, garbled):
+    spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    train(spec, checkpoint_url=f"file://{tmp_path}", sink=MemorySink())
+    (tmp_path / "ep0-ba4" / garbled).write_bytes(b"\x80not what was written")
+    checkpointer = Checkpointer(f"file://{tmp_path}", fingerprint={}, keep_last=1)
+    assert checkpointer.latest_committed().name == "ep0-ba2" and "unreadable" in checkpointer.damaged[0]
+    assert checkpointer.retain() == []  # no error, and the loadable one stays

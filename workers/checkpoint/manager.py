@@ -16,9 +16,10 @@ has finished writing (the barrier); rank 0 then checks that every file is there 
 files as ``.metadata`` names them, ``trainer.pt``, each rank's file) and only then writes the
 marker. A folder without the marker is a torn write: never loaded, deleted by retention once a
 newer one is committed. A step saved again (a resume from an older checkpoint) loses its old
-marker before any rank rewrites a file. A committed checkpoint that has lost a file since counts
-as torn: a resume skips it with a warning and a run note (``latest_committed``), and retention
-never keeps it in place of one that loads.
+marker before any rank rewrites a file. A committed checkpoint that has lost a file since (or
+whose marker or ``.metadata`` no longer parses) counts as torn: a resume skips it with a warning
+and a run note (``latest_committed``), and retention does not keep it in place of one that loads
+(as last checked: a checkpointer remembers the folders it found whole).
 
 Every save is collective: all ranks call ``save`` at the same step. Failures are collective
 too (DCP raises on every rank if any rank failed; the per-rank files are agreed on with an
@@ -182,8 +183,10 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._whole: set[str] = set()  # URLs of checkpoints found whole (``_missing``)
         self.damaged: list[str] = []  # committed checkpoints the last ``latest_committed`` skipped
-        # Async writes run collectives from a background thread: give them their own group.
-        self._group = dist.new_group(backend="gloo") if async_save and _distributed() else None
+        # The agreement flags of a save are CPU tensors, and on GPUs the run's default group is
+        # NCCL-only: they go over a gloo group of their own. Async writes run all their
+        # collectives (DCP's too) from a background thread, over this group.
+        self._group = dist.new_group(backend="gloo") if _distributed() else None
 
     # --- listing ------------------------------------------------------------------------
     def checkpoints(self) -> list[CheckpointInfo]:
@@ -227,7 +230,12 @@ class Checkpointer:
         found whole once is remembered as whole by this checkpointer (retention asks each commit)."""
         if info.url in self._whole:
             return []
-        missing = self.missing_files(info.url, self.marker(info).get("world_size", 1))
+        try:
+            missing = self.missing_files(info.url, self.marker(info).get("world_size", 1))
+        except OSError:  # storage away (or the folder went meanwhile): the caller retries
+            raise
+        except Exception as exc:  # a marker or .metadata that does not parse: as good as missing
+            return [f"{MARKER} or .metadata, unreadable ({type(exc).__name__}: {str(exc)[:200]})"]
         if not missing:
             self._whole.add(info.url)
         return missing
@@ -252,7 +260,7 @@ class Checkpointer:
                                             args=(name, staged, trainer_state, rank_state, epoch, step, self._group))
             self._thread.start()
         else:
-            self._write(name, state, trainer_state, rank_state, epoch, step, None)
+            self._write(name, state, trainer_state, rank_state, epoch, step, None)  # DCP on the default group
 
     def wait(self) -> None:
         """Block until the in-flight async write (if any) has finished."""
@@ -264,12 +272,12 @@ class Checkpointer:
                epoch: int, step: int, group: Any) -> None:
         url = join(self.root_url, name)
         started = time.monotonic()
+        self._whole.discard(url)  # written again: what was found whole before says nothing now
         try:
             with_retries(lambda: self._write_files(url, state, trainer_state, rank_state, group),
                          what=f"saving checkpoint {name}", attempts=self.attempts, first_delay_s=self.first_delay_s)
             if self.rank != 0:
                 return
-            self._whole.discard(url)  # written again: what was found whole before says nothing now
             missing = self.missing_files(url, self.world_size)
             if missing:  # written and then gone: committing would promise what a resume cannot load
                 raise FileNotFoundError(f"{', '.join(missing[:5])} missing from {url} after every rank wrote it")
@@ -313,12 +321,12 @@ class Checkpointer:
             if self.rank == 0:
                 self.storage.write_bytes(join(url, "trainer.pt"), _to_bytes(trainer_state))
 
-        self._agreed(uncommit, url, group, "uncommit")
-        self._agreed(write_own_files, url, group, "write its files of")  # before the collective DCP write
+        self._agreed(uncommit, url, "uncommit")
+        self._agreed(write_own_files, url, "write its files of")  # before the collective DCP write
         dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
                  no_dist=not _distributed())
 
-    def _agreed(self, action: Callable[[], None], url: str, group: Any, what: str) -> None:
+    def _agreed(self, action: Callable[[], None], url: str, what: str) -> None:
         """``action()`` on this rank. With several ranks every rank learns whether all of theirs
         succeeded (one all-reduce, which also makes each wait for the others) and all raise
         together if one failed; a rank alone raises what ``action`` raised."""
@@ -332,7 +340,7 @@ class Checkpointer:
             ok = False
             log.exception("rank %d could not %s %s", self.rank, what, url)
         flag = torch.tensor([0 if ok else 1])
-        dist.all_reduce(flag, group=group)
+        dist.all_reduce(flag, group=self._group)
         if flag.item():
             raise OSError(f"a rank could not {what} checkpoint {url}")
 
@@ -356,7 +364,8 @@ class Checkpointer:
 
     def retain(self) -> list[str]:
         """Keep the newest ``keep_last`` committed checkpoints; delete older ones and torn
-        writes older than the newest commit (a newer uncommitted one may still be in flight)."""
+        writes older than the newest commit (a newer uncommitted one may still be in flight). A
+        committed checkpoint that has lost a file counts as torn."""
         infos = self.checkpoints()
         # A committed checkpoint that has lost a file counts as a torn write: it must not take
         # the place of one a resume can load.
@@ -390,12 +399,20 @@ class Checkpointer:
 
     def agreed_latest(self) -> CheckpointInfo | None:
         """``latest_committed`` as rank 0 sees it, the same on every rank."""
-        choice = [with_retries(self.latest_committed, what=f"listing {self.root_url}", attempts=self.attempts,
-                               first_delay_s=self.first_delay_s) if self.rank == 0 else None]
-        for damaged in self.damaged if self.rank == 0 else []:
-            self._note(f"checkpoint {damaged} is committed but cannot be loaded; resuming from an older one")
+        choice: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                choice[0] = with_retries(self.latest_committed, what=f"listing {self.root_url}",
+                                         attempts=self.attempts, first_delay_s=self.first_delay_s)
+            except Exception as exc:  # sent on, so that every rank raises, none waits for rank 0
+                choice[0] = f"{type(exc).__name__}: {exc}"
+            for damaged in self.damaged:
+                self._note(f"checkpoint {damaged} is committed but cannot be loaded; resuming from the newest "
+                           f"one that can, if any")
         if _distributed():
             dist.broadcast_object_list(choice, src=0)
+        if isinstance(choice[0], str):
+            raise OSError(f"could not find the newest checkpoint in {self.root_url}: {choice[0]}")
         return choice[0]
 
 
