@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 # How often a process that does not dispatch plans the queue (for the ``queue`` of its answers)
 # while its answers read the plan, and reads the cluster's size: each plan reads every active run.
 FOLLOWER_PLAN_S = 2.0
+# How long the leader shows its last plan: ticks plan every interval, unless they cannot ask Ray.
+LEADER_PLAN_SHOWN_S = 10.0
 FOLLOWER_CAPACITY_READ_S = 10.0
 
 
@@ -150,15 +152,18 @@ class Dispatcher:
 
     def queue_of(self, record_id: str) -> QueueInfo | None:
         """Where a QUEUED run or sweep stands in the last plan of the queue, and why it waits
-        (None: not in it). The leader plans every tick. Another process plans only while its
-        answers read the plan, so a burst of submits costs it no plans: in its dispatcher thread
-        every ``FOLLOWER_PLAN_S`` while they do (``_plan_queue``), and here, on the request, when
-        its plan is older than that (the first read after a quiet spell), so no answer shows a
-        stale place."""
-        if not self.leading:
-            self._plan_read = True
-            if time.monotonic() - self._planned_at >= FOLLOWER_PLAN_S:
-                self._plan_now()
+        (None: not in it, or no plan to show). The leader plans every tick, and shows no plan
+        older than ``LEADER_PLAN_SHOWN_S`` (ticks that cannot ask Ray do not plan). Another
+        process plans only while its answers read the plan, so a burst of submits costs it no
+        plans: in its dispatcher thread every ``FOLLOWER_PLAN_S`` while they do (``_plan_queue``),
+        and here, on the request, when its plan is older than that (the first read after a quiet
+        spell). A request never waits for a plan another thread is making: it reads the last."""
+        now = time.monotonic()
+        if self.leading:
+            return self.admission.waiting.get(record_id) if now - self._planned_at <= LEADER_PLAN_SHOWN_S else None
+        self._plan_read = True
+        if now - self._planned_at >= FOLLOWER_PLAN_S:
+            self._plan_now(now, wait=False)
         return self.admission.waiting.get(record_id)
 
     def _plan_queue(self, now: float) -> None:
@@ -170,15 +175,17 @@ class Dispatcher:
             self._capacity_read_at = now
             self.admission.read_capacity()
         if self._plan_read and now - self._planned_at >= FOLLOWER_PLAN_S:
-            self._plan_now()
+            self._plan_now(now)
 
-    def _plan_now(self) -> None:
-        """Plan the queue as the leader's tick does, without submitting, unless a plan was made
-        while this one waited for the lock (ticks and plans take turns: one ``Admission``). A
-        failed plan leaves no places to show, and the next try waits ``FOLLOWER_PLAN_S``."""
-        with self._plan_lock:
-            now = time.monotonic()
-            if now - self._planned_at < FOLLOWER_PLAN_S:
+    def _plan_now(self, now: float, *, wait: bool = True) -> None:
+        """Plan the queue as the leader's tick does, without submitting; ticks and plans take
+        turns (one ``Admission``). Without ``wait``, nothing happens while another thread plans
+        or ticks. A failed plan leaves no places to show; the next try comes ``FOLLOWER_PLAN_S``
+        later."""
+        if not self._plan_lock.acquire(blocking=wait):
+            return
+        try:
+            if now < self._planned_at:  # planned while this one waited for the lock
                 return
             self._planned_at, self._plan_read = now, False
             runs = self.followers[0]
@@ -191,6 +198,8 @@ class Dispatcher:
                 self._plan_error = str(exc)
             else:
                 self._plan_error = None
+        finally:
+            self._plan_lock.release()
 
     def _woken_by_another_process(self) -> None:
         if self.leading:

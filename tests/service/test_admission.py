@@ -3,6 +3,8 @@ cluster of known size (the real-Ray version is tests/e2e/test_queue.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from service.admission import Candidate, Capacity, Demand, Quota, plan, queue_order
@@ -133,6 +135,7 @@ def test_a_process_that_does_not_dispatch_plans_the_queue_only_when_an_answer_re
 
     client, _jobs = sized
     dispatcher = client.app.state.dispatcher
+    monkeypatch.setattr(dispatcher_module, "FOLLOWER_PLAN_S", 3600.0)  # no plan goes stale by itself
     ids = [_submit(client, example_body) for _ in range(3)]
     dispatcher.tick()  # two fit the cluster; the third waits
     dispatcher.leading = False  # from here on, a process that does not hold the dispatch lease
@@ -144,17 +147,32 @@ def test_a_process_that_does_not_dispatch_plans_the_queue_only_when_an_answer_re
         return (client.get(f"{API}/runs/{run_id}").json().get("queue") or {}).get("position")
 
     later = _submit(client, example_body)
-    assert (place(ids[2]), place(later)) == (1, None)  # the tick's plan, fresh: no plan of its own
-    dispatcher._plan_queue(dispatcher._planned_at + 60)  # its thread, with nobody reading since: no plan
-    assert plans == []
+    assert (place(ids[2]), place(later)) == (1, None)  # the tick's plan: fresh, so no plan of its own
     monkeypatch.setattr(dispatcher_module, "FOLLOWER_PLAN_S", 0.0)  # every plan is stale now
-    assert place(later) == 2 and plans == [1]  # planned on the request that read it
+    dispatcher._plan_read = False
+    dispatcher._plan_queue(time.monotonic())  # its thread, with no answer read since: no plan
+    assert plans == []
+    dispatcher._plan_read = True
+    dispatcher._plan_queue(time.monotonic())  # an answer read the plan: the thread plans
+    assert plans == [1] and dispatcher.admission.waiting[later].position == 2
+    assert place(ids[2]) == 1 and plans == [1, 1]  # a stale plan: planned on the request that read it
 
     def broken(self, *args, **kwargs):
         raise OSError("the database is away")
 
     monkeypatch.setattr(Admission, "__call__", broken)
-    assert place(later) is None  # a failed plan shows no place rather than an old one
+    assert place(ids[2]) is None  # a failed plan shows no place rather than an old one
+
+
+def test_the_dispatching_process_shows_no_plan_older_than_its_ticks_make_them(sized, example_body, monkeypatch):
+    from service import dispatcher as dispatcher_module
+
+    client, _jobs = sized
+    ids = [_submit(client, example_body) for _ in range(3)]
+    client.app.state.dispatcher.tick()
+    assert client.get(f"{API}/runs/{ids[2]}").json()["queue"]["position"] == 1
+    monkeypatch.setattr(dispatcher_module, "LEADER_PLAN_SHOWN_S", 0.0)  # as if no tick had planned since
+    assert client.get(f"{API}/runs/{ids[2]}").json()["queue"] is None
 
 
 def test_a_run_that_can_never_fit_is_refused_at_submit_unless_an_autoscaler_is_configured(sized, example_body):
