@@ -93,11 +93,16 @@ def newest_write(folder) -> float:
 
 
 def trial_actors(ray_head) -> list[str]:
-    """Ids of every Tune trial actor the head has seen, alive or dead."""
+    """Ids of every Tune trial actor this test process's Ray job has started, alive or dead.
+
+    Filtered by job at the source: Ray's state API filters by class name only after taking
+    ``limit`` actors from the GCS, so in a long session (more than ``limit`` actors of every
+    kind) a new trial actor could be missing from the answer."""
+    import ray
     from ray.util.state import list_actors
 
-    return [a.actor_id for a in list_actors(address=ray_head.dashboard_url, filters=[("class_name", "=", "ImplicitFunc")],
-                                            limit=1000)]
+    filters = [("job_id", "=", ray.get_runtime_context().get_job_id()), ("class_name", "=", "ImplicitFunc")]
+    return [a.actor_id for a in list_actors(address=ray_head.dashboard_url, filters=filters, limit=10_000)]
 
 
 def wait_until(condition, *, timeout: float, what: str):
