@@ -277,9 +277,10 @@ def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path,
     write_files = Checkpointer._write_files
 
     def write_then_lose_trainer_state(self, url, *args):
-        write_files(self, url, *args)
+        written = write_files(self, url, *args)
         if url.endswith("ep0-ba4"):
             storage_for(url).remove(join(url, "trainer.pt"))
+        return written
 
     monkeypatch.setattr(Checkpointer, "_write_files", write_then_lose_trainer_state)
     sink = MemorySink()

@@ -214,14 +214,16 @@ class Checkpointer:
             self.damaged.append(f"{info.url} (missing {', '.join(missing[:5])})")
         return None
 
-    def missing_files(self, url: str, world_size: int) -> list[str]:
+    def missing_files(self, url: str, world_size: int, *, metadata: Any = None) -> list[str]:
         """The files of a whole checkpoint (its marker aside) that the folder ``url`` lacks: DCP's
-        ``.metadata`` and every data file it names, ``trainer.pt`` and each rank's own file."""
+        ``.metadata`` and every data file it names, ``trainer.pt`` and each rank's own file.
+        ``metadata``: what ``dcp.save`` returned for it (else ``.metadata`` is read back)."""
         present = set(self.storage.listdir(url))
         needed = [".metadata", "trainer.pt", *(f"rank{rank}.pt" for rank in range(world_size))]
         missing = [name for name in needed if name not in present]
         if ".metadata" not in missing:
-            data = {item.relative_path for item in ParallelFsspecReader(url).read_metadata().storage_data.values()}
+            metadata = metadata or ParallelFsspecReader(url).read_metadata()
+            data = {item.relative_path for item in metadata.storage_data.values()}
             missing += sorted(data - present)
         return missing
 
@@ -274,11 +276,12 @@ class Checkpointer:
         started = time.monotonic()
         self._whole.discard(url)  # written again: what was found whole before says nothing now
         try:
-            with_retries(lambda: self._write_files(url, state, trainer_state, rank_state, group),
-                         what=f"saving checkpoint {name}", attempts=self.attempts, first_delay_s=self.first_delay_s)
+            saved = with_retries(lambda: self._write_files(url, state, trainer_state, rank_state, group),
+                                 what=f"saving checkpoint {name}", attempts=self.attempts,
+                                 first_delay_s=self.first_delay_s)
             if self.rank != 0:
                 return
-            missing = self.missing_files(url, self.world_size)
+            missing = self.missing_files(url, self.world_size, metadata=saved)
             if missing:  # written and then gone: committing would promise what a resume cannot load
                 raise FileNotFoundError(f"{', '.join(missing[:5])} missing from {url} after every rank wrote it")
             self._whole.add(url)
@@ -307,8 +310,9 @@ class Checkpointer:
                        f"{type(exc).__name__}: {exc}; the next commit tries again")
 
     def _write_files(self, url: str, state: dict[str, Any], trainer_state: dict[str, Any],
-                     rank_state: dict[str, Any], group: Any) -> None:
-        """One try at writing every file of a checkpoint but its marker (collective)."""
+                     rank_state: dict[str, Any], group: Any) -> Any:
+        """One try at writing every file of a checkpoint but its marker (collective); returns
+        DCP's metadata of what it wrote."""
         def uncommit() -> None:
             # A step saved again (a resume from an older checkpoint) loses its marker before any
             # rank rewrites a file (the others wait in ``_agreed``), so a write that dies halfway
@@ -323,8 +327,8 @@ class Checkpointer:
 
         self._agreed(uncommit, url, "uncommit")
         self._agreed(write_own_files, url, "write its files of")  # before the collective DCP write
-        dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
-                 no_dist=not _distributed())
+        return dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
+                        no_dist=not _distributed())
 
     def _agreed(self, action: Callable[[], None], url: str, what: str) -> None:
         """``action()`` on this rank. With several ranks every rank learns whether all of theirs
