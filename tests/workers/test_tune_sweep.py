@@ -4,8 +4,10 @@ and the Pareto front; a trial whose actor is killed is retried and resumes from 
 
 Each sweep costs ~10-20 s (a trial actor training a small CNN on digits)."""
 
+import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +33,6 @@ def test_asha_stops_the_weak_trial_and_the_outcome_ranks_the_completed_ones(ray_
     # Other tests share this Ray head (and, rarely, leave a Train controller behind): only the
     # actors this sweep starts must be gone at the end.
     before = set(live_training_actors(ray_head))
-    actors_before = set(trial_actors(ray_head))
     outcome = run_sweep(spec, storage_url=f"file://{tmp_path}", verbose=0)
 
     by_lr = {t.params["optimizer.lr"]: t for t in outcome.trials}
@@ -48,10 +49,10 @@ def test_asha_stops_the_weak_trial_and_the_outcome_ranks_the_completed_ones(ray_
     # The experiment lives where a restarted driver would look for it.
     assert (tmp_path / "sweeps").is_dir() and experiment_path(f"file://{tmp_path}", "x").startswith(str(tmp_path))
     # One-worker trials train in their trial actor, and Tune reused it for all three (a stopped
-    # trial included): nothing was started after the first trial.
-    # (Ray's state API can answer before it lists a new actor: wait for it to list one.)
-    wait_until(lambda: set(trial_actors(ray_head)) - actors_before, timeout=30, what="the sweep's trial actor")
-    assert len(set(trial_actors(ray_head)) - actors_before) == 1
+    # trial included): every result of every trial came from one process, an actor's.
+    reporters = trial_processes(tmp_path)
+    assert set(reporters) == {t.trial_id for t in outcome.trials}, reporters
+    assert len(frozenset().union(*reporters.values())) == 1, reporters
     # Every actor the sweep started ends with it.
     wait_until(lambda: not set(live_training_actors(ray_head)) - before, timeout=60,
                what="every trial's actors to end")
@@ -92,17 +93,21 @@ def newest_write(folder) -> float:
     return max(p.stat().st_mtime for p in folder.rglob("*") if p.is_file())
 
 
-def trial_actors(ray_head) -> list[str]:
-    """Ids of every Tune trial actor this test process's Ray job has started, alive or dead.
+def trial_processes(storage) -> dict[str, frozenset[tuple[str, int]]]:
+    """Each trial's reporting processes, as (node, pid), from the results Tune wrote to the
+    sweep's experiment folder (every result carries its process's ``pid`` and ``node_ip``).
 
-    Filtered by job at the source: Ray's state API filters by class name only after taking
-    ``limit`` actors from the GCS, so in a long session (more than ``limit`` actors of every
-    kind) a new trial actor could be missing from the answer."""
-    import ray
-    from ray.util.state import list_actors
-
-    filters = [("job_id", "=", ray.get_runtime_context().get_job_id()), ("class_name", "=", "ImplicitFunc")]
-    return [a.actor_id for a in list_actors(address=ray_head.dashboard_url, filters=filters, limit=10_000)]
+    Read from the results, not from Ray's state API: in three full suite runs (hundreds of
+    actors on the session's head) ``list_actors``, filtered by class and then by job and
+    class, never listed the trial actor of a sweep that had completed, while the test passed
+    alone and with the rest of ``tests/workers``. Why was not found (the GCS keeps 100,000
+    dead actors); the results are what the trials themselves wrote."""
+    processes: dict[str, set[tuple[str, int]]] = {}
+    for results in Path(storage, "sweeps").rglob("result.json"):
+        for line in results.read_text().splitlines():
+            result = json.loads(line)
+            processes.setdefault(result["trial_id"], set()).add((result["node_ip"], result["pid"]))
+    return {trial_id: frozenset(found) for trial_id, found in processes.items()}
 
 
 def wait_until(condition, *, timeout: float, what: str):
