@@ -75,7 +75,7 @@ class AttemptStore:
                  .where(model.status.in_([s.value for s in statuses])).order_by(model.created_at, model.id))
         cache = self._spec_cache
         with self.db.read() as session:
-            rows = [row._asdict() for row in session.execute(query)]
+            rows = [dict(zip(names, values)) for values in session.execute(query).tuples()]  # not Row._asdict: 3x dearer
             specs = [cache.get((row["id"], row["attempt"])) for row in rows]
             missing = [row["id"] for row, spec in zip(rows, specs) if spec is None]
             fetched = {}

@@ -100,7 +100,7 @@ class Dispatcher:
                 # The run follower's read of the followed runs, from the start of this tick, serves
                 # the log archiver and the wall-clock check too: every active run is read once a
                 # tick. A run the followers just submitted or ended is seen by these two on the next.
-                self.log_archiver.tick(read["run"])
+                self.log_archiver.offer(read["run"])  # its copies run on its own thread, when started
                 projects = {p.name: p for p in self.access.list_projects()}
                 for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=read["run"]):
                     log.info("run %s: stopped at its wall-clock limit", run_id)
@@ -138,6 +138,7 @@ class Dispatcher:
         self._stop.clear()
         self.last_tick_at = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="tessera-dispatcher", daemon=True)
+        self.log_archiver.start()
         self._thread.start()
         self.lease.listen(self._woken_by_another_process)
 
@@ -211,6 +212,7 @@ class Dispatcher:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+        self.log_archiver.stop(timeout_s)
         self.lease.close()
 
     def _loop(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from api.views import RunStatus
@@ -86,6 +88,34 @@ def test_a_tick_copies_at_most_copies_per_tick_live_logs(client, fake_jobs, exam
     assert read[5:] == read[:4]  # copied longest ago first
     for run_id, job_id in started:
         assert LogStore(settings.storage_url).read(run_id, 1) == f"{job_id}\n".encode()
+
+
+def test_on_its_thread_the_archiver_copies_while_ticks_go_on_without_waiting_for_it(client, fake_jobs,
+                                                                                  example_body, settings):
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    fake_jobs.logs[job_id] = "slow to read\n"
+    reading, answer = threading.Event(), threading.Event()
+    real_job_logs = fake_jobs.job_logs
+
+    def slow_job_logs(job_id):  # a Ray that takes as long as the test says
+        reading.set()
+        assert answer.wait(30)
+        return real_job_logs(job_id)
+
+    fake_jobs.job_logs = slow_job_logs
+    dispatcher, archiver = client.app.state.dispatcher, client.app.state.dispatcher.log_archiver
+    archiver.start()
+    try:
+        dispatcher.tick()  # hands the live run over
+        assert reading.wait(30)  # the archiver's thread waits on Ray...
+        for _ in range(3):
+            dispatcher.tick()  # ...and the ticks do not: each returns with the copy still waiting
+        assert LogStore(settings.storage_url).read(run_id, 1) is None
+        assert archiver._offered is not None  # the ticks' runs wait for its next pass, as one
+    finally:
+        answer.set()
+        archiver.stop()  # after the pass it is in
+    assert LogStore(settings.storage_url).read(run_id, 1) == b"slow to read\n"
 
 
 def _five_live_runs(client, fake_jobs, example_body) -> list[str]:
