@@ -2,7 +2,8 @@
 
 Each dispatcher tick hands the archiver the run attempts whose jobs the dispatcher follows, and
 the archiver makes one pass over them. While an attempt is live its log is copied every
-``every_ticks`` passes (a crash of the Ray head then loses at most that much), but a pass copies
+``every_ticks`` passes (a crash of the Ray head then loses at most that much; a pass a tick, 5 s,
+while the archiver keeps up, longer when a slow Ray or storage makes passes outlast ticks), but a pass copies
 at most ``copies_per_tick`` live logs, those copied longest ago first: each copy is a Ray call
 and a storage write, and a pass must not make one per run (with 1,000 live runs, each log is
 then copied every 100 passes). Once the attempt is no longer followed (its run ended, or a new
@@ -13,10 +14,12 @@ attempt that ended while the service was down is copied when someone first reads
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
-even with local files and a fake Ray, taking them out of the tick made it 0.74x as long with
-1,000 live runs: ``bench/tick_ab.py``). A tick only hands over its runs (``offer``); when
-a pass takes longer than a tick, the ticks that came meanwhile fold into the next pass. Without
-the thread (tests that call ``Dispatcher.tick`` themselves), ``offer`` makes the pass at once.
+in a profile with local files and a fake Ray they were still about a third of a tick with
+1,000 live runs). A tick only hands over its runs (``offer``); when a pass takes longer than a
+tick, the ticks that came meanwhile fold into the next pass, which also watches the attempts
+that were live only in them (so one that started and ended during a pass still has its final
+log copied). Without the thread (tests that call ``Dispatcher.tick`` themselves), ``offer``
+makes the pass at once.
 """
 
 from __future__ import annotations
@@ -66,12 +69,13 @@ class LogArchiver:
         self.every_ticks = every_ticks
         self.copies_per_tick = copies_per_tick
         self.passes = 0  # made so far
-        # Live attempts: (the tick their next copy is due, a count that breaks ties first come, first served)
+        # Live attempts: (the pass their next copy is due, a count that breaks ties first come, first served)
         self._due_at: dict[Attempt, tuple[int, int]] = {}
         self._turns = itertools.count()
         self._watched: set[Attempt] = set()
         self._stalled = False
         self._offered: list[Any] | None = None  # the last tick's runs, waiting for the thread's next pass
+        self._folded: set[Attempt] = set()  # live in a replaced offer: watched from the next pass on
         self._changed = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -79,8 +83,10 @@ class LogArchiver:
     # --- the archiver's thread -----------------------------------------------------------
     def start(self) -> None:
         """Make the passes on a daemon thread from now on, until ``stop()``."""
-        if self._thread is None:
+        with self._changed:
             self._stopping = False
+            if self._thread is not None and self._thread.is_alive():
+                return  # one a stop left running (its join timed out) goes on serving
             self._thread = threading.Thread(target=self._loop, name="tessera-log-archiver", daemon=True)
             self._thread.start()
 
@@ -90,18 +96,27 @@ class LogArchiver:
             self.tick(runs)
             return
         with self._changed:
-            self._offered = runs  # an offer not yet taken is replaced: the newest runs count
+            if self._stopping:
+                return  # a tick that outlasted the dispatcher's stop: the thread takes no more
+            if self._offered is not None:
+                # Not taken yet: the newest runs replace it. An attempt live only in the replaced
+                # offer (it started and ended during one pass) is still watched, so the next
+                # pass copies its final log.
+                self._folded |= self._live(self._offered)
+            self._offered = runs
             self._changed.notify()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the thread once it has made its current pass and the one offered last, if any (a
-        pass waits on Ray's and the storage's timeouts at most)."""
+        pass waits on Ray's and the storage's timeouts at most). A thread still busy after
+        ``timeout_s`` is left to end by itself (a daemon; it takes no more offers)."""
         with self._changed:
             self._stopping = True
             self._changed.notify()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None
 
     def _loop(self) -> None:
         while True:
@@ -109,23 +124,24 @@ class LogArchiver:
                 self._changed.wait_for(lambda: self._stopping or self._offered is not None)
                 if self._offered is None:  # stopping, with every offer taken
                     return
-                runs, self._offered = self._offered, None
+                runs, folded = self._offered, self._folded
+                self._offered, self._folded = None, set()
             try:
-                self.tick(runs)
+                self.tick(runs, folded)
             except Exception:  # e.g. a bug: logged, and the next tick's runs get their pass
                 log.exception("the log archiver's pass failed")
 
     # --- one pass ------------------------------------------------------------------------
-    def tick(self, runs: list[Any] | None = None) -> None:
+    def tick(self, runs: list[Any] | None = None, folded: set[Attempt] | frozenset[Attempt] = frozenset()) -> None:
         """One pass: copy each live attempt's log once every ``every_ticks`` passes, and ended
         attempts' final logs. ``runs``: the runs in a followed status whose jobs the dispatcher
-        follows, as a tick read them (None: read them here)."""
+        follows, as a tick read them (None: read them here); ``folded``: attempts that were live
+        in ticks this pass stands for, besides the last."""
         self.passes += 1
-        self._stalled = False  # a hung store or Ray: one timeout per tick, not one per attempt
+        self._stalled = False  # a hung store or Ray: one timeout per pass, not one per attempt
         if runs is None:
             runs = self.repo.snapshots(RUN_JOBS.policy.followed)
-        live = {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
-                for run in runs if RUN_JOBS.owns(run) and run.ray_job_id}
+        live = self._live(runs)
         # A new attempt is due at once; after each try, every_ticks later. Those due longest ago go
         # first, so under the cap every live log gets its turn. A failed try counts as a turn: a
         # log that cannot be copied is tried again at its next one and never holds the others back.
@@ -136,15 +152,21 @@ class LogArchiver:
                 break
             self._copy(attempt, final=False)
             self._due_at[attempt] = (self.passes + self.every_ticks, next(self._turns))
+        self._watched |= folded
         for attempt in self._watched - live:
             if not self._stalled and self._copy(attempt, final=True):
                 self._watched.discard(attempt)
         self._watched |= live
 
+    @staticmethod
+    def _live(runs: list[Any]) -> set[Attempt]:
+        return {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
+                for run in runs if RUN_JOBS.owns(run) and run.ray_job_id}
+
     def _copy(self, attempt: Attempt, *, final: bool) -> bool:
         """Copy one attempt's log; True once there is nothing left to wait for (final copy made,
         or Ray has no such job). A Ray or storage error is logged and tried again later (a final
-        copy on the next tick, a live one at its next turn)."""
+        copy on the next pass, a live one at its next turn)."""
         try:
             if final:
                 return archive_final_log(self.jobs, self.store, attempt)

@@ -118,6 +118,38 @@ def test_on_its_thread_the_archiver_copies_while_ticks_go_on_without_waiting_for
     assert LogStore(settings.storage_url).read(run_id, 1) == b"slow to read\n"
 
 
+def test_an_attempt_that_starts_and_ends_during_one_slow_pass_still_has_its_final_log_copied(
+        client, fake_jobs, example_body, settings):
+    slow_run, slow_job = _start(client, fake_jobs, example_body)
+    fake_jobs.logs[slow_job] = "slow\n"
+    reading, answer = threading.Event(), threading.Event()
+    real_job_logs = fake_jobs.job_logs
+
+    def job_logs(job_id):
+        if job_id == slow_job:
+            reading.set()
+            assert answer.wait(30)
+        return real_job_logs(job_id)
+
+    fake_jobs.job_logs = job_logs
+    dispatcher, archiver = client.app.state.dispatcher, client.app.state.dispatcher.log_archiver
+    archiver.start()
+    try:
+        dispatcher.tick()
+        assert reading.wait(30)  # the pass waits on the slow log; meanwhile a short run comes and goes:
+        brief_run, brief_job = _start(client, fake_jobs, example_body)
+        dispatcher.tick()  # live in this tick's runs...
+        client.app.state.repo.apply_worker_report(brief_run, S.RUNNING)
+        client.app.state.repo.apply_worker_report(brief_run, S.COMPLETED)
+        fake_jobs.set_status(brief_job, "SUCCEEDED")
+        fake_jobs.logs[brief_job] = "brief\n"
+        dispatcher.tick()  # ...ended in this one's, which replaces it before any pass took it
+    finally:
+        answer.set()
+        archiver.stop()  # after the slow pass and the one offered last
+    assert LogStore(settings.storage_url).read(brief_run, 1) == b"brief\n"
+
+
 def _five_live_runs(client, fake_jobs, example_body) -> list[str]:
     run_ids = [client.post("/api/v1/runs", json=example_body).json()["id"] for _ in range(5)]
     client.app.state.dispatcher.tick()  # submits all five
