@@ -75,7 +75,8 @@ class AttemptStore:
                  .where(model.status.in_([s.value for s in statuses])).order_by(model.created_at, model.id))
         cache = self._spec_cache
         with self.db.read() as session:
-            rows = [dict(zip(names, values)) for values in session.execute(query).tuples()]  # not Row._asdict: 3x dearer
+            # Plain dicts of plain tuples: Row._asdict() was about a tenth of a tick in its profile
+            rows = [dict(zip(names, values)) for values in session.execute(query).tuples()]
             specs = [cache.get((row["id"], row["attempt"])) for row in rows]
             missing = [row["id"] for row, spec in zip(rows, specs) if spec is None]
             fetched = {}
