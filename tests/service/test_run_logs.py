@@ -90,26 +90,35 @@ def test_a_tick_copies_at_most_copies_per_tick_live_logs(client, fake_jobs, exam
         assert LogStore(settings.storage_url).read(run_id, 1) == f"{job_id}\n".encode()
 
 
-def test_on_its_thread_the_archiver_copies_while_ticks_go_on_without_waiting_for_it(client, fake_jobs,
-                                                                                  example_body, settings):
-    run_id, job_id = _start(client, fake_jobs, example_body)
-    fake_jobs.logs[job_id] = "slow to read\n"
-    reading, answer = threading.Event(), threading.Event()
+def _a_pass_waiting_on_a_slow_log(client, fake_jobs, body, text: str, answer: threading.Event) -> str:
+    """Start a run whose log reads as ``text`` only once the test sets ``answer``, start the
+    archiver's thread and tick: returns the run's id once the thread's pass waits on that read."""
+    run_id, slow_job = _start(client, fake_jobs, body)
+    fake_jobs.logs[slow_job] = text
+    reading = threading.Event()
     real_job_logs = fake_jobs.job_logs
 
-    def slow_job_logs(job_id):  # a Ray that takes as long as the test says
-        reading.set()
-        assert answer.wait(30)
+    def job_logs(job_id):
+        if job_id == slow_job:
+            reading.set()
+            assert answer.wait(30)
         return real_job_logs(job_id)
 
-    fake_jobs.job_logs = slow_job_logs
+    fake_jobs.job_logs = job_logs
+    client.app.state.dispatcher.log_archiver.start()
+    client.app.state.dispatcher.tick()  # hands the live run over
+    assert reading.wait(30)
+    return run_id
+
+
+def test_on_its_thread_the_archiver_copies_while_ticks_go_on_without_waiting_for_it(client, fake_jobs,
+                                                                                  example_body, settings):
     dispatcher, archiver = client.app.state.dispatcher, client.app.state.dispatcher.log_archiver
-    archiver.start()
+    answer = threading.Event()
     try:
-        dispatcher.tick()  # hands the live run over
-        assert reading.wait(30)  # the archiver's thread waits on Ray...
+        run_id = _a_pass_waiting_on_a_slow_log(client, fake_jobs, example_body, "slow to read\n", answer)
         for _ in range(3):
-            dispatcher.tick()  # ...and the ticks do not: each returns with the copy still waiting
+            dispatcher.tick()  # the ticks do not wait: each returns with the copy still waiting
         assert LogStore(settings.storage_url).read(run_id, 1) is None
         assert archiver._offered is not None  # the ticks' runs wait for its next pass, as one
     finally:
@@ -120,24 +129,11 @@ def test_on_its_thread_the_archiver_copies_while_ticks_go_on_without_waiting_for
 
 def test_an_attempt_that_starts_and_ends_during_one_slow_pass_still_has_its_final_log_copied(
         client, fake_jobs, example_body, settings):
-    slow_run, slow_job = _start(client, fake_jobs, example_body)
-    fake_jobs.logs[slow_job] = "slow\n"
-    reading, answer = threading.Event(), threading.Event()
-    real_job_logs = fake_jobs.job_logs
-
-    def job_logs(job_id):
-        if job_id == slow_job:
-            reading.set()
-            assert answer.wait(30)
-        return real_job_logs(job_id)
-
-    fake_jobs.job_logs = job_logs
     dispatcher, archiver = client.app.state.dispatcher, client.app.state.dispatcher.log_archiver
-    archiver.start()
+    answer = threading.Event()
     try:
-        dispatcher.tick()
-        assert reading.wait(30)  # the pass waits on the slow log; meanwhile a short run comes and goes:
-        brief_run, brief_job = _start(client, fake_jobs, example_body)
+        _a_pass_waiting_on_a_slow_log(client, fake_jobs, example_body, "slow\n", answer)
+        brief_run, brief_job = _start(client, fake_jobs, example_body)  # a short run comes and goes:
         dispatcher.tick()  # live in this tick's runs...
         client.app.state.repo.apply_worker_report(brief_run, S.RUNNING)
         client.app.state.repo.apply_worker_report(brief_run, S.COMPLETED)
