@@ -146,6 +146,30 @@ def test_an_attempt_that_starts_and_ends_during_one_slow_pass_still_has_its_fina
     assert LogStore(settings.storage_url).read(brief_run, 1) == b"brief\n"
 
 
+def test_the_archiver_keeps_one_thread_and_a_stop_that_timed_out_takes_no_more_offers(client, fake_jobs,
+                                                                                    example_body, settings):
+    archiver = client.app.state.dispatcher.log_archiver
+    answer = threading.Event()
+    try:
+        run_id = _a_pass_waiting_on_a_slow_log(client, fake_jobs, example_body, "slow\n", answer)
+        thread = archiver._thread
+        archiver.start()
+        assert archiver._thread is thread  # a second start makes no second thread
+        archiver.stop(timeout_s=0.05)  # the pass still waits on the log: the join times out
+        assert thread.is_alive() and archiver._thread is thread
+        passes = archiver.passes
+        archiver.offer([])  # a tick that outlasted the stop: neither taken nor run here
+        assert archiver._offered is None and archiver.passes == passes
+        archiver.start()  # a start after it serves with the same thread
+        assert archiver._thread is thread
+        assert [t.name for t in threading.enumerate()].count("tessera-log-archiver") == 1
+    finally:
+        answer.set()
+        archiver.stop()
+    assert not thread.is_alive() and archiver._thread is None
+    assert LogStore(settings.storage_url).read(run_id, 1) == b"slow\n"
+
+
 def _five_live_runs(client, fake_jobs, example_body) -> list[str]:
     run_ids = [client.post("/api/v1/runs", json=example_body).json()["id"] for _ in range(5)]
     client.app.state.dispatcher.tick()  # submits all five
