@@ -78,33 +78,37 @@ class LogArchiver:
         self._folded: set[Attempt] = set()  # live in a replaced offer: watched from the next pass on
         self._changed = threading.Condition()
         self._stopping = False
+        self._started = False  # once started, offers go to the thread (dropped once it stops), never inline
+        self._serving = False  # a thread is in its loop; it clears this, under the lock, as it ends
         self._thread: threading.Thread | None = None
 
     # --- the archiver's thread -----------------------------------------------------------
     def start(self) -> None:
         """Make the passes on a daemon thread from now on, until ``stop()``."""
         with self._changed:
-            self._stopping = False
-            if self._thread is not None and self._thread.is_alive():
+            self._stopping, self._started = False, True
+            if self._serving:
                 return  # one a stop left running (its join timed out) goes on serving
+            self._serving = True
             self._thread = threading.Thread(target=self._loop, name="tessera-log-archiver", daemon=True)
             self._thread.start()
 
     def offer(self, runs: list[Any]) -> None:
-        """A tick's runs (as ``tick`` takes them): the thread's next pass, or a pass now without it."""
-        if self._thread is None:
-            self.tick(runs)
-            return
+        """A tick's runs (as ``tick`` takes them): the thread's next pass, or a pass now if
+        ``start()`` was never called."""
         with self._changed:
-            if self._stopping:
-                return  # a tick that outlasted the dispatcher's stop: the thread takes no more
-            if self._offered is not None:
-                # Not taken yet: the newest runs replace it. An attempt live only in the replaced
-                # offer (it started and ended during one pass) is still watched, so the next
-                # pass copies its final log.
-                self._folded |= self._live(self._offered)
-            self._offered = runs
-            self._changed.notify()
+            if self._started:
+                if self._stopping:
+                    return  # a tick that outlasted the dispatcher's stop: no pass takes it
+                if self._offered is not None:
+                    # Not taken yet: the newest runs replace it. An attempt live only in the replaced
+                    # offer (it started and ended during one pass) is still watched, so the next
+                    # pass copies its final log.
+                    self._folded |= self._live(self._offered)
+                self._offered = runs
+                self._changed.notify()
+                return
+        self.tick(runs)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the thread once it has made its current pass and the one offered last, if any (a
@@ -123,6 +127,7 @@ class LogArchiver:
             with self._changed:
                 self._changed.wait_for(lambda: self._stopping or self._offered is not None)
                 if self._offered is None:  # stopping, with every offer taken
+                    self._serving = False  # in the same hold as the check: a start() now makes a new thread
                     return
                 runs, folded = self._offered, self._folded
                 self._offered, self._folded = None, set()

@@ -146,9 +146,10 @@ def test_an_attempt_that_starts_and_ends_during_one_slow_pass_still_has_its_fina
     assert LogStore(settings.storage_url).read(brief_run, 1) == b"brief\n"
 
 
-def test_the_archiver_keeps_one_thread_and_a_stop_that_timed_out_takes_no_more_offers(client, fake_jobs,
-                                                                                    example_body, settings):
+def test_the_archiver_keeps_one_thread_and_a_stopped_one_takes_no_more_offers(client, fake_jobs, example_body,
+                                                                             settings):
     archiver = client.app.state.dispatcher.log_archiver
+    threads_before = set(threading.enumerate())
     answer = threading.Event()
     try:
         run_id = _a_pass_waiting_on_a_slow_log(client, fake_jobs, example_body, "slow\n", answer)
@@ -160,14 +161,20 @@ def test_the_archiver_keeps_one_thread_and_a_stop_that_timed_out_takes_no_more_o
         passes = archiver.passes
         archiver.offer([])  # a tick that outlasted the stop: neither taken nor run here
         assert archiver._offered is None and archiver.passes == passes
-        archiver.start()  # a start after it serves with the same thread
+        archiver.start()  # a start after it serves with the same thread...
         assert archiver._thread is thread
-        assert [t.name for t in threading.enumerate()].count("tessera-log-archiver") == 1
+        assert {t for t in set(threading.enumerate()) - threads_before if t.name == thread.name} == {thread}
+        archiver.offer([])  # ...which takes offers again
+        assert archiver._offered is not None
     finally:
         answer.set()
         archiver.stop()
     assert not thread.is_alive() and archiver._thread is None
+    assert archiver.passes == passes + 1  # the offer after the restart had its pass
     assert LogStore(settings.storage_url).read(run_id, 1) == b"slow\n"
+    dispatcher_tick_after_stop = archiver.passes
+    client.app.state.dispatcher.tick()  # a tick after a clean stop: no pass, not even inline
+    assert archiver.passes == dispatcher_tick_after_stop
 
 
 def _five_live_runs(client, fake_jobs, example_body) -> list[str]:
