@@ -97,9 +97,9 @@ class LogArchiver:
         """A tick's runs (as ``tick`` takes them): the thread's next pass, or a pass now if
         ``start()`` was never called."""
         with self._changed:
-            if self._started:
-                if self._stopping:
-                    return  # a tick that outlasted the dispatcher's stop: no pass takes it
+            inline = not self._started
+            # Once stopping, a tick that outlasted the dispatcher's stop: no pass takes its runs.
+            if self._started and not self._stopping:
                 if self._offered is not None:
                     # Not taken yet: the newest runs replace it. An attempt live only in the replaced
                     # offer (it started and ended during one pass) is still watched, so the next
@@ -107,8 +107,8 @@ class LogArchiver:
                     self._folded |= self._live(self._offered)
                 self._offered = runs
                 self._changed.notify()
-                return
-        self.tick(runs)
+        if inline:
+            self.tick(runs)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the thread once it has made its current pass and the one offered last, if any (a

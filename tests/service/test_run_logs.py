@@ -172,9 +172,9 @@ def test_the_archiver_keeps_one_thread_and_a_stopped_one_takes_no_more_offers(cl
     assert not thread.is_alive() and archiver._thread is None
     assert archiver.passes == passes + 1  # the offer after the restart had its pass
     assert LogStore(settings.storage_url).read(run_id, 1) == b"slow\n"
-    dispatcher_tick_after_stop = archiver.passes
+    passes_after_stop = archiver.passes
     client.app.state.dispatcher.tick()  # a tick after a clean stop: no pass, not even inline
-    assert archiver.passes == dispatcher_tick_after_stop
+    assert archiver.passes == passes_after_stop
 
 
 def _five_live_runs(client, fake_jobs, example_body) -> list[str]:
