@@ -63,9 +63,14 @@ def test_a_job_lost_with_its_ray_head_resumes_from_the_newest_checkpoint_without
         run = client.create_run(checkpointed_spec("lost-job"))
         first_commit(client, run.id)
         ray_processes = psutil.Process(service.proc.pid).children(recursive=True)
+        drivers = [p for p in ray_processes if "workers.launch" in " ".join(p.cmdline())]
         service.kill()
         # Let the old head finish dying (Ray fate-shares it with the service) before a new one
-        # starts; whatever outlives that wait is ours to end.
+        # starts. The job's driver (``workers.launch``) is not among them: it waits for the lost
+        # GCS for RAY_gcs_rpc_server_reconnect_timeout_s (60 s) before it exits, so it is ours
+        # to end now, as a lost machine would; whatever else outlives the wait is too.
+        for driver in drivers:
+            driver.kill()
         _, alive = psutil.wait_procs(ray_processes, timeout=60)
         for proc in alive:
             proc.kill()
