@@ -18,14 +18,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def client_server_args() -> tuple[list[str], tuple[str, ...]]:
-    """``ray start --head`` arguments that put the head's Ray Client server on a free port, and
-    the markers that find that server's process to end it. ``ray start --head`` starts the server
-    (``python -m ray.util.client.server``) on port 10001 unless told otherwise, and its command
-    line names neither the temp dir nor the head's port, so ending a head by its temp dir left
-    the server running on after the tests, and a second head's server found 10001 taken."""
-    port = free_port()
-    return [f"--ray-client-server-port={port}"], ("ray.util.client.server", f"--port={port} ")
+def client_server_markers(port: int) -> tuple[str, str]:
+    """What finds a head's Ray Client server (``python -m ray.util.client.server``) listening on
+    ``port``, to end it with ``kill_processes_mentioning``. ``ray start --head`` starts that
+    server on port 10001 unless told otherwise (``--ray-client-server-port``), where a second
+    head on the machine finds the port taken, and its command line does not name the temp dir
+    (only ``--address=<node ip>:<head port>``), so ending a head by its temp dir left the server
+    running after the tests: in proxy mode it never exits on its own when the GCS is gone."""
+    # Ray builds the command as ``... --host=H --port=P --mode=M ...``: the space after the port
+    # keeps 1234 from matching 12345.
+    return "ray.util.client.server", f"--port={port} "
 
 
 def free_port() -> int:
@@ -34,10 +36,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def kill_processes_mentioning(*markers: str) -> None:
-    """SIGKILL every process whose command line contains all of ``markers`` (a Ray temp dir), with
-    its whole tree: Ray's agents retitle themselves (``ray::DashboardAgent``), so their command
-    lines no longer name the temp dir. A process already gone, or not ours to see, is skipped."""
+def kill_processes_mentioning(marker: str, *more: str) -> None:
+    """SIGKILL every process whose command line contains ``marker`` (a Ray temp dir, say) and each
+    of ``more``, with its whole tree: Ray's agents retitle themselves (``ray::DashboardAgent``), so
+    their command lines no longer name the temp dir. A process already gone, or not ours to see,
+    is skipped."""
     import psutil
 
     me = os.getpid()
@@ -45,7 +48,7 @@ def kill_processes_mentioning(*markers: str) -> None:
     for proc in psutil.process_iter(["pid", "cmdline"]):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             cmdline = " ".join(proc.info["cmdline"] or [])
-            if proc.pid != me and all(marker in cmdline for marker in markers):
+            if proc.pid != me and all(m in cmdline for m in (marker, *more)):
                 doomed[proc.pid] = proc
                 doomed.update({child.pid: child for child in proc.children(recursive=True)})
     for proc in doomed.values():
@@ -70,7 +73,7 @@ class RayHead:
         self.dashboard_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
-        client_args, self._client_server = client_server_args()
+        self.client_server_port = free_port()  # see client_server_markers
         ray = str(Path(sys.executable).with_name("ray"))
         subprocess.run(
             [ray, "start", "--head", f"--port={self.port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
@@ -78,13 +81,13 @@ class RayHead:
              # Two heads on the default job-agent port (52365) break job submission on both.
              f"--dashboard-agent-listen-port={free_port()}",
              f"--temp-dir={self.temp_dir}", "--object-store-memory=200000000", "--disable-usage-stats",
-             *client_args],
+             f"--ray-client-server-port={self.client_server_port}"],
             check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=timeout_s,
         )
 
     def stop(self) -> None:
         kill_processes_mentioning(self.temp_dir)
-        kill_processes_mentioning(*self._client_server)
+        kill_processes_mentioning(*client_server_markers(self.client_server_port))
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 

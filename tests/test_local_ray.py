@@ -1,4 +1,4 @@
-"""The suite's own Ray head (``tests/local_ray.py``): stopping it leaves none of its processes."""
+"""The suite's own Ray head (``tests/local_ray.py``): stopping it ends its Ray Client server too."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ def client_servers(head: RayHead) -> list[psutil.Process]:
     return found
 
 
-def test_a_stopped_head_leaves_no_process_its_client_server_included():
+def test_a_stopped_head_ends_its_client_server_which_listens_on_a_port_of_its_own():
     head = RayHead(num_cpus=1)
     try:
         [server] = client_servers(head)
-        # On a port of its own: Ray's default (10001) is taken once a second head runs.
-        assert "--port=10001" not in server.cmdline()
+        # On the port the head was given: Ray's default (10001) is taken once a second head runs.
+        assert head.client_server_port != 10001 and f"--port={head.client_server_port}" in server.cmdline()
     finally:
         head.stop()
     _, alive = psutil.wait_procs([server], timeout=10)

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.local_ray import REPO_ROOT, client_server_args, free_port, kill_processes_mentioning
+from tests.local_ray import REPO_ROOT, client_server_markers, free_port, kill_processes_mentioning
 from tests.e2e.conftest import cluster_service, wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -42,7 +42,7 @@ class LocalRayCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.head_dir: str | None = None
-        self._client_args, self._client_server = client_server_args()  # the same port across restarts
+        self.client_server_port = free_port()  # the same across restarts; see client_server_markers
         self.node_dirs: dict[str, str] = {}
 
     def _ray_start(self, *args: str) -> None:
@@ -57,7 +57,7 @@ class LocalRayCluster:
         self._ray_start("--head", f"--port={self.port}", "--num-cpus=0", "--num-gpus=0",
                         "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                         f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.head_dir}",
-                        *self._client_args)
+                        f"--ray-client-server-port={self.client_server_port}")
 
     def start_node(self, name: str) -> None:
         self.node_dirs[name] = tempfile.mkdtemp(prefix="trn")
@@ -67,7 +67,7 @@ class LocalRayCluster:
     def stop_head(self) -> None:
         if self.head_dir:
             kill_processes_mentioning(self.head_dir)
-            kill_processes_mentioning(*self._client_server)
+            kill_processes_mentioning(*client_server_markers(self.client_server_port))
             shutil.rmtree(self.head_dir, ignore_errors=True)
             self.head_dir = None
 

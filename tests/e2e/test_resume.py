@@ -45,6 +45,13 @@ def first_commit(client, run_id: str):
                       what=f"a committed checkpoint of run {run_id}")[0]
 
 
+def command_line(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:  # it ended while the list was read
+        return ""
+
+
 def running_messages(client, run_id: str, attempt: int) -> list[str]:
     return [e.message or "" for e in client.run_events(run_id).data
             if e.to_status is RunStatus.RUNNING and e.from_status is not RunStatus.RUNNING
@@ -63,12 +70,13 @@ def test_a_job_lost_with_its_ray_head_resumes_from_the_newest_checkpoint_without
         run = client.create_run(checkpointed_spec("lost-job"))
         first_commit(client, run.id)
         ray_processes = psutil.Process(service.proc.pid).children(recursive=True)
-        drivers = [p for p in ray_processes if "workers.launch" in " ".join(p.cmdline())]
+        drivers = [p for p in ray_processes if "workers.launch" in command_line(p)]
+        assert drivers, [command_line(p) for p in ray_processes]
         service.kill()
         # Let the old head finish dying (Ray fate-shares it with the service) before a new one
-        # starts. The job's driver (``workers.launch``) is not among them: it waits for the lost
-        # GCS for RAY_gcs_rpc_server_reconnect_timeout_s (60 s) before it exits, so it is ours
-        # to end now, as a lost machine would; whatever else outlives the wait is too.
+        # starts. The job's driver (``workers.launch``) does not die with the head: it waits for
+        # the lost GCS for RAY_gcs_rpc_server_reconnect_timeout_s (60 s) before it exits, so we
+        # end it now, as a lost machine would; whatever else outlives the wait is ours to end too.
         for driver in drivers:
             driver.kill()
         _, alive = psutil.wait_procs(ray_processes, timeout=60)
