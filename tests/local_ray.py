@@ -18,18 +18,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def client_server_markers(port: int) -> tuple[str, str]:
-    """What finds a head's Ray Client server (``python -m ray.util.client.server``) listening on
-    ``port``, to end it with ``kill_processes_mentioning``. ``ray start --head`` starts that
-    server on port 10001 unless told otherwise (``--ray-client-server-port``), where a second
-    head on the machine finds the port taken, and its command line does not name the temp dir
-    (only ``--address=<node ip>:<head port>``), so ending a head by its temp dir left the server
-    running after the tests: in proxy mode it never exits on its own when the GCS is gone."""
-    # Ray builds the command as ``... --host=H --port=P --mode=M ...``: the space after the port
-    # keeps 1234 from matching 12345.
-    return "ray.util.client.server", f"--port={port} "
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -56,6 +44,22 @@ def kill_processes_mentioning(marker: str, *more: str) -> None:
             proc.kill()
 
 
+def end_head(temp_dir: str, client_server_port: int) -> None:
+    """End a ``ray start --head`` started with ``--temp-dir=temp_dir`` and
+    ``--ray-client-server-port=client_server_port``, and remove its temp dir.
+
+    The head's Ray Client server (``python -m ray.util.client.server``) is found by its port:
+    its command line does not name the temp dir (only ``--address=<node ip>:<head port>``), and
+    in proxy mode it never exits on its own when the GCS is gone, so ending a head by its temp
+    dir alone left it running after the tests. (Left to Ray's default port, 10001, a second head
+    on the machine also finds that port taken: hence a port of each head's own.)"""
+    kill_processes_mentioning(temp_dir)
+    # Ray builds the command as ``... --host=H --port=P --mode=M ...``: the space after the port
+    # keeps 1234 from matching 12345.
+    kill_processes_mentioning("ray.util.client.server", f"--port={client_server_port} ")
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 class RayHead:
     """A Ray head in its own process group: ``address`` for ray.init, ``dashboard_url`` for jobs.
     Its workers import from the repository (``PYTHONPATH``) and inherit this process's
@@ -73,7 +77,7 @@ class RayHead:
         self.dashboard_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
-        self.client_server_port = free_port()  # see client_server_markers
+        self.client_server_port = free_port()  # see end_head
         ray = str(Path(sys.executable).with_name("ray"))
         subprocess.run(
             [ray, "start", "--head", f"--port={self.port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
@@ -86,9 +90,7 @@ class RayHead:
         )
 
     def stop(self) -> None:
-        kill_processes_mentioning(self.temp_dir)
-        kill_processes_mentioning(*client_server_markers(self.client_server_port))
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        end_head(self.temp_dir, self.client_server_port)
 
 
 _RAY_OWN = ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE")

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.local_ray import REPO_ROOT, client_server_markers, free_port, kill_processes_mentioning
+from tests.local_ray import REPO_ROOT, end_head, free_port, kill_processes_mentioning
 from tests.e2e.conftest import cluster_service, wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -42,7 +42,7 @@ class LocalRayCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.head_dir: str | None = None
-        self.client_server_port = free_port()  # the same across restarts; see client_server_markers
+        self.client_server_port = free_port()  # the same across restarts; see end_head
         self.node_dirs: dict[str, str] = {}
 
     def _ray_start(self, *args: str) -> None:
@@ -66,9 +66,7 @@ class LocalRayCluster:
 
     def stop_head(self) -> None:
         if self.head_dir:
-            kill_processes_mentioning(self.head_dir)
-            kill_processes_mentioning(*client_server_markers(self.client_server_port))
-            shutil.rmtree(self.head_dir, ignore_errors=True)
+            end_head(self.head_dir, self.client_server_port)
             self.head_dir = None
 
     def stop_node(self, name: str) -> None:
