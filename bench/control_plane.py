@@ -362,7 +362,7 @@ def tick_phase(url: str, active: list[str], ticks: int) -> dict:
             super().__init__(job_ids)
 
         def __getattribute__(self, name):
-            if name in ("submit", "status", "states", "stop", "logs_tail", "job_logs", "cluster_capacity"):
+            if name in ("submit", "status", "states", "stop", "logs_tail", "job_logs", "delete", "cluster_capacity"):
                 calls = object.__getattribute__(self, "calls")
                 key = (threading.current_thread().name == "tessera-log-archiver", name)
                 calls[key] = calls.get(key, 0) + 1

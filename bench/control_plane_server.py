@@ -63,6 +63,10 @@ class ListingRay:
     def job_logs(self, submission_id: str) -> str | None:
         return "" if submission_id in self.jobs else None
 
+    def delete(self, submission_id: str) -> None:
+        with self._lock:
+            self.jobs.pop(submission_id, None)
+
 
 def active_job_ids(count: int) -> list[str]:
     """The Ray jobs of ``bench.seed.fill_active(engine, count)``'s runs."""

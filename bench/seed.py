@@ -34,6 +34,7 @@ class IdleJobs:
     def stop(self, submission_id): return None
     def logs_tail(self, submission_id, lines=40): return ""
     def job_logs(self, submission_id): return None
+    def delete(self, submission_id): return None
 
 
 @contextmanager

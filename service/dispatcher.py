@@ -120,6 +120,9 @@ class Dispatcher:
         """Whether this process dispatches: it holds the lease, and reconciled when it took it."""
         held = self.lease.held()
         if held and not self.leading:
+            # The runs whose jobs ended while no process dispatched: once reconciled, their final
+            # logs are copied and their jobs forgotten by Ray, as if this process had seen them live.
+            self.log_archiver.watch(self.repo.snapshots(RUN_JOBS.policy.followed))
             for fix in self.reconcile():
                 log.info("reconciled %s", fix)
             self.leading = True

@@ -8,9 +8,21 @@ at most ``copies_per_tick`` live logs, those copied longest ago first: each copy
 and a storage write, and a pass must not make one per run (with 1,000 live runs, each log is
 then copied every 100 passes). Once the attempt is no longer followed (its run ended, or a new
 attempt began) its job's final log is copied once Ray says the job has finished (two Ray calls;
-these are not capped: a run ends once). What the archiver remembers lives in memory: an
-attempt that ended while the service was down is copied when someone first reads its logs
-(``service.routes.logs``).
+these are not capped: a run ends once).
+
+Then Ray is told to forget the job (one more call), ``forget_after_s`` later. Ray lists every job
+it was not told to forget, and each dispatcher tick reads that list: left there, finished jobs
+made a tick's one Ray call grow with every run the cluster ever ran (``bench/ray_job_list.py``).
+The wait is Ray's: its job manager watches each job's supervisor actor once a second, and if it
+finds the actor gone and the job's record deleted, it writes the record again as a FAILED job
+("Job supervisor actor died", seen here when a job was deleted as soon as it finished), which no
+one would delete.
+
+What the archiver remembers lives in memory. As a process takes over dispatching, it ``watch``es
+the runs then active, so those whose jobs ended while no process dispatched have their final
+logs copied and their jobs forgotten once the reconciler ends them. An attempt that ended
+before a restart without its final copy made is copied when someone first reads its logs
+(``service.routes.logs``); its job stays in Ray's list.
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -27,6 +39,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,20 +75,23 @@ class LogArchiver:
     """Copies followed attempts' logs to a ``LogStore``; the dispatcher ``offer``s it each tick's runs."""
 
     def __init__(self, repo: Repository, jobs: JobsClient, store: LogStore, *, every_ticks: int = 10,
-                 copies_per_tick: int = 10):
+                 copies_per_tick: int = 10, forget_after_s: float = 10.0):
         self.repo = repo
         self.jobs = jobs
         self.store = store
         self.every_ticks = every_ticks
         self.copies_per_tick = copies_per_tick
+        self.forget_after_s = forget_after_s
         self.passes = 0  # made so far
         # Live attempts: (the pass their next copy is due, a count that breaks ties first come, first served)
         self._due_at: dict[Attempt, tuple[int, int]] = {}
         self._turns = itertools.count()
         self._watched: set[Attempt] = set()
+        self._forget_at: dict[str, float] = {}  # finished jobs whose final logs are stored: when to delete them
         self._stalled = False
         self._offered: list[Any] | None = None  # the last tick's runs, waiting for the thread's next pass
-        self._folded: set[Attempt] = set()  # live in a replaced offer: watched from the next pass on
+        # Live in a replaced offer, or handed to ``watch``: watched from the next pass on
+        self._folded: set[Attempt] = set()
         self._changed = threading.Condition()
         self._stopping = False
         self._started = False  # once started, offers go to the thread (dropped once it stops), never inline
@@ -108,7 +124,17 @@ class LogArchiver:
                 self._offered = runs
                 self._changed.notify()
         if inline:
-            self.tick(runs)
+            with self._changed:
+                folded, self._folded = self._folded, set()
+            self.tick(runs, folded)
+
+    def watch(self, runs: list[Any]) -> None:
+        """Watch the live attempts of ``runs`` (as ``tick`` takes them) as if a pass had seen them:
+        once no longer followed, their final logs are copied and their jobs forgotten. The
+        dispatcher calls this as it takes the lead, before the reconciler ends the runs whose jobs
+        ended while no process dispatched (this archiver never saw them live)."""
+        with self._changed:
+            self._folded |= self._live(runs)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the thread once it has made its current pass and the one offered last, if any (a
@@ -161,12 +187,29 @@ class LogArchiver:
         for attempt in self._watched - live:
             if not self._stalled and self._copy(attempt, final=True):
                 self._watched.discard(attempt)
+                self._forget_at[attempt.job_id] = time.monotonic() + self.forget_after_s
         self._watched |= live
+        now = time.monotonic()
+        for job_id in [job_id for job_id, due in self._forget_at.items() if due <= now]:
+            if not self._stalled:
+                self._forget(job_id)
 
     @staticmethod
     def _live(runs: list[Any]) -> set[Attempt]:
         return {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
                 for run in runs if RUN_JOBS.owns(run) and run.ray_job_id}
+
+    def _forget(self, job_id: str) -> None:
+        """Have Ray forget a finished job (a 404 is no error); one Ray could not be asked about
+        is tried again on the next pass, one it refuses is left."""
+        try:
+            self.jobs.delete(job_id)
+        except Exception as exc:
+            log.warning("could not have Ray forget the finished job %s: %s", job_id, exc)
+            self._stalled = isinstance(exc, OSError)
+            if self._stalled:
+                return
+        del self._forget_at[job_id]
 
     def _copy(self, attempt: Attempt, *, final: bool) -> bool:
         """Copy one attempt's log; True once there is nothing left to wait for (final copy made,

@@ -1,4 +1,5 @@
-"""Ray's Jobs API as the service uses it: submit, status, stop and log tails of one job.
+"""Ray's Jobs API as the service uses it: submit, status, stop, logs and deletion of one job,
+and the states of all jobs.
 
 The client speaks the Jobs REST API (``/api/jobs/``) over httpx rather than through Ray's SDK,
 because the SDK sets no timeout on its requests: a Ray head that accepts connections and then
@@ -58,6 +59,11 @@ class JobsClient(Protocol):
 
     def job_logs(self, submission_id: str) -> str | None:
         """The job's whole driver log (its workers' stdout/stderr); None if Ray has no such job."""
+
+    def delete(self, submission_id: str) -> None:
+        """Have Ray forget a finished job: its status and metadata go (its log files stay on
+        the node, but the Jobs API no longer reads them). No error if Ray has no such job; Ray
+        refuses a job that has not finished."""
 
 
 def stop_and_check(jobs: JobsClient, job_id: str | None) -> str | None:
@@ -141,9 +147,15 @@ class RayJobsClient:
     def stop(self, submission_id: str) -> None:
         self._request("POST", f"/api/jobs/{submission_id}/stop")
 
+    def delete(self, submission_id: str) -> None:
+        self._request("DELETE", f"/api/jobs/{submission_id}")
+
     def states(self) -> dict[str, str]:
         """Every job's state by submission id, in one call: the follower reads this once per
-        tick instead of asking about each active run."""
+        tick instead of asking about each active run. Ray lists every job it has not been told
+        to forget, finished ones too: the log archiver has a run attempt's job forgotten once
+        its final log is stored (``service.log_archive``), or this list, and each tick with it,
+        would grow with every run the cluster ever ran (``bench/ray_job_list.py``)."""
         jobs = self._request("GET", "/api/jobs/").json()
         return {job["submission_id"]: str(job["status"]) for job in jobs if job.get("submission_id")}
 

@@ -132,6 +132,9 @@ class IdleJobs:
     def job_logs(self, submission_id: str) -> str | None:
         return self.logs.get(submission_id, "")
 
+    def delete(self, submission_id: str) -> None:
+        pass
+
 
 class LocalService:
     """The real app served by uvicorn on a thread; ``repo`` writes runs, events and metrics directly."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import boto3
 import pytest
 import torch
+from ray.job_submission import JobSubmissionClient
 
 from api.views import RunStatus
 from tests.e2e.conftest import wait_for_status, wait_until
@@ -31,7 +32,7 @@ def _keys(s3_server, prefix: str) -> list[str]:
     return [o["Key"] for o in listing.get("Contents", [])]
 
 
-def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, s3_server, tmp_path):
+def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, s3_server, ray_head, tmp_path):
     spec = digits_spec(name="outputs-e2e", max_duration="1ep", algorithms=[{"name": "blurpool"}],
                        loggers=[{"name": "tensorboard"}], checkpoint={"interval": "11ba", "keep_last": 3})
     client = s3_service.client()
@@ -45,6 +46,12 @@ def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, 
     wait_until(lambda: f"{prefix}/logs/attempt-1.log" in _keys(s3_server, f"{prefix}/logs/"), timeout=60,
                what="the attempt's log copied to S3")
     assert client.logs(run_id).source == "storage"
+    # Stored, the job is forgotten by Ray, whose job list each dispatcher tick reads.
+    jobs = JobSubmissionClient(ray_head.dashboard_url)
+    wait_until(lambda: f"run-{run_id}-attempt-1" not in {j.submission_id for j in jobs.list_jobs()}, timeout=60,
+               what="Ray to forget the finished job")
+    final = client.logs(run_id)  # the final log, stored before Ray was told to forget the job
+    assert final.source == "storage" and f"run {run_id} completed" in final.text
     assert any("/tensorboard/events.out.tfevents" in key for key in _keys(s3_server, f"{prefix}/tensorboard/"))
 
     out = tmp_path / "model.safetensors"

@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from api.specs import RunSpec
 from service.db.engine import make_engine, migrate
+from service.ray_client import RayAmbiguous
 from service.repository import Repository
 from service.settings import Settings
 from tests.conftest import ADMIN_HEADERS
@@ -110,6 +111,12 @@ class FakeJobs:
 
     def job_logs(self, submission_id: str) -> str | None:
         return self.logs.get(submission_id, "") if submission_id in self.jobs else None
+
+    def delete(self, submission_id: str) -> None:
+        job = self.jobs.get(submission_id)
+        if job is not None and job["status"] in ("PENDING", "RUNNING"):
+            raise RayAmbiguous(f"Ray answered DELETE /api/jobs/{submission_id} with 500: not finished")
+        self.jobs.pop(submission_id, None)
 
     # test helpers
     def set_status(self, submission_id: str, status: str) -> None:

@@ -30,16 +30,82 @@ def _start(client, fake_jobs, body) -> tuple[str, str]:
 
 
 def test_a_failed_attempt_s_traceback_is_stored_and_outlives_ray(client, fake_jobs, example_body, settings):
+    client.app.state.dispatcher.log_archiver.forget_after_s = 0
     run_id, job_id = _start(client, fake_jobs, example_body)
     fake_jobs.logs[job_id] = TRACEBACK
     fake_jobs.set_status(job_id, "FAILED")
-    client.app.state.dispatcher.tick()  # the run fails, and its final log is copied
+    client.app.state.dispatcher.tick()  # the run fails
     assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "FAILED"
+    client.app.state.dispatcher.tick()  # its attempt is no longer followed: the final log is copied
     assert LogStore(settings.storage_url).read(run_id, 1) == TRACEBACK.encode()
-    fake_jobs.forget(job_id)  # the Ray cluster is gone
+    assert job_id not in fake_jobs.jobs  # stored, so Ray was told to forget the job
     page = client.get(f"/api/v1/runs/{run_id}/logs").json()
     assert page["text"] == TRACEBACK and page["source"] == "storage" and page["live"] is False
     assert "ValueError: boom" in page["text"]
+
+
+def test_a_finished_job_is_forgotten_by_ray_only_once_its_final_log_is_stored(client, fake_jobs, example_body,
+                                                                            settings):
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    dispatcher = client.app.state.dispatcher
+    dispatcher.log_archiver.forget_after_s = 0
+    client.app.state.repo.apply_worker_report(run_id, S.RUNNING)
+    dispatcher.tick()
+    client.app.state.repo.apply_worker_report(run_id, S.COMPLETED)
+    dispatcher.tick()  # the attempt is no longer followed, but its job has not ended yet
+    assert fake_jobs.jobs[job_id]["status"] == "RUNNING"
+    fake_jobs.logs[job_id] = "all done\n"
+    fake_jobs.set_status(job_id, "SUCCEEDED")
+    store, save = dispatcher.log_archiver.store, dispatcher.log_archiver.store.save
+
+    def failing_save(*args, **kwargs):
+        raise OSError("storage is down")
+
+    store.save = failing_save
+    dispatcher.tick()
+    assert job_id in fake_jobs.jobs  # not stored: Ray keeps the job, and its log
+    store.save = save
+    dispatcher.tick()
+    assert LogStore(settings.storage_url).read(run_id, 1) == b"all done\n"
+    assert job_id not in fake_jobs.jobs
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert page["text"] == "all done\n" and page["source"] == "storage"
+
+
+def test_ray_forgets_a_finished_job_only_forget_after_s_after_its_final_copy(client, fake_jobs, example_body,
+                                                                           monkeypatch):
+    import service.log_archive as log_archive
+
+    clock = [1000.0]
+    monkeypatch.setattr(log_archive.time, "monotonic", lambda: clock[0])
+    dispatcher = client.app.state.dispatcher
+    assert dispatcher.log_archiver.forget_after_s == 10  # Ray's job manager may still be watching the job
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    fake_jobs.set_status(job_id, "FAILED")
+    dispatcher.tick()
+    dispatcher.tick()  # the final copy
+    clock[0] += 9.9
+    dispatcher.tick()
+    assert job_id in fake_jobs.jobs
+    clock[0] += 0.1
+    dispatcher.tick()
+    assert job_id not in fake_jobs.jobs
+
+
+def test_a_job_that_ended_while_no_process_dispatched_is_forgotten_once_the_new_leader_reconciles(
+        client, fake_jobs, example_body, settings):
+    from service.dispatcher import Dispatcher
+
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    fake_jobs.logs[job_id] = TRACEBACK
+    fake_jobs.set_status(job_id, "FAILED")  # while the service was down: its archiver never saw the run live
+    restarted = Dispatcher(client.app.state.repo, fake_jobs, client.app.state.dispatcher.settings)
+    restarted.log_archiver.forget_after_s = 0
+    assert restarted.take_lead()  # reconciles: the run fails
+    assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "FAILED"
+    restarted.tick()
+    assert LogStore(settings.storage_url).read(run_id, 1) == TRACEBACK.encode()
+    assert job_id not in fake_jobs.jobs
 
 
 def test_live_logs_are_read_from_ray_and_followed_by_byte_offset(client, fake_jobs, example_body):
