@@ -15,14 +15,18 @@ it was not told to forget, and each dispatcher tick reads that list: left there,
 made a tick's one Ray call grow with every run the cluster ever ran (``bench/ray_job_list.py``).
 The wait is Ray's: its job manager watches each job's supervisor actor once a second, and if it
 finds the actor gone and the job's record deleted, it writes the record again as a FAILED job
-("Job supervisor actor died", seen here when a job was deleted as soon as it finished), which no
-one would delete.
+("Job supervisor actor died"), which no one would delete. In a check here, a job deleted as
+soon as it finished came back that way and one deleted 10 s after did not; a loaded head may
+need longer.
 
 What the archiver remembers lives in memory. As a process takes over dispatching, it ``watch``es
 the runs then active, so those whose jobs ended while no process dispatched have their final
-logs copied and their jobs forgotten once the reconciler ends them. An attempt that ended
-before a restart without its final copy made is copied when someone first reads its logs
-(``service.routes.logs``); its job stays in Ray's list.
+logs copied and their jobs forgotten once the reconciler ends them. Left in Ray's list are the
+jobs of attempts that ended shortly before a restart, their final copy or their delete not yet
+made (such an attempt's log is copied when someone first reads it: ``service.routes.logs``),
+jobs that ended before this archiver deleted any, jobs Ray refused to delete ``FORGET_TRIES``
+times, and jobs of other kinds: sweep drivers (a sweep's trials read their log there) and
+model exports.
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -40,6 +44,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +54,8 @@ from service.repository import Repository
 from service.job_kinds import RUN_JOBS
 
 log = logging.getLogger(__name__)
+
+FORGET_TRIES = 3  # deletes of one finished job before it is left in Ray's list
 
 
 @dataclass(frozen=True)
@@ -75,19 +82,22 @@ class LogArchiver:
     """Copies followed attempts' logs to a ``LogStore``; the dispatcher ``offer``s it each tick's runs."""
 
     def __init__(self, repo: Repository, jobs: JobsClient, store: LogStore, *, every_ticks: int = 10,
-                 copies_per_tick: int = 10, forget_after_s: float = 10.0):
+                 copies_per_tick: int = 10, forget_after_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.repo = repo
         self.jobs = jobs
         self.store = store
         self.every_ticks = every_ticks
         self.copies_per_tick = copies_per_tick
         self.forget_after_s = forget_after_s
+        self.clock = clock  # when forgets are due
         self.passes = 0  # made so far
         # Live attempts: (the pass their next copy is due, a count that breaks ties first come, first served)
         self._due_at: dict[Attempt, tuple[int, int]] = {}
         self._turns = itertools.count()
         self._watched: set[Attempt] = set()
-        self._forget_at: dict[str, float] = {}  # finished jobs whose final logs are stored: when to delete them
+        # Finished jobs whose final logs are stored: when to delete each, and the tries left
+        self._forget_at: dict[str, tuple[float, int]] = {}
         self._stalled = False
         self._offered: list[Any] | None = None  # the last tick's runs, waiting for the thread's next pass
         # Live in a replaced offer, or handed to ``watch``: watched from the next pass on
@@ -187,29 +197,32 @@ class LogArchiver:
         for attempt in self._watched - live:
             if not self._stalled and self._copy(attempt, final=True):
                 self._watched.discard(attempt)
-                self._forget_at[attempt.job_id] = time.monotonic() + self.forget_after_s
+                self._forget_at[attempt.job_id] = (self.clock() + self.forget_after_s, FORGET_TRIES)
         self._watched |= live
-        now = time.monotonic()
-        for job_id in [job_id for job_id, due in self._forget_at.items() if due <= now]:
+        now = self.clock()
+        for job_id in [job_id for job_id, (due, _) in self._forget_at.items() if due <= now]:
             if not self._stalled:
-                self._forget(job_id)
+                self._forget(job_id, now)
 
     @staticmethod
     def _live(runs: list[Any]) -> set[Attempt]:
         return {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
                 for run in runs if RUN_JOBS.owns(run) and run.ray_job_id}
 
-    def _forget(self, job_id: str) -> None:
-        """Have Ray forget a finished job (a 404 is no error); one Ray could not be asked about
-        is tried again on the next pass, one it refuses is left."""
+    def _forget(self, job_id: str, now: float) -> None:
+        """Have Ray forget a finished job (a 404 is no error). A failed delete is tried again
+        ``forget_after_s`` later, up to ``FORGET_TRIES`` times in all, then left in Ray's list:
+        Ray answers a job it will not delete with a 500, which is also how it answers a passing
+        fault, and one such job must not hold back the others' deletes pass after pass."""
+        _, tries = self._forget_at.pop(job_id)
         try:
             self.jobs.delete(job_id)
         except Exception as exc:
-            log.warning("could not have Ray forget the finished job %s: %s", job_id, exc)
             self._stalled = isinstance(exc, OSError)
-            if self._stalled:
-                return
-        del self._forget_at[job_id]
+            if tries > 1:
+                self._forget_at[job_id] = (now + self.forget_after_s, tries - 1)
+            log.warning("could not have Ray forget the finished job %s (%s): %s", job_id,
+                        "will retry" if tries > 1 else "left in Ray's job list", exc)
 
     def _copy(self, attempt: Attempt, *, final: bool) -> bool:
         """Copy one attempt's log; True once there is nothing left to wait for (final copy made,

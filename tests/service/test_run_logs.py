@@ -58,8 +58,8 @@ def test_a_finished_job_is_forgotten_by_ray_only_once_its_final_log_is_stored(cl
     fake_jobs.set_status(job_id, "SUCCEEDED")
     store, save = dispatcher.log_archiver.store, dispatcher.log_archiver.store.save
 
-    def failing_save(*args, **kwargs):
-        raise OSError("storage is down")
+    def failing_save(*args, **kwargs):  # not an OSError, which would end the pass before any forget
+        raise RuntimeError("storage refused the write")
 
     store.save = failing_save
     dispatcher.tick()
@@ -72,24 +72,50 @@ def test_a_finished_job_is_forgotten_by_ray_only_once_its_final_log_is_stored(cl
     assert page["text"] == "all done\n" and page["source"] == "storage"
 
 
-def test_ray_forgets_a_finished_job_only_forget_after_s_after_its_final_copy(client, fake_jobs, example_body,
-                                                                           monkeypatch):
-    import service.log_archive as log_archive
-
+def test_ray_forgets_a_finished_job_only_forget_after_s_after_its_final_copy(client, fake_jobs, example_body):
     clock = [1000.0]
-    monkeypatch.setattr(log_archive.time, "monotonic", lambda: clock[0])
-    dispatcher = client.app.state.dispatcher
-    assert dispatcher.log_archiver.forget_after_s == 10  # Ray's job manager may still be watching the job
+    archiver = client.app.state.dispatcher.log_archiver
+    archiver.clock, archiver.forget_after_s = (lambda: clock[0]), 10
     run_id, job_id = _start(client, fake_jobs, example_body)
     fake_jobs.set_status(job_id, "FAILED")
-    dispatcher.tick()
-    dispatcher.tick()  # the final copy
+    client.app.state.dispatcher.tick()
+    client.app.state.dispatcher.tick()  # the final copy
     clock[0] += 9.9
-    dispatcher.tick()
+    client.app.state.dispatcher.tick()
     assert job_id in fake_jobs.jobs
     clock[0] += 0.1
-    dispatcher.tick()
+    client.app.state.dispatcher.tick()
     assert job_id not in fake_jobs.jobs
+
+
+def test_a_job_ray_will_not_forget_is_tried_three_times_and_holds_no_other_back(client, fake_jobs, example_body):
+    from service.log_archive import FORGET_TRIES
+    from service.ray_client import RayAmbiguous
+
+    clock = [1000.0]
+    archiver = client.app.state.dispatcher.log_archiver
+    archiver.clock, archiver.forget_after_s = (lambda: clock[0]), 10
+    stuck = _start(client, fake_jobs, example_body)[1]
+    other = _start(client, fake_jobs, example_body)[1]
+    deletes = []
+    real_delete = fake_jobs.delete
+
+    def delete(job_id):
+        deletes.append(job_id)
+        if job_id == stuck:  # Ray answers a job it will not delete with a 500
+            raise RayAmbiguous(f"Ray answered DELETE /api/jobs/{job_id} with 500")
+        real_delete(job_id)
+
+    fake_jobs.delete = delete
+    for job_id in (stuck, other):
+        fake_jobs.set_status(job_id, "FAILED")
+    client.app.state.dispatcher.tick()
+    client.app.state.dispatcher.tick()  # both final copies
+    for _ in range(2 * FORGET_TRIES + 2):
+        clock[0] += 10
+        client.app.state.dispatcher.tick()
+    assert other not in fake_jobs.jobs and deletes.count(other) == 1
+    assert deletes.count(stuck) == FORGET_TRIES == 3 and stuck in fake_jobs.jobs
 
 
 def test_a_job_that_ended_while_no_process_dispatched_is_forgotten_once_the_new_leader_reconciles(
