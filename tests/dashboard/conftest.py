@@ -133,7 +133,7 @@ class IdleJobs:
         return self.logs.get(submission_id, "")
 
     def delete(self, submission_id: str) -> None:
-        pass
+        """Nothing for Ray to forget: these jobs never finish."""
 
 
 class LocalService:

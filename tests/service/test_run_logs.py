@@ -29,6 +29,13 @@ def _start(client, fake_jobs, body) -> tuple[str, str]:
     return run_id, job_id
 
 
+def _hand_clock(archiver) -> list[float]:
+    """Give the archiver a clock the test moves (``clock[0] += s``) and the default 10 s wait."""
+    clock = [1000.0]
+    archiver.clock, archiver.forget_after_s = (lambda: clock[0]), 10
+    return clock
+
+
 def test_a_failed_attempt_s_traceback_is_stored_and_outlives_ray(client, fake_jobs, example_body, settings):
     client.app.state.dispatcher.log_archiver.forget_after_s = 0
     run_id, job_id = _start(client, fake_jobs, example_body)
@@ -73,9 +80,7 @@ def test_a_finished_job_is_forgotten_by_ray_only_once_its_final_log_is_stored(cl
 
 
 def test_ray_forgets_a_finished_job_only_forget_after_s_after_its_final_copy(client, fake_jobs, example_body):
-    clock = [1000.0]
-    archiver = client.app.state.dispatcher.log_archiver
-    archiver.clock, archiver.forget_after_s = (lambda: clock[0]), 10
+    clock = _hand_clock(client.app.state.dispatcher.log_archiver)
     run_id, job_id = _start(client, fake_jobs, example_body)
     fake_jobs.set_status(job_id, "FAILED")
     client.app.state.dispatcher.tick()
@@ -92,9 +97,7 @@ def test_a_job_ray_will_not_forget_is_tried_three_times_and_holds_no_other_back(
     from service.log_archive import FORGET_TRIES
     from service.ray_client import RayAmbiguous
 
-    clock = [1000.0]
-    archiver = client.app.state.dispatcher.log_archiver
-    archiver.clock, archiver.forget_after_s = (lambda: clock[0]), 10
+    clock = _hand_clock(client.app.state.dispatcher.log_archiver)
     stuck = _start(client, fake_jobs, example_body)[1]
     other = _start(client, fake_jobs, example_body)[1]
     deletes = []
