@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/loop.py --out docs/bench/loop-DATE.json   # ~3 min on 2 busy cores
     .venv/bin/python bench/loop.py --quick                          # smoke test, a few seconds
+    python bench/loop.py --device cuda --out docs/bench/loop-gpu-DATE.json   # on a GPU, ~2 min
 
 Both sides train the same model (same initial weights), on the same in-memory synthetic
 images, with the same SGD optimizer, batch size and one torch thread. The Trainer runs with no
@@ -21,6 +22,11 @@ sub-millisecond step makes every microsecond of per-step Python show. The tiny c
 the Trainer with 5 do-nothing algorithms, and a ``floor``: the Trainer's loop, loader and turn
 taking around the plain loop's own step (``bare_step``), which is as close to 1 as any Trainer
 could come in this harness.
+
+With ``--device cuda`` (``main_gpu``) the cases are ``GPU_CASES`` and the harness is
+``alternating``: a GPU runs both sides' kernels from one queue, so each round times a whole
+``Trainer.fit`` and as many plain steps, one after the other, each between two
+``torch.cuda.synchronize()``, which side goes first alternating by round.
 
 ``engine`` is the cost of dispatching one event with 5 algorithms that match every event and
 do nothing, against the same engine with none, and that cost times the events a step fires as
@@ -70,37 +76,54 @@ CASES: dict[str, dict[str, Any]] = {
              "image_size": 8, "batch_size": 16, "num_samples": 1024, "steps": 300, "rounds": 10},
 }
 QUICK_STEPS = {"resnet20": 2, "tiny": 20}
+# On a GPU (``--device cuda``): the same models, ResNet-20 also at a batch that keeps a large GPU
+# busy; more steps per round, since a step takes well under a millisecond of host time.
+GPU_CASES: dict[str, dict[str, Any]] = {
+    "tiny": {**CASES["tiny"], "steps": 1000, "rounds": 10},
+    "resnet20": {**CASES["resnet20"], "steps": 200, "rounds": 10},
+    "resnet20_b256": {**CASES["resnet20"], "batch_size": 256, "num_samples": 4096, "steps": 100, "rounds": 10},
+}
 LR = 0.05
 
 
-def run_spec(case: dict[str, Any], steps: int) -> RunSpec:
+def run_spec(case: dict[str, Any], steps: int, *, gpu: bool = False) -> RunSpec:
     return RunSpec.model_validate({
         "name": "bench-loop", "model": case["model"],
         "data": {"train": {"name": "synthetic", "num_samples": case["num_samples"], "channels": case["channels"],
                            "image_size": case["image_size"]}, "batch_size": case["batch_size"]},
-        "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9}, "max_duration": f"{steps}ba", "seed": 0})
+        "optimizer": {"name": "sgd", "lr": LR, "momentum": 0.9}, "max_duration": f"{steps}ba", "seed": 0,
+        "parallelism": {"use_gpu": gpu}})
 
 
-def plain_steps(case: dict[str, Any], spec: RunSpec):
-    """A hand-written loop over the same model, data and optimizer, one step per ``next()``."""
+def plain_steps(case: dict[str, Any], spec: RunSpec, device: torch.device = torch.device("cpu")):
+    """A hand-written loop over the same model, data and optimizer, one step per ``next()``;
+    built here, before the first step. On a GPU each batch is indexed on the host and copied
+    over, as the Trainer's loader does."""
     images, labels = make_synthetic("train", num_samples=case["num_samples"], channels=case["channels"],
                                     image_size=case["image_size"])
     torch.manual_seed(spec.seed)
     model = build_model(spec.model, num_classes=10, in_channels=case["channels"], image_size=case["image_size"],
-                        domain="image")
+                        domain="image").to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    batch_size, epoch = case["batch_size"], 0
     model.train()
-    while True:
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(epoch))
-        for first in range(0, len(labels) - batch_size + 1, batch_size):
-            chosen = order[first:first + batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(images[chosen]), labels[chosen])
-            loss.backward()
-            optimizer.step()
-            yield loss
-        epoch += 1
+
+    def steps():
+        batch_size, epoch, on_host = case["batch_size"], 0, device.type == "cpu"
+        while True:
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(epoch))
+            for first in range(0, len(labels) - batch_size + 1, batch_size):
+                chosen = order[first:first + batch_size]
+                inputs, targets = images[chosen], labels[chosen]
+                if not on_host:
+                    inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(inputs), targets)
+                loss.backward()
+                optimizer.step()
+                yield loss
+            epoch += 1
+
+    return steps()
 
 
 def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm] | None = None, *,
@@ -300,13 +323,85 @@ def compare(name: str, case: dict[str, Any], *, steps: int, rounds: int, with_no
     return row
 
 
+def alternating(case: dict[str, Any], spec: RunSpec, steps: int, *, trainer_first: bool = True) -> dict[str, float]:
+    """On a GPU: seconds of ``Trainer.fit`` and of the plain loop over as many steps, one after
+    the other, each between two ``torch.cuda.synchronize()``: the GPU runs both sides' kernels
+    from one queue, so the CPU harness's step-by-step turns would time kernel launches, not
+    steps. Builds are not timed; each side's first step is."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    clock: dict[str, float] = {}
+
+    def timed(side: str, run: Callable[[], Any]) -> None:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        clock[side] = time.perf_counter() - started
+
+    with process_settings(spec):
+        trainer, plain = Trainer(spec), plain_steps(case, spec, device)
+        sides = [("trainer", trainer.fit), ("plain", lambda: [next(plain) for _ in range(steps)])]
+        for side, run in sides if trainer_first else sides[::-1]:
+            timed(side, run)
+    return clock
+
+
+def compare_gpu(name: str, case: dict[str, Any], *, steps: int, rounds: int) -> dict[str, Any]:
+    """Rounds of Trainer and plain on the GPU, after an untimed warm-up round."""
+    spec = run_spec(case, steps, gpu=True)
+    alternating(case, run_spec(case, max(2, steps // 4), gpu=True), max(2, steps // 4))
+    ratios: list[float] = []
+    rates: dict[str, list[float]] = {"trainer": [], "plain": []}
+    for r in range(rounds):
+        clock = alternating(case, spec, steps, trainer_first=r % 2 == 0)  # which goes first alternates
+        ratios.append(clock["plain"] / clock["trainer"])  # trainer steps/s over plain steps/s
+        for side in rates:
+            rates[side].append(steps / clock[side])
+        print(f"{name} round {r}: trainer / plain {ratios[-1]:.3f} (plain {rates['plain'][-1]:.0f} steps/s)",
+              file=sys.stderr, flush=True)
+    return {"steps": steps, "rounds": rounds, "batch_size": case["batch_size"], "model": case["model"],
+            "image": [case["channels"], case["image_size"], case["image_size"]],
+            "trainer_steps_per_s": round(statistics.median(rates["trainer"]), 1),
+            "plain_steps_per_s": round(statistics.median(rates["plain"]), 1),
+            "ratio_per_round": [round(x, 4) for x in ratios], "ratio_median": round(statistics.median(ratios), 4)}
+
+
+def main_gpu(args: argparse.Namespace) -> None:
+    """``--device cuda``: Trainer vs plain steps/s on this machine's first GPU."""
+    if not torch.cuda.is_available():
+        sys.exit("bench/loop.py --device cuda: this machine has no usable GPU (torch.cuda.is_available() is False)")
+    report: dict[str, Any] = {
+        "command": "bench/loop.py " + " ".join(sys.argv[1:]), "quick": args.quick,
+        "machine": f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPU cores",
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
+        "cases": {},
+    }
+    for name in (args.cases or ",".join(GPU_CASES)).split(","):
+        case = GPU_CASES[name]
+        steps = 20 if args.quick else case["steps"]
+        rounds = 2 if args.quick else args.rounds or case["rounds"]
+        report["cases"][name] = compare_gpu(name, case, steps=steps, rounds=rounds)
+    text = json.dumps(report, indent=2)
+    print(text)
+    for name, row in report["cases"].items():
+        print(f"{name}: Trainer / plain steps/s on the GPU = {row['ratio_median']:.3f} (median of {row['rounds']} "
+              f"rounds; plain {row['plain_steps_per_s']:.0f} steps/s)")
+    if args.out:
+        pathlib.Path(args.out).write_text(text + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, help="rounds per case (default: the case's own)")
-    parser.add_argument("--cases", default="tiny,resnet20")
+    parser.add_argument("--cases", help="comma-separated (default: tiny,resnet20; with --device cuda: "
+                                         f"{','.join(GPU_CASES)})")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds: a smoke test, not a measurement")
     parser.add_argument("--out", help="also write the JSON report here")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: Trainer vs plain on the first GPU, in whole rounds one after the other")
     args = parser.parse_args()
+    if args.device == "cuda":
+        return main_gpu(args)
 
     report: dict[str, Any] = {
         "command": "bench/loop.py " + " ".join(sys.argv[1:]), "quick": args.quick,
@@ -315,7 +410,7 @@ def main() -> None:
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "cases": {},
     }
-    for name in args.cases.split(","):
+    for name in (args.cases or "tiny,resnet20").split(","):
         case = CASES[name]
         steps = QUICK_STEPS[name] if args.quick else case["steps"]
         rounds = 2 if args.quick else args.rounds or case["rounds"]

@@ -29,6 +29,7 @@ from workers.checkpoint.fork_source import load_fork_source
 from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stateful,
                                          TimestampState, TrainingCheckpoints, scaler_state)
 from workers.data import build_eval_loader, build_train_loader
+from workers.deterministic import deterministic_pools
 from workers.engine import Callback, Engine
 from workers.events import Event
 from workers.export import export_metadata, full_model_state, write_exports
@@ -123,6 +124,8 @@ class Trainer:
 
         # Surgery before wrapping: DDP/FSDP must see the final modules and parameters.
         self.surgery_notes = collect_no_effect(lambda: self.engine.run_event(Event.INIT, self.state))
+        if spec.deterministic and self.device.type == "cuda":  # CPU pools are deterministic already
+            deterministic_pools(self.state.model)
         self.state.model = wrap_model(self.state.model, strategy=spec.parallelism.strategy, device=self.device)
         self._build_optimization()
         self.eval_every = self._interval(spec.eval_interval)

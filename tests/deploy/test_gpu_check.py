@@ -48,7 +48,8 @@ def test_the_script_is_valid_bash_and_executable():
 def test_the_checks_cover_what_a_gpu_node_must_do_and_their_specs_validate():
     gpu_check = load_gpu_check()
     assert set(gpu_check.CHECKS) == {"ddp_nccl", "fsdp2_nccl", "bf16", "fp16_gradscaler", "oom_microbatch",
-                                     "dcp_resume", "speedup_recipe", "resnet50_bf16_vs_fp32", "low_precision_norms"}
+                                     "dcp_resume", "deterministic_pools", "speedup_recipe", "resnet50_bf16_vs_fp32",
+                                     "low_precision_norms"}
     specs = {name: RunSpec.model_validate(body) for name, body in gpu_check.specs(gpus=4).items()}
     assert set(specs) <= set(gpu_check.CHECKS)
     assert all(s.parallelism.use_gpu for s in specs.values())

@@ -222,7 +222,10 @@ class Checkpointer:
         needed = [".metadata", "trainer.pt", *(f"rank{rank}.pt" for rank in range(world_size))]
         missing = [name for name in needed if name not in present]
         if ".metadata" not in missing:
-            metadata = metadata or ParallelFsspecReader(url).read_metadata()
+            if metadata is None or metadata.storage_data is None:
+                # torch 2.11's dcp.save returns its Metadata with storage_data None (seen on a
+                # GPU machine with 2.11.0+cu130; 2.14 fills it in): read the written one back.
+                metadata = ParallelFsspecReader(url).read_metadata()
             data = {item.relative_path for item in metadata.storage_data.values()}
             missing += sorted(data - present)
         return missing
