@@ -93,6 +93,16 @@ class AttemptStore:
         specs = [spec if spec is not None else fetched.get(row.id) for row, spec in zip(rows, specs)]
         return [snapshot.from_row(row_of(*row, spec)) for row, spec in zip(rows, specs) if spec is not None]
 
+    def projects_of(self, record_ids: Iterable[str]) -> dict[str, str]:
+        """The project of each of ``record_ids`` that names a record (others are left out)."""
+        model, ids = self.stored.model, [i for i in set(record_ids) if is_possible_id(i)]
+        projects: dict[str, str] = {}
+        with self.db.read() as session:
+            for start in range(0, len(ids), 1000):  # bounded IN lists
+                query = select(model.id, model.project).where(model.id.in_(ids[start:start + 1000]))
+                projects.update(session.execute(query).tuples().all())
+        return projects
+
     @functools.cached_property
     def _snapshot_row(self) -> type:
         """A named tuple of ``stored.snapshot``'s fields: the id, the attempt, the other columns
@@ -192,6 +202,14 @@ def attempt_job_id(prefix: str, record_id: str, attempt: int) -> str:
     Ray refuses a second job with the same id, which is what guarantees that an attempt never
     runs twice; trial runs carry their driver's as their ``ray_job_id``."""
     return f"{prefix}-{record_id}-attempt-{attempt}"
+
+
+def parse_attempt_job_id(prefix: str, job_id: str) -> tuple[str, int] | None:
+    """``(record id, attempt)`` of an ``attempt_job_id`` with this prefix; None for any other id."""
+    head, found, attempt = job_id.rpartition("-attempt-")
+    if not found or not head.startswith(f"{prefix}-") or not attempt.isdigit():
+        return None
+    return head[len(prefix) + 1:], int(attempt)
 
 
 class SpecCache:

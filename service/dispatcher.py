@@ -123,6 +123,7 @@ class Dispatcher:
             # The runs whose jobs ended while no process dispatched: once reconciled, their final
             # logs are copied and their jobs forgotten by Ray, as if this process had seen them live.
             self.log_archiver.watch(self.repo.snapshots(RUN_JOBS.policy.followed))
+            self.log_archiver.sweep_leftovers()  # and those of attempts that ended before
             for fix in self.reconcile():
                 log.info("reconciled %s", fix)
             self.leading = True

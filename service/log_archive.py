@@ -21,12 +21,15 @@ need longer.
 
 What the archiver remembers lives in memory. As a process takes over dispatching, it ``watch``es
 the runs then active, so those whose jobs ended while no process dispatched have their final
-logs copied and their jobs forgotten once the reconciler ends them. Left in Ray's list are the
-jobs of attempts that ended shortly before a restart, their final copy or their delete not yet
-made (such an attempt's log is copied when someone first reads it: ``service.routes.logs``),
-jobs that ended before this archiver deleted any, jobs Ray refused to delete ``FORGET_TRIES``
-times, and jobs of other kinds: sweep drivers (a sweep's trials read their log there) and
-model exports.
+logs copied and their jobs forgotten once the reconciler ends them. It also sweeps Ray's list
+once (``sweep_leftovers``): a finished run-attempt job that Ray still lists and that no followed
+attempt owns (its attempt ended shortly before the restart, with its final copy or its delete
+not yet made, or it ended before any archiver deleted jobs) is handled like an attempt that just
+ended: final log copied, then forgotten. Those join the watched attempts ``copies_per_tick`` a
+pass, so a backlog of thousands does not hold up the live copies. Left in Ray's list are jobs
+Ray refused to delete ``FORGET_TRIES`` times, jobs whose run this database does not hold (another
+service's, on a shared cluster), and jobs of other kinds: sweep drivers (a sweep's trials read
+their log there) and model exports.
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -48,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from service.attempt_store import parse_attempt_job_id
 from service.log_store import LogStore
 from service.ray_client import FINISHED_JOB_STATES, JobsClient
 from service.repository import Repository
@@ -102,6 +106,8 @@ class LogArchiver:
         self._offered: list[Any] | None = None  # the last tick's runs, waiting for the thread's next pass
         # Live in a replaced offer, or handed to ``watch``: watched from the next pass on
         self._folded: set[Attempt] = set()
+        self._sweep_due = False  # ``sweep_leftovers`` was called: the next pass reads Ray's list
+        self._leftovers: list[Attempt] = []  # ended attempts found by the sweep, not watched yet
         self._changed = threading.Condition()
         self._stopping = False
         self._started = False  # once started, offers go to the thread (dropped once it stops), never inline
@@ -145,6 +151,13 @@ class LogArchiver:
         ended while no process dispatched (this archiver never saw them live)."""
         with self._changed:
             self._folded |= self._live(runs)
+
+    def sweep_leftovers(self) -> None:
+        """At the next pass, read Ray's job list once and handle every finished run-attempt job
+        in it that no watched attempt owns as an attempt that just ended (final log, then
+        forgotten). The dispatcher calls this as it takes the lead."""
+        with self._changed:
+            self._sweep_due = True
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the thread once it has made its current pass and the one offered last, if any (a
@@ -194,6 +207,11 @@ class LogArchiver:
             self._copy(attempt, final=False)
             self._due_at[attempt] = (self.passes + self.every_ticks, next(self._turns))
         self._watched |= folded
+        if self._sweep_due and not self._stalled:
+            self._leftovers += self._find_leftovers(live)
+        # At most copies_per_tick of them a pass: each is three Ray calls and a storage write.
+        self._watched.update(self._leftovers[:self.copies_per_tick])
+        del self._leftovers[:self.copies_per_tick]
         for attempt in self._watched - live:
             if not self._stalled and self._copy(attempt, final=True):
                 self._watched.discard(attempt)
@@ -203,6 +221,33 @@ class LogArchiver:
         for job_id in [job_id for job_id, (due, _) in self._forget_at.items() if due <= now]:
             if not self._stalled:
                 self._forget(job_id, now)
+
+    def _find_leftovers(self, live: set[Attempt]) -> list[Attempt]:
+        """Finished run-attempt jobs in Ray's list that no attempt watched, live, waiting or
+        being forgotten owns, whose runs this database holds (one Ray call, one query); on a
+        Ray or database error, none, and the next pass tries again."""
+        lister = getattr(self.jobs, "states", None)
+        if lister is None:  # a Jobs client that cannot list: nothing to sweep
+            self._sweep_due = False
+            return []
+        try:
+            states = lister()
+            known = {a.job_id for a in self._watched | live | set(self._leftovers)} | set(self._forget_at)
+            ended = {job_id: parsed for job_id, state in states.items()
+                     if state in FINISHED_JOB_STATES and job_id not in known
+                     and (parsed := parse_attempt_job_id("run", job_id)) is not None}
+            projects = self.repo.projects_of(run_id for run_id, _ in ended.values())
+        except Exception as exc:
+            self._stalled = isinstance(exc, OSError)
+            log.warning("could not look for finished jobs left in Ray's list; will retry: %s", exc)
+            return []
+        self._sweep_due = False
+        found = [Attempt(run_id, attempt, job_id, projects[run_id])
+                 for job_id, (run_id, attempt) in sorted(ended.items()) if run_id in projects]
+        if found:
+            log.info("%d finished run jobs left in Ray's list: their logs are stored, then Ray forgets them",
+                     len(found))
+        return found
 
     @staticmethod
     def _live(runs: list[Any]) -> set[Attempt]:

@@ -137,6 +137,67 @@ def test_a_job_that_ended_while_no_process_dispatched_is_forgotten_once_the_new_
     assert job_id not in fake_jobs.jobs
 
 
+def _ended_before_a_restart(client, fake_jobs, body) -> tuple[str, str]:
+    """A run whose attempt failed and was seen to fail, its job not yet forgotten (that is due
+    10 s after its final copy) and its log grown since (the copy stored is not the final one):
+    then the service restarts, and the new process's archiver never saw the attempt."""
+    run_id, job_id = _start(client, fake_jobs, body)
+    fake_jobs.logs[job_id] = "epoch 1\n"
+    fake_jobs.set_status(job_id, "FAILED")
+    client.app.state.dispatcher.tick()  # the run fails
+    assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "FAILED"
+    fake_jobs.logs[job_id] += f"final line of {run_id}\n"
+    return run_id, job_id
+
+
+def test_a_new_leader_sweeps_finished_run_jobs_left_in_ray_s_list(client, fake_jobs, example_body, settings):
+    from service.dispatcher import Dispatcher
+
+    ended = [_ended_before_a_restart(client, fake_jobs, example_body) for _ in range(3)]
+    live_run, live_job = _start(client, fake_jobs, example_body)
+    foreign = {"run-not-in-this-database-attempt-1": "SUCCEEDED",  # another service's, on a shared cluster
+               "sweep-s1-attempt-1": "SUCCEEDED", "export-r1-1": "SUCCEEDED"}  # other kinds: left alone
+    for job_id, status in foreign.items():
+        fake_jobs.jobs[job_id] = {"status": status}
+    fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
+    restarted = Dispatcher(client.app.state.repo, fake_jobs, client.app.state.dispatcher.settings)
+    restarted.log_archiver.forget_after_s, restarted.log_archiver.copies_per_tick = 0, 2
+    assert restarted.take_lead()
+    restarted.tick()  # two of the three ended attempts a pass
+    assert sum(job_id in fake_jobs.jobs for _, job_id in ended) == 1
+    restarted.tick()
+    for run_id, job_id in ended:
+        assert LogStore(settings.storage_url).read(run_id, 1) == f"epoch 1\nfinal line of {run_id}\n".encode()
+        assert job_id not in fake_jobs.jobs
+    assert set(foreign) <= set(fake_jobs.jobs) and fake_jobs.jobs[live_job]["status"] == "RUNNING"
+    restarted.tick()
+    assert client.get(f"/api/v1/runs/{live_run}").json()["status"] == "STARTING"
+
+
+def test_a_sweep_that_cannot_ask_ray_is_made_again_at_the_next_pass(client, fake_jobs, example_body, settings):
+    from service.dispatcher import Dispatcher
+    from service.ray_client import RayUnavailable
+
+    run_id, job_id = _ended_before_a_restart(client, fake_jobs, example_body)
+    restarted = Dispatcher(client.app.state.repo, fake_jobs, client.app.state.dispatcher.settings)
+    restarted.log_archiver.forget_after_s = 0
+    assert restarted.take_lead()
+    answers = iter([RayUnavailable("Ray did not answer")])
+
+    def states():
+        error = next(answers, None)
+        if error is not None:
+            raise error
+        return {jid: job["status"] for jid, job in fake_jobs.jobs.items()}
+
+    fake_jobs.states = states
+    restarted.log_archiver.tick([])
+    assert job_id in fake_jobs.jobs
+    restarted.log_archiver.tick([])  # found: the final copy, then (forget_after_s = 0) the delete
+    assert LogStore(settings.storage_url).read(run_id, 1) == f"epoch 1\nfinal line of {run_id}\n".encode()
+    assert job_id not in fake_jobs.jobs
+
+
 def test_live_logs_are_read_from_ray_and_followed_by_byte_offset(client, fake_jobs, example_body):
     run_id, job_id = _start(client, fake_jobs, example_body)
     fake_jobs.logs[job_id] = "line one\nline two\n"
