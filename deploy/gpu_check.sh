@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU acceptance checks for a Tessera worker node, in one call and under 10 minutes: NCCL DDP
 # and FSDP2 over every GPU, bf16 and fp16+GradScaler, CUDA OOM -> microbatch halving, DCP
-# save/resume, a speedup recipe, and ResNet-50 bf16-vs-fp32 throughput (deploy/gpu_check.py).
+# save/resume, deterministic pooling, a speedup recipe, and ResNet-50 bf16-vs-fp32 throughput
+# (deploy/gpu_check.py).
 #
 #   deploy/gpu_check.sh                 # all checks
 #   deploy/gpu_check.sh bf16 dcp_resume # some of them
