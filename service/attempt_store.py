@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import re
 from collections import namedtuple
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
@@ -93,15 +94,16 @@ class AttemptStore:
         specs = [spec if spec is not None else fetched.get(row.id) for row, spec in zip(rows, specs)]
         return [snapshot.from_row(row_of(*row, spec)) for row, spec in zip(rows, specs) if spec is not None]
 
-    def projects_of(self, record_ids: Iterable[str]) -> dict[str, str]:
-        """The project of each of ``record_ids`` that names a record (others are left out)."""
+    def job_owners(self, record_ids: Iterable[str]) -> dict[str, tuple[str, str, int, str | None]]:
+        """``(project, status, attempt, ray_job_id)`` of each of ``record_ids`` that names a record."""
         model, ids = self.stored.model, [i for i in set(record_ids) if is_possible_id(i)]
-        projects: dict[str, str] = {}
+        owners: dict[str, tuple[str, str, int, str | None]] = {}
         with self.db.read() as session:
             for start in range(0, len(ids), 1000):  # bounded IN lists
-                query = select(model.id, model.project).where(model.id.in_(ids[start:start + 1000]))
-                projects.update(session.execute(query).tuples().all())
-        return projects
+                query = (select(model.id, model.project, model.status, model.attempt, model.ray_job_id)
+                         .where(model.id.in_(ids[start:start + 1000])))
+                owners.update((row[0], tuple(row[1:])) for row in session.execute(query))
+        return owners
 
     @functools.cached_property
     def _snapshot_row(self) -> type:
@@ -205,11 +207,13 @@ def attempt_job_id(prefix: str, record_id: str, attempt: int) -> str:
 
 
 def parse_attempt_job_id(prefix: str, job_id: str) -> tuple[str, int] | None:
-    """``(record id, attempt)`` of an ``attempt_job_id`` with this prefix; None for any other id."""
-    head, found, attempt = job_id.rpartition("-attempt-")
-    if not found or not head.startswith(f"{prefix}-") or not attempt.isdigit():
+    """``(record id, attempt)`` of an id ``attempt_job_id`` made with this prefix; None for any
+    other (``attempt-01`` or non-ASCII digits included: the id must be the one it would make)."""
+    match = re.fullmatch(rf"{re.escape(prefix)}-(.+)-attempt-([1-9][0-9]*)", job_id, flags=re.ASCII)
+    if match is None:
         return None
-    return head[len(prefix) + 1:], int(attempt)
+    record_id, attempt = match.group(1), int(match.group(2))
+    return (record_id, attempt) if attempt_job_id(prefix, record_id, attempt) == job_id else None
 
 
 class SpecCache:

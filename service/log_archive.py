@@ -22,14 +22,15 @@ need longer.
 What the archiver remembers lives in memory. As a process takes over dispatching, it ``watch``es
 the runs then active, so those whose jobs ended while no process dispatched have their final
 logs copied and their jobs forgotten once the reconciler ends them. It also sweeps Ray's list
-once (``sweep_leftovers``): a finished run-attempt job that Ray still lists and that no followed
-attempt owns (its attempt ended shortly before the restart, with its final copy or its delete
-not yet made, or it ended before any archiver deleted jobs) is handled like an attempt that just
-ended: final log copied, then forgotten. Those join the watched attempts ``copies_per_tick`` a
-pass, so a backlog of thousands does not hold up the live copies. Left in Ray's list are jobs
-Ray refused to delete ``FORGET_TRIES`` times, jobs whose run this database does not hold (another
-service's, on a shared cluster), and jobs of other kinds: sweep drivers (a sweep's trials read
-their log there) and model exports.
+once (``sweep_leftovers``): a finished run-attempt job that Ray still lists, that no watched
+attempt owns and whose run has ended (its attempt ended shortly before the restart, with its
+final copy or its delete not yet made, or it ended before any archiver deleted jobs) is handled
+like an attempt that just ended: final log copied if it is the job the run ended on, then
+forgotten. Those join the watched attempts ``copies_per_tick`` a pass, so a backlog of thousands
+does not hold up the live copies. Left in Ray's list are jobs Ray refused to delete
+``FORGET_TRIES`` times, jobs of runs still queued or followed, jobs whose run this database
+does not hold (another service's, on a shared cluster), and jobs of other kinds: sweep drivers
+(a sweep's trials read their log there) and model exports.
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -51,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from api.views import RunStatus
 from service.attempt_store import parse_attempt_job_id
 from service.log_store import LogStore
 from service.ray_client import FINISHED_JOB_STATES, JobsClient
@@ -60,6 +62,8 @@ from service.job_kinds import RUN_JOBS
 log = logging.getLogger(__name__)
 
 FORGET_TRIES = 3  # deletes of one finished job before it is left in Ray's list
+SWEEP_TRIES = 3  # passes that try to read Ray's list for ``sweep_leftovers`` before it gives up
+ENDED = frozenset(status.value for status in RunStatus if status.is_terminal)
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ def archive_final_log(jobs: JobsClient, store: LogStore, attempt: Attempt, text:
     if state is not None and state not in FINISHED_JOB_STATES:
         return False  # still stopping: copy once it has ended
     text = jobs.job_logs(attempt.job_id) if text is None else text
-    if text is not None:
+    if text:  # an empty answer (Ray lost the file) never replaces a stored copy
         store.save(attempt.run_id, attempt.attempt, text, project=attempt.project)
     return True
 
@@ -107,6 +111,7 @@ class LogArchiver:
         # Live in a replaced offer, or handed to ``watch``: watched from the next pass on
         self._folded: set[Attempt] = set()
         self._sweep_due = False  # ``sweep_leftovers`` was called: the next pass reads Ray's list
+        self._sweep_tries = 0  # failed reads of the list since
         self._leftovers: list[Attempt] = []  # ended attempts found by the sweep, not watched yet
         self._changed = threading.Condition()
         self._stopping = False
@@ -157,7 +162,7 @@ class LogArchiver:
         in it that no watched attempt owns as an attempt that just ended (final log, then
         forgotten). The dispatcher calls this as it takes the lead."""
         with self._changed:
-            self._sweep_due = True
+            self._sweep_due, self._sweep_tries = True, 0
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the thread once it has made its current pass and the one offered last, if any (a
@@ -223,30 +228,49 @@ class LogArchiver:
                 self._forget(job_id, now)
 
     def _find_leftovers(self, live: set[Attempt]) -> list[Attempt]:
-        """Finished run-attempt jobs in Ray's list that no attempt watched, live, waiting or
-        being forgotten owns, whose runs this database holds (one Ray call, one query); on a
-        Ray or database error, none, and the next pass tries again."""
+        """Finished run-attempt jobs in Ray's list that no attempt watched, live, waiting or being
+        forgotten owns, of runs this database holds that have ended (one Ray call, one query).
+        The job a run ended on gets its final copy, under the run's last attempt (a worker-group
+        restart moves the run to a new attempt on the same job); an earlier job of the run had its
+        final copy when its attempt ended, and is only forgotten. On a Ray or database error, none,
+        and the next pass tries again, ``SWEEP_TRIES`` passes in all."""
         lister = getattr(self.jobs, "states", None)
         if lister is None:  # a Jobs client that cannot list: nothing to sweep
             self._sweep_due = False
             return []
+        prefix = self.repo.stored.job_prefix
         try:
             states = lister()
             known = {a.job_id for a in self._watched | live | set(self._leftovers)} | set(self._forget_at)
             ended = {job_id: parsed for job_id, state in states.items()
                      if state in FINISHED_JOB_STATES and job_id not in known
-                     and (parsed := parse_attempt_job_id("run", job_id)) is not None}
-            projects = self.repo.projects_of(run_id for run_id, _ in ended.values())
+                     and (parsed := parse_attempt_job_id(prefix, job_id)) is not None}
+            owners = self.repo.job_owners(run_id for run_id, _ in ended.values())
         except Exception as exc:
+            self._sweep_tries += 1
+            self._sweep_due = self._sweep_tries < SWEEP_TRIES
             self._stalled = isinstance(exc, OSError)
-            log.warning("could not look for finished jobs left in Ray's list; will retry: %s", exc)
+            log.warning("could not look for finished jobs left in Ray's list (%s): %s",
+                        "will retry" if self._sweep_due else "gave up", exc)
             return []
         self._sweep_due = False
-        found = [Attempt(run_id, attempt, job_id, projects[run_id])
-                 for job_id, (run_id, attempt) in sorted(ended.items()) if run_id in projects]
-        if found:
-            log.info("%d finished run jobs left in Ray's list: their logs are stored, then Ray forgets them",
-                     len(found))
+        found, forget = [], []
+        for job_id, (run_id, _) in sorted(ended.items()):
+            if run_id not in owners:
+                continue  # not a run of this database: another service's, on a shared cluster
+            project, status, attempt, ray_job_id = owners[run_id]
+            if status not in ENDED:
+                continue  # its run is queued or followed: the dispatcher still reads this job
+            if job_id == ray_job_id:
+                found.append(Attempt(run_id, attempt, job_id, project))
+            else:
+                forget.append(job_id)
+        now = self.clock()
+        for job_id in forget:
+            self._forget_at[job_id] = (now + self.forget_after_s, FORGET_TRIES)
+        if found or forget:
+            log.info("finished run jobs left in Ray's list: %d to store the final log of, then forget; "
+                     "%d to forget", len(found), len(forget))
         return found
 
     @staticmethod

@@ -174,6 +174,37 @@ def test_a_new_leader_sweeps_finished_run_jobs_left_in_ray_s_list(client, fake_j
     assert client.get(f"/api/v1/runs/{live_run}").json()["status"] == "STARTING"
 
 
+def test_the_sweep_stores_the_job_a_run_ended_on_under_its_last_attempt_and_leaves_active_runs_jobs(
+        client, fake_jobs, example_body, settings):
+    from service.dispatcher import Dispatcher
+
+    repo = client.app.state.repo
+    restarted_run, job_id = _start(client, fake_jobs, example_body)
+    repo.apply_worker_report(restarted_run, S.RUNNING)
+    repo.apply_worker_report(restarted_run, S.RESTARTING)  # a worker-group restart: attempt 2, same job
+    assert client.get(f"/api/v1/runs/{restarted_run}").json()["attempt"] == 2
+    fake_jobs.logs[job_id] = "first worker group\nsecond worker group\n"
+    fake_jobs.set_status(job_id, "FAILED")
+    client.app.state.dispatcher.tick()  # the run fails; its live copy (attempt 2) is not the final log
+    assert client.get(f"/api/v1/runs/{restarted_run}").json()["status"] == "FAILED"
+    fake_jobs.logs[job_id] += "final line\n"
+    earlier_job = f"run-{restarted_run}-attempt-7"  # not the job it ended on: stored when it ended
+    fake_jobs.jobs[earlier_job], fake_jobs.logs[earlier_job] = {"status": "FAILED"}, "not this one\n"
+    queued_run = client.post("/api/v1/runs", json=example_body).json()["id"]
+    queued_job = f"run-{queued_run}-attempt-1"  # e.g. submitted, failed, not yet followed
+    fake_jobs.jobs[queued_job] = {"status": "FAILED"}
+    fake_jobs.states = lambda: {jid: job["status"] for jid, job in fake_jobs.jobs.items()}
+    restarted = Dispatcher(repo, fake_jobs, client.app.state.dispatcher.settings)
+    restarted.log_archiver.forget_after_s = 0
+    assert restarted.take_lead()
+    restarted.log_archiver.tick([])
+    store = LogStore(settings.storage_url)
+    assert store.read(restarted_run, 2) == b"first worker group\nsecond worker group\nfinal line\n"
+    assert store.read(restarted_run, 7) is None
+    assert job_id not in fake_jobs.jobs and earlier_job not in fake_jobs.jobs
+    assert queued_job in fake_jobs.jobs
+
+
 def test_a_sweep_that_cannot_ask_ray_is_made_again_at_the_next_pass(client, fake_jobs, example_body, settings):
     from service.dispatcher import Dispatcher
     from service.ray_client import RayUnavailable

@@ -33,6 +33,17 @@ def test_same_averages_and_gradients_as_adaptive_avg_pool(shape, output_size):
     torch.testing.assert_close(x2.grad, x.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_are_averaged_as_accurately_as_by_the_pool(dtype):
+    x = torch.randn(4, 8, 7, 7, dtype=torch.float64)
+    exact = nn.AdaptiveAvgPool2d(3)(x)
+    plain = nn.AdaptiveAvgPool2d(3)(x.to(dtype)).double()
+    got = DeterministicAdaptiveAvgPool2d([3, 3])(x.to(dtype))  # a list, as nn.AdaptiveAvgPool2d takes
+    assert got.dtype == dtype
+    # Summed in fp32 and rounded once: no further from the exact averages than the pool's own.
+    assert (got.double() - exact).abs().max() <= (plain - exact).abs().max() * 1.01 + 1e-6
+
+
 def test_averaging_matrix_rows_are_pytorchs_bins():
     # 7 -> 3: bins [0, 3), [2, 5), [4, 7) (floor(i*7/3) to ceil((i+1)*7/3))
     matrix = averaging_matrix(7, 3, torch.float64, torch.device("cpu"))
