@@ -37,10 +37,13 @@ def test_four_two_worker_runs_on_four_cpus_run_two_at_a_time_in_priority_order(s
     assert {r.queue.reason for r in held} == {"quota"}
 
     client.set_quota(project)  # lift the quota: the cluster's 4 CPUs are the only limit now
-    waiting = wait_until(lambda: [r for r in (client.get_run(run.id) for run in runs)
-                                  if r.status is RunStatus.QUEUED and r.queue is not None
-                                  and r.queue.reason in ("resources", "priority")] or None,
-                         timeout=60, what="runs waiting for resources")
+    # The runs are read one by one while ticks re-plan: wait for a read that sees both waiting
+    # (a read that saw one, the other between plans, failed this test once).
+    waiting = wait_until(lambda: (lambda w: w if len(w) >= 2 else None)(
+                             [r for r in (client.get_run(run.id) for run in runs)
+                              if r.status is RunStatus.QUEUED and r.queue is not None
+                              and r.queue.reason in ("resources", "priority")]),
+                         timeout=60, what="two runs waiting for resources")
     assert len(waiting) >= 2  # two admitted, the others wait with a reason and a place
     assert sorted(r.queue.position for r in waiting)[0] == 1
 
