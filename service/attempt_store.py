@@ -210,10 +210,7 @@ def parse_attempt_job_id(prefix: str, job_id: str) -> tuple[str, int] | None:
     """``(record id, attempt)`` of an id ``attempt_job_id`` made with this prefix; None for any
     other (``attempt-01`` or non-ASCII digits included: the id must be the one it would make)."""
     match = re.fullmatch(rf"{re.escape(prefix)}-(.+)-attempt-([1-9][0-9]*)", job_id, flags=re.ASCII)
-    if match is None:
-        return None
-    record_id, attempt = match.group(1), int(match.group(2))
-    return (record_id, attempt) if attempt_job_id(prefix, record_id, attempt) == job_id else None
+    return None if match is None else (match.group(1), int(match.group(2)))
 
 
 class SpecCache:

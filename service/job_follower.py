@@ -27,7 +27,8 @@ from typing import Any
 from service.attempt_store import AttemptStore
 from service.job_kinds import JobKind
 from service.lifecycle import Fix, IllegalTransition, Verdict, decide
-from service.ray_client import LIVE_JOB_STATES, JobsClient, RayRefused, failure_from_logs, stop_and_check
+from service.ray_client import (LIVE_JOB_STATES, JobsClient, RayRefused, failure_from_logs, job_states,
+                                stop_and_check)
 from service.settings import Settings
 from service.tokens import new_token
 
@@ -114,8 +115,7 @@ class JobFollower:
 
     def job_states_now(self) -> dict[str, str] | None:
         """Every job's state in one call, if the Jobs client can list them; None: ask per job."""
-        lister = getattr(self.jobs, "states", None)
-        return lister() if lister is not None else None
+        return job_states(self.jobs)
 
     def reconcile(self) -> list[str]:
         """Follow every active record once, before anything is submitted (at startup); return

@@ -52,10 +52,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from api.views import RunStatus
+from api.views import TERMINAL_STATUSES
 from service.attempt_store import parse_attempt_job_id
 from service.log_store import LogStore
-from service.ray_client import FINISHED_JOB_STATES, JobsClient
+from service.ray_client import FINISHED_JOB_STATES, JobsClient, job_states
 from service.repository import Repository
 from service.job_kinds import RUN_JOBS
 
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 FORGET_TRIES = 3  # deletes of one finished job before it is left in Ray's list
 SWEEP_TRIES = 3  # passes that try to read Ray's list for ``sweep_leftovers`` before it gives up
-ENDED = frozenset(status.value for status in RunStatus if status.is_terminal)
+ENDED = frozenset(status.value for status in TERMINAL_STATUSES)  # as the database stores them
 
 
 @dataclass(frozen=True)
@@ -234,13 +234,12 @@ class LogArchiver:
         restart moves the run to a new attempt on the same job); an earlier job of the run had its
         final copy when its attempt ended, and is only forgotten. On a Ray or database error, none,
         and the next pass tries again, ``SWEEP_TRIES`` passes in all."""
-        lister = getattr(self.jobs, "states", None)
-        if lister is None:  # a Jobs client that cannot list: nothing to sweep
-            self._sweep_due = False
-            return []
         prefix = self.repo.stored.job_prefix
         try:
-            states = lister()
+            states = job_states(self.jobs)
+            if states is None:  # a Jobs client that cannot list: nothing to sweep
+                self._sweep_due = False
+                return []
             known = {a.job_id for a in self._watched | live | set(self._leftovers)} | set(self._forget_at)
             ended = {job_id: parsed for job_id, state in states.items()
                      if state in FINISHED_JOB_STATES and job_id not in known

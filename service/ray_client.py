@@ -66,6 +66,13 @@ class JobsClient(Protocol):
         refuses a job that has not finished."""
 
 
+def job_states(jobs: JobsClient) -> dict[str, str] | None:
+    """Every job's state in one call, if the Jobs client can list them (``states``); None: it
+    cannot, ask per job."""
+    lister = getattr(jobs, "states", None)
+    return lister() if lister is not None else None
+
+
 def stop_and_check(jobs: JobsClient, job_id: str | None) -> str | None:
     """Ask Ray to stop ``job_id`` (idempotent: callers repeat it every tick) and return its
     state now: still PENDING or RUNNING while Ray is stopping it; None if Ray has no such job
