@@ -30,7 +30,8 @@ SQLite, on a Ray head started here with its dashboard, as a cluster would run it
 with Ray's own ``TorchTrainer.fit()`` on the same head. Phases: ``pickup`` (``POST`` to the
 dispatcher's submit: the run's STARTING event), ``to_worker`` (Ray's job start, the job
 driver's interpreter and imports, Ray Train's controller, worker group and process group),
-then ``imports``, ``build`` and ``first_step`` as in part B.
+then ``imports``, ``build`` and ``first_step`` as in part B. Two services take turns with it:
+as shipped, and with ``TESSERA_DRIVER_FORKS=0`` (``service_cold``: no fork server).
 """
 
 from __future__ import annotations
@@ -276,54 +277,75 @@ def service_phases(client: Any, phases_path: str) -> dict[str, float]:
             "total": finished.finished_at.timestamp() - start}
 
 
+def start_service(head: Any, work: str, name: str, key: str, **extra_env: str) -> tuple[subprocess.Popen, str, str]:
+    """``tessera serve`` with its own SQLite under ``work/name`` on ``head``; its process, URL and
+    the phases file its runs' rank 0 writes."""
+    from tests.local_ray import free_port
+
+    home = os.path.join(work, name)
+    os.makedirs(home)
+    port = free_port()
+    phases_path = os.path.join(home, "phases.json")
+    env = {**os.environ, "TESSERA_HOME": home, "TESSERA_RAY_ADDRESS": head.dashboard_url,
+           "TESSERA_PUBLIC_URL": f"http://127.0.0.1:{port}", "TESSERA_BOOTSTRAP_API_KEY": key,
+           "TESSERA_TEST_STARTUP_FILE": phases_path, "PYTHONPATH": str(REPO_ROOT), **extra_env}
+    env.pop("TESSERA_DATABASE_URL", None)
+    tessera = str(pathlib.Path(sys.executable).with_name("tessera"))
+    server = subprocess.Popen([tessera, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=open(os.path.join(home, "service.log"), "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    return server, f"http://127.0.0.1:{port}", phases_path
+
+
 def service_first_steps(rounds: int) -> dict[str, Any]:
     """Part C: ``tessera serve`` on a Ray head of its own (as in production), ``POST /runs`` to
-    the first step, taking turns with Ray's own ``TorchTrainer.fit()`` on the same head."""
+    the first step, taking turns with Ray's own ``TorchTrainer.fit()`` on the same head. Two
+    services share the head: ``service`` as shipped (job drivers forked from a warm
+    ``workers.fork_server``) and ``service_cold`` with ``TESSERA_DRIVER_FORKS=0`` (every driver a
+    fresh interpreter), so the fork server's gain is measured side by side too."""
     import ray
 
     from api.client import Client
     from bench.control_plane import wait_until_up
-    from tests.local_ray import RayHead, free_port
+    from tests.local_ray import RayHead
 
     work = tempfile.mkdtemp(prefix="bench-startup-svc-")
-    phases_path = os.path.join(work, "phases-service.json")
     head = RayHead(num_cpus=4, timeout_s=180)
-    port = free_port()
     key = "tsk_" + secrets.token_urlsafe(32)
-    env = {**os.environ, "TESSERA_HOME": work, "TESSERA_RAY_ADDRESS": head.dashboard_url, "TESSERA_PUBLIC_URL": f"http://127.0.0.1:{port}",
-           "TESSERA_BOOTSTRAP_API_KEY": key, "TESSERA_TEST_STARTUP_FILE": phases_path, "PYTHONPATH": str(REPO_ROOT)}
-    env.pop("TESSERA_DATABASE_URL", None)  # its own SQLite under TESSERA_HOME
-    tessera = str(pathlib.Path(sys.executable).with_name("tessera"))
-    server = subprocess.Popen([tessera, "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=open(os.path.join(work, "service.log"), "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    rows: dict[str, list[dict[str, float]]] = {"service": [], "ray_torchtrainer": []}
+    servers = {"service": start_service(head, work, "service", key),
+               "service_cold": start_service(head, work, "service_cold", key, TESSERA_DRIVER_FORKS="0")}
+    rows: dict[str, list[dict[str, float]]] = {"service": [], "service_cold": [], "ray_torchtrainer": []}
     try:
-        wait_until_up(f"http://127.0.0.1:{port}", server)
-        client = Client(f"http://127.0.0.1:{port}", api_key=key)
+        ways: dict[str, Callable[[], dict[str, float]]] = {}
+        for name, (server, url, phases_path) in servers.items():
+            wait_until_up(url, server)
+            client = Client(url, api_key=key)
+            ways[name] = lambda client=client, phases_path=phases_path: service_phases(client, phases_path)
         ray.init(address=head.address, log_to_driver=False)
-        ways = {"service": lambda: service_phases(client, phases_path),
-                "ray_torchtrainer": lambda: phases_of("ray_torchtrainer", work)}
-        for way in ways.values():  # untimed: the head's first Ray Train fits start its worker pool
+        ways["ray_torchtrainer"] = lambda: phases_of("ray_torchtrainer", work)
+        for way in ways.values():  # untimed: the head's first fits start its worker pool and fork server
             way()
         for r in range(rounds):
-            for name in list(ways) if r % 2 == 0 else list(ways)[::-1]:
+            order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
+            for name in order:
                 rows[name].append(ways[name]())
                 print(f"service round {r}: {name} {rows[name][-1]['to_first_step']:.1f}s", file=sys.stderr, flush=True)
     finally:
         ray.shutdown()
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
+        for server, _, _ in servers.values():
+            os.killpg(server.pid, 15)
+            server.wait(timeout=60)
         head.stop()
     report: dict[str, Any] = {"rounds": rounds, "workers": NUM_WORKERS, "batch_size": BATCH_SIZE, "model": "resnet18"}
     for way, runs in rows.items():
         report[way] = {phase: round(statistics.median(run[phase] for run in runs), 2) for phase in runs[0]}
         report[way]["per_round"] = [{phase: round(value, 2) for phase, value in run.items()} for run in runs]
-    pairs = list(zip(rows["service"], rows["ray_torchtrainer"]))
-    report["service_over_ray_to_first_step_median"] = round(statistics.median(
-        s["to_first_step"] / r["to_first_step"] for s, r in pairs), 4)
-    report["service_minus_ray_to_first_step_s_median"] = round(statistics.median(
-        s["to_first_step"] - r["to_first_step"] for s, r in pairs), 2)
+    for a, b in (("service", "ray_torchtrainer"), ("service_cold", "ray_torchtrainer"), ("service", "service_cold")):
+        pairs = list(zip(rows[a], rows[b]))
+        report[f"{a}_over_{b.removesuffix('_torchtrainer')}_to_first_step_median"] = round(statistics.median(
+            x["to_first_step"] / y["to_first_step"] for x, y in pairs), 4)
+        report[f"{a}_minus_{b.removesuffix('_torchtrainer')}_to_first_step_s_median"] = round(statistics.median(
+            x["to_first_step"] - y["to_first_step"] for x, y in pairs), 2)
     return report
 
 

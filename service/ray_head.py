@@ -27,7 +27,10 @@ log = logging.getLogger(__name__)
 # so a deployment (or a test) can tune Ray Train and reach object storage without code changes.
 # TESSERA_REPORT_ and TESSERA_SPOOL_: how long workers wait out an outage of the service and
 # where they spool reports meanwhile (workers.service_reporter), set once on the service.
-FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_")
+# TESSERA_DRIVER_FORKS and TESSERA_FORK_SERVER_: whether and how long job drivers are forked
+# from a warm interpreter on the node (workers.fork_exec).
+FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_",
+                          "TESSERA_DRIVER_FORKS", "TESSERA_FORK_SERVER_")
 
 # The folder that holds `service/` and `workers/`: embedded Ray workers import from it.
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -90,10 +90,30 @@ def test_a_worker_that_raises_fails_the_run_with_its_message(service):
     assert [e.to_status for e in client.run_events(run.id).data][-1] is RunStatus.FAILED
 
 
+def log_text(client, run_id: str) -> str:
+    return client.logs(run_id).text  # the first page holds the entrypoint's first lines
+
+
+def wait_for_warm_driver_interpreter(client) -> None:
+    """Once a cold driver on this service's head has started the node's fork server
+    (workers.fork_exec logs where), wait until that server serves: the next driver is forked."""
+    cold = next((r for r in client.iter_runs() if r.status is RunStatus.COMPLETED), None)
+    if cold is None:  # this test alone: a short run first
+        cold = client.create_run(long_synthetic_spec("warms-the-node", batches=2))
+        assert wait_for_status(client, cold.id, TERMINAL_STATUSES, timeout=180).status is RunStatus.COMPLETED
+    line = next(line for line in log_text(client, cold.id).splitlines() if line.startswith("workers.fork_exec:"))
+    server_log = Path(line.split(" at ")[1].split(":")[0]).with_suffix(".log")
+    wait_until(lambda: server_log.exists() and "serving" in server_log.read_text(), timeout=120,
+               what=f"the fork server of {server_log.name} to serve")
+
+
 def test_cancel_of_a_running_run_stops_its_ray_job(service, ray_head):
     client = service.client()
+    wait_for_warm_driver_interpreter(client)
     run = client.create_run(long_synthetic_spec("to-cancel", batches=100_000))
     wait_for_status(client, run.id, {RunStatus.RUNNING}, timeout=180)
+    # Its driver was forked from the warm interpreter; Ray's stop reaches it through the stand-in.
+    assert "workers.launch forked as pid" in log_text(client, run.id)
     assert client.cancel_run(run.id).status in (RunStatus.CANCELING, RunStatus.CANCELED)
     final = wait_for_status(client, run.id, TERMINAL_STATUSES, timeout=120)
     assert final.status is RunStatus.CANCELED

@@ -39,7 +39,7 @@ def test_queued_run_is_submitted_once_with_its_attempt_id_entrypoint_and_env(dis
     job_id = f"run-{run.id}-attempt-1"
     assert dispatcher.jobs.submit_calls == [job_id]
     job = dispatcher.jobs.jobs[job_id]
-    assert job["entrypoint"] == f"/opt/venv/bin/python -m workers.launch --run-id {run.id}"
+    assert job["entrypoint"] == f"/opt/venv/bin/python -m workers.fork_exec workers.launch --run-id {run.id}"
     env = job["env"]
     assert {k: env[k] for k in ("TESSERA_SERVICE_URL", "TESSERA_RUN_ID", "TESSERA_ATTEMPT", "TESSERA_STORAGE_URL")} == {
         "TESSERA_SERVICE_URL": "http://tessera.test:8000", "TESSERA_RUN_ID": run.id, "TESSERA_ATTEMPT": "1",

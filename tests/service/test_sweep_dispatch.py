@@ -55,7 +55,7 @@ def test_a_queued_sweep_is_submitted_once_as_its_driver_job_with_entrypoint_and_
     job_id = f"sweep-{sweep.id}-attempt-1"
     assert dispatcher.jobs.submit_calls == [job_id]
     job = dispatcher.jobs.jobs[job_id]
-    assert job["entrypoint"] == f"/opt/venv/bin/python -m workers.tune --sweep-id {sweep.id}"
+    assert job["entrypoint"] == f"/opt/venv/bin/python -m workers.fork_exec workers.tune --sweep-id {sweep.id}"
     env = job["env"]
     assert {k: env[k] for k in ("TESSERA_SERVICE_URL", "TESSERA_SWEEP_ID", "TESSERA_ATTEMPT", "TESSERA_STORAGE_URL",
                                 "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "AWS_ENDPOINT_URL")} == {

@@ -1,0 +1,185 @@
+"""workers.fork_exec / workers.fork_server: job drivers forked from a warm interpreter.
+
+Real processes throughout: each test runs ``python -m workers.fork_exec`` as Ray's job
+supervisor would (a shell command with its own stdout), against a fork server the first call
+starts in this test's own TMPDIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from workers.fork_exec import server_env, server_key
+
+# Prints what a driver sees, then sleeps or exits as the test asks (PROBE_* variables).
+PROBE = """
+import json, os, sys, time
+print(json.dumps({"pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "warm": "torch" in sys.modules,
+                  "secret": os.environ.get("TESSERA_RUN_TOKEN"), "path0": sys.path[0],
+                  "draw": sys.modules["numpy"].random.random() if "numpy" in sys.modules else None}), flush=True)
+if os.environ.get("TESSERA_PROBE_RAISE"):
+    raise RuntimeError("the probe failed on purpose")
+time.sleep(float(os.environ.get("TESSERA_PROBE_SLEEP", "0")))
+sys.exit(int(os.environ.get("TESSERA_PROBE_EXIT", "0")))
+"""
+
+
+def make_node(tmp_path: Path):
+    """A cwd holding the probe module, and an environment whose fork servers live in tmp_path;
+    stops the servers it started."""
+    (tmp_path / "probe_driver.py").write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "RAY_ADDRESS"))}
+    env.update({"TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
+    yield tmp_path, env
+    servers = tmp_path / f"tessera-forks-{os.getuid()}"
+    for sock in servers.glob("*.sock"):
+        sock.unlink()  # a server stops once its socket is gone (checked every 2 s)
+    for log in servers.glob("*.log"):
+        for pid in {int(line.split("[")[1].split("]")[0]) for line in log.read_text().splitlines() if "fork_server[" in line}:
+            wait_gone(pid, timeout_s=15)
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    yield from make_node(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def warm_node(tmp_path_factory):
+    """One node whose fork server is up, shared by the tests that only need a warm server."""
+    nodes = make_node(tmp_path_factory.mktemp("warm"))
+    cwd, env = next(nodes)
+    run_driver(cwd, env)
+    wait_until_serving(cwd, env)
+    yield cwd, env
+    next(nodes, None)
+
+
+def wait_gone(pid: int, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still runs after {timeout_s} s")
+
+
+def start_driver(cwd: Path, env: dict[str, str], *args: str, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workers.fork_exec", "probe_driver", *args], cwd=cwd,
+                            env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_driver(cwd: Path, env: dict[str, str], *args: str, **extra: str) -> tuple[int, dict, str]:
+    proc = start_driver(cwd, env, *args, **extra)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, json.loads(out.splitlines()[0]), err
+
+
+def serving_log(cwd: Path, env: dict[str, str]) -> Path:
+    return cwd / f"tessera-forks-{os.getuid()}" / f"{server_key(env, sys.executable)}.log"
+
+
+def wait_until_serving(cwd: Path, env: dict[str, str], timeout_s: float = 60) -> None:
+    log = serving_log(cwd, env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and "serving" in log.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no fork server came up: {log.read_text() if log.exists() else 'no log'}")
+
+
+def test_the_first_driver_runs_cold_and_the_next_is_forked_warm_with_its_own_arguments_and_exit_code(node):
+    cwd, env = node
+    code, first, _ = run_driver(cwd, env, "a", TESSERA_PROBE_EXIT="3")
+    assert code == 3 and first["warm"] is False
+    wait_until_serving(cwd, env)
+    code, second, _ = run_driver(cwd, env, "b", "c", TESSERA_PROBE_EXIT="4", TESSERA_RUN_TOKEN="tok-2")
+    assert code == 4 and second["warm"] is True
+    assert second["argv"][1:] == ["b", "c"] and second["argv"][0].endswith("probe_driver.py")
+    assert second["cwd"] == str(cwd) and second["path0"] == str(cwd)
+    assert second["secret"] == "tok-2"  # a per-job variable reaches the child...
+    server_pid = int(serving_log(cwd, env).read_text().split("fork_server[")[1].split("]")[0])
+    environ = Path(f"/proc/{server_pid}/environ").read_bytes()
+    assert b"tok-2" not in environ and b"TESSERA_PROBE_EXIT" not in environ  # ...never the server
+
+
+def test_forked_drivers_do_not_share_the_random_state_a_cold_start_seeds_from_the_os(warm_node):
+    cwd, env = warm_node
+    draws = [run_driver(cwd, env)[1] for _ in range(2)]
+    assert all(d["warm"] for d in draws) and draws[0]["draw"] != draws[1]["draw"]
+
+
+def test_an_uncaught_exception_in_a_forked_driver_exits_1_with_its_traceback(warm_node):
+    cwd, env = warm_node
+    code, out, err = run_driver(cwd, env, TESSERA_PROBE_RAISE="1")
+    assert code == 1 and out["warm"] is True
+    assert "RuntimeError: the probe failed on purpose" in err
+
+
+def test_a_stop_signal_to_the_stand_in_reaches_the_forked_driver(warm_node):
+    cwd, env = warm_node
+    proc = start_driver(cwd, env, TESSERA_PROBE_SLEEP="60")
+    driver = json.loads(proc.stdout.readline())
+    assert driver["warm"] is True and driver["pid"] != proc.pid
+    proc.send_signal(signal.SIGTERM)  # what Ray's job stop does
+    assert proc.wait(timeout=30) == -signal.SIGTERM  # the stand-in exits as the driver did
+    wait_gone(driver["pid"], timeout_s=10)
+
+
+def test_killing_the_stand_in_kills_the_forked_driver(warm_node):
+    cwd, env = warm_node
+    proc = start_driver(cwd, env, TESSERA_PROBE_SLEEP="60")
+    driver = json.loads(proc.stdout.readline())
+    assert driver["warm"] is True
+    proc.kill()  # Ray's SIGKILL after its stop timeout, or the supervisor's death
+    proc.wait(timeout=30)
+    wait_gone(driver["pid"], timeout_s=10)
+
+
+def test_a_driver_with_another_library_environment_is_not_forked_from_this_server(warm_node):
+    cwd, env = warm_node
+    other = {**env, "OMP_NUM_THREADS": "7"}  # torch read it at import: the server's value would stick
+    assert server_key(other, sys.executable) != server_key(env, sys.executable)
+    code, out, _ = run_driver(cwd, other)
+    assert code == 0 and out["warm"] is False
+
+
+def test_forks_turned_off_run_every_driver_cold_and_start_no_server(node):
+    cwd, env = node
+    off = {**env, "TESSERA_DRIVER_FORKS": "0"}
+    for _ in range(2):
+        code, out, _ = run_driver(cwd, off)
+        assert code == 0 and out["warm"] is False
+    assert not (cwd / f"tessera-forks-{os.getuid()}").exists()
+
+
+def test_a_server_stops_once_its_ray_cluster_stops_answering(node):
+    cwd, env = node
+    gone = {**env, "RAY_ADDRESS": "127.0.0.1:9"}  # nothing listens on the discard port
+    run_driver(cwd, gone)
+    wait_until_serving(cwd, gone)
+    log = serving_log(cwd, gone)
+    server_pid = int(log.read_text().split("fork_server[")[1].split("]")[0])
+    wait_gone(server_pid, timeout_s=30)
+    assert "stopped answering; stopping" in log.read_text()
+
+
+def test_the_server_environment_leaves_out_per_job_variables_and_secrets():
+    env = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "TESSERA_RUN_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
+           "RAY_JOB_CONFIG_JSON_ENV_VAR": "{}", "RAY_ADDRESS": "10.0.0.1:6379"}
+    assert server_env(env) == {"PATH": "/bin", "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "10.0.0.1:6379"}
+    again = {**env, "TESSERA_RUN_TOKEN": "other", "RAY_JOB_CONFIG_JSON_ENV_VAR": '{"a": 1}'}
+    assert server_key(again, "/usr/bin/python3") == server_key(env, "/usr/bin/python3")
+    assert server_key(env, "/usr/bin/python3") != server_key(env, "/opt/venv/bin/python")
