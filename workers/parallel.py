@@ -77,6 +77,12 @@ def shard_model(model: torch.nn.Module, *, device: torch.device) -> torch.nn.Mod
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # FSDP2 shards only contiguous parameters ("FSDP does not support non-contiguous parameters
+    # yet", torch 2.14): ChannelsLast's NHWC weights go back to NCHW here. Its NHWC inputs still
+    # make the convolutions (and so the activations) run NHWC.
+    for param in model.parameters():
+        if not param.is_contiguous():
+            param.data = param.data.contiguous()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in fsdp_blocks(model):
         fully_shard(block, mesh=mesh)

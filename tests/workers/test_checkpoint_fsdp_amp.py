@@ -66,6 +66,7 @@ GRADIENT_AND_BLOCK_METHODS = [
     {"name": "layer_freezing", "freeze_start": 0.0}, {"name": "gradient_clipping", "clipping_threshold": 0.5},
     {"name": "sam", "rho": 0.05}, {"name": "stochastic_depth", "drop_rate": 0.3},
     {"name": "ghost_batchnorm", "ghost_batch_size": 4}, {"name": "weight_standardization"},
+    {"name": "channels_last"},  # NHWC weights, which FSDP2 cannot shard: wrap_model makes them contiguous
 ]
 
 
