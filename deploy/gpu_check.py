@@ -25,6 +25,11 @@ that all of them finish in a few minutes on one modern GPU:
   outputs) and is a noted no-op without it; gpt_small trains 20 batches on shakespeare with
   low_precision_layernorm and fused_layernorm under bf16.
 
+- ``service_e2e``: ``tessera serve`` as ``make serve`` runs it (SQLite, local storage, embedded
+  Ray head) trains a DDP run and then an FSDP2 + channels_last run on the GPU to COMPLETED,
+  submitted through the SDK; the second run's job driver is forked from the warm interpreter
+  the first started (``workers.fork_exec``).
+
 Prints one PASS/FAIL line per check and a table; exits 1 if any check failed. Without CUDA it
 prints ``skipped: no GPU`` and exits 0.
 """
@@ -32,6 +37,7 @@ prints ``skipped: no GPU`` and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -309,7 +315,86 @@ def check_low_precision_norms(gpus: int) -> str:
     return "; ".join(details)
 
 
+def service_specs(use_gpu: bool) -> list[dict[str, Any]]:
+    """The two runs of ``service_e2e``: DDP, then FSDP2 with channels_last (a pair that failed at
+    wrapping until FSDP made NHWC weights contiguous), one worker each, bf16 on a GPU."""
+    common: dict[str, Any] = {"precision": "amp_bf16" if use_gpu else "fp32",
+                              "checkpoint": {"interval": "10ba", "keep_last": 2}}
+    return [base_spec("gpu-service-ddp", parallelism={"strategy": "ddp", "num_workers": 1, "use_gpu": use_gpu},
+                      **common),
+            base_spec("gpu-service-fsdp", parallelism={"strategy": "fsdp", "num_workers": 1, "use_gpu": use_gpu},
+                      algorithms=[{"name": "channels_last"}], **common)]
+
+
+def service_e2e(*, use_gpu: bool = True, timeout_s: float = 240) -> str:
+    """``tessera serve`` (SQLite, local storage, its embedded Ray head) in a temporary home, and
+    the ``service_specs`` runs submitted through the SDK one after the other, each to COMPLETED
+    on the device it asked for. The first run's driver starts the node's warm interpreter
+    (``workers.fork_exec``); the second's is forked from it."""
+    import secrets
+    import shutil
+    import signal
+    import socket
+    import subprocess
+
+    import httpx
+
+    from api.client import Client
+
+    home = tempfile.mkdtemp(prefix="gpu-check-service-")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    key = "tsk_" + secrets.token_urlsafe(32)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "RAY_ADDRESS"))}
+    env.update(TESSERA_HOME=home, TESSERA_PUBLIC_URL=url, TESSERA_BOOTSTRAP_API_KEY=key,
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p))
+    log_path = Path(home) / "service.log"
+    server = subprocess.Popen([sys.executable, "-c", "from cli import main; main()", "serve", "--host", "127.0.0.1",
+                               "--port", url.rsplit(":", 1)[1]], env=env, cwd=ROOT, stdout=log_path.open("wb"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:  # ready once its embedded Ray head takes jobs
+            assert server.poll() is None, f"the service exited: {log_path.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "the service did not get ready"
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                if httpx.get(f"{url}/healthz", timeout=5).json().get("ray") == "ok":
+                    break
+            time.sleep(0.5)
+        client = Client(url, api_key=key)
+        device = "cuda" if use_gpu else "cpu"
+        details = []
+        for number, spec in enumerate(service_specs(use_gpu), start=1):
+            started = time.monotonic()
+            run = client.create_run(spec)
+            final = client.wait(run.id, timeout=max(10.0, deadline - time.monotonic()))
+            assert final.status.value == "COMPLETED", f"run {number} ended {final.status.value}: {final.error}"
+            running = [e.message or "" for e in client.run_events(run.id).data if e.to_status.value == "RUNNING"]
+            assert any(device in m for m in running), f"run {number} did not train on {device}: {running}"
+            fork_line = next(line for line in client.logs(run.id).text.splitlines()
+                             if line.startswith("workers.fork_exec:"))
+            if number == 1:  # wait until the warm interpreter it started serves
+                server_log = Path(fork_line.split(" at ")[1].split(":")[0]).with_suffix(".log")
+                while not (server_log.exists() and "serving" in server_log.read_text()):
+                    assert time.monotonic() < deadline, f"no fork server serves at {server_log.with_suffix('.sock')}"
+                    time.sleep(0.2)
+            else:
+                assert "forked as pid" in fork_line, f"run {number}'s driver was not forked: {fork_line}"
+            details.append(f"{spec['parallelism']['strategy']} {time.monotonic() - started:.0f}s")
+        return f"2 runs COMPLETED on {device} through the service ({', '.join(details)}); the second's driver forked"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 CHECKS: dict[str, Callable[[int], str]] = {
+    "service_e2e": lambda gpus: service_e2e(),  # first: its Ray head before the checks' own local Ray
     "ddp_nccl": lambda gpus: check_training("ddp_nccl", gpus),
     "fsdp2_nccl": lambda gpus: check_training("fsdp2_nccl", gpus),
     "bf16": lambda gpus: check_training("bf16", gpus),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU acceptance checks for a Tessera worker node, in one call and under 10 minutes: NCCL DDP
-# and FSDP2 over every GPU, bf16 and fp16+GradScaler, CUDA OOM -> microbatch halving, DCP
+# GPU acceptance checks for a Tessera worker node, in one call and under 10 minutes: the service
+# end to end on the GPU, NCCL DDP and FSDP2 over every GPU, bf16 and fp16+GradScaler, CUDA OOM -> microbatch halving, DCP
 # save/resume, deterministic pooling, a speedup recipe, and ResNet-50 bf16-vs-fp32 throughput
 # (deploy/gpu_check.py).
 #

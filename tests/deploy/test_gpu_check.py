@@ -47,7 +47,7 @@ def test_the_script_is_valid_bash_and_executable():
 
 def test_the_checks_cover_what_a_gpu_node_must_do_and_their_specs_validate():
     gpu_check = load_gpu_check()
-    assert set(gpu_check.CHECKS) == {"ddp_nccl", "fsdp2_nccl", "bf16", "fp16_gradscaler", "oom_microbatch",
+    assert set(gpu_check.CHECKS) == {"service_e2e", "ddp_nccl", "fsdp2_nccl", "bf16", "fp16_gradscaler", "oom_microbatch",
                                      "dcp_resume", "deterministic_pools", "speedup_recipe", "resnet50_bf16_vs_fp32",
                                      "low_precision_norms"}
     specs = {name: RunSpec.model_validate(body) for name, body in gpu_check.specs(gpus=4).items()}
@@ -60,6 +60,9 @@ def test_the_checks_cover_what_a_gpu_node_must_do_and_their_specs_validate():
     assert len(specs["speedup_recipe"].algorithms) >= 2
     assert specs["low_precision_norms"].precision.value == "amp_bf16"
     assert {a.name for a in specs["low_precision_norms"].algorithms} == {"low_precision_layernorm", "fused_layernorm"}
+    ddp, fsdp = (RunSpec.model_validate(body) for body in gpu_check.service_specs(use_gpu=True))
+    assert (ddp.parallelism.strategy, fsdp.parallelism.strategy) == ("ddp", "fsdp")
+    assert ddp.parallelism.use_gpu and [a.name for a in fsdp.algorithms] == ["channels_last"]
 
 
 def test_the_resume_comparison_passes_for_a_real_resume_on_cpu():
