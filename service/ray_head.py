@@ -11,6 +11,7 @@ import inspect
 import logging
 import os
 import secrets
+import shlex
 import socket
 import tempfile
 import time
@@ -63,13 +64,33 @@ def start_embedded_ray(settings: "Settings", *, timeout_s: float = 120.0) -> str
         context = ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
                            _temp_dir=temp_dir, log_to_driver=False)
     address = f"http://{context.dashboard_url}"
+    _record_cluster_address(context.address_info["gcs_address"], temp_dir)
     try:
-        _wait_for_jobs_api(address, timeout_s, temp_dir)
+        _wait_for_jobs_api(address, timeout_s, temp_dir, settings.worker_python)
     except BaseException:
         ray.shutdown()
         raise
     log.info("embedded Ray head started; Jobs API at %s", address)
     return address
+
+
+def _record_cluster_address(gcs_address: str, temp_dir: str) -> None:
+    """Tell this head's job supervisors which cluster is theirs.
+
+    A supervisor gives its job driver ``RAY_ADDRESS`` from "auto": the address ``ray start``
+    records in the node's temp dir, else, for a head started by ``ray.init`` as this one is,
+    *any* Ray GCS running on the machine (``get_ray_address_from_environment``, Ray 2.60). With
+    a second cluster on the machine (a test suite's, another service's) a run's driver could
+    connect there. Record ours as ``ray start`` would (Ray's private ``write_ray_address``: a
+    file in the temp dir); if that function moves, the old behaviour stays.
+    """
+    try:
+        from ray._private.utils import write_ray_address
+    except ImportError:
+        log.warning("cannot record the embedded head's address; with another Ray cluster on this machine "
+                    "its jobs may connect there")
+        return
+    write_ray_address(gcs_address, temp_dir)
 
 
 @contextlib.contextmanager
@@ -106,9 +127,11 @@ def _free_dashboard_agent_port() -> Iterator[None]:
         parameter.RayParams.__init__ = original
 
 
-def _wait_for_jobs_api(address: str, timeout_s: float, temp_dir: str) -> None:
+def _wait_for_jobs_api(address: str, timeout_s: float, temp_dir: str, worker_python: str) -> None:
     """Return once the head accepts jobs. The dashboard answers before its job agent is up,
-    and an agent that could not bind its port (another Ray head on this machine) never is."""
+    and an agent that could not bind its port (another Ray head on this machine) never is.
+    The probe job starts the node's warm driver interpreter (``workers.fork_exec --warm``), so
+    the first run's driver is forked too."""
     from ray.job_submission import JobSubmissionClient
 
     deadline = time.monotonic() + timeout_s
@@ -123,7 +146,8 @@ def _wait_for_jobs_api(address: str, timeout_s: float, temp_dir: str) -> None:
             time.sleep(0.5)
     try:
         # The head waits (10 s) for an agent before refusing, so one probe job is enough.
-        client.submit_job(entrypoint="true", submission_id=f"tessera-startup-probe-{secrets.token_hex(4)}")
+        client.submit_job(entrypoint=f"{shlex.quote(worker_python)} -m workers.fork_exec --warm",
+                          submission_id=f"tessera-startup-probe-{secrets.token_hex(4)}")
     except RuntimeError as exc:
         raise RuntimeError(
             f"the embedded Ray head cannot run jobs ({exc}). Is another Ray head running on this machine? "

@@ -19,6 +19,9 @@ every variable of the environment except those a job sets for itself (``PER_JOB_
 driver always runs with the library state a cold start with its environment would give
 (``OMP_NUM_THREADS``, ``RAY_*`` and the like are read when torch and Ray are imported).
 
+``python -m workers.fork_exec --warm`` only starts the node's server: the embedded Ray head's
+start-up probe job runs it, so the first run's driver is forked too.
+
 Stdlib only: this module runs before anything heavy is imported.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import stat
@@ -40,7 +44,9 @@ PER_JOB_ENV = frozenset({"RAY_JOB_CONFIG_JSON_ENV_VAR", "PWD", "OLDPWD", "SHLVL"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 ENABLE_ENV = "TESSERA_DRIVER_FORKS"
 REPLY_TIMEOUT_S = 30.0
+MAX_SOCKET_PATH = 100  # a unix socket's path holds at most 107 bytes on Linux
 IDLE_ENV = "TESSERA_FORK_SERVER_IDLE_S"  # how long a server waits for its next driver (default 900)
+RAY_GONE_ENV = "TESSERA_FORK_SERVER_RAY_GONE_S"  # how long its Ray cluster may not answer (default 30)
 
 
 def server_env(env: dict[str, str]) -> dict[str, str]:
@@ -89,16 +95,20 @@ def read_line(sock: socket.socket, first: bytes = b"") -> tuple[dict | None, byt
     return json.loads(line), rest
 
 
-def forked_child(path: Path, module: str, args: list[str]) -> tuple[socket.socket, int] | None:
-    """Ask the server at ``path`` to fork ``module``; its connection and the child's pid, or
-    None where no server answers or it declines (the caller then runs the module itself)."""
+def forked_child(path: Path, module: str, args: list[str], blocked: set[int]) -> tuple[socket.socket, int, bytes] | None:
+    """Ask the server at ``path`` to fork ``module``: its connection, the child's pid and what
+    the server sent after the pid; None where no server answers or it declines (the caller then
+    runs the module itself). ``blocked``: the signal mask the child takes, as an exec would."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    umask = os.umask(0)
+    os.umask(umask)
+    request = {"module": module, "args": args, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
+               "blocked": sorted(int(s) for s in blocked)}
     try:
         sock.settimeout(REPLY_TIMEOUT_S)  # a stuck server: run cold (it kills a child we did not hear of)
         sock.connect(str(path))
-        send_line(sock, {"module": module, "args": args, "env": dict(os.environ), "cwd": os.getcwd()},
-                  fds=[0, 1, 2])
-        reply, _ = read_line(sock)
+        send_line(sock, request, fds=[0, 1, 2])
+        reply, rest = read_line(sock)
         sock.settimeout(None)
     except (OSError, ValueError):
         sock.close()
@@ -106,7 +116,7 @@ def forked_child(path: Path, module: str, args: list[str]) -> tuple[socket.socke
     if not reply or "pid" not in reply:
         sock.close()
         return None
-    return sock, int(reply["pid"])
+    return sock, int(reply["pid"]), rest  # rest may hold the exit already: a driver that ended at once
 
 
 def start_server(path: Path) -> None:
@@ -127,8 +137,9 @@ def start_server(path: Path) -> None:
         os.dup2(null, 0)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
-        idle = ["--idle-s", os.environ[IDLE_ENV]] if os.environ.get(IDLE_ENV) else []
-        os.execve(sys.executable, [sys.executable, "-m", "workers.fork_server", "--socket", str(path), *idle], env)
+        options = [arg for name, flag in ((IDLE_ENV, "--idle-s"), (RAY_GONE_ENV, "--ray-gone-s"))
+                   if os.environ.get(name) for arg in (flag, os.environ[name])]
+        os.execve(sys.executable, [sys.executable, "-m", "workers.fork_server", "--socket", str(path), *options], env)
     finally:
         os._exit(1)
 
@@ -136,13 +147,25 @@ def start_server(path: Path) -> None:
 def exit_like(status: int) -> None:
     """Exit as a process that ended with ``status`` (negative: killed by that signal)."""
     if status < 0:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the driver dumped its core, if any; not us
         signal.signal(-status, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-status})
         os.kill(os.getpid(), -status)
     os._exit(status if 0 <= status < 256 else 1)
 
 
-def wait_for(sock: socket.socket, pid: int) -> int:
-    """Forward stop signals to the child's process group until the server reports its exit."""
+def read_exit(sock: socket.socket, rest: bytes, pid: int) -> int:
+    """The child's exit status, as the server reports it (1 if the server goes first)."""
+    reply, _ = read_line(sock, rest)
+    if reply is None or "exit" not in reply:
+        print(f"workers.fork_exec: the fork server stopped before driver {pid} ended", file=sys.stderr)
+        return 1
+    return int(reply["exit"])
+
+
+def wait_for(sock: socket.socket, pid: int, rest: bytes) -> int:
+    """Forward stop signals to the child's process group until the server reports its exit.
+    The signals were blocked since main() began: one sent before now is forwarded here."""
     def forward(signum, _frame):
         try:
             os.killpg(pid, signum)
@@ -151,23 +174,40 @@ def wait_for(sock: socket.socket, pid: int) -> int:
 
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(FORWARDED_SIGNALS))  # Ray blocks SIGINT
-    reply, _ = read_line(sock)
-    if reply is None or "exit" not in reply:
-        print(f"workers.fork_exec: the fork server stopped before driver {pid} ended", file=sys.stderr)
-        return 1
-    return int(reply["exit"])
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(FORWARDED_SIGNALS))
+    return read_exit(sock, rest, pid)
+
+
+def warm(path: Path) -> None:
+    """Start a server at ``path`` unless one answers there (``--warm``: a head's start-up probe)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(path))
+            return
+        except OSError:
+            pass
+    print(f"workers.fork_exec: starting a warm interpreter at {path}", file=sys.stderr, flush=True)
+    start_server(path)
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0].startswith("-"):
-        print("usage: python -m workers.fork_exec MODULE [ARGS...]", file=sys.stderr)
+    if not argv or (argv[0].startswith("-") and argv != ["--warm"]):
+        print("usage: python -m workers.fork_exec MODULE [ARGS...] | --warm", file=sys.stderr)
         os._exit(2)
+    # Until the driver's pid is known, a stop signal waits (blocked) instead of killing this
+    # process alone, which would leave the driver to be SIGKILLed without its graceful stop.
+    inherited = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED_SIGNALS))
     module, args = argv[0], argv[1:]
     folder = server_dir()
-    if os.environ.get(ENABLE_ENV, "1") != "0" and private_dir(folder):
-        path = folder / f"{server_key(dict(os.environ), sys.executable)}.sock"
-        child = forked_child(path, module, args)
+    path = folder / f"{server_key(dict(os.environ), sys.executable)}.sock"
+    enabled = (os.environ.get(ENABLE_ENV, "1") != "0" and sys.platform.startswith("linux")  # SO_PEERCRED
+               and len(str(path)) < MAX_SOCKET_PATH and private_dir(folder))
+    if module == "--warm":
+        if enabled:
+            warm(path)
+        return
+    if enabled:
+        child = forked_child(path, module, args, inherited)
         if child is not None:
             print(f"workers.fork_exec: {module} forked as pid {child[1]} from the warm interpreter at {path}",
                   file=sys.stderr, flush=True)
@@ -175,6 +215,7 @@ def main(argv: list[str]) -> None:
         print(f"workers.fork_exec: no warm interpreter at {path}: {module} starts cold, and one is started "
               "for the next driver", file=sys.stderr, flush=True)
         start_server(path)
+    signal.pthread_sigmask(signal.SIG_SETMASK, inherited)  # a mask survives exec
     os.execv(sys.executable, [sys.executable, "-m", module, *args])
 
 

@@ -3,16 +3,19 @@
 Started by ``workers.fork_exec`` (never by hand) with a job's environment minus its per-job
 variables. It imports what every driver imports first (torch, Ray, Ray Train and Tune: 2.3 s
 on 2 cores) and then, for each request on its unix socket, forks a child that becomes the
-driver: it takes the request's stdin/stdout/stderr (passed as file descriptors), environment,
-working directory and arguments, and runs the module as ``__main__``. Tessera's own modules are
-not preloaded, so a driver always runs the code on disk.
+driver (``workers.fork_child``): it takes the request's stdin/stdout/stderr (passed as file
+descriptors), environment, working directory and arguments, and runs the module as
+``__main__``. Tessera's training code is not preloaded, so a driver runs the code on disk.
 
 The server reports each child's exit status on its request's connection; when that connection
-drops (the job's stand-in was killed), it kills the child's process group. It runs single
-threaded (a fork copies only the calling thread) and exits when it has had no child for
-``--idle-s`` seconds, when the Ray cluster at ``RAY_ADDRESS`` stops
-answering, or when its socket is no longer its own. An exclusive lock beside the socket keeps
-one server per socket.
+drops (the job's stand-in was killed), it kills the child's process group. Requests are served
+from one thread, the only one a fork copies (torch and pyarrow start idle native threads at
+import; both handle a fork).
+
+It stops taking requests when it has had no child for ``--idle-s`` seconds, when the Ray cluster
+at ``RAY_ADDRESS`` has not answered for ``--ray-gone-s``, when its socket is no longer its
+own, or on SIGTERM; it exits once its running drivers have ended. An exclusive lock beside the
+socket keeps one server per socket. It logs to ``PATH`` with ``.log`` (appended).
 
 CUDA is never initialised here: a forked child could not use it.
 """
@@ -20,57 +23,85 @@ CUDA is never initialised here: a forked child could not use it.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import fcntl
 import importlib
 import os
-import random
-import runpy
 import selectors
 import signal
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 
+from workers.fork_child import become_driver, end
 from workers.fork_exec import read_line, send_line
 
 # What a driver imports before it does anything of its own. Third-party only: see the docstring.
 PRELOAD = ("torch", "ray", "ray.train", "ray.train.torch", "ray.tune", "httpx", "pydantic", "yaml")
 CHECK_EVERY_S = 2.0
 REQUEST_TIMEOUT_S = 5.0
-PR_SET_PDEATHSIG = 1
 
 
 def log(message: str) -> None:
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} fork_server[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError, ValueError):  # a full disk must not break the server
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} fork_server[{os.getpid()}]: {message}", file=sys.stderr,
+              flush=True)
+
+
+def host_and_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` or ``[v6]:port`` as Ray writes GCS addresses; None if it is neither."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def ray_is_up(address: str | None) -> bool:
-    """Whether the GCS at ``host:port`` accepts connections (True without an address)."""
-    if not address or ":" not in address:
+    """Whether the GCS at ``address`` accepts connections (True without an address)."""
+    target = host_and_port(address) if address else None
+    if target is None:
         return True
-    host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=1.0):
+        with socket.create_connection(target, timeout=1.0):
             return True
-    except (OSError, ValueError):
+    except OSError:
         return False
 
 
+def parent_cmdline() -> bytes:
+    try:
+        return Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def captured_by_ray() -> bool:
+    """Whether a Ray process adopted this orphan (Ray's subreaper option), which would kill it,
+    and so every driver it forked, when that process ends."""
+    deadline = time.monotonic() + 2.0
+    while b"workers.fork_exec" in parent_cmdline() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the double fork's middle process is about to exit
+    parent = parent_cmdline()
+    return parent.startswith(b"ray::") or b"raylet" in parent
+
+
 class ForkServer:
-    def __init__(self, path: Path, *, idle_s: float, lock_fd: int):
+    def __init__(self, path: Path, *, idle_s: float, ray_gone_s: float, lock_fd: int):
         self.path = path
+        self.ray_gone_s = ray_gone_s
         self.lock_fd = lock_fd  # held for the server's life; never by a child
         self.idle_s = idle_s
+        self.path0 = sys.path[0]  # `python -m` put the starting job's cwd here: a child puts its own
         self.children: dict[int, socket.socket] = {}  # pid -> its request's connection
         self.selector = selectors.DefaultSelector()
         self.wakeup_r, self.wakeup_w = socket.socketpair()
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.inode = 0
         self.idle_since = time.monotonic()
-        self.ray_misses = 0
+        self.checked_at = 0.0
+        self.ray_down_since: float | None = None
+        self.stop_reason: str | None = None
 
     def bind(self) -> None:
         self.path.unlink(missing_ok=True)  # a dead server's socket: the lock says none is alive
@@ -84,127 +115,118 @@ class ForkServer:
         self.selector.register(self.wakeup_r, selectors.EVENT_READ, "signal")
         signal.set_wakeup_fd(self.wakeup_w.fileno())
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd hears it
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, *_: object) -> None:
+        self.stop_reason = "SIGTERM"
 
     def serve(self) -> None:
         while True:
             for key, _ in self.selector.select(timeout=CHECK_EVERY_S):
-                if key.data == "accept":
-                    self.accept()
-                elif key.data == "signal":
-                    self.wakeup_r.recv(4096)
-                    self.reap()
-                else:
-                    self.client_gone(key.data)
-            self.reap()  # a SIGCHLD during accept() is in the wakeup fd, but be sure
-            if self.should_stop():
+                try:
+                    if key.data == "accept":
+                        self.accept()
+                    elif key.data == "signal":
+                        self.wakeup_r.recv(4096)
+                    else:
+                        self.client_gone(key.data)
+                except Exception as exc:  # noqa: BLE001 - one bad event must not end every driver
+                    log(f"{key.data!r}: {exc!r}")
+            self.reap()
+            if self.listener is not None:
+                reason = self.stop_reason or self.check()
+                if reason:
+                    self.stop_listening(reason)
+            if self.listener is None and not self.children:
                 return
 
-    def should_stop(self) -> bool:
+    def check(self) -> str | None:
+        """Why to stop taking requests, if it is time to (asked at most every CHECK_EVERY_S)."""
+        now = time.monotonic()
+        if now - self.checked_at < CHECK_EVERY_S:
+            return None
+        self.checked_at = now
         try:
             if self.path.stat().st_ino != self.inode:
-                log("socket replaced; stopping")
-                return True
+                return "socket replaced"
         except FileNotFoundError:
-            log("socket removed; stopping")
-            return True
-        self.ray_misses = 0 if ray_is_up(os.environ.get("RAY_ADDRESS")) else self.ray_misses + 1
-        if self.ray_misses >= 2:
-            log(f"Ray at {os.environ.get('RAY_ADDRESS')} stopped answering; stopping")
-            return True
-        if not self.children and time.monotonic() - self.idle_since > self.idle_s:
-            log(f"idle for {self.idle_s:.0f} s; stopping")
-            return True
-        return False
+            return "socket removed"
+        address = os.environ.get("RAY_ADDRESS")
+        if ray_is_up(address):
+            self.ray_down_since = None
+        else:
+            self.ray_down_since = self.ray_down_since or now
+            if now - self.ray_down_since >= self.ray_gone_s:
+                return f"Ray at {address} stopped answering"
+        if not self.children and now - self.idle_since > self.idle_s:
+            return f"idle for {self.idle_s:.0f} s"
+        return None
+
+    def stop_listening(self, reason: str) -> None:
+        log(f"{reason}; taking no more requests, {len(self.children)} running driver(s) end first")
+        with contextlib.suppress(KeyError, ValueError):  # not registered if bind() failed
+            self.selector.unregister(self.listener)
+        self.listener.close()
+        self.listener = None
+        with contextlib.suppress(FileNotFoundError):
+            if self.inode and self.path.stat().st_ino == self.inode:
+                self.path.unlink()
 
     def accept(self) -> None:
         try:
             conn, _ = self.listener.accept()
         except BlockingIOError:
             return
+        pid = None
         try:
             conn.setblocking(True)
             conn.settimeout(REQUEST_TIMEOUT_S)
-            uid = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            if int.from_bytes(uid[4:8], sys.byteorder) != os.getuid():
+            cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)  # pid, uid, gid
+            if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
                 raise PermissionError("a request from another user")
             data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
             try:
+                if not data and not fds:  # a liveness check (fork_exec --warm): nothing to do
+                    conn.close()
+                    return
                 request, _ = read_line(conn, data)
-                if request is None or len(fds) != 3:
-                    raise ValueError("an incomplete request")
+                if not valid(request) or len(fds) != 3:
+                    raise ValueError("an incomplete or malformed request")
                 pid = self.fork_child(conn, fds, request)
             finally:
                 for fd in fds:
                     os.close(fd)
-        except (OSError, ValueError, KeyError) as exc:
-            log(f"dropped a request: {exc!r}")
-            conn.close()
-            return
-        try:
             send_line(conn, {"pid": pid})
-        except OSError as exc:  # the stand-in gave up waiting and runs the driver itself
-            log(f"the job of driver {pid} has gone before it heard of it ({exc!r}); killing the driver")
-            kill_group(pid)
+            conn.settimeout(None)
+            self.children[pid] = conn
+            self.selector.register(conn, selectors.EVENT_READ, pid)
+        except Exception as exc:  # noqa: BLE001 - drop this request, keep serving
+            log(f"dropped a request: {exc!r}")
+            if pid is not None and pid not in self.children:  # its stand-in runs it cold instead
+                kill_group(pid)
             conn.close()
-            return
-        conn.settimeout(None)
-        self.children[pid] = conn
-        self.selector.register(conn, selectors.EVENT_READ, pid)
 
     def fork_child(self, conn: socket.socket, fds: list[int], request: dict) -> int:
-        module, args, env, cwd = request["module"], list(request["args"]), dict(request["env"]), request["cwd"]
         pid = os.fork()
         if pid == 0:
-            try:
-                code = self.become_driver(conn, fds, module, args, env, cwd)
-            except BaseException:  # noqa: BLE001 - the child must never return into the server
-                traceback.print_exc()
-                code = 1
-            os._exit(code)
-        try:
-            os.setpgid(pid, pid)  # also here, so a signal forwarded at once finds the group
-        except OSError:
-            pass  # the child did it first, or has already exited
-        log(f"forked {module} {' '.join(args)} as {pid}")
-        return pid
-
-    def become_driver(self, conn: socket.socket, fds: list[int], module: str, args: list[str],
-                      env: dict[str, str], cwd: str) -> int:
-        """In the child: take the request's process state, run ``module``, exit as it would."""
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        self.selector.close()
-        for sock in (self.listener, self.wakeup_r, self.wakeup_w, conn, *self.children.values()):
-            sock.close()
-        os.close(self.lock_fd)
-        os.setpgid(0, 0)  # its own group: the stand-in forwards signals to it, the server kills it
-        die_with_server()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        sys.path[0] = cwd  # as `python -m` puts it
-        reseed()
-        sys.argv = [module, *args]
-        set_title(" ".join([sys.executable, "-m", module, *args]))
-        try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as exc:
-            code = exit_code(exc.code)
-        except KeyboardInterrupt:
-            code = 130
-        except BaseException:  # noqa: BLE001 - as the interpreter would report it
-            traceback.print_exc()
             code = 1
-        atexit._run_exitfuncs()  # ray.init registers ray.shutdown here
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        return code
+            try:
+                signal.set_wakeup_fd(-1)
+                for signum in (signal.SIGCHLD, signal.SIGTERM):
+                    signal.signal(signum, signal.SIG_DFL)
+                self.selector.close()
+                for sock in (self.listener, self.wakeup_r, self.wakeup_w, conn, *self.children.values()):
+                    sock.close()
+                os.close(self.lock_fd)
+                code = become_driver(request, fds, server_pid=os.getppid(), server_path0=self.path0)
+            except BaseException:  # noqa: BLE001 - the child must never return into the server
+                with contextlib.suppress(Exception):
+                    sys.excepthook(*sys.exc_info())
+            end(code)
+        with contextlib.suppress(OSError):  # also here, so a signal forwarded at once finds the group
+            os.setpgid(pid, pid)
+        log(f"forked {request['module']} {' '.join(request['args'])} as {pid}")
+        return pid
 
     def reap(self) -> None:
         while True:  # also children whose stand-in never heard of them (not in self.children)
@@ -221,17 +243,17 @@ class ForkServer:
             log(f"driver {pid} exited with {code}")
             with contextlib.suppress(KeyError):  # client_gone() may have unregistered it
                 self.selector.unregister(conn)
-            try:
+            with contextlib.suppress(OSError):
                 send_line(conn, {"exit": code})
-            except OSError:
-                pass
             conn.close()
             if not self.children:
                 self.idle_since = time.monotonic()
 
     def client_gone(self, pid: int) -> None:
         """The stand-in's connection is readable: it has gone (it never sends more)."""
-        conn = self.children[pid]
+        conn = self.children.get(pid)
+        if conn is None:  # reaped in this same round
+            return
         try:
             if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
                 return
@@ -241,65 +263,24 @@ class ForkServer:
             pass
         log(f"the job of driver {pid} has gone; killing the driver")
         kill_group(pid)
-        self.selector.unregister(conn)  # reap() will find the child without a connection
+        self.selector.unregister(conn)  # reap() will find the child and close the connection
 
     def close(self) -> None:
-        for pid in list(self.children):
-            kill_group(pid)
-        try:
-            if self.path.stat().st_ino == getattr(self, "inode", None):
-                self.path.unlink()
-        except FileNotFoundError:
-            pass
+        """After serve(): unhook the wakeup fd (its socket closes with this process)."""
+        signal.set_wakeup_fd(-1)
+        if self.listener is not None:
+            self.stop_listening("closing")
+
+
+def valid(request: object) -> bool:
+    return (isinstance(request, dict) and isinstance(request.get("module"), str)
+            and isinstance(request.get("args"), list) and all(isinstance(a, str) for a in request["args"])
+            and isinstance(request.get("env"), dict) and isinstance(request.get("cwd"), str))
 
 
 def kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def exit_code(code: object) -> int:
-    """The status ``sys.exit(code)`` gives a process."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def reseed() -> None:
-    """Fresh seeds for the generators a cold interpreter seeds from the OS at import, which a
-    fork would otherwise share with every sibling (an unseeded Tune search drawing the same
-    samples in two sweeps, say). torch's default generator starts from a fixed seed anyway."""
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-
-
-def set_title(title: str) -> None:
-    """Show ``title`` as this process's command line (``ps``, ``pgrep -f``), as a cold driver's
-    would read. Ray's own setproctitle (private: it names Ray's workers); without it the
-    server's command line stays."""
-    try:
-        from ray._raylet import setproctitle
-    except ImportError:
-        return
-    setproctitle(title)
-
-
-def die_with_server() -> None:
-    """Have the kernel kill this child if the server dies (Linux; elsewhere best effort)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def preload() -> None:
@@ -316,13 +297,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.fork_server", description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--idle-s", type=float, default=900.0, help="stop after this long without a driver")
+    parser.add_argument("--ray-gone-s", type=float, default=30.0,  # a GCS restart is not a cluster gone
+                        help="stop once the Ray cluster at RAY_ADDRESS has not answered for this long")
     args = parser.parse_args(argv)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())  # not the stand-in's mask (Ray blocks SIGINT)
     lock = os.open(args.socket.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0  # another server holds this socket
-    server = ForkServer(args.socket, idle_s=args.idle_s, lock_fd=lock)
+    if captured_by_ray():
+        log("adopted by a Ray process (Ray's subreaper option?), which would kill this server and its "
+            "drivers with it; not serving: drivers start cold")
+        return 0
+    log(f"starting for {args.socket}")
+    server = ForkServer(args.socket, idle_s=args.idle_s, ray_gone_s=args.ray_gone_s, lock_fd=lock)
     preload()
     try:
         server.bind()
@@ -330,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         server.serve()
     finally:
         server.close()
+    log("stopped")
     return 0
 
 

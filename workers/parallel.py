@@ -80,8 +80,10 @@ def shard_model(model: torch.nn.Module, *, device: torch.device) -> torch.nn.Mod
     # FSDP2 shards only contiguous parameters ("FSDP does not support non-contiguous parameters
     # yet", torch 2.14): ChannelsLast's NHWC weights go back to NCHW here. Its NHWC inputs still
     # make the convolutions (and so the activations) run NHWC.
+    # Only those: another non-contiguous parameter may share storage on purpose, and FSDP's own
+    # error names it.
     for param in model.parameters():
-        if not param.is_contiguous():
+        if param.dim() == 4 and not param.is_contiguous() and param.is_contiguous(memory_format=torch.channels_last):
             param.data = param.data.contiguous()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in fsdp_blocks(model):

@@ -2,27 +2,47 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from api.views import TERMINAL_STATUSES, RunStatus
-from tests.e2e.conftest import ServiceProcess, wait_for_status
+from tests.e2e.conftest import ServiceProcess, wait_for_status, wait_until
 from tests.e2e.test_vertical_slice import long_synthetic_spec
 
 pytestmark = pytest.mark.integration
 
 
-def test_serve_with_embedded_defaults_runs_a_job_to_completion(tmp_path, monkeypatch):
+def test_serve_with_embedded_defaults_runs_a_job_to_completion_its_driver_forked_warm(tmp_path, monkeypatch,
+                                                                                      ray_head):
     for var in ("TESSERA_DATABASE_URL", "TESSERA_STORAGE_URL", "TESSERA_RAY_ADDRESS"):
         monkeypatch.delenv(var, raising=False)
-    service = ServiceProcess(home=tmp_path / "home", env={})
+    # The service's Ray processes, and so its job drivers, keep their fork server under TMPDIR:
+    # a folder of this test's own (short: the server's unix socket lives there).
+    tmp = Path(tempfile.mkdtemp(prefix="tf", dir="/tmp"))
+    service = ServiceProcess(home=tmp_path / "home", env={"TMPDIR": str(tmp)})
     (tmp_path / "home").mkdir()
     service.start(timeout=180)
     try:
+        # The head's start-up probe job started the node's warm driver interpreter.
+        servers = tmp / f"tessera-forks-{os.getuid()}"
+        wait_until(lambda: any("serving" in log.read_text() for log in servers.glob("*.log")), timeout=120,
+                   what="the warm driver interpreter to serve")
         client = service.client()
         run = client.create_run(long_synthetic_spec("embedded", batches=20))
         final = wait_for_status(client, run.id, TERMINAL_STATUSES, timeout=240)
         assert final.status is RunStatus.COMPLETED, final.error
+        text = client.logs(run.id).text
+        assert "workers.launch forked as pid" in text  # the first run is forked too
+        # With another cluster on the machine (the suite's), the driver still joined the service's own.
+        ports = [int(m) for m in re.findall(r"Connecting to existing Ray cluster at address: [\d.]+:(\d+)", text)]
+        assert ports and ray_head.port not in ports
         assert (tmp_path / "home" / "tessera.db").is_file()
         assert client.health()["database"] == "ok"
     finally:
         service.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -7,6 +7,7 @@ gloo DDP workers. ~2 minutes on a 2-core machine.
 from __future__ import annotations
 
 import copy
+import socket
 import time
 from pathlib import Path
 
@@ -94,17 +95,31 @@ def log_text(client, run_id: str) -> str:
     return client.logs(run_id).text  # the first page holds the entrypoint's first lines
 
 
+def fork_exec_line(client, run_id: str) -> str | None:
+    return next((line for line in log_text(client, run_id).splitlines() if line.startswith("workers.fork_exec:")),
+                None)
+
+
+def serves(socket_path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(str(socket_path))  # a liveness check: the server closes it
+            return True
+        except OSError:
+            return False
+
+
 def wait_for_warm_driver_interpreter(client) -> None:
-    """Once a cold driver on this service's head has started the node's fork server
+    """Once a driver on this service's head has started (or used) the node's fork server
     (workers.fork_exec logs where), wait until that server serves: the next driver is forked."""
-    cold = next((r for r in client.iter_runs() if r.status is RunStatus.COMPLETED), None)
-    if cold is None:  # this test alone: a short run first
-        cold = client.create_run(long_synthetic_spec("warms-the-node", batches=2))
-        assert wait_for_status(client, cold.id, TERMINAL_STATUSES, timeout=180).status is RunStatus.COMPLETED
-    line = next(line for line in log_text(client, cold.id).splitlines() if line.startswith("workers.fork_exec:"))
-    server_log = Path(line.split(" at ")[1].split(":")[0]).with_suffix(".log")
-    wait_until(lambda: server_log.exists() and "serving" in server_log.read_text(), timeout=120,
-               what=f"the fork server of {server_log.name} to serve")
+    lines = (fork_exec_line(client, r.id) for r in client.iter_runs() if r.status is RunStatus.COMPLETED)
+    line = next((line for line in lines if line), None)  # sweep trials have none: their driver is the sweep's
+    if line is None:  # this test alone: a short run first
+        warm = client.create_run(long_synthetic_spec("warms-the-node", batches=2))
+        assert wait_for_status(client, warm.id, TERMINAL_STATUSES, timeout=180).status is RunStatus.COMPLETED
+        line = fork_exec_line(client, warm.id)
+    socket_path = Path(line.split(" at ")[1].split(":")[0])
+    wait_until(lambda: serves(socket_path), timeout=120, what=f"the fork server at {socket_path} to serve")
 
 
 def test_cancel_of_a_running_run_stops_its_ray_job(service, ray_head):

@@ -7,9 +7,11 @@ starts in this test's own TMPDIR.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,13 +20,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from workers.fork_exec import server_env, server_key
+from workers.fork_exec import read_exit, read_line, send_line, server_env, server_key
 
 # Prints what a driver sees, then sleeps or exits as the test asks (PROBE_* variables).
 PROBE = """
-import json, os, sys, time
-print(json.dumps({"pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "warm": "torch" in sys.modules,
-                  "secret": os.environ.get("TESSERA_RUN_TOKEN"), "path0": sys.path[0],
+import json, os, signal, sys, time
+if os.environ.get("TESSERA_PROBE_TRAP"):  # a graceful stop: say so, exit 42
+    signal.signal(signal.SIGTERM, lambda *_: (print("trapped", flush=True), os._exit(42)))
+stdio = {os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}
+fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+print(json.dumps({"stdio_dups": [fd for fd in fds if fd > 2 and os.path.exists(f"/proc/self/fd/{fd}")
+                                 and os.readlink(f"/proc/self/fd/{fd}") in stdio],"pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "warm": "torch" in sys.modules,
+                  "secret": os.environ.get("TESSERA_RUN_TOKEN"), "path": sys.path,
                   "draw": sys.modules["numpy"].random.random() if "numpy" in sys.modules else None}), flush=True)
 if os.environ.get("TESSERA_PROBE_RAISE"):
     raise RuntimeError("the probe failed on purpose")
@@ -40,12 +47,16 @@ def make_node(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "RAY_ADDRESS"))}
     env.update({"TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
     yield tmp_path, env
-    servers = tmp_path / f"tessera-forks-{os.getuid()}"
-    for sock in servers.glob("*.sock"):
-        sock.unlink()  # a server stops once its socket is gone (checked every 2 s)
-    for log in servers.glob("*.log"):
-        for pid in {int(line.split("[")[1].split("]")[0]) for line in log.read_text().splitlines() if "fork_server[" in line}:
-            wait_gone(pid, timeout_s=15)
+    for pid in server_pids(tmp_path):  # each logs its pid before it preloads
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        wait_gone(pid, timeout_s=30)
+
+
+def server_pids(tmp_path: Path) -> set[int]:
+    logs = (tmp_path / f"tessera-forks-{os.getuid()}").glob("*.log")
+    return {int(line.split("fork_server[")[1].split("]")[0]) for log in logs
+            for line in log.read_text().splitlines() if "fork_server[" in line}
 
 
 @pytest.fixture
@@ -108,8 +119,9 @@ def test_the_first_driver_runs_cold_and_the_next_is_forked_warm_with_its_own_arg
     code, second, _ = run_driver(cwd, env, "b", "c", TESSERA_PROBE_EXIT="4", TESSERA_RUN_TOKEN="tok-2")
     assert code == 4 and second["warm"] is True
     assert second["argv"][1:] == ["b", "c"] and second["argv"][0].endswith("probe_driver.py")
-    assert second["cwd"] == str(cwd) and second["path0"] == str(cwd)
+    assert second["cwd"] == str(cwd) and str(cwd) in second["path"]  # where `python -m` puts it
     assert second["secret"] == "tok-2"  # a per-job variable reaches the child...
+    assert second["stdio_dups"] == [] and first["stdio_dups"] == []  # no stray copy of the job's stdio
     server_pid = int(serving_log(cwd, env).read_text().split("fork_server[")[1].split("]")[0])
     environ = Path(f"/proc/{server_pid}/environ").read_bytes()
     assert b"tok-2" not in environ and b"TESSERA_PROBE_EXIT" not in environ  # ...never the server
@@ -130,11 +142,12 @@ def test_an_uncaught_exception_in_a_forked_driver_exits_1_with_its_traceback(war
 
 def test_a_stop_signal_to_the_stand_in_reaches_the_forked_driver(warm_node):
     cwd, env = warm_node
-    proc = start_driver(cwd, env, TESSERA_PROBE_SLEEP="60")
+    proc = start_driver(cwd, env, TESSERA_PROBE_SLEEP="60", TESSERA_PROBE_TRAP="1")
     driver = json.loads(proc.stdout.readline())
     assert driver["warm"] is True and driver["pid"] != proc.pid
     proc.send_signal(signal.SIGTERM)  # what Ray's job stop does
-    assert proc.wait(timeout=30) == -signal.SIGTERM  # the stand-in exits as the driver did
+    assert proc.wait(timeout=30) == 42  # the driver stopped gracefully, and the stand-in exits as it did
+    assert proc.stdout.read().strip() == "trapped"
     wait_gone(driver["pid"], timeout_s=10)
 
 
@@ -167,13 +180,14 @@ def test_forks_turned_off_run_every_driver_cold_and_start_no_server(node):
 
 def test_a_server_stops_once_its_ray_cluster_stops_answering(node):
     cwd, env = node
-    gone = {**env, "RAY_ADDRESS": "127.0.0.1:9"}  # nothing listens on the discard port
+    gone = {**env, "RAY_ADDRESS": "127.0.0.1:9",  # nothing listens on the discard port
+            "TESSERA_FORK_SERVER_RAY_GONE_S": "3"}
     run_driver(cwd, gone)
     wait_until_serving(cwd, gone)
     log = serving_log(cwd, gone)
     server_pid = int(log.read_text().split("fork_server[")[1].split("]")[0])
     wait_gone(server_pid, timeout_s=30)
-    assert "stopped answering; stopping" in log.read_text()
+    assert "Ray at 127.0.0.1:9 stopped answering; taking no more requests" in log.read_text()
 
 
 def test_the_server_environment_leaves_out_per_job_variables_and_secrets():
@@ -183,3 +197,28 @@ def test_the_server_environment_leaves_out_per_job_variables_and_secrets():
     again = {**env, "TESSERA_RUN_TOKEN": "other", "RAY_JOB_CONFIG_JSON_ENV_VAR": '{"a": 1}'}
     assert server_key(again, "/usr/bin/python3") == server_key(env, "/usr/bin/python3")
     assert server_key(env, "/usr/bin/python3") != server_key(env, "/opt/venv/bin/python")
+
+
+def test_a_server_told_to_stop_lets_its_running_driver_end_and_report_its_status(node):
+    cwd, env = node
+    run_driver(cwd, env)
+    wait_until_serving(cwd, env)
+    proc = start_driver(cwd, env, TESSERA_PROBE_SLEEP="3", TESSERA_PROBE_EXIT="5")
+    assert json.loads(proc.stdout.readline())["warm"] is True
+    (server_pid,) = server_pids(cwd)
+    os.kill(server_pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == 5
+    wait_gone(server_pid, timeout_s=15)
+    log = serving_log(cwd, env).read_text()
+    assert "SIGTERM; taking no more requests, 1 running driver(s) end first" in log and log.rstrip().endswith("stopped")
+
+
+def test_an_exit_status_sent_with_the_pid_is_not_lost():
+    """A driver that ends at once: the server's pid and exit lines arrive in one read."""
+    server, stand_in = socket.socketpair()
+    with server, stand_in:
+        server.sendall(b'{"pid": 7}\n{"exit": 4}\n')
+        reply, rest = read_line(stand_in)
+        assert reply == {"pid": 7} and read_exit(stand_in, rest, 7) == 4
+        send_line(server, {"exit": 3})
+        assert read_exit(stand_in, b"", 7) == 3
