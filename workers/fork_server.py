@@ -90,7 +90,7 @@ class ForkServer:
     def __init__(self, path: Path, *, idle_s: float, ray_gone_s: float, lock_fd: int):
         self.path = path
         self.ray_gone_s = ray_gone_s
-        self.lock_fd = lock_fd  # held for the server's life; never by a child
+        self.lock_fd = lock_fd  # held while it takes requests; never by a child
         self.idle_s = idle_s
         self.path0 = sys.path[0]  # `python -m` put the starting job's cwd here: a child puts its own
         self.children: dict[int, socket.socket] = {}  # pid -> its request's connection
@@ -171,6 +171,8 @@ class ForkServer:
         with contextlib.suppress(FileNotFoundError):
             if self.inode and self.path.stat().st_ino == self.inode:
                 self.path.unlink()
+        os.close(self.lock_fd)  # a new server may take this socket while our drivers run on
+        self.lock_fd = -1
 
     def accept(self) -> None:
         try:

@@ -101,6 +101,13 @@ def serving_log(cwd: Path, env: dict[str, str]) -> Path:
     return cwd / f"tessera-forks-{os.getuid()}" / f"{server_key(env, sys.executable)}.log"
 
 
+def wait_until(condition, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def wait_until_serving(cwd: Path, env: dict[str, str], timeout_s: float = 60) -> None:
     log = serving_log(cwd, env)
     deadline = time.monotonic() + timeout_s
@@ -207,10 +214,14 @@ def test_a_server_told_to_stop_lets_its_running_driver_end_and_report_its_status
     assert json.loads(proc.stdout.readline())["warm"] is True
     (server_pid,) = server_pids(cwd)
     os.kill(server_pid, signal.SIGTERM)
-    assert proc.wait(timeout=30) == 5
+    log = serving_log(cwd, env)
+    wait_until(lambda: "SIGTERM; taking no more requests, 1 running driver(s) end first" in log.read_text())
+    code, out, _ = run_driver(cwd, env)  # meanwhile: cold, and it starts the next server
+    assert code == 0 and out["warm"] is False
+    assert proc.wait(timeout=30) == 5  # the old server's driver ended as it would have
     wait_gone(server_pid, timeout_s=15)
-    log = serving_log(cwd, env).read_text()
-    assert "SIGTERM; taking no more requests, 1 running driver(s) end first" in log and log.rstrip().endswith("stopped")
+    assert f"fork_server[{server_pid}]: stopped" in log.read_text()
+    wait_until(lambda: log.read_text().count("serving") == 2)  # the new one took the socket
 
 
 def test_an_exit_status_sent_with_the_pid_is_not_lost():
