@@ -10,13 +10,16 @@ as death by SIGINT. ``become_driver`` gives the child all of that.
 
 What stays the server's: modules already imported (third-party ones, and the ``workers``
 package with these fork modules), the hash seed, resource limits, nice value and cgroup,
-``sys.orig_argv``.
+``sys.orig_argv``. And the child ends with ``os._exit`` after ``atexit``, not the interpreter's
+finalisation: a file the driver leaves open unflushed loses what is buffered (Tessera's drivers
+close theirs).
 """
 
 from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import importlib.util
 import os
 import random
@@ -47,7 +50,8 @@ def become_driver(request: dict[str, Any], fds: list[int], *, server_pid: int, s
         sys.path[sys.path.index(server_path0)] = request["cwd"]
     reseed()
     set_title(" ".join([sys.executable, "-m", request["module"], *request["args"]]))
-    signal.pthread_sigmask(signal.SIG_SETMASK, {signal.Signals(n) for n in request.get("blocked", [])})
+    # The stop signals were blocked since the fork: one forwarded meanwhile arrives now.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set(request.get("blocked", [])))
     return run_as_main(request["module"], request["args"])
 
 
@@ -59,9 +63,10 @@ def run_as_main(module: str, args: list[str]) -> int:
         if spec is not None and spec.submodule_search_locations is not None:  # a package: its __main__
             spec = importlib.util.find_spec(f"{module}.__main__")
         if spec is None or spec.loader is None:
-            raise ImportError(f"No module named {module}")
+            print(f"{sys.executable}: No module named {module}", file=sys.stderr)  # as `python -m` says it
+            return 1
         main = types.ModuleType("__main__")
-        main.__dict__.update(__file__=spec.origin, __spec__=spec, __loader__=spec.loader,
+        main.__dict__.update(__file__=spec.origin, __cached__=spec.cached, __spec__=spec, __loader__=spec.loader,
                              __package__=spec.parent, __builtins__=builtins)
         sys.modules["__main__"] = main
         sys.argv = [spec.origin or module, *args]
@@ -75,8 +80,11 @@ def run_as_main(module: str, args: list[str]) -> int:
         sys.excepthook(*sys.exc_info())
         code = 1
     shutdown = getattr(threading, "_shutdown", None)  # joins non-daemon threads, as Py_Finalize does
-    if shutdown is not None:
-        shutdown()
+    try:
+        if shutdown is not None:
+            shutdown()
+    except KeyboardInterrupt:
+        code = -signal.SIGINT
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -99,7 +107,8 @@ def exit_code(code: object) -> int:
 def end(code: int) -> None:
     """Exit with ``code``, or die of signal ``-code``."""
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
+            signal.signal(-code, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
         os.kill(os.getpid(), -code)
         code = 128 - code

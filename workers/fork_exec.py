@@ -27,6 +27,7 @@ Stdlib only: this module runs before anything heavy is imported.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -137,6 +138,7 @@ def start_server(path: Path) -> None:
         os.dup2(null, 0)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # nothing of this job stays in the server
         options = [arg for name, flag in ((IDLE_ENV, "--idle-s"), (RAY_GONE_ENV, "--ray-gone-s"))
                    if os.environ.get(name) for arg in (flag, os.environ[name])]
         os.execve(sys.executable, [sys.executable, "-m", "workers.fork_server", "--socket", str(path), *options], env)
@@ -148,7 +150,8 @@ def exit_like(status: int) -> None:
     """Exit as a process that ended with ``status`` (negative: killed by that signal)."""
     if status < 0:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the driver dumped its core, if any; not us
-        signal.signal(-status, signal.SIG_DFL)
+        with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP cannot be caught: nothing to reset
+            signal.signal(-status, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {-status})
         os.kill(os.getpid(), -status)
     os._exit(status if 0 <= status < 256 else 1)
@@ -201,10 +204,11 @@ def main(argv: list[str]) -> None:
     folder = server_dir()
     path = folder / f"{server_key(dict(os.environ), sys.executable)}.sock"
     enabled = (os.environ.get(ENABLE_ENV, "1") != "0" and sys.platform.startswith("linux")  # SO_PEERCRED
-               and len(str(path)) < MAX_SOCKET_PATH and private_dir(folder))
+               and len(os.fsencode(path)) < MAX_SOCKET_PATH and private_dir(folder))
     if module == "--warm":
         if enabled:
             warm(path)
+        signal.pthread_sigmask(signal.SIG_SETMASK, inherited)
         return
     if enabled:
         child = forked_child(path, module, args, inherited)

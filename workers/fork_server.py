@@ -92,7 +92,9 @@ class ForkServer:
         self.ray_gone_s = ray_gone_s
         self.lock_fd = lock_fd  # held while it takes requests; never by a child
         self.idle_s = idle_s
-        self.path0 = sys.path[0]  # `python -m` put the starting job's cwd here: a child puts its own
+        # `python -m` put the starting job's cwd first; a child puts its own there. Read before
+        # preload(): `import ray` inserts its thirdparty_files at sys.path[0].
+        self.path0 = sys.path[0]
         self.children: dict[int, socket.socket] = {}  # pid -> its request's connection
         self.selector = selectors.DefaultSelector()
         self.wakeup_r, self.wakeup_w = socket.socketpair()
@@ -134,7 +136,10 @@ class ForkServer:
                     log(f"{key.data!r}: {exc!r}")
             self.reap()
             if self.listener is not None:
-                reason = self.stop_reason or self.check()
+                try:
+                    reason = self.stop_reason or self.check()
+                except Exception as exc:  # noqa: BLE001 - stop taking requests; running drivers go on
+                    reason = f"checking failed: {exc!r}"
                 if reason:
                     self.stop_listening(reason)
             if self.listener is None and not self.children:
@@ -168,7 +173,7 @@ class ForkServer:
             self.selector.unregister(self.listener)
         self.listener.close()
         self.listener = None
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             if self.inode and self.path.stat().st_ino == self.inode:
                 self.path.unlink()
         os.close(self.lock_fd)  # a new server may take this socket while our drivers run on
@@ -209,10 +214,13 @@ class ForkServer:
             conn.close()
 
     def fork_child(self, conn: socket.socket, fds: list[int], request: dict) -> int:
+        server_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                # Stop signals wait until the child has taken the job's state (become_driver).
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
                 signal.set_wakeup_fd(-1)
                 for signum in (signal.SIGCHLD, signal.SIGTERM):
                     signal.signal(signum, signal.SIG_DFL)
@@ -220,7 +228,7 @@ class ForkServer:
                 for sock in (self.listener, self.wakeup_r, self.wakeup_w, conn, *self.children.values()):
                     sock.close()
                 os.close(self.lock_fd)
-                code = become_driver(request, fds, server_pid=os.getppid(), server_path0=self.path0)
+                code = become_driver(request, fds, server_pid=server_pid, server_path0=self.path0)
             except BaseException:  # noqa: BLE001 - the child must never return into the server
                 with contextlib.suppress(Exception):
                     sys.excepthook(*sys.exc_info())

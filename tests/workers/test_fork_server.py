@@ -33,6 +33,8 @@ print(json.dumps({"stdio_dups": [fd for fd in fds if fd > 2 and os.path.exists(f
                                  and os.readlink(f"/proc/self/fd/{fd}") in stdio],"pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "warm": "torch" in sys.modules,
                   "secret": os.environ.get("TESSERA_RUN_TOKEN"), "path": sys.path,
                   "draw": sys.modules["numpy"].random.random() if "numpy" in sys.modules else None}), flush=True)
+if os.environ.get("TESSERA_PROBE_KILL9"):
+    os.kill(os.getpid(), signal.SIGKILL)
 if os.environ.get("TESSERA_PROBE_RAISE"):
     raise RuntimeError("the probe failed on purpose")
 time.sleep(float(os.environ.get("TESSERA_PROBE_SLEEP", "0")))
@@ -138,6 +140,14 @@ def test_forked_drivers_do_not_share_the_random_state_a_cold_start_seeds_from_th
     cwd, env = warm_node
     draws = [run_driver(cwd, env)[1] for _ in range(2)]
     assert all(d["warm"] for d in draws) and draws[0]["draw"] != draws[1]["draw"]
+
+
+def test_a_forked_driver_killed_by_sigkill_ends_its_stand_in_the_same_way(warm_node):
+    cwd, env = warm_node
+    proc = start_driver(cwd, env, TESSERA_PROBE_KILL9="1")
+    out, err = proc.communicate(timeout=60)
+    assert json.loads(out.splitlines()[0])["warm"] is True
+    assert proc.returncode == -signal.SIGKILL and "Traceback" not in err
 
 
 def test_an_uncaught_exception_in_a_forked_driver_exits_1_with_its_traceback(warm_node):
