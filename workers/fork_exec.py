@@ -96,7 +96,8 @@ def read_line(sock: socket.socket, first: bytes = b"") -> tuple[dict | None, byt
     return json.loads(line), rest
 
 
-def forked_child(path: Path, module: str, args: list[str], blocked: set[int]) -> tuple[socket.socket, int, bytes] | None:
+def forked_child(path: Path, module: str, args: list[str],
+                 blocked: set[int]) -> tuple[socket.socket, int, bytes] | None:
     """Ask the server at ``path`` to fork ``module``: its connection, the child's pid and what
     the server sent after the pid; None where no server answers or it declines (the caller then
     runs the module itself). ``blocked``: the signal mask the child takes, as an exec would."""

@@ -22,7 +22,8 @@ import pytest
 from tests.conftest import REPO_ROOT
 from workers.fork_exec import read_exit, read_line, send_line, server_env, server_key
 
-# Prints what a driver sees, then sleeps or exits as the test asks (PROBE_* variables).
+# Prints what a driver sees, then traps, kills itself, raises, sleeps or exits as the test asks
+# (TESSERA_PROBE_* variables: per-job, so they never change which server forks it).
 PROBE = """
 import json, os, signal, sys, time
 if os.environ.get("TESSERA_PROBE_TRAP"):  # a graceful stop: say so, exit 42
@@ -30,7 +31,8 @@ if os.environ.get("TESSERA_PROBE_TRAP"):  # a graceful stop: say so, exit 42
 stdio = {os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}
 fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
 print(json.dumps({"stdio_dups": [fd for fd in fds if fd > 2 and os.path.exists(f"/proc/self/fd/{fd}")
-                                 and os.readlink(f"/proc/self/fd/{fd}") in stdio],"pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "warm": "torch" in sys.modules,
+                                 and os.readlink(f"/proc/self/fd/{fd}") in stdio],
+                  "pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "warm": "torch" in sys.modules,
                   "secret": os.environ.get("TESSERA_RUN_TOKEN"), "path": sys.path,
                   "draw": sys.modules["numpy"].random.random() if "numpy" in sys.modules else None}), flush=True)
 if os.environ.get("TESSERA_PROBE_KILL9"):
