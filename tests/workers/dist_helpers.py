@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,11 +50,22 @@ def run_on_ranks(spec: RunSpec, *, world_size: int, checkpoint_url: str, work_di
     return json.loads(result_path.read_text())
 
 
+def _run_then_exit(target: Callable[..., None], *args: Any) -> None:
+    """Run one rank; once it has returned, leave without the interpreter's teardown, where gloo's
+    threads can still abort the process after a clean run (SIGABRT, "terminate called without an
+    active exception": seen once in a fresh-clone suite, rank 1 of the FSDP OOM test, after
+    rank 0 had exited 0). A rank that raises exits 1 as before."""
+    target(*args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def spawn_ranks(target: Callable[..., None], args_per_rank: list[tuple], *, timeout_s: float) -> None:
     """Run ``target(*args)`` for each rank's args in spawned processes; assert every rank exits 0
     within ``timeout_s`` (a rank still alive then is killed: collectives out of step hang)."""
     context = multiprocessing.get_context("spawn")
-    procs = [context.Process(target=target, args=args) for args in args_per_rank]
+    procs = [context.Process(target=_run_then_exit, args=(target, *args)) for args in args_per_rank]
     for proc in procs:
         proc.start()
     try:
