@@ -87,10 +87,8 @@ def run_as_main(module: str, args: list[str]) -> int:
         code = -signal.SIGINT
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing left to flush
             stream.flush()
-        except (OSError, ValueError):
-            pass
     return code
 
 
@@ -138,11 +136,9 @@ def set_title(title: str) -> None:
 
 def die_with(server_pid: int) -> None:
     """Have the kernel kill this child when the server dies (Linux), and die now if it already has."""
-    try:
-        import ctypes
+    import ctypes
 
+    with contextlib.suppress(OSError, AttributeError):  # no prctl (not Linux): the server kills its children
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
     if os.getppid() != server_pid:  # it died between our fork and the prctl
         os._exit(1)

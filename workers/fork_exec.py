@@ -171,10 +171,8 @@ def wait_for(sock: socket.socket, pid: int, rest: bytes) -> int:
     """Forward stop signals to the child's process group until the server reports its exit.
     The signals were blocked since main() began: one sent before now is forwarded here."""
     def forward(signum, _frame):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the driver has already ended
             os.killpg(pid, signum)
-        except ProcessLookupError:
-            pass
 
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
@@ -185,11 +183,9 @@ def wait_for(sock: socket.socket, pid: int, rest: bytes) -> int:
 def warm(path: Path) -> None:
     """Start a server at ``path`` unless one answers there (``--warm``: a head's start-up probe)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
+        with contextlib.suppress(OSError):  # refused or absent: no server yet
             sock.connect(str(path))
             return
-        except OSError:
-            pass
     print(f"workers.fork_exec: starting a warm interpreter at {path}", file=sys.stderr, flush=True)
     start_server(path)
 

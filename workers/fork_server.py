@@ -266,11 +266,11 @@ class ForkServer:
             return
         try:
             if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
-                return
+                return  # it never sends more than its request; leave it be
         except BlockingIOError:
             return
-        except OSError:
-            pass
+        except OSError as exc:  # reset by the peer: gone as surely as at EOF
+            log(f"the connection of driver {pid} broke: {exc!r}")
         log(f"the job of driver {pid} has gone; killing the driver")
         kill_group(pid)
         self.selector.unregister(conn)  # reap() will find the child and close the connection

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.e2e.conftest import wait_until
 from workers.fork_exec import read_exit, read_line, send_line, server_env, server_key
 
 # Prints what a driver sees, then traps, kills itself, raises, sleeps or exits as the test asks
@@ -105,21 +106,10 @@ def serving_log(cwd: Path, env: dict[str, str]) -> Path:
     return cwd / f"tessera-forks-{os.getuid()}" / f"{server_key(env, sys.executable)}.log"
 
 
-def wait_until(condition, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def wait_until_serving(cwd: Path, env: dict[str, str], timeout_s: float = 60) -> None:
     log = serving_log(cwd, env)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.exists() and "serving" in log.read_text():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no fork server came up: {log.read_text() if log.exists() else 'no log'}")
+    wait_until(lambda: log.exists() and "serving" in log.read_text(), timeout=timeout_s, interval=0.05,
+               what=f"a fork server to serve at {log.with_suffix('.sock')}")
 
 
 def test_the_first_driver_runs_cold_and_the_next_is_forked_warm_with_its_own_arguments_and_exit_code(node):
@@ -227,13 +217,15 @@ def test_a_server_told_to_stop_lets_its_running_driver_end_and_report_its_status
     (server_pid,) = server_pids(cwd)
     os.kill(server_pid, signal.SIGTERM)
     log = serving_log(cwd, env)
-    wait_until(lambda: "SIGTERM; taking no more requests, 1 running driver(s) end first" in log.read_text())
+    wait_until(lambda: "SIGTERM; taking no more requests, 1 running driver(s) end first" in log.read_text(),
+               timeout=60, what="the server to stop taking requests")
     code, out, _ = run_driver(cwd, env)  # meanwhile: cold, and it starts the next server
     assert code == 0 and out["warm"] is False
     assert proc.wait(timeout=30) == 5  # the old server's driver ended as it would have
     wait_gone(server_pid, timeout_s=15)
     assert f"fork_server[{server_pid}]: stopped" in log.read_text()
-    wait_until(lambda: log.read_text().count("serving") == 2)  # the new one took the socket
+    wait_until(lambda: log.read_text().count("serving") == 2, timeout=60,
+               what="a new server to take the socket")
 
 
 def test_an_exit_status_sent_with_the_pid_is_not_lost():
