@@ -364,6 +364,13 @@ class Trainer:
 
     # --- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
+    def close(self) -> None:
+        """Wait for a checkpoint write in flight and free what this trainer holds in the process
+        group (``Checkpointer.close``). Only after a clean end or one that every rank took at the
+        same point: a rank that raised alone may have peers inside a collective."""
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+
     def evaluate(self) -> dict[str, float]:
         """``eval/loss``, ``eval/accuracy`` (and ``eval/perplexity`` for text) over the whole eval
         split, summed across ranks."""

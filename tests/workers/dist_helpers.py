@@ -27,10 +27,13 @@ def _rank_main(rank: int, world_size: int, init_file: str, spec_json: str, check
         with process_settings(spec):
             trainer = Trainer(spec, sink=sink, checkpoint_url=checkpoint_url)
             metrics = trainer.fit()
+            groups = _process_groups()
+            trainer.close()  # frees the checkpointer's gloo group (what a reused rank relies on)
         if rank == 0:
             Path(result_path).write_text(json.dumps({
                 "metrics": metrics, "checkpoints": sink.checkpoints, "resumed_from": trainer.resumed_from,
-                "loss_steps": [step for step, _ in sink.values("train/loss")]}))
+                "loss_steps": [step for step, _ in sink.values("train/loss")],
+                "groups_freed_by_close": groups - _process_groups()}))
         # Tear down together: a rank that destroys the group while its peer still uses it can
         # abort that peer's process at exit (gloo: "terminate called without an active exception").
         dist.barrier()
@@ -38,10 +41,18 @@ def _rank_main(rank: int, world_size: int, init_file: str, spec_json: str, check
         dist.destroy_process_group()
 
 
+def _process_groups() -> int:
+    """How many process groups this process holds (torch's private registry: no public count)."""
+    from torch.distributed import distributed_c10d
+
+    return len(distributed_c10d._world.pg_map)
+
+
 def run_on_ranks(spec: RunSpec, *, world_size: int, checkpoint_url: str, work_dir: Path,
                  timeout_s: float = 240) -> dict[str, Any]:
     """Train ``spec`` on ``world_size`` spawned ranks; returns rank 0's metrics, checkpoint
-    reports, the checkpoint it resumed from and the steps it reported losses for."""
+    reports, the checkpoint it resumed from, the steps it reported losses for and how many
+    process groups ``Trainer.close`` freed."""
     work_dir.mkdir(parents=True, exist_ok=True)
     tag = os.urandom(4).hex()
     init_file, result_path = work_dir / f"pg-{tag}", work_dir / f"result-{tag}.json"

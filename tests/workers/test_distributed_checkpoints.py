@@ -38,6 +38,7 @@ def test_resume_on_the_same_world_size_is_exact_and_on_another_one_finishes(stra
     first = run_on_ranks(spec, world_size=2, checkpoint_url=whole, work_dir=tmp_path)
     assert [(c["step"], c["committed"], c["world_size"]) for c in first["checkpoints"]] == \
         [(2, True, 2), (4, True, 2), (6, True, 2), (8, True, 2)]
+    assert first["groups_freed_by_close"] == 1  # the checkpointer's own gloo group
 
     # 2 → 2 from batch 4: bitwise equal to the uninterrupted run.
     cut = copy_checkpoint(tmp_path, "ep0-ba4", "whole", "cut")

@@ -273,6 +273,15 @@ class Checkpointer:
             self._thread.join()
             self._thread = None
 
+    def close(self) -> None:
+        """Wait for the in-flight write, then free this checkpointer's process group: a process
+        that trains one run after another on the same process group (a sweep trial's ranks,
+        ``workers.tune.actor_ranks``) would otherwise keep one gloo group per run."""
+        self.wait()
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
+
     def _write(self, name: str, state: dict[str, Any], trainer_state: dict[str, Any], rank_state: dict[str, Any],
                epoch: int, step: int, group: Any) -> None:
         url = join(self.root_url, name)
