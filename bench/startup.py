@@ -312,10 +312,11 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="bench-startup-svc-")
     head = RayHead(num_cpus=4, timeout_s=180)
     key = "tsk_" + secrets.token_urlsafe(32)
-    servers = {"service": start_service(head, work, "service", key),
-               "service_cold": start_service(head, work, "service_cold", key, TESSERA_DRIVER_FORKS="0")}
+    servers: dict[str, tuple[subprocess.Popen, str, str]] = {}
     rows: dict[str, list[dict[str, float]]] = {"service": [], "service_cold": [], "ray_torchtrainer": []}
-    try:
+    try:  # filled in here, so that a service that fails to start does not leave the other one running
+        servers["service"] = start_service(head, work, "service", key)
+        servers["service_cold"] = start_service(head, work, "service_cold", key, TESSERA_DRIVER_FORKS="0")
         ways: dict[str, Callable[[], dict[str, float]]] = {}
         for name, (server, url, phases_path) in servers.items():
             wait_until_up(url, server)
