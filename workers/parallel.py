@@ -7,7 +7,8 @@ on CPU with BatchNorm models ("expected scalar type BFloat16 but found Float", t
 gloo), while FSDP2 with autocast bf16/fp16 (fp16 with a CPU ``GradScaler``) works everywhere.
 
 The process group is created by whoever starts the workers -- Ray Train's ``TorchConfig``
-(gloo on CPU, nccl on GPU, chosen in ``workers.ray_train`` from ``use_gpu``) -- never here.
+(gloo on CPU, nccl on GPU, chosen in ``workers.ray_train`` from ``use_gpu``), or a sweep's trial
+actor for its peer ranks (gloo, ``workers.tune.actor_ranks``) -- never here.
 Without a process group everything runs as a single rank.
 """
 

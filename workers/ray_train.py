@@ -4,8 +4,8 @@
 they rebuild everything from the spec (sent as JSON, ``worker_config``) and train one rank
 each (``train_rank``), and rank 0 reports to the service (or prints, without one) and returns
 its final metrics. Ray's ``TorchConfig`` creates the process group: gloo on CPU, nccl on GPU.
-A one-worker sweep trial calls ``train_rank`` in its Tune actor, without Ray Train
-(``workers.tune.trial``).
+A sweep trial of one worker, or of CPU DDP/FSDP ranks, calls ``train_rank`` in its Tune actor
+(and peer actors), without Ray Train (``workers.tune.actor_ranks``).
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
                on_eval: Callable[[dict[str, float]], None] | None, entered: float) -> dict[str, float] | None:
     """One rank of a run (``config`` from ``worker_config``): build from the spec, report
     RUNNING (rank 0), train; rank 0 returns the final metrics. ``device_for(use_gpu)``: this
-    rank's device. A Ray Train worker calls it, and so does a sweep trial that trains in its own
-    Tune actor (``workers.tune.trial``)."""
+    rank's device. A Ray Train worker calls it, and so do the ranks of a sweep trial that trains
+    in its own Tune actor (``workers.tune.actor_ranks``)."""
     from api.views import RunStatus
     from workers.fault_injection import install_fault_injection
     from workers.loggers import with_loggers
@@ -145,6 +145,7 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     spec = RunSpec.model_validate_json(config["spec"])
     device = device_for(spec.parallelism.use_gpu)
     os.environ.update(config.get("test_env") or {})
+    _record_rank_process(config.get("run_id"), rank)
     run = config.get("run_url")
     sink = with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id")) if rank == 0 else NullSink()
     try:
@@ -168,7 +169,14 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
             sink.status(RunStatus.RUNNING, message=message, step=latest.step if latest is not None else 0)
             built = time.time()
             first_step = FirstStepClock(trainer.engine) if rank == 0 else None
-            metrics = trainer.fit()
+            try:
+                metrics = trainer.fit()
+            except Exception:
+                raise  # this rank alone, maybe: whoever started the ranks tears their group down
+            except BaseException:
+                trainer.close()  # Tune stopped the trial at an evaluation, every rank with it
+                raise
+            trainer.close()
     finally:
         sink.close()
     if rank == 0:
@@ -208,6 +216,15 @@ def _record_startup(phases: dict[str, float]) -> None:
     if path:
         with open(path, "w") as file:
             json.dump(phases, file)
+
+
+def _record_rank_process(run_id: str | None, rank: int) -> None:
+    """Which process trains each rank, as an empty file ``{run_id}.rank{rank}.pid{pid}`` in the
+    folder ``TESSERA_TEST_RANKS_DIR`` names, when set (tests that check which processes a sweep's
+    trials reuse, ``workers.tune.actor_ranks``)."""
+    folder = os.environ.get("TESSERA_TEST_RANKS_DIR")
+    if folder:
+        open(os.path.join(folder, f"{run_id}.rank{rank}.pid{os.getpid()}"), "w").close()
 
 
 def _report_to_tune(results: dict[str, float]) -> None:

@@ -119,17 +119,33 @@ def test_one_worker_trials_train_in_their_trial_actor_with_the_workers_resources
     assert max_concurrent_trials(sweep(max_concurrent_trials=8), {"CPU": 4}, in_actor=False) == 3
 
 
+def test_cpu_ddp_and_fsdp_trials_train_in_their_actor_with_a_bundle_per_rank():
+    for strategy in ("ddp", "fsdp"):
+        spec = sweep(base={**BASE, "parallelism": {"strategy": strategy, "num_workers": 4, "cpus_per_worker": 2}})
+        assert trains_in_trial_actor(spec)
+        resources = trial_resources(spec, in_actor=True)
+        # Bundle 0 is the trial actor's (rank 0), the others its peers'.
+        assert resources.bundles == [{"CPU": 2}] * 4 and resources.required_resources == {"CPU": 8}
+    # A process group of one: the actor alone.
+    one = sweep(base={**BASE, "parallelism": {"strategy": "ddp", "num_workers": 1}})
+    assert trains_in_trial_actor(one) and trial_resources(one, in_actor=True) == {"CPU": 1}
+    # Tune accounts for every rank's bundle: 8 CPUs hold two 2 x 2-CPU trials.
+    spec = sweep(base={**BASE, "parallelism": {"strategy": "ddp", "num_workers": 2, "cpus_per_worker": 2}},
+                 max_concurrent_trials=8)
+    assert max_concurrent_trials(spec, {"CPU": 8}, in_actor=True) == 2
+
+
 @pytest.mark.parametrize("parallelism, searched", [
-    ({"strategy": "ddp", "num_workers": 2}, {}),
-    ({"strategy": "ddp", "num_workers": 1}, {}),  # a process group even for one worker
+    ({"strategy": "ddp", "num_workers": 2, "use_gpu": True}, {}),  # NCCL: see workers.tune.actor_ranks
+    ({"strategy": "ddp", "num_workers": 1}, {"parallelism.num_workers": {"grid": [1, 2]}}),
     ({"strategy": "none"}, {"parallelism.cpus_per_worker": {"grid": [1, 2]}}),  # trials would differ in resources
 ])
-def test_trials_with_a_process_group_or_searched_resources_start_a_worker_group(parallelism, searched):
+def test_gpu_process_groups_or_searched_resources_start_a_worker_group(parallelism, searched):
     spec = sweep(base={**BASE, "parallelism": parallelism}, search={"params": searched})
     assert not trains_in_trial_actor(spec)
     assert trial_resources(spec, in_actor=False) == {"CPU": TRIAL_ACTOR_CPUS}
-    # Forcing such trials into their actor would train one rank of several: refused, before Ray.
-    with pytest.raises(ValueError, match="in_actor=True needs one-worker trials"):
+    # Forcing such trials into their actor would train ranks of several shapes: refused, before Ray.
+    with pytest.raises(ValueError, match="in_actor=True needs trials of one shape"):
         run_sweep(spec, in_actor=True)
 
 

@@ -1,6 +1,7 @@
 """Real Ray Tune sweeps without a service, over the session's Ray head: one-worker trials train
 in one reused trial actor, ASHA stops a weak trial, the outcome names statuses, the best trial
-and the Pareto front; a trial whose actor is killed is retried and resumes from its checkpoint.
+and the Pareto front; a trial whose actor is killed is retried and resumes from its checkpoint;
+DDP trials train in the reused actor and its kept peer, which a dead peer replaces.
 
 Each sweep costs ~10-20 s (a trial actor training a small CNN on digits)."""
 
@@ -86,7 +87,8 @@ def live_training_actors(ray_head) -> list[str]:
     from ray.util.state import list_actors
 
     alive = list_actors(address=ray_head.dashboard_url, filters=[("state", "=", "ALIVE")], limit=1000)
-    return [a.actor_id for a in alive if a.class_name in ("TrainController", "RayTrainWorker", "ImplicitFunc")]
+    return [a.actor_id for a in alive
+            if a.class_name in ("TrainController", "RayTrainWorker", "ImplicitFunc", "_PeerRank")]
 
 
 def newest_write(folder) -> float:
@@ -115,3 +117,74 @@ def wait_until(condition, *, timeout: float, what: str):
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
         time.sleep(1)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_trials_train_on_one_kept_process_group_across_a_stop(strategy, ray_client, ray_head, tmp_path,
+                                                                           monkeypatch):
+    # CPU DDP/FSDP trials train in their trial actor (rank 0) and one peer actor (rank 1), whose
+    # process group the next trial reuses (FSDP's device mesh included). lr 1e-4, second of three, is stopped by ASHA at the
+    # rung (as in the one-worker test above): the third trial then trains on the same group.
+    monkeypatch.setenv("TESSERA_TEST_RANKS_DIR", str(tmp_path / "ranks"))
+    (tmp_path / "ranks").mkdir()
+    spec = SweepSpec.model_validate({
+        "name": strategy, "base": {**BASE, "parallelism": {"strategy": strategy, "num_workers": 2}},
+        "search": {"params": {"optimizer.lr": {"grid": [0.05, 1e-4, 0.1]}}},
+        "scheduler": {"name": "asha", "grace_period": "1ep", "reduction_factor": 2}, "max_concurrent_trials": 1})
+    before = set(live_training_actors(ray_head))
+    outcome = run_sweep(spec, storage_url=f"file://{tmp_path / 'storage'}", verbose=0)
+
+    by_lr = {t.params["optimizer.lr"]: t for t in outcome.trials}
+    assert {lr: t.status for lr, t in by_lr.items()} == {0.05: "COMPLETED", 1e-4: "STOPPED", 0.1: "COMPLETED"}
+    assert by_lr[1e-4].progress == pytest.approx(0.5) and by_lr[0.1].progress == 1.0
+    assert by_lr[0.1].metric > 0.5, by_lr[0.1]
+    # Every trial's rank 0 was the one trial actor, and its rank 1 the one peer.
+    ranks = rank_processes(tmp_path / "ranks")
+    assert len(ranks) == 3 and all(sorted(pids) == [0, 1] for pids in ranks.values()), ranks
+    [rank0] = set().union(*(pids[0] for pids in ranks.values()))
+    [rank1] = set().union(*(pids[1] for pids in ranks.values()))
+    [actor] = frozenset().union(*trial_processes(tmp_path / "storage").values())
+    assert rank0 == actor[1] != rank1
+    # Both ranks checkpointed every completed trial in step (DCP's files are __{rank}_{n}).
+    for trial in (by_lr[0.05], by_lr[0.1]):
+        [final] = (tmp_path / "storage" / "runs").glob(f"*{trial.trial_id}/checkpoints/*ba44")
+        assert {re.match(r"__(\d+)_", p.name)[1] for p in final.glob("*.distcp")} == {"0", "1"}
+    wait_until(lambda: not set(live_training_actors(ray_head)) - before, timeout=60,
+               what="the trial actor and its peer to end")
+
+
+def test_a_ddp_trial_whose_peer_dies_restarts_on_a_new_group_from_its_checkpoint(ray_client, ray_head, tmp_path,
+                                                                                  monkeypatch):
+    # Rank 1 (the peer) SIGKILLs itself at batch 30, once: the trial actor kills the group,
+    # trains again (max_restarts 1) on a new peer from the checkpoint at batch 22, and completes.
+    monkeypatch.setenv("TESSERA_TEST_KILL_AT_BATCH", "30")
+    monkeypatch.setenv("TESSERA_TEST_KILL_MARKER", str(tmp_path / "killed"))
+    monkeypatch.setenv("TESSERA_TEST_RANKS_DIR", str(tmp_path / "ranks"))
+    (tmp_path / "ranks").mkdir()
+    spec = SweepSpec.model_validate({
+        "name": "peer-killed",
+        "base": {**BASE, "parallelism": {"strategy": "ddp", "num_workers": 2}, "max_restarts": 1,
+                 "checkpoint": {"interval": "1ep"}},
+        "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}, "max_concurrent_trials": 1})
+    outcome = run_sweep(spec, storage_url=f"file://{tmp_path / 'storage'}", verbose=0)
+
+    assert (tmp_path / "killed").is_file()
+    [trial] = outcome.trials
+    assert trial.status == "COMPLETED" and trial.progress == 1.0 and trial.metric > 0.5, trial
+    # Rank 0 stayed in the trial actor; rank 1 trained in two processes, the second after the kill.
+    [pids] = rank_processes(tmp_path / "ranks").values()
+    assert len(pids[0]) == 1 and len(pids[1]) == 2, pids
+    [run] = (tmp_path / "storage" / "runs").iterdir()
+    checkpoints = {int(m.group(1)): p for p in (run / "checkpoints").iterdir() if (m := re.search(r"ba(\d+)$", p.name))}
+    assert sorted(checkpoints) == [22, 44], sorted(checkpoints)
+    killed_at = (tmp_path / "killed").stat().st_mtime
+    assert newest_write(checkpoints[22]) < killed_at < newest_write(checkpoints[44])
+
+
+def rank_processes(folder) -> dict[str, dict[int, set[int]]]:
+    """Each run's ranks and the processes that trained them, from ``TESSERA_TEST_RANKS_DIR``."""
+    found: dict[str, dict[int, set[int]]] = {}
+    for path in Path(folder).iterdir():
+        run_id, rank, pid = re.fullmatch(r"(.+)\.rank(\d+)\.pid(\d+)", path.name).groups()
+        found.setdefault(run_id, {}).setdefault(int(rank), set()).add(int(pid))
+    return found

@@ -3,8 +3,9 @@
 The service runs ``python -m workers.tune --sweep-id ID`` as a Ray job (``drive_sweep``);
 ``run_sweep`` runs a sweep in this process. How it fits together is in ``docs/sweeps.md``.
 
-A one-worker trial trains in its Tune actor, which Tune schedules with the worker's resources
-and reuses for the next trial (``workers.tune.trial``). Any other trial's trainer workers are
+A one-worker trial, and a DDP/FSDP trial on CPUs, trains in its Tune actor (with peer actors as
+its other ranks), which Tune schedules with the workers' resources and reuses for the next
+trial (``workers.tune.actor_ranks``). Any other trial's trainer workers are
 scheduled by Ray Train, outside Tune's accounting, so the driver caps concurrency at what the
 cluster's CPUs hold (``max_concurrent_trials``), and a trainer that still cannot get workers
 fails fast and is retried by Tune (``TRIAL_RETRIES``).
@@ -51,8 +52,8 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
     if in_actor is None:
         in_actor = trains_in_trial_actor(spec)
     elif in_actor and not trains_in_trial_actor(spec):
-        raise ValueError("in_actor=True needs one-worker trials (strategy 'none', nothing under "
-                         "'parallelism' searched); this sweep's trials need a Ray Train worker group")
+        raise ValueError("in_actor=True needs trials of one shape (nothing under 'parallelism' searched) "
+                         "that are one worker or CPU DDP/FSDP; this sweep's trials need a Ray Train worker group")
     if not ray.is_initialized():
         ray.init()  # inside a Ray job this connects to the job's cluster
     context = TrialContext(
@@ -70,7 +71,7 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
     else:
         concurrency = max_concurrent_trials(spec, ray.cluster_resources(), in_actor=in_actor)
         log.info("starting Tune at %s, up to %d trial(s) at a time, %s", path, concurrency,
-                 "each in its (reused) trial actor" if in_actor else "each on a Ray Train worker group")
+                 "each in its (reused) trial actor and peers" if in_actor else "each on a Ray Train worker group")
         tuner = tune.Tuner(
             trainable, param_space=build_param_space(spec),
             tune_config=tune.TuneConfig(num_samples=spec.num_samples, scheduler=build_scheduler(spec),

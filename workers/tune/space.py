@@ -16,21 +16,29 @@ TRIAL_ACTOR_CPUS = 0.25     # a trial actor that only waits on its trainer; its 
 
 
 def trains_in_trial_actor(spec: SweepSpec) -> bool:
-    """Whether every trial of ``spec`` is one worker without a process group (strategy
-    ``none``, nothing under ``parallelism`` searched). Such a trial trains in its Tune actor,
-    which asks for the worker's resources and which Tune reuses for the next trial: no Ray Train
-    controller and worker group to start per trial, and the imports, the data set and the
-    loader's fork server are already in the process (``workers.tune.trial``)."""
-    return spec.base.parallelism.strategy == "none" and not any(
-        path.startswith("parallelism.") for path in spec.search.params)
+    """Whether every trial of ``spec`` trains in its Tune actor, which Tune reuses for the next
+    trial (``workers.tune.actor_ranks``): nothing under ``parallelism`` searched (so every trial
+    needs the same resources), and one worker (strategy ``none``) or DDP/FSDP on CPUs, whose
+    other ranks are peer actors the trial actor keeps with their process group. No Ray Train
+    controller and worker group to start per trial; the imports, the data set, the loader's
+    fork server and the process group are already there. GPU DDP/FSDP trials take a Ray Train
+    worker group (why: ``workers.tune.actor_ranks``)."""
+    parallelism = spec.base.parallelism
+    if any(path.startswith("parallelism.") for path in spec.search.params):
+        return False
+    return parallelism.strategy == "none" or not parallelism.use_gpu
 
 
-def trial_resources(spec: SweepSpec, *, in_actor: bool) -> dict[str, float]:
-    """What a trial actor asks Ray for: the worker's CPUs (and GPU) when it trains itself."""
+def trial_resources(spec: SweepSpec, *, in_actor: bool) -> dict[str, float] | tune.PlacementGroupFactory:
+    """What a trial asks Ray for: when it trains in its actor, one bundle per rank (the first is
+    the actor's, the others its peers'); otherwise the actor that waits on its trainer."""
     if not in_actor:
         return {"CPU": TRIAL_ACTOR_CPUS}
     parallelism = spec.base.parallelism
-    return {"CPU": parallelism.cpus_per_worker, **({"GPU": 1} if parallelism.use_gpu else {})}
+    rank = {"CPU": parallelism.cpus_per_worker, **({"GPU": 1} if parallelism.use_gpu else {})}
+    if parallelism.num_workers == 1:
+        return rank
+    return tune.PlacementGroupFactory([dict(rank) for _ in range(parallelism.num_workers)])
 
 
 def build_param_space(spec: SweepSpec) -> dict[str, Any]:
@@ -84,12 +92,12 @@ def _drop_rung_at_max_t(scheduler: Any) -> None:
 def max_concurrent_trials(spec: SweepSpec, cluster_resources: dict[str, float], *, in_actor: bool = False) -> int:
     """At most ``spec.max_concurrent_trials``, and no more trials than the cluster's CPUs (and
     GPUs) hold with every trial's actor and workers running; at least 1. ``in_actor``: the
-    trial actor is the worker (``trains_in_trial_actor``).
+    trial actor and its peers are the workers (``trains_in_trial_actor``).
 
     A trial's trainer workers are scheduled by Ray Train, outside Tune's accounting (Tune only
     sees the trial actor's ``TRIAL_ACTOR_CPUS``), so without this cap Tune would start trials
-    whose workers can never be placed. (A trial that trains in its actor is accounted by Tune;
-    the cap then only keeps to the spec's.)"""
+    whose workers can never be placed. (A trial that trains in its actor is accounted by Tune,
+    its peers' bundles included; the cap then only keeps to the spec's.)"""
     base = spec.base.parallelism
     workers = max([base.num_workers, *_searched_values(spec, "parallelism.num_workers")])
     cpus = max([base.cpus_per_worker, *_searched_values(spec, "parallelism.cpus_per_worker")])

@@ -3,11 +3,11 @@
 Each trial registers itself with the service (when there is one), then trains one of two ways:
 
 - **In its trial actor** (``TrialContext.in_actor``, ``space.trains_in_trial_actor``): a
-  one-worker trial without a process group calls ``train_rank`` right there and reports each
-  evaluation with ``tune.report``. Tune reuses the actor for the next trial (``reuse_actors``),
-  so after the first trial nothing is started or imported again. ``spec.max_restarts`` is kept
-  by training again in the same actor, from the newest checkpoint, as Ray Train would.
-- **On a Ray Train worker group** (DDP, FSDP, or a sweep over ``parallelism``):
+  one-worker trial, or a DDP/FSDP trial on CPUs with the actor as rank 0 and peer actors as
+  the other ranks, calls ``train_rank`` right there and reports each evaluation with
+  ``tune.report``. Tune reuses the actor for the next trial (``reuse_actors``), so after the
+  first trial nothing is started, imported or joined again (``workers.tune.actor_ranks``).
+- **On a Ray Train worker group** (GPU DDP/FSDP, or a sweep over ``parallelism``):
   ``fit_with_ray(..., tune=True)``, whose ``TuneReportCallback`` forwards rank 0's evaluations
   to Tune's scheduler. (Train v2 cannot be handed to ``tune.Tuner`` directly:
   ``tune.Tuner(TorchTrainer(...))`` fails with "Improper 'run' - not string nor trainable".)
@@ -25,10 +25,8 @@ reference cycles) before the next trial builds its own, so memory does not pile 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
-import time
 from typing import Any
 
 from ray import tune
@@ -39,10 +37,11 @@ from api.specs import RunSpec
 from api.sweeps import SweepSpec, trial_spec
 from api.views import TrialRegistration
 from workers.checkpoint import storage_for
-from workers.errors import TrainingError, describe
+from workers.errors import describe
 from workers.outcome import RunOutcome
 from workers.paths import ray_storage_path
 from workers.reporter import call_with_retries
+from workers.tune.actor_ranks import train_in_actor
 
 log = logging.getLogger("workers.tune")
 
@@ -104,9 +103,9 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     outcome = RunOutcome(client, run_id, token)
     try:
         if context.in_actor:
-            metrics = _train_in_actor(spec, worker_config(spec, run_id=run_id, service_url=context.service_url,
-                                                          token=token, storage_url=context.storage_url,
-                                                          attempt=attempt, tune=True))
+            metrics = train_in_actor(spec, worker_config(spec, run_id=run_id, service_url=context.service_url,
+                                                         token=token, storage_url=context.storage_url,
+                                                         attempt=attempt, tune=True), _report_to_tune)
         else:
             metrics = fit_with_ray(spec, run_id=run_id, service_url=context.service_url, token=token,
                                    storage_path=ray_storage_path(context.storage_url, attempt=attempt),
@@ -120,41 +119,6 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
                 log.warning("could not write %s: %s", marker, describe(marker_exc))
         raise  # Tune marks the trial errored; the sweep goes on
     outcome.completed(metrics)
-
-
-def _train_in_actor(spec: RunSpec, config: dict[str, Any]) -> dict[str, float]:
-    """Train the one rank here, up to ``1 + spec.max_restarts`` times (each later try resumes
-    from the newest checkpoint and reports RESTARTING first, as on Ray Train); raises
-    ``TrainingError`` with the last try's error."""
-    from workers.parallel import device_for
-    from workers.ray_train import train_rank
-
-    gpu = spec.parallelism.use_gpu  # Ray set CUDA_VISIBLE_DEVICES to the actor's GPU
-    restarts = 0
-    while True:
-        _free_last_trainer(gpu)
-        try:
-            return train_rank(config, rank=0, world_size=1, device_for=device_for, on_eval=_report_to_tune,
-                              entered=time.time()) or {}
-        except Exception as exc:
-            if restarts == spec.max_restarts:
-                raise TrainingError(describe(exc)) from exc
-            restarts += 1
-            log.warning("run %s failed, training it again (restart %d of %d): %s", config["run_id"],
-                        restarts, spec.max_restarts, describe(exc))
-
-
-def _free_last_trainer(gpu: bool) -> None:
-    """Collect what an earlier trial (or try) in this process left in reference cycles, then
-    freeze what survives (imports, Ray's and Tune's state), so that the next collection walks
-    only the objects made since: a full collection of this process takes ~0.3 s, one after a
-    freeze a few ms. Frozen objects are still freed by reference counting."""
-    import torch
-
-    gc.collect()
-    gc.freeze()
-    if gpu:
-        torch.cuda.empty_cache()
 
 
 def _report_to_tune(results: dict[str, float]) -> None:
