@@ -362,8 +362,6 @@ class Trainer:
         (state.scaler.scale(loss) if self.scaling else loss).backward()
         engine.run_event(Event.AFTER_BACKWARD, state)
 
-    # --- evaluation ---------------------------------------------------------------------
-    @torch.no_grad()
     def close(self) -> None:
         """Wait for a checkpoint write in flight and free what this trainer holds in the process
         group (``Checkpointer.close``). Only after a clean end or one that every rank took at the
@@ -371,6 +369,8 @@ class Trainer:
         if self.checkpointer is not None:
             self.checkpointer.close()
 
+    # --- evaluation ---------------------------------------------------------------------
+    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """``eval/loss``, ``eval/accuracy`` (and ``eval/perplexity`` for text) over the whole eval
         split, summed across ranks."""

@@ -96,6 +96,14 @@ def test_events_fire_in_the_documented_order():
                           Event.EVAL_END, Event.FIT_END]
 
 
+def test_evaluation_builds_no_autograd_graph_and_training_does():
+    log = EventLog(read=lambda state: torch.is_grad_enabled())
+    Trainer(tiny_spec(max_duration="1ba"), callbacks=[log]).fit()
+    grad = dict(log.values)
+    assert grad[Event.EVAL_START] is False and grad[Event.EVAL_END] is False
+    assert grad[Event.BEFORE_FORWARD] is True and grad[Event.BATCH_END] is True
+
+
 def test_a_duration_in_batches_can_stop_mid_epoch_and_still_ends_with_an_evaluation():
     log, sink = EventLog(), MemorySink()
     final = Trainer(tiny_spec(max_duration="6ba", eval_interval="1ep"), sink=sink, callbacks=[log]).fit()
