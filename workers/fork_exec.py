@@ -41,7 +41,11 @@ from pathlib import Path
 # Variables that differ from one job to the next or that must not sit in a long-lived process:
 # the server's environment leaves them out, and each child gets them from its own request.
 PER_JOB_PREFIXES = ("TESSERA_", "AWS_")
-PER_JOB_ENV = frozenset({"RAY_JOB_CONFIG_JSON_ENV_VAR", "PWD", "OLDPWD", "SHLVL", "_"})
+# RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S is set for sweep drivers only (service.job_kinds) and Ray
+# Train reads it when it builds a worker group (WorkerGroup.__init__ in Ray 2.60), not at import:
+# left out, sweep drivers fork from the same warm server as run drivers.
+PER_JOB_ENV = frozenset({"RAY_JOB_CONFIG_JSON_ENV_VAR", "PWD", "OLDPWD", "SHLVL", "_",
+                         "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"})
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 ENABLE_ENV = "TESSERA_DRIVER_FORKS"
 REPLY_TIMEOUT_S = 30.0

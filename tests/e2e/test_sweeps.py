@@ -18,6 +18,7 @@ from api.errors import ApiError
 from api.sweeps import SweepSpec
 from api.views import RunStatus, SweepStatus
 from tests.e2e.conftest import wait_until
+from tests.e2e.test_vertical_slice import wait_for_warm_driver_interpreter
 from tests.workers.helpers_specs import SWEEP_BASE
 
 pytestmark = pytest.mark.integration
@@ -52,6 +53,7 @@ def by_batch_size(client, sweep_id: str) -> dict[int, object]:
 
 def test_a_sweep_runs_its_trials_as_runs_and_a_failing_trial_does_not_fail_it(service):
     client = service.client()
+    wait_for_warm_driver_interpreter(client)  # the node's fork server, which run drivers use
     # 1437 training images make no full batch of 4096: that trial fails in every worker.
     created = client.create_sweep(sweep_spec("ok-and-broken", {"data.batch_size": {"grid": [64, 4096]}}))
     assert created.status is SweepStatus.QUEUED and created.driver == "service"
@@ -71,6 +73,10 @@ def test_a_sweep_runs_its_trials_as_runs_and_a_failing_trial_does_not_fail_it(se
     assert trials[good.id].metric == pytest.approx(good.best["eval/accuracy"])
     assert sweep.pareto == [good.id] and sweep.best_run_id == good.id
     assert "2 trial(s)" in sweep.message
+    # A trial's log is its sweep driver's, which was forked from the node's warm interpreter as
+    # run drivers are. (This suite sets Ray Train's start timeout for every job; `make serve`
+    # sets it for sweep drivers only, which the server's key leaves out: test_fork_server.)
+    assert "workers.tune forked as pid" in client.logs(good.id).text
 
 
 def test_canceling_a_sweep_stops_its_driver_and_every_trial(service, ray_head):

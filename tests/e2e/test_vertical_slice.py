@@ -113,7 +113,7 @@ def wait_for_warm_driver_interpreter(client) -> None:
     """Once a driver on this service's head has started (or used) the node's fork server
     (workers.fork_exec logs where), wait until that server serves: the next driver is forked."""
     lines = (fork_exec_line(client, r.id) for r in client.iter_runs() if r.status is RunStatus.COMPLETED)
-    line = next((line for line in lines if line), None)  # sweep trials have none: their driver is the sweep's
+    line = next((line for line in lines if line), None)  # a trial's is its sweep driver's
     if line is None:  # this test alone: a short run first
         warm = client.create_run(long_synthetic_spec("warms-the-node", batches=2))
         assert wait_for_status(client, warm.id, TERMINAL_STATUSES, timeout=180).status is RunStatus.COMPLETED
