@@ -171,10 +171,12 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
             first_step = FirstStepClock(trainer.engine) if rank == 0 else None
             try:
                 metrics = trainer.fit()
-            except Exception:
-                raise  # this rank alone, maybe: whoever started the ranks tears their group down
-            except BaseException:
-                trainer.close()  # Tune stopped the trial at an evaluation, every rank with it
+            except BaseException as exc:
+                # A failure may be this rank's alone, with peers inside a collective: whoever
+                # started the ranks drops their group. A stop (SystemExit, TrialStopped) came
+                # to every rank at one evaluation (workers.tune.actor_ranks): close as at the end.
+                if not isinstance(exc, Exception):
+                    _close_after_stop(trainer)
                 raise
             trainer.close()
     finally:
@@ -185,6 +187,15 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
             phases["first_step_done"] = first_step.done
         _record_startup({**phases, "fit_returned": time.time()})
     return metrics if rank == 0 else None
+
+
+def _close_after_stop(trainer: Any) -> None:
+    """``trainer.close()`` on the way out of a stopped trial: an error there is logged, not
+    raised, so that the stop stays what ends the trial (a stopped trial is not trained again)."""
+    try:
+        trainer.close()
+    except Exception as exc:
+        log.warning("closing the stopped trial's trainer failed: %s", describe(exc))
 
 
 class FirstStepClock:

@@ -1,5 +1,6 @@
 """DDP and FSDP checkpoints on real gloo process groups (spawned ranks, no Ray): exact resume on
-the same world size, and elastic resume on another (2→1, 1→2), with sync and async saves."""
+the same world size, and elastic resume on another (2→1, 1→2), with sync and async saves; a
+checkpointer whose peer died before it fails at once."""
 
 from __future__ import annotations
 
@@ -60,3 +61,39 @@ def test_resume_on_the_same_world_size_is_exact_and_on_another_one_finishes(stra
     two = run_on_ranks(spec, world_size=2, checkpoint_url=grown, work_dir=tmp_path)
     assert two["resumed_from"] == f"{grown}/ep1-ba6" and two["loss_steps"] == [7, 8]
     assert two["checkpoints"][-1]["world_size"] == 2 and two["metrics"]["time/batch"] == 8
+
+
+def _checkpointer_after_a_dead_peer(rank: int, init_file: str, url: str, result_path: str) -> None:
+    """Rank 1 dies right after the group is made; rank 0 then makes a checkpointer."""
+    import os
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from workers.checkpoint import Checkpointer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    if rank == 1:
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        Checkpointer(url, fingerprint={}, rank=0, world_size=2)
+        outcome = "made"
+    except RuntimeError as exc:
+        outcome = str(exc)
+    Path(result_path).write_text(f"{time.monotonic() - started:.1f} {outcome}")
+
+
+def test_a_checkpointer_fails_at_once_when_a_peer_died_before_it(tmp_path):
+    # Making the checkpointer's gloo group waits on the store for every rank (30 minutes for a
+    # dead one); its barrier first fails as soon as the peer's connection is gone.
+    from tests.workers.dist_helpers import spawn_ranks
+
+    result = tmp_path / "result"
+    spawn_ranks(_checkpointer_after_a_dead_peer,
+                [(rank, str(tmp_path / "pg"), f"file://{tmp_path}/ck", str(result)) for rank in (0, 1)],
+                timeout_s=120)
+    seconds, outcome = result.read_text().split(" ", 1)
+    # "Connection closed by peer" or "Connection reset by peer", as the peer's socket went.
+    assert float(seconds) < 60 and "by peer" in outcome, outcome

@@ -78,6 +78,17 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _agreement_group() -> Any:
+    """A new gloo group of every rank. On gloo the ranks pass a barrier first: making a group
+    waits on the store for every rank, and a rank that died before it (a failed build) would
+    hold the others there for the store's timeout (30 minutes), where the barrier's
+    connections fail at once ("Connection closed by peer"). (On NCCL a barrier may guess the
+    wrong device; Ray Train's worker groups there end every rank when one fails.)"""
+    if dist.get_backend() == "gloo":
+        dist.barrier()
+    return dist.new_group(backend="gloo")
+
+
 def _staged_copy(value: Any) -> Any:
     """A copy of a state dict whose tensors training will not change under a background write."""
     if isinstance(value, torch.Tensor):
@@ -186,7 +197,7 @@ class Checkpointer:
         # The agreement flags of a save are CPU tensors, and on GPUs the run's default group is
         # NCCL-only: they go over a gloo group of their own. Async writes run all their
         # collectives (DCP's too) from a background thread, over this group.
-        self._group = dist.new_group(backend="gloo") if _distributed() else None
+        self._group = _agreement_group() if _distributed() else None
 
     # --- listing ------------------------------------------------------------------------
     def checkpoints(self) -> list[CheckpointInfo]:

@@ -15,12 +15,17 @@ Train would.
 
 A group stays usable only if every rank leaves a trial at the same point:
 - a trial that trains to its end: every rank returns from ``train_rank``;
-- a trial Tune stops (ASHA, a canceled sweep): rank 0 learns it in ``tune.report``, which it
-  calls at an evaluation, where every rank calls ``on_eval``. After each report rank 0
-  broadcasts whether to stop, and on a stop every rank unwinds from there (``_StopAtEval``).
+- a trial Tune stops and then resets the actor for the next one (ASHA): rank 0 learns it in
+  ``tune.report``, which it calls at an evaluation, where every rank calls ``on_eval``. After
+  each report rank 0 broadcasts whether to stop, and on a stop every rank unwinds from there
+  (``_StopAtEval``). (When Tune ends the actor instead, a canceled sweep or no trial left,
+  the peers die with it: Ray ends an actor's actors with their owner.)
 Anything else (a rank raises, a peer dies) can leave ranks waiting in a collective: the peers
 are killed, which makes a gloo collective that rank 0 waits in fail at once ("Connection closed
-by peer"), and the next try or trial makes a new group.
+by peer"), and the group is dropped; the next try or trial makes a new one. What a dead peer
+does not make fail at once is a wait on the group's store (making a new group): the
+checkpointer passes a barrier first (``workers.checkpoint.manager``), and a kept group's peers
+are pinged before each trial.
 
 GPU trials keep Ray Train's worker group (``space.trains_in_trial_actor``): on NCCL a rank whose
 peer died waits in its collective until the watchdog's timeout instead of failing at once, and
@@ -49,7 +54,9 @@ log = logging.getLogger("workers.tune")
 
 GROUP_TIMEOUT_S = 1800  # a collective's timeout, as Ray Train's TorchConfig (rank 0 may wait in tune.report)
 JOIN_TIMEOUT_S = 120    # peers start and join the process group
+PING_TIMEOUT_S = 10     # a kept group's peers answer before a trial starts on them
 PEERS_END_S = 30        # how long the peers may take to leave a trial after rank 0 has
+PEERS_FAILED_END_S = 5  # the same after rank 0 failed: a failed peer is the likelier root cause
 
 
 class TrialStopped(BaseException):
@@ -110,7 +117,7 @@ _GROUP: _PeerGroup | None = None  # kept across the trials this actor trains
 def _train_with_peers(spec: RunSpec, config: dict[str, Any], report: Callable[[dict[str, float]], None]
                       ) -> dict[str, float]:
     """One try of the trial on the peer group (made first if there is none that fits); the
-    group is torn down unless every rank left the trial at the same point."""
+    group is dropped unless every peer left the trial too."""
     from workers.parallel import device_for
     from workers.ray_train import train_rank
 
@@ -121,19 +128,17 @@ def _train_with_peers(spec: RunSpec, config: dict[str, Any], report: Callable[[d
     try:
         metrics = train_rank(config, rank=0, world_size=world, device_for=device_for,
                              on_eval=_StopAtEval(report), entered=time.time()) or {}
-    except Exception as exc:
-        watch.stop(wait_s=PEERS_END_S / 6)  # a failed peer is the likelier root cause: let the watch see it
-        _tear_down()
-        if watch.error is not None:  # the root cause; rank 0 only saw its peer go
+    except BaseException as exc:  # a failure, or Tune's stop (SystemExit from tune.report)
+        failed = isinstance(exc, Exception)
+        watch.stop(wait_s=PEERS_FAILED_END_S if failed else PEERS_END_S)
+        _keep_if_peers_ended(futures)
+        if failed and watch.error is not None:  # the root cause; rank 0 only saw its peer go
             raise TrainingError(watch.error) from exc
         raise
-    except BaseException:  # Tune stopped the trial (SystemExit from tune.report)
-        watch.stop()
-        _keep_if_peers_end(futures)
-        raise
-    watch.stop()
-    if not _keep_if_peers_end(futures):
-        raise TrainingError(watch.error or "a peer rank did not end with rank 0")
+    watch.stop(wait_s=PEERS_END_S)
+    # Rank 0 has trained the run to its end (its final checkpoint was committed by every rank):
+    # a peer that ends late or badly only costs the group.
+    _keep_if_peers_ended(futures)
     return metrics
 
 
@@ -142,7 +147,7 @@ def _peer_group(spec: RunSpec) -> _PeerGroup:
     global _GROUP
     parallelism = spec.parallelism
     key = (parallelism.num_workers, parallelism.cpus_per_worker)
-    if _GROUP is not None and _GROUP.key == key:
+    if _GROUP is not None and _GROUP.key == key and _peers_answer(_GROUP):
         return _GROUP
     _tear_down()
     started = time.monotonic()
@@ -150,11 +155,11 @@ def _peer_group(spec: RunSpec) -> _PeerGroup:
     peers = [_peer_class().options(num_cpus=parallelism.cpus_per_worker,
                                    scheduling_strategy=_bundle(placement, rank)).remote()
              for rank in range(1, parallelism.num_workers)]
-    address = _init_address()
-    joins = [peer.join.remote(address, rank, parallelism.num_workers)
+    host, port = _store_address()
+    joins = [peer.join.remote(host, port, rank, parallelism.num_workers)
              for rank, peer in enumerate(peers, start=1)]
     try:
-        _join(address, 0, parallelism.num_workers)
+        _join(host, port, 0, parallelism.num_workers)  # waits JOIN_TIMEOUT_S at most for the peers
         pids = ray.get(joins, timeout=JOIN_TIMEOUT_S)
     except BaseException:
         for peer in peers:
@@ -164,6 +169,17 @@ def _peer_group(spec: RunSpec) -> _PeerGroup:
     log.info("a process group of %d ranks (peers pid %s) in %.1f s, kept for this actor's next trials",
              parallelism.num_workers, pids, time.monotonic() - started)
     return _GROUP
+
+
+def _peers_answer(group: _PeerGroup) -> bool:
+    """Whether every kept peer is alive and idle (a peer that died between trials would
+    otherwise be found only inside the next trial)."""
+    try:
+        ray.get([peer.ping.remote() for peer in group.peers], timeout=PING_TIMEOUT_S)
+        return True
+    except Exception as exc:
+        log.warning("making a new process group: a kept peer did not answer: %s", describe(exc))
+        return False
 
 
 def _tear_down() -> None:
@@ -179,16 +195,18 @@ def _tear_down() -> None:
         dist.destroy_process_group()  # every group, the checkpointer's included
 
 
-def _keep_if_peers_end(futures: list[Any]) -> bool:
-    """Whether every peer left the trial (trained or stopped) within ``PEERS_END_S``; if not,
-    the group is torn down."""
+def _keep_if_peers_ended(futures: list[Any]) -> None:
+    """Keep the group if every peer has left the trial (trained or stopped); else drop it."""
+    if not futures:  # a group of one: rank 0 alone
+        return
+    ready, _ = ray.wait(futures, num_returns=len(futures), timeout=0)
     try:
-        ray.get(futures, timeout=PEERS_END_S)
-        return True
+        if len(ready) < len(futures):
+            raise TimeoutError(f"{len(futures) - len(ready)} peer rank(s) still in the trial")
+        ray.get(futures)
     except Exception as exc:
-        log.warning("tearing down the process group: a peer rank did not end with rank 0: %s", describe(exc))
+        log.warning("dropping the process group: a peer rank did not end with rank 0: %s", describe(exc))
         _tear_down()
-        return False
 
 
 class _PeerWatch:
@@ -203,7 +221,7 @@ class _PeerWatch:
         self._thread = threading.Thread(target=self._watch, name="tessera-peer-watch", daemon=True)
         self._thread.start()
 
-    def stop(self, wait_s: float = 0.0) -> None:
+    def stop(self, wait_s: float) -> None:
         """Stop watching, after up to ``wait_s`` for every peer's call to end (or one to fail)."""
         self._thread.join(wait_s)
         self._done.set()
@@ -241,7 +259,12 @@ class _StopAtEval:
             except BaseException as exc:  # SystemExit: Tune stopped the trial
                 stopped = exc
         flag = torch.tensor([0 if stopped is None else 1])
-        dist.broadcast(flag, src=0)
+        try:
+            dist.broadcast(flag, src=0)
+        except Exception:
+            if stopped is not None:  # Tune's stop stands: a stopped trial is never trained again
+                raise stopped from None
+            raise
         if stopped is not None:
             raise stopped
         if flag.item():
@@ -263,8 +286,11 @@ _PEER_CLASS: Any = None
 class _PeerRank:
     """One peer rank: joins the process group once, then trains rank ``rank`` of each trial."""
 
-    def join(self, address: str, rank: int, world_size: int) -> int:
-        _join(address, rank, world_size)
+    def join(self, host: str, port: int, rank: int, world_size: int) -> int:
+        _join(host, port, rank, world_size)
+        return os.getpid()
+
+    def ping(self) -> int:
         return os.getpid()
 
     def train(self, config: dict[str, Any], rank: int, world_size: int) -> str:
@@ -280,20 +306,25 @@ class _PeerRank:
         return "trained"
 
 
-def _join(address: str, rank: int, world_size: int) -> None:
+def _join(host: str, port: int, rank: int, world_size: int) -> None:
+    """Join the gloo process group whose store rank 0 serves at ``host:port``. The store waits
+    ``JOIN_TIMEOUT_S`` for every rank (rank 0's for all of them to connect); collectives, and
+    the store's later waits (a new group), ``GROUP_TIMEOUT_S``."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world_size,
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    store.set_timeout(datetime.timedelta(seconds=GROUP_TIMEOUT_S))
 
 
-def _init_address() -> str:
-    """``tcp://`` on this node's IP and a port free now (as Ray Train picks its master port)."""
+def _store_address() -> tuple[str, int]:
+    """This node's IP and a port free now, for rank 0's store (as Ray Train picks its master port)."""
     host = ray.util.get_node_ip_address()
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        return host, sock.getsockname()[1]
 
 
 def _bundle(placement: Any, rank: int) -> Any:

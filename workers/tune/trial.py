@@ -16,7 +16,8 @@ A trial Tune stops (ASHA) stays blocked in ``tune.report`` until Tune resets the
 next trial (or stops it), which raises ``SystemExit`` there: not an ``Exception``, so nothing
 here reports it as failed; the driver's ``_ReportTrialEnds`` ends it in the service. The reset
 waits ``TUNE_FUNCTION_THREAD_TIMEOUT_S`` for that thread to unwind (closing its sink delivers
-its last reports), after which Tune would fail the next trial: set here to a minute, not 2 s.
+its last reports, its peer ranks leave), after which Tune would fail the next trial: set here
+to two minutes, not 2 s.
 
 A reused actor frees the last trial's model and optimizer (``gc.collect``; they are held in
 reference cycles) before the next trial builds its own, so memory does not pile up.
@@ -49,6 +50,9 @@ log = logging.getLogger("workers.tune")
 # trial (and Tune retries it) instead of waiting forever for workers.
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 THREAD_TIMEOUT_ENV = "TUNE_FUNCTION_THREAD_TIMEOUT_S"  # FunctionTrainable.reset_config, Ray 2.60
+# How long a reset waits for the stopped trial's thread: its sink delivers the last reports, its
+# checkpoint write in flight ends, and its peer ranks leave (actor_ranks.PEERS_END_S).
+THREAD_TIMEOUT_S = "120"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ class TrialContext:
     storage_url: str | None
     start_timeout_s: str
     failed_trials: str  # workers.paths.failed_trials_url, absolute (worked out in the driver)
-    in_actor: bool = False  # train in the trial actor (one worker, no process group)
+    in_actor: bool = False  # train in the trial actor (and its peers): space.trains_in_trial_actor
     # The driver's TESSERA_TEST_/REPORT_/SPOOL_ variables (``ray_train.forwarded_env``),
     # for trials whose actor started before the driver's environment was known.
     worker_env: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -74,7 +78,7 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     from workers.ray_train import fit_with_ray, worker_config
 
     os.environ.setdefault(START_TIMEOUT_ENV, context.start_timeout_s)
-    os.environ.setdefault(THREAD_TIMEOUT_ENV, "60")  # read by this actor's next reset
+    os.environ.setdefault(THREAD_TIMEOUT_ENV, THREAD_TIMEOUT_S)  # read by this actor's next reset
     os.environ.update(context.worker_env)
     trial_id = tune.get_context().get_trial_id()
     # Tune retries every failed trial; only "no workers" (or a lost actor) is worth retrying, so a

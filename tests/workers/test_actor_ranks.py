@@ -1,0 +1,58 @@
+"""workers.tune.actor_ranks without Ray: how a rank's ``on_eval`` turns Tune's stop into an
+unwind of every rank (the broadcast is faked here; tests/workers/test_tune_sweep.py runs the
+real thing on a Ray head)."""
+
+import pytest
+import torch.distributed as dist
+
+from workers.tune.actor_ranks import TrialStopped, _StopAtEval
+
+
+def broadcasting(flag_value: int | None):
+    """A stand-in for ``dist.broadcast``: what rank 0 would send (None: it sends what it has)."""
+    def broadcast(tensor, src):
+        assert src == 0
+        if flag_value is not None:
+            tensor.fill_(flag_value)
+    return broadcast
+
+
+def test_rank_0_reports_then_tells_the_peers_whether_tune_stopped_the_trial(monkeypatch):
+    sent = []
+    monkeypatch.setattr(dist, "broadcast", lambda tensor, src: sent.append(int(tensor.item())))
+    reported = []
+    _StopAtEval(reported.append)({"eval/accuracy": 0.5})
+    assert reported == [{"eval/accuracy": 0.5}] and sent == [0]
+
+    def stopped(results):
+        raise SystemExit(0)  # what tune.report raises in a trial Tune stopped
+
+    with pytest.raises(SystemExit):
+        _StopAtEval(stopped)({})
+    assert sent == [0, 1]
+
+
+def test_a_peer_unwinds_on_the_stop_flag_and_trains_on_without_it(monkeypatch):
+    monkeypatch.setattr(dist, "broadcast", broadcasting(0))
+    _StopAtEval(None)({})
+    monkeypatch.setattr(dist, "broadcast", broadcasting(1))
+    with pytest.raises(TrialStopped):
+        _StopAtEval(None)({})
+    assert not issubclass(TrialStopped, Exception)  # no `except Exception` on the way catches it
+
+
+def test_a_stop_stays_a_stop_when_the_broadcast_fails(monkeypatch):
+    # A peer that died while rank 0 waited in tune.report: the trial is still stopped (never
+    # trained again as a failure would be); without a stop the error is the rank's failure.
+    def broken(tensor, src):
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(dist, "broadcast", broken)
+
+    def stopped(results):
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        _StopAtEval(stopped)({})
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        _StopAtEval(lambda results: None)({})
