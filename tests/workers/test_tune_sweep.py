@@ -73,8 +73,12 @@ def test_a_trial_whose_actor_is_killed_is_retried_and_resumes_from_its_checkpoin
     assert (tmp_path / "killed").is_file()  # the kill happened: the rest ran in a new actor
     [trial] = outcome.trials
     assert trial.status == "COMPLETED" and trial.progress == 1.0 and trial.metric > 0.5, trial
-    # The retry resumed from batch 22: that checkpoint was written before the kill and never
-    # again (a fresh start would have saved it anew), and the final one (44) after.
+    assert_resumed_from_the_checkpoint_before_the_kill(tmp_path)
+
+
+def assert_resumed_from_the_checkpoint_before_the_kill(tmp_path) -> None:
+    """The retry resumed from batch 22: that checkpoint was written before the kill (at batch 30)
+    and never again (a fresh start would have saved it anew), and the final one (44) after."""
     [run] = (tmp_path / "storage" / "runs").iterdir()
     checkpoints = {int(m.group(1)): p for p in (run / "checkpoints").iterdir() if (m := re.search(r"ba(\d+)$", p.name))}
     assert sorted(checkpoints) == [22, 44], sorted(checkpoints)
@@ -174,11 +178,7 @@ def test_a_ddp_trial_whose_peer_dies_restarts_on_a_new_group_from_its_checkpoint
     # Rank 0 stayed in the trial actor; rank 1 trained in two processes, the second after the kill.
     [pids] = rank_processes(tmp_path / "ranks").values()
     assert len(pids[0]) == 1 and len(pids[1]) == 2, pids
-    [run] = (tmp_path / "storage" / "runs").iterdir()
-    checkpoints = {int(m.group(1)): p for p in (run / "checkpoints").iterdir() if (m := re.search(r"ba(\d+)$", p.name))}
-    assert sorted(checkpoints) == [22, 44], sorted(checkpoints)
-    killed_at = (tmp_path / "killed").stat().st_mtime
-    assert newest_write(checkpoints[22]) < killed_at < newest_write(checkpoints[44])
+    assert_resumed_from_the_checkpoint_before_the_kill(tmp_path)
 
 
 def rank_processes(folder) -> dict[str, dict[int, set[int]]]:
