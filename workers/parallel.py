@@ -75,7 +75,7 @@ def fsdp_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def shard_model(model: torch.nn.Module, *, device: torch.device) -> torch.nn.Module:
     """FSDP2: ``fully_shard`` each block, then the root (which holds the remaining parameters)."""
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     # FSDP2 shards only contiguous parameters ("FSDP does not support non-contiguous parameters
@@ -86,7 +86,13 @@ def shard_model(model: torch.nn.Module, *, device: torch.device) -> torch.nn.Mod
     for param in model.parameters():
         if param.dim() == 4 and not param.is_contiguous() and param.is_contiguous(memory_format=torch.channels_last):
             param.data = param.data.contiguous()
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if device.type == "cpu":
+        # The default (gloo) group itself: where CUDA is visible, init_device_mesh("cpu") makes a
+        # new gloo group on every call (torch 2.14, DeviceMesh's "mesh_default"), one more per
+        # trial for a sweep's ranks that keep their process group (workers.tune.actor_ranks).
+        mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    else:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in fsdp_blocks(model):
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)

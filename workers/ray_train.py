@@ -148,6 +148,7 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     _record_rank_process(config.get("run_id"), rank)
     run = config.get("run_url")
     sink = with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id")) if rank == 0 else NullSink()
+    stopped = False
     try:
         restarted = rank == 0 and run is not None and _is_restart(run, config.get("attempt", 1))
         if spec.code is not None:  # before the model is built: it imports from the package
@@ -175,12 +176,16 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
                 # A failure may be this rank's alone, with peers inside a collective: whoever
                 # started the ranks drops their group. A stop (SystemExit, TrialStopped) came
                 # to every rank at one evaluation (workers.tune.actor_ranks): close as at the end.
-                if not isinstance(exc, Exception):
-                    _close_after_stop(trainer)
+                stopped = not isinstance(exc, Exception)
+                if stopped:
+                    _close_after_stop(trainer, "trainer")
                 raise
             trainer.close()
     finally:
-        sink.close()
+        if stopped:
+            _close_after_stop(sink, "reporter")
+        else:
+            sink.close()
     if rank == 0:
         phases = {"worker_entered": entered, "worker_imported": imported, "trainer_built": built}
         if first_step.done is not None:  # a run resumed at its end takes no step
@@ -189,13 +194,13 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     return metrics if rank == 0 else None
 
 
-def _close_after_stop(trainer: Any) -> None:
-    """``trainer.close()`` on the way out of a stopped trial: an error there is logged, not
+def _close_after_stop(closeable: Any, what: str) -> None:
+    """``closeable.close()`` on the way out of a stopped trial: an error there is logged, not
     raised, so that the stop stays what ends the trial (a stopped trial is not trained again)."""
     try:
-        trainer.close()
+        closeable.close()
     except Exception as exc:
-        log.warning("closing the stopped trial's trainer failed: %s", describe(exc))
+        log.warning("closing the stopped trial's %s failed: %s", what, describe(exc))
 
 
 class FirstStepClock:

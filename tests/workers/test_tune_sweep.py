@@ -188,3 +188,23 @@ def rank_processes(folder) -> dict[str, dict[int, set[int]]]:
         run_id, rank, pid = re.fullmatch(r"(.+)\.rank(\d+)\.pid(\d+)", path.name).groups()
         found.setdefault(run_id, {}).setdefault(int(rank), set()).add(int(pid))
     return found
+
+
+def test_a_kept_peer_that_died_between_trials_is_replaced_before_the_next(ray_client, ray_head):
+    # This process plays the trial actor (rank 0); its peer is a real Ray actor.
+    import torch.distributed as dist
+
+    from api.specs import RunSpec
+    from workers.tune import actor_ranks
+
+    spec = RunSpec.model_validate({**BASE, "parallelism": {"strategy": "ddp", "num_workers": 2}})
+    try:
+        first = actor_ranks._peer_group(spec)
+        assert actor_ranks._peer_group(spec) is first  # it answers: kept
+        ray_client.kill(first.peers[0])
+        second = actor_ranks._peer_group(spec)  # the ping fails: a new peer and a new process group
+        assert second is not first and second.pids != first.pids
+        assert dist.get_world_size() == 2 and ray_client.get(second.peers[0].ping.remote()) == second.pids[0]
+    finally:
+        actor_ranks._tear_down()
+    assert not dist.is_initialized()

@@ -117,7 +117,7 @@ _GROUP: _PeerGroup | None = None  # kept across the trials this actor trains
 def _train_with_peers(spec: RunSpec, config: dict[str, Any], report: Callable[[dict[str, float]], None]
                       ) -> dict[str, float]:
     """One try of the trial on the peer group (made first if there is none that fits); the
-    group is dropped unless every peer left the trial too."""
+    group is kept only when rank 0 ended the trial (trained or stopped) and every peer did too."""
     from workers.parallel import device_for
     from workers.ray_train import train_rank
 
@@ -128,12 +128,17 @@ def _train_with_peers(spec: RunSpec, config: dict[str, Any], report: Callable[[d
     try:
         metrics = train_rank(config, rank=0, world_size=world, device_for=device_for,
                              on_eval=_StopAtEval(report), entered=time.time()) or {}
-    except BaseException as exc:  # a failure, or Tune's stop (SystemExit from tune.report)
-        failed = isinstance(exc, Exception)
-        watch.stop(wait_s=PEERS_FAILED_END_S if failed else PEERS_END_S)
-        _keep_if_peers_ended(futures)
-        if failed and watch.error is not None:  # the root cause; rank 0 only saw its peer go
+    except Exception as exc:
+        # Rank 0's trainer was not closed (its checkpointer's group, a write in flight), and
+        # peers may wait in a collective: the group goes either way.
+        watch.stop(wait_s=PEERS_FAILED_END_S)
+        _tear_down()
+        if watch.error is not None:  # the root cause; rank 0 only saw its peer go
             raise TrainingError(watch.error) from exc
+        raise
+    except BaseException:  # Tune's stop (SystemExit from tune.report), which every rank took
+        watch.stop(wait_s=PEERS_END_S)
+        _keep_if_peers_ended(futures)
         raise
     watch.stop(wait_s=PEERS_END_S)
     # Rank 0 has trained the run to its end (its final checkpoint was committed by every rank):
@@ -307,9 +312,10 @@ class _PeerRank:
 
 
 def _join(host: str, port: int, rank: int, world_size: int) -> None:
-    """Join the gloo process group whose store rank 0 serves at ``host:port``. The store waits
-    ``JOIN_TIMEOUT_S`` for every rank (rank 0's for all of them to connect); collectives, and
-    the store's later waits (a new group), ``GROUP_TIMEOUT_S``."""
+    """Join the gloo process group whose store rank 0 serves at ``host:port``. Rank 0's store
+    waits ``JOIN_TIMEOUT_S`` for every rank to connect (a peer that connects and dies before
+    the group is made still holds rank 0 for the group's timeout); collectives, and the store
+    once joined, wait ``GROUP_TIMEOUT_S``."""
     import torch.distributed as dist
 
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
