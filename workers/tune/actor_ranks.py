@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import gc
 import logging
 import os
@@ -75,11 +76,7 @@ def train_in_actor(spec: RunSpec, config: dict[str, Any], report: Callable[[dict
         free_last_trainer(spec.parallelism.use_gpu)
         try:
             if spec.parallelism.strategy == "none":
-                from workers.parallel import device_for
-                from workers.ray_train import train_rank
-
-                return train_rank(config, rank=0, world_size=1, device_for=device_for, on_eval=report,
-                                  entered=time.time()) or {}
+                return _train_rank(config, 0, 1, on_eval=report) or {}
             return _train_with_peers(spec, config, report)
         except Exception as exc:
             if restarts == spec.max_restarts:
@@ -87,6 +84,16 @@ def train_in_actor(spec: RunSpec, config: dict[str, Any], report: Callable[[dict
             restarts += 1
             log.warning("run %s failed, training it again (restart %d of %d): %s", config["run_id"],
                         restarts, spec.max_restarts, describe(exc))
+
+
+def _train_rank(config: dict[str, Any], rank: int, world_size: int,
+                on_eval: Callable[[dict[str, float]], None]) -> dict[str, float] | None:
+    """``train_rank`` on this process's device, as every rank here trains."""
+    from workers.parallel import device_for
+    from workers.ray_train import train_rank
+
+    return train_rank(config, rank=rank, world_size=world_size, device_for=device_for, on_eval=on_eval,
+                      entered=time.time())
 
 
 def free_last_trainer(gpu: bool) -> None:
@@ -118,16 +125,12 @@ def _train_with_peers(spec: RunSpec, config: dict[str, Any], report: Callable[[d
                       ) -> dict[str, float]:
     """One try of the trial on the peer group (made first if there is none that fits); the
     group is kept only when rank 0 ended the trial (trained or stopped) and every peer did too."""
-    from workers.parallel import device_for
-    from workers.ray_train import train_rank
-
     group = _peer_group(spec)
     world = len(group.peers) + 1
     futures = [peer.train.remote(config, rank, world) for rank, peer in enumerate(group.peers, start=1)]
-    watch = _PeerWatch(futures, group)
+    watch = _PeerWatch(futures, group.peers)
     try:
-        metrics = train_rank(config, rank=0, world_size=world, device_for=device_for,
-                             on_eval=_StopAtEval(report), entered=time.time()) or {}
+        metrics = _train_rank(config, 0, world, on_eval=_StopAtEval(report)) or {}
     except Exception as exc:
         # Rank 0's trainer was not closed (its checkpointer's group, a write in flight), and
         # peers may wait in a collective: the group goes either way.
@@ -167,8 +170,7 @@ def _peer_group(spec: RunSpec) -> _PeerGroup:
         _join(host, port, 0, parallelism.num_workers)  # waits JOIN_TIMEOUT_S at most for the peers
         pids = ray.get(joins, timeout=JOIN_TIMEOUT_S)
     except BaseException:
-        for peer in peers:
-            ray.kill(peer)
+        _kill(peers)
         raise
     _GROUP = _PeerGroup(key=key, peers=peers, pids=pids)
     log.info("a process group of %d ranks (peers pid %s) in %.1f s, kept for this actor's next trials",
@@ -193,11 +195,15 @@ def _tear_down() -> None:
     import torch.distributed as dist
 
     if _GROUP is not None:
-        for peer in _GROUP.peers:
-            ray.kill(peer)
+        _kill(_GROUP.peers)
         _GROUP = None
     if dist.is_initialized():
         dist.destroy_process_group()  # every group, the checkpointer's included
+
+
+def _kill(peers: list[Any]) -> None:
+    for peer in peers:
+        ray.kill(peer)
 
 
 def _keep_if_peers_ended(futures: list[Any]) -> None:
@@ -219,9 +225,9 @@ class _PeerWatch:
     it keeps the error and kills the peers, so that rank 0's next (or current) collective
     fails instead of waiting for a rank that will never come."""
 
-    def __init__(self, futures: list[Any], group: _PeerGroup):
+    def __init__(self, futures: list[Any], peers: list[Any]):
         self.error: str | None = None
-        self._futures, self._group = futures, group
+        self._futures, self._peers = futures, peers
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="tessera-peer-watch", daemon=True)
         self._thread.start()
@@ -242,8 +248,7 @@ class _PeerWatch:
                 except Exception as exc:
                     self.error = describe(exc)
                     log.error("a peer rank failed, killing the peers: %s", self.error)
-                    for peer in self._group.peers:
-                        ray.kill(peer)
+                    _kill(self._peers)
                     return
 
 
@@ -276,16 +281,11 @@ class _StopAtEval:
             raise TrialStopped()
 
 
+@functools.cache
 def _peer_class() -> Any:
     """``_PeerRank`` as a Ray actor class (made on first use: this module is imported where Ray
     is not connected yet)."""
-    global _PEER_CLASS
-    if _PEER_CLASS is None:
-        _PEER_CLASS = ray.remote(max_restarts=0)(_PeerRank)
-    return _PEER_CLASS
-
-
-_PEER_CLASS: Any = None
+    return ray.remote(max_restarts=0)(_PeerRank)
 
 
 class _PeerRank:
@@ -299,13 +299,9 @@ class _PeerRank:
         return os.getpid()
 
     def train(self, config: dict[str, Any], rank: int, world_size: int) -> str:
-        from workers.parallel import device_for
-        from workers.ray_train import train_rank
-
         free_last_trainer(False)
         try:
-            train_rank(config, rank=rank, world_size=world_size, device_for=device_for,
-                       on_eval=_StopAtEval(None), entered=time.time())
+            _train_rank(config, rank, world_size, on_eval=_StopAtEval(None))
         except TrialStopped:
             return "stopped"
         return "trained"
