@@ -192,6 +192,7 @@ def rank_processes(folder) -> dict[str, dict[int, set[int]]]:
 
 def test_a_kept_peer_that_died_between_trials_is_replaced_before_the_next(ray_client, ray_head):
     # This process plays the trial actor (rank 0); its peer is a real Ray actor.
+    import psutil
     import torch.distributed as dist
 
     from api.specs import RunSpec
@@ -201,10 +202,47 @@ def test_a_kept_peer_that_died_between_trials_is_replaced_before_the_next(ray_cl
     try:
         first = actor_ranks._peer_group(spec)
         assert actor_ranks._peer_group(spec) is first  # it answers: kept
-        ray_client.kill(first.peers[0])
+        peer_process = psutil.Process(first.pids[0])
+        ray_client.kill(first.peers[0])  # asynchronous: a ping right after may still be answered
+        peer_process.wait(timeout=60)
         second = actor_ranks._peer_group(spec)  # the ping fails: a new peer and a new process group
         assert second is not first and second.pids != first.pids
         assert dist.get_world_size() == 2 and ray_client.get(second.peers[0].ping.remote()) == second.pids[0]
     finally:
         actor_ranks._tear_down()
     assert not dist.is_initialized()
+
+
+def test_a_peer_still_in_the_trial_after_rank_0_finished_it_costs_the_group_not_the_result(
+        ray_client, monkeypatch):
+    # Rank 0 (faked here) trained the trial to its end, so its final checkpoint is committed; a
+    # peer (a real actor) that has not left the trial PEERS_END_S later is killed with the group,
+    # and rank 0's metrics are still the trial's.
+    import threading
+
+    from api.specs import RunSpec
+    from workers.tune import actor_ranks
+
+    class LatePeer:
+        def train(self, config, rank, world_size):
+            threading.Event().wait()  # never leaves the trial
+
+        def ping(self):
+            return "alive"
+
+    peer = ray_client.remote(LatePeer).remote()
+    assert ray_client.get(peer.ping.remote()) == "alive"
+    group = actor_ranks._PeerGroup(key=(2, 1), peers=[peer], pids=[0])
+
+    def kept_group(spec):
+        monkeypatch.setattr(actor_ranks, "_GROUP", group)
+        return group
+
+    monkeypatch.setattr(actor_ranks, "_peer_group", kept_group)
+    monkeypatch.setattr(actor_ranks, "_train_rank", lambda config, rank, world_size, on_eval: {"eval/accuracy": 0.9})
+    monkeypatch.setattr(actor_ranks, "PEERS_END_S", 0.5)
+    spec = RunSpec.model_validate({**BASE, "parallelism": {"strategy": "ddp", "num_workers": 2}})
+    assert actor_ranks._train_with_peers(spec, {"run_id": "r"}, report=lambda results: None) == {"eval/accuracy": 0.9}
+    assert actor_ranks._GROUP is None  # dropped: the next trial makes a new group
+    with pytest.raises(ray_client.exceptions.RayActorError):  # and the late peer was killed
+        ray_client.get(peer.ping.remote(), timeout=60)
