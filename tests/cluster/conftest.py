@@ -115,6 +115,10 @@ class LocalRayCluster:
         actors = self._state("actors", class_name=class_name, state="ALIVE")
         return sorted(names.get(actor["node_id"], actor["node_id"]) for actor in actors)
 
+    def actors_ever(self, class_name: str) -> int:
+        """How many actors of ``class_name`` the cluster has made, dead ones included."""
+        return len(self._state("actors", class_name=class_name))
+
     def train_worker_nodes(self) -> list[str]:
         """The node names the live Ray Train workers run on, one entry per worker."""
         return self.actor_nodes("RayTrainWorker")

@@ -1,5 +1,6 @@
 """Tessera on a multi-node Ray cluster (one machine, four Ray nodes, token auth, S3 storage):
-a DDP run spans two nodes; losing a node mid-run or the head itself costs no run and no result.
+a DDP run spans two nodes, and so do a DDP sweep's ranks, kept from trial to trial; losing a
+node mid-run or the head itself costs no run and no result.
 
 One cluster and one service serve the module; each test leaves the cluster whole again.
 """
@@ -167,3 +168,34 @@ def test_a_sweep_spreads_its_trials_across_the_nodes_and_one_whose_node_is_lost_
     runs = list(client.iter_runs(sweep_id=sweep.id))
     assert all(r.status is RunStatus.COMPLETED for r in runs)
     assert max(r.attempt for r in runs) >= 2, [(r.id, r.attempt) for r in runs]  # the lost trial ran again
+
+
+def test_a_ddp_sweep_trains_every_trial_on_ranks_kept_across_two_nodes(cluster_svc, ray_cluster):
+    # A DDP trial of two one-CPU ranks trains in its Tune actor (rank 0) with a peer actor
+    # (rank 1) in the trial's second bundle: on one-CPU nodes the two are on two nodes. The
+    # second trial reuses the actor, its peer and their process group (workers.tune.actor_ranks).
+    from api.views import SweepStatus
+    from tests.workers.helpers_specs import SWEEP_BASE
+
+    client = cluster_svc.client()
+    base = {**SWEEP_BASE, "max_duration": "1ep",
+            "parallelism": {"strategy": "ddp", "num_workers": 2, "cpus_per_worker": 1}}
+    peers_before = ray_cluster.actors_ever("_PeerRank")
+    created = client.create_sweep({"name": "ddp-peers", "base": base, "max_concurrent_trials": 1,
+                                   "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}})
+
+    def rank_nodes():
+        if client.get_sweep(created.id).status.is_terminal:
+            raise AssertionError("the sweep ended before its ranks were seen")
+        trial_actors, peers = ray_cluster.actor_nodes("ImplicitFunc"), ray_cluster.actor_nodes("_PeerRank")
+        return (trial_actors, peers) if len(trial_actors) == 1 and len(peers) == 1 else None
+
+    trial_actors, peers = wait_until(rank_nodes, timeout=240, interval=0.3, what="a trial actor and its peer")
+    assert set(trial_actors + peers) <= set(NODE_NAMES) and trial_actors != peers, (trial_actors, peers)
+    sweep = client.wait_sweep(created.id, timeout=300)
+    assert sweep.status is SweepStatus.COMPLETED, (sweep.error, sweep.message)
+    assert sweep.counts == {"COMPLETED": 2}
+    runs = list(client.iter_runs(sweep_id=sweep.id))
+    assert all(r.attempt == 1 and r.summary.get("eval/accuracy", 0) > 0.2 for r in runs), \
+        [(r.id, r.attempt, r.summary) for r in runs]
+    assert ray_cluster.actors_ever("_PeerRank") - peers_before == 1  # both trials on one peer

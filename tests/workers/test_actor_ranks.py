@@ -1,6 +1,6 @@
 """workers.tune.actor_ranks without Ray: how a rank's ``on_eval`` turns Tune's stop into an
 unwind of every rank (the broadcast is faked here; tests/workers/test_tune_sweep.py runs the
-real thing on a Ray head)."""
+real thing on a Ray head), and how long joining a group waits for a peer that died."""
 
 import pytest
 import torch.distributed as dist
@@ -56,3 +56,36 @@ def test_a_stop_stays_a_stop_when_the_broadcast_fails(monkeypatch):
         _StopAtEval(stopped)({})
     with pytest.raises(RuntimeError, match="closed by peer"):
         _StopAtEval(lambda results: None)({})
+
+
+PEER_THAT_CONNECTS_AND_DIES = """
+import datetime, os, sys
+import torch.distributed as dist
+dist.TCPStore(sys.argv[1], int(sys.argv[2]), 2, is_master=False, timeout=datetime.timedelta(seconds=60))
+os._exit(1)  # connected to rank 0's store, gone before publishing its gloo address
+"""
+
+
+def test_joining_fails_within_the_join_timeout_when_a_peer_dies_after_connecting(monkeypatch):
+    # Without Ray: rank 0 (this process) and one peer, a subprocess that connects to rank 0's
+    # store and dies. init_process_group waits on the store for the timeout it is given; with
+    # the group's own (here 60 s, 30 minutes in a sweep) rank 0 would wait for all of it.
+    import subprocess
+    import sys
+    import time
+
+    from workers.tune import actor_ranks
+
+    monkeypatch.setattr(actor_ranks, "JOIN_TIMEOUT_S", 2)
+    monkeypatch.setattr(actor_ranks, "GROUP_TIMEOUT_S", 60)
+    host, port = "127.0.0.1", actor_ranks._store_address()[1]
+    peer = subprocess.Popen([sys.executable, "-c", PEER_THAT_CONNECTS_AND_DIES, host, str(port)])
+    try:
+        started = time.monotonic()
+        with pytest.raises(dist.DistStoreError, match="timeout"):
+            actor_ranks._join(host, port, 0, 2)
+        assert time.monotonic() - started < 30
+        assert not dist.is_initialized()
+    finally:
+        peer.kill()
+        peer.wait()

@@ -23,9 +23,9 @@ A group stays usable only if every rank leaves a trial at the same point:
 Anything else (a rank raises, a peer dies) can leave ranks waiting in a collective: the peers
 are killed, which makes a gloo collective that rank 0 waits in fail at once ("Connection closed
 by peer"), and the group is dropped; the next try or trial makes a new one. What a dead peer
-does not make fail at once is a wait on the group's store (making a new group): the
-checkpointer passes a barrier first (``workers.checkpoint.manager``), and a kept group's peers
-are pinged before each trial.
+does not make fail at once is a wait on the group's store (making a new group): joining waits
+``JOIN_TIMEOUT_S`` at most, the checkpointer passes a barrier before making its own group
+(``workers.checkpoint.manager``), and a kept group's peers are pinged before each trial.
 
 GPU trials keep Ray Train's worker group (``space.trains_in_trial_actor``): on NCCL a rank whose
 peer died waits in its collective until the watchdog's timeout instead of failing at once, and
@@ -308,17 +308,21 @@ class _PeerRank:
 
 
 def _join(host: str, port: int, rank: int, world_size: int) -> None:
-    """Join the gloo process group whose store rank 0 serves at ``host:port``. Rank 0's store
-    waits ``JOIN_TIMEOUT_S`` for every rank to connect (a peer that connects and dies before
-    the group is made still holds rank 0 for the group's timeout); collectives, and the store
-    once joined, wait ``GROUP_TIMEOUT_S``."""
+    """Join the gloo process group whose store rank 0 serves at ``host:port``. Making the group
+    waits twice, ``JOIN_TIMEOUT_S`` at most each time: for every rank to connect to the store,
+    then for every rank's gloo address in it. (``init_process_group`` waits on the store for
+    the timeout it is given: with the group's, a peer that connected and died before publishing
+    its address would hold the others for 30 minutes; one that died after publishing it fails
+    them at once, its connection refused.) Once joined, collectives and the store wait
+    ``GROUP_TIMEOUT_S``."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-    store.set_timeout(datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    joining = datetime.timedelta(seconds=JOIN_TIMEOUT_S)
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=joining)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=joining)
+    joined = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    dist.set_timeout(joined)  # the group's collectives from now on
+    store.set_timeout(joined)
 
 
 def _store_address() -> tuple[str, int]:
