@@ -64,12 +64,23 @@ import torch.distributed as dist
 dist.TCPStore(sys.argv[1], int(sys.argv[2]), 2, is_master=False, timeout=datetime.timedelta(seconds=60))
 os._exit(1)  # connected to rank 0's store, gone before publishing its gloo address
 """
+HEALTHY_PEER = """
+import datetime, sys
+import torch.distributed as dist
+timeout = datetime.timedelta(seconds=60)
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), 2, is_master=False, timeout=timeout)
+dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timeout)  # a fresh process's first group
+dist.barrier()
+dist.destroy_process_group()
+"""
 
 
-def test_joining_fails_within_the_join_timeout_when_a_peer_dies_after_connecting(monkeypatch):
+def test_joining_fails_within_the_join_timeout_when_a_peer_dies_after_connecting_and_the_next_join_works(
+        monkeypatch):
     # Without Ray: rank 0 (this process) and one peer, a subprocess that connects to rank 0's
     # store and dies. init_process_group waits on the store for the timeout it is given; with
-    # the group's own (here 60 s, 30 minutes in a sweep) rank 0 would wait for all of it.
+    # the group's own (here 60 s, 30 minutes in a sweep) rank 0 would wait for all of it. Then
+    # rank 0 joins a new peer, as a trial's next try does.
     import subprocess
     import sys
     import time
@@ -86,6 +97,18 @@ def test_joining_fails_within_the_join_timeout_when_a_peer_dies_after_connecting
             actor_ranks._join(host, port, 0, 2)
         assert time.monotonic() - started < 30
         assert not dist.is_initialized()
+    finally:
+        peer.kill()
+        peer.wait()
+    port = actor_ranks._store_address()[1]
+    peer = subprocess.Popen([sys.executable, "-c", HEALTHY_PEER, host, str(port)])
+    try:
+        monkeypatch.setattr(actor_ranks, "JOIN_TIMEOUT_S", 60)
+        actor_ranks._join(host, port, 0, 2)  # the failed join left the group count as it was
+        dist.barrier()
+        assert dist.get_world_size() == 2
+        dist.destroy_process_group()
+        assert peer.wait(timeout=60) == 0
     finally:
         peer.kill()
         peer.wait()

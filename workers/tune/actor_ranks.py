@@ -319,7 +319,17 @@ def _join(host: str, port: int, rank: int, world_size: int) -> None:
 
     joining = datetime.timedelta(seconds=JOIN_TIMEOUT_S)
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=joining)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=joining)
+    try:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=joining)
+    except BaseException:
+        # torch names a process's groups by a count ("0", "1", ...) that prefixes the group's
+        # keys in the store; a failed init has taken a number, and only destroying a default
+        # group resets the count. Left so, this actor's next group would be "1" where its new
+        # peers' is "0", and the ranks would wait for each other's keys until the join timeout:
+        # a trial whose first join failed could never join again. Reset as destroying would.
+        if not dist.is_initialized():
+            dist.distributed_c10d._world.group_count = 0
+        raise
     joined = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
     dist.set_timeout(joined)  # the group's collectives from now on
     store.set_timeout(joined)
