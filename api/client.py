@@ -19,7 +19,7 @@ import httpx
 from api.code_package import CodePackage, CodeView, inspect_package, pack_directory
 from api.credentials import find_api_key
 from api.errors import ApiError, ExportFailed
-from api.logs import LogsPage
+from api.logs import LogsPage, SweepLogsPage
 from api.run_edits import DeletionView, RunUpdate
 from api.specs import RunSpec
 from api.views import (
@@ -290,6 +290,12 @@ class Client:
         """One page of an attempt's log from byte ``after`` (default: the newest attempt)."""
         params = {"after": after} | ({"attempt": attempt} if attempt is not None else {})
         return LogsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/logs", params=params))
+
+    def sweep_logs(self, sweep_id: str, *, attempt: int | None = None, after: int = 0) -> SweepLogsPage:
+        """One page of a sweep driver attempt's log (the Tune driver's output and every
+        trial's) from byte ``after`` (default: the newest attempt)."""
+        params = {"after": after} | ({"attempt": attempt} if attempt is not None else {})
+        return SweepLogsPage.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}/logs", params=params))
 
     def wait(self, run_id: str, *, timeout: float = 600.0, poll_interval: float = 0.5) -> RunView:
         """Poll until the run reaches a terminal status; raise ``TimeoutError`` otherwise."""

@@ -1,4 +1,5 @@
-"""The contract of a run's logs: one page of an attempt's worker stdout/stderr, by byte offset."""
+"""The contract of logs: one page of a run attempt's worker stdout/stderr, or of a sweep driver
+attempt's log, by byte offset."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 
-class LogsPage(BaseModel):
-    """Bytes ``offset``..``next_offset`` of one attempt's log, as text.
+class LogPage(BaseModel):
+    """Bytes ``offset``..``next_offset`` of one attempt's log, as text (what ``LogsPage`` and
+    ``SweepLogsPage`` share).
 
     Poll again with ``after=next_offset`` for what follows; ``live`` says more may still come
-    (the attempt is the run's current one and the run has not ended).
+    (the attempt is the record's current one and the record has not ended).
     """
 
-    run_id: str
     attempt: int = Field(description="the attempt this page is from")
-    attempts: int = Field(description="the run's newest attempt; attempts 1..attempts may have logs")
+    attempts: int = Field(description="the newest attempt; attempts 1..attempts may have logs")
     text: str = Field(description="the log's bytes from offset to next_offset, decoded as UTF-8")
     offset: int = Field(description="the byte offset this page starts at (the request's `after`)")
     next_offset: int = Field(description="pass as `after` to read on; equals offset when nothing new")
@@ -24,3 +25,15 @@ class LogsPage(BaseModel):
     live: bool = Field(description="the attempt is still running: poll again for more")
     source: Literal["ray", "storage", "none"] = Field(
         description="where the log was read: Ray's job log (live), the stored copy, or none yet")
+
+
+class LogsPage(LogPage):
+    """A page of a run attempt's worker stdout/stderr (a sweep trial's: its driver's log)."""
+
+    run_id: str
+
+
+class SweepLogsPage(LogPage):
+    """A page of a sweep driver attempt's log: the Tune driver's output and every trial's."""
+
+    sweep_id: str

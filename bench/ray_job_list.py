@@ -6,8 +6,8 @@
 Each dispatcher tick reads every job's state with one ``GET /api/jobs/`` (``RayJobsClient.states``).
 Ray answers it with every submission job it has not been told to forget, finished ones too,
 so unless finished jobs are deleted the call grows with every run the cluster ever ran. The log
-archiver deletes a run attempt's job once its final log is stored (``service/log_archive.py``);
-this measures what that saves, on a real Ray head started here:
+archiver deletes a run attempt's (or sweep driver's) job once its final log is stored
+(``service/log_archive.py``); this measures what that saves, on a real Ray head started here:
 
 1. one real job (``python -c pass``) is submitted and waited for; its stored record is the
    template for the rest;

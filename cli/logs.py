@@ -1,9 +1,10 @@
-"""``tessera logs RUN [-f]``: print an attempt's worker log, and follow it while the run is live."""
+"""``tessera logs RUN [-f]``: print an attempt's worker log, and follow it while the run is live
+(``tessera sweeps logs SWEEP`` reads a sweep driver's log the same way)."""
 
 
 import sys
 import time
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 
@@ -11,15 +12,18 @@ from cli.output import JsonOption, emit
 
 if TYPE_CHECKING:
     from api.client import Client
-    from api.logs import LogsPage
+    from api.logs import LogPage
+
+# Reads one page: (attempt or None for the newest, byte offset) -> page
+PageReader = Callable[[Optional[int], int], "LogPage"]
 
 
-def print_logs(client: "Client", run_id: str, *, attempt: int | None, follow: bool, poll_interval: float = 1.0) -> None:
+def print_logs(read: PageReader, *, attempt: int | None, follow: bool, poll_interval: float = 1.0) -> None:
     """Write the attempt's log to stdout from the start; with ``follow``, keep polling by byte
     offset until the attempt is no longer live."""
     after = 0
     while True:
-        page = client.logs(run_id, attempt=attempt, after=after)
+        page = read(attempt, after)
         sys.stdout.write(page.text)
         sys.stdout.flush()
         attempt, after = page.attempt, page.next_offset
@@ -30,14 +34,33 @@ def print_logs(client: "Client", run_id: str, *, attempt: int | None, follow: bo
         time.sleep(poll_interval)
 
 
-def read_log(client: "Client", run_id: str, *, attempt: int | None) -> "LogsPage":
+def read_log(read: PageReader, *, attempt: int | None) -> "LogPage":
     """The attempt's whole log as it is now, as one page from offset 0 (for ``--json``)."""
-    page = client.logs(run_id, attempt=attempt, after=0)
+    page = read(attempt, 0)
     text = page.text
     while page.next_offset < page.size:
-        page = client.logs(run_id, attempt=page.attempt, after=page.next_offset)
+        page = read(page.attempt, page.next_offset)
         text += page.text
     return page.model_copy(update={"text": text, "offset": 0})
+
+
+def show_logs(read: PageReader, *, attempt: int | None, follow: bool, as_json: bool, call) -> None:
+    """What ``tessera logs`` and ``tessera sweeps logs`` print (``call`` turns API errors into
+    one line and exit 1)."""
+    if as_json and follow:
+        raise typer.BadParameter("--json prints the log so far; leave out --follow", param_hint="--json")
+    if as_json:
+        emit(call(read_log, read, attempt=attempt), as_json=True, render=lambda: None)
+    else:
+        call(print_logs, read, attempt=attempt, follow=follow)
+
+
+def run_pages(client: "Client", run_id: str) -> PageReader:
+    return lambda attempt, after: client.logs(run_id, attempt=attempt, after=after)
+
+
+def sweep_pages(client: "Client", sweep_id: str) -> PageReader:
+    return lambda attempt, after: client.sweep_logs(sweep_id, attempt=attempt, after=after)
 
 
 def register(app: typer.Typer, url_option, default_url: str, call) -> None:
@@ -53,10 +76,5 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
         one page: run_id, attempt, text, size, live)."""
         from api.client import Client
 
-        if as_json and follow:
-            raise typer.BadParameter("--json prints the log so far; leave out --follow", param_hint="--json")
         with Client(url) as client:
-            if as_json:
-                emit(call(read_log, client, run_id, attempt=attempt), as_json=True, render=lambda: None)
-            else:
-                call(print_logs, client, run_id, attempt=attempt, follow=follow)
+            show_logs(run_pages(client, run_id), attempt=attempt, follow=follow, as_json=as_json, call=call)

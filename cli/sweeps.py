@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, cancel, wait.")
+sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
 from cli.output import JsonOption, call, console, emit, fail
 
@@ -92,6 +92,22 @@ def cancel_sweep(sweep_id: str, url: UrlOption = DEFAULT_URL) -> None:
     """Cancel a sweep: its driver stops and its running trials end CANCELED."""
     sweep = call(_client(url).cancel_sweep, sweep_id)
     console.print(f"sweep {sweep.id}: {sweep.status.value}", highlight=False)
+
+
+@sweeps_app.command("logs")
+def sweep_logs(
+    sweep_id: str,
+    attempt: Annotated[Optional[int], typer.Option(help="driver attempt (default: the newest)")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing while the driver runs")] = False,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Print a sweep driver's log: the Tune driver's output and every trial's (one driver
+    attempt; --json: the log so far as one page: sweep_id, attempt, text, size, live)."""
+    from cli.logs import show_logs, sweep_pages
+
+    with _client(url) as client:
+        show_logs(sweep_pages(client, sweep_id), attempt=attempt, follow=follow, as_json=as_json, call=call)
 
 
 @sweeps_app.command("wait")

@@ -66,6 +66,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     install_metrics(app)
     for module in (runs, lineage, reports, sweeps, access, catalog, health, code, logs, export, housekeeping):
         app.include_router(module.router)
+    app.include_router(logs.sweep_router)
     mount_dashboard(app)
     return app
 

@@ -71,8 +71,8 @@ class Dispatcher:
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings, admit=self.admission.admit_sweeps),
         )
         self.tick_listeners: list[Callable[[float], None]] = []  # each gets a tick's duration (s)
-        self.log_archiver = LogArchiver(repo, jobs, LogStore(settings.storage_url,
-                                                                    timeout_s=settings.storage_timeout_s))
+        self.log_archiver = LogArchiver([(f.kind, f.store) for f in self.followers], jobs,
+                                        LogStore(settings.storage_url, timeout_s=settings.storage_timeout_s))
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,10 +97,10 @@ class Dispatcher:
                 self._planned_at = time.monotonic()
             self.ray_error = "a call to Ray failed during the last tick" if down else None
             if not down:
-                # The run follower's read of the followed runs, from the start of this tick, serves
-                # the log archiver and the wall-clock check too: every active run is read once a
-                # tick. A run the followers just submitted or ended is seen by these two on the next.
-                self.log_archiver.offer(read["run"])  # its copies run on its own thread, when started
+                # The followers' reads of the followed runs and sweeps, from the start of this tick,
+                # serve the log archiver and (runs) the wall-clock check too: every active record is
+                # read once a tick. One the followers just submitted or ended is seen on the next.
+                self.log_archiver.offer(read)  # its copies run on its own thread, when started
                 projects = {p.name: p for p in self.access.list_projects()}
                 for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=read["run"]):
                     log.info("run %s: stopped at its wall-clock limit", run_id)
@@ -120,9 +120,10 @@ class Dispatcher:
         """Whether this process dispatches: it holds the lease, and reconciled when it took it."""
         held = self.lease.held()
         if held and not self.leading:
-            # The runs whose jobs ended while no process dispatched: once reconciled, their final
-            # logs are copied and their jobs forgotten by Ray, as if this process had seen them live.
-            self.log_archiver.watch(self.repo.snapshots(RUN_JOBS.policy.followed))
+            # The runs and sweeps whose jobs ended while no process dispatched: once reconciled, their
+            # final logs are copied and their jobs forgotten by Ray, as if this process had seen them live.
+            followed = {f.kind.name: f.store.snapshots(f.kind.policy.followed) for f in self.followers}
+            self.log_archiver.watch(followed)
             self.log_archiver.sweep_leftovers()  # and those of attempts that ended before
             for fix in self.reconcile():
                 log.info("reconciled %s", fix)

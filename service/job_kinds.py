@@ -53,6 +53,9 @@ class JobKind:
     env_defaults: Mapping[str, str] = field(default_factory=dict)  # unless the service's env sets them
     restart_limit: int | None = None  # re-queues after the first attempt; None: unlimited
     give_up: str = ""  # the error once restarts are spent: {attempt}, {limit}, {last}
+    # Whether every attempt has a job of its own (a sweep driver's), so that a job's log is
+    # exactly its attempt's; a run's worker-group restart moves it to a new attempt on the same job.
+    job_per_attempt: bool = False
 
     def entrypoint(self, settings: Settings, record_id: str) -> str:
         # workers.fork_exec forks the driver from a warm interpreter on the node when one is
@@ -114,6 +117,7 @@ def sweep_driver_jobs(settings: Settings) -> JobKind:
         ended_without_result=DRIVER_ENDED_WITHOUT_RESULT,
         env_defaults={"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": DEFAULT_WORKER_GROUP_START_TIMEOUT_S},
         restart_limit=settings.sweep_driver_restarts,
+        job_per_attempt=True,
         give_up="the sweep driver died {attempt} time(s), more than sweep_driver_restarts={limit} allows; "
                 "last: {last}",
     )

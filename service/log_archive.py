@@ -1,7 +1,9 @@
-"""Copy run attempts' Ray job logs into storage, so they outlive the Ray cluster.
+"""Copy the Ray job logs of run attempts and sweep driver attempts into storage, so they
+outlive the Ray cluster, then have Ray forget the finished jobs.
 
-Each dispatcher tick hands the archiver the run attempts whose jobs the dispatcher follows, and
-the archiver makes one pass over them. While an attempt is live its log is copied every
+Each dispatcher tick hands the archiver the run attempts and sweep driver attempts whose jobs
+the dispatcher follows, and the archiver makes one pass over them (both kinds alike: below,
+"attempt" and "run" stand for either). While an attempt is live its log is copied every
 ``every_ticks`` passes (a crash of the Ray head then loses at most that much; a pass a tick, 5 s,
 while the archiver keeps up, longer when a slow Ray or storage makes passes outlast ticks), but a pass copies
 at most ``copies_per_tick`` live logs, those copied longest ago first: each copy is a Ray call
@@ -22,15 +24,16 @@ need longer.
 What the archiver remembers lives in memory. As a process takes over dispatching, it ``watch``es
 the runs then active, so those whose jobs ended while no process dispatched have their final
 logs copied and their jobs forgotten once the reconciler ends them. It also sweeps Ray's list
-once (``sweep_leftovers``): a finished run-attempt job that Ray still lists, that no watched
+once (``sweep_leftovers``): a finished attempt job that Ray still lists, that no watched
 attempt owns and whose run has ended (its attempt ended shortly before the restart, with its
 final copy or its delete not yet made, or it ended before any archiver deleted jobs) is handled
 like an attempt that just ended: final log copied if it is the job the run ended on, then
 forgotten. Those join the watched attempts ``copies_per_tick`` a pass, so a backlog of thousands
 does not hold up the live copies. Left in Ray's list are jobs Ray refused to delete
 ``FORGET_TRIES`` times, jobs of runs still queued or followed, jobs whose run this database
-does not hold (another service's, on a shared cluster), and jobs of other kinds: sweep drivers
-(a sweep's trials read their log there) and model exports.
+does not hold (another service's, on a shared cluster), and model exports (whose state is read
+back from Ray). A sweep's trials have no jobs of their own: a trial's log is its sweep driver's,
+read from the stored copy once Ray has forgotten the driver's job (``service.routes.logs``).
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -48,30 +51,30 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from api.views import TERMINAL_STATUSES
-from service.attempt_store import parse_attempt_job_id
+from service.attempt_store import AttemptStore, parse_attempt_job_id
+from service.job_kinds import JobKind
 from service.log_store import LogStore
 from service.ray_client import FINISHED_JOB_STATES, JobsClient, job_states
-from service.repository import Repository
-from service.job_kinds import RUN_JOBS
 
 log = logging.getLogger(__name__)
 
 FORGET_TRIES = 3  # deletes of one finished job before it is left in Ray's list
 SWEEP_TRIES = 3  # passes that try to read Ray's list for ``sweep_leftovers`` before it gives up
-ENDED = frozenset(status.value for status in TERMINAL_STATUSES)  # as the database stores them
+
+Records = Mapping[str, Sequence[Any]]  # what a tick read of each kind's followed records, by kind name
 
 
 @dataclass(frozen=True)
 class Attempt:
-    run_id: str
+    record_id: str  # the run's id, or the sweep's
     attempt: int
     job_id: str
     project: str
+    kind: str = "run"  # JobKind.name: "run" or "sweep"
 
 
 def archive_final_log(jobs: JobsClient, store: LogStore, attempt: Attempt, text: str | None = None) -> bool:
@@ -82,17 +85,18 @@ def archive_final_log(jobs: JobsClient, store: LogStore, attempt: Attempt, text:
         return False  # still stopping: copy once it has ended
     text = jobs.job_logs(attempt.job_id) if text is None else text
     if text:  # an empty answer (Ray lost the file) never replaces a stored copy
-        store.save(attempt.run_id, attempt.attempt, text, project=attempt.project)
+        store.save(attempt.record_id, attempt.attempt, text, project=attempt.project, kind=attempt.kind)
     return True
 
 
 class LogArchiver:
-    """Copies followed attempts' logs to a ``LogStore``; the dispatcher ``offer``s it each tick's runs."""
+    """Copies followed attempts' logs to a ``LogStore``; the dispatcher ``offer``s it each tick's
+    records. ``sources``: each kind of job with the store of its records (runs, sweeps)."""
 
-    def __init__(self, repo: Repository, jobs: JobsClient, store: LogStore, *, every_ticks: int = 10,
-                 copies_per_tick: int = 10, forget_after_s: float = 10.0,
+    def __init__(self, sources: Sequence[tuple[JobKind, AttemptStore]], jobs: JobsClient, store: LogStore, *,
+                 every_ticks: int = 10, copies_per_tick: int = 10, forget_after_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic):
-        self.repo = repo
+        self.sources = list(sources)
         self.jobs = jobs
         self.store = store
         self.every_ticks = every_ticks
@@ -107,7 +111,7 @@ class LogArchiver:
         # Finished jobs whose final logs are stored: when to delete each, and the tries left
         self._forget_at: dict[str, tuple[float, int]] = {}
         self._stalled = False
-        self._offered: list[Any] | None = None  # the last tick's runs, waiting for the thread's next pass
+        self._offered: Records | None = None  # the last tick's records, waiting for the thread's next pass
         # Live in a replaced offer, or handed to ``watch``: watched from the next pass on
         self._folded: set[Attempt] = set()
         self._sweep_due = False  # ``sweep_leftovers`` was called: the next pass reads Ray's list
@@ -130,8 +134,8 @@ class LogArchiver:
             self._thread = threading.Thread(target=self._loop, name="tessera-log-archiver", daemon=True)
             self._thread.start()
 
-    def offer(self, runs: list[Any]) -> None:
-        """A tick's runs (as ``tick`` takes them): the thread's next pass, or a pass now if
+    def offer(self, records: Records) -> None:
+        """A tick's records (as ``tick`` takes them): the thread's next pass, or a pass now if
         ``start()`` was never called."""
         with self._changed:
             inline = not self._started
@@ -142,23 +146,23 @@ class LogArchiver:
                     # offer (it started and ended during one pass) is still watched, so the next
                     # pass copies its final log.
                     self._folded |= self._live(self._offered)
-                self._offered = runs
+                self._offered = records
                 self._changed.notify()
         if inline:
             with self._changed:
                 folded, self._folded = self._folded, set()
-            self.tick(runs, folded)
+            self.tick(records, folded)
 
-    def watch(self, runs: list[Any]) -> None:
-        """Watch the live attempts of ``runs`` (as ``tick`` takes them) as if a pass had seen them:
+    def watch(self, records: Records) -> None:
+        """Watch the live attempts of ``records`` (as ``tick`` takes them) as if a pass had seen them:
         once no longer followed, their final logs are copied and their jobs forgotten. The
         dispatcher calls this as it takes the lead, before the reconciler ends the runs whose jobs
         ended while no process dispatched (this archiver never saw them live)."""
         with self._changed:
-            self._folded |= self._live(runs)
+            self._folded |= self._live(records)
 
     def sweep_leftovers(self) -> None:
-        """At the next pass, read Ray's job list once and handle every finished run-attempt job
+        """At the next pass, read Ray's job list once and handle every finished attempt job
         in it that no watched attempt owns as an attempt that just ended (final log, then
         forgotten). The dispatcher calls this as it takes the lead."""
         with self._changed:
@@ -183,24 +187,24 @@ class LogArchiver:
                 if self._offered is None:  # stopping, with every offer taken
                     self._serving = False  # in the same hold as the check: a start() now makes a new thread
                     return
-                runs, folded = self._offered, self._folded
+                records, folded = self._offered, self._folded
                 self._offered, self._folded = None, set()
             try:
-                self.tick(runs, folded)
-            except Exception:  # e.g. a bug: logged, and the next tick's runs get their pass
+                self.tick(records, folded)
+            except Exception:  # e.g. a bug: logged, and the next tick's records get their pass
                 log.exception("the log archiver's pass failed")
 
     # --- one pass ------------------------------------------------------------------------
-    def tick(self, runs: list[Any] | None = None, folded: set[Attempt] | frozenset[Attempt] = frozenset()) -> None:
+    def tick(self, records: Records | None = None, folded: set[Attempt] | frozenset[Attempt] = frozenset()) -> None:
         """One pass: copy each live attempt's log once every ``every_ticks`` passes, and ended
-        attempts' final logs. ``runs``: the runs in a followed status whose jobs the dispatcher
-        follows, as a tick read them (None: read them here); ``folded``: attempts that were live
-        in ticks this pass stands for, besides the last."""
+        attempts' final logs. ``records``: by kind name, the records in a followed status, as a
+        tick read them (None: read them here); ``folded``: attempts that were live in ticks this
+        pass stands for, besides the last."""
         self.passes += 1
         self._stalled = False  # a hung store or Ray: one timeout per pass, not one per attempt
-        if runs is None:
-            runs = self.repo.snapshots(RUN_JOBS.policy.followed)
-        live = self._live(runs)
+        if records is None:
+            records = {kind.name: store.snapshots(kind.policy.followed) for kind, store in self.sources}
+        live = self._live(records)
         # A new attempt is due at once; after each try, every_ticks later. Those due longest ago go
         # first, so under the cap every live log gets its turn. A failed try counts as a turn: a
         # log that cannot be copied is tried again at its next one and never holds the others back.
@@ -228,23 +232,32 @@ class LogArchiver:
                 self._forget(job_id, now)
 
     def _find_leftovers(self, live: set[Attempt]) -> list[Attempt]:
-        """Finished run-attempt jobs in Ray's list that no attempt watched, live, waiting or being
-        forgotten owns, of runs this database holds that have ended (one Ray call, one query).
-        The job a run ended on gets its final copy, under the run's last attempt (a worker-group
-        restart moves the run to a new attempt on the same job); an earlier job of the run had its
-        final copy when its attempt ended, and is only forgotten. On a Ray or database error, none,
-        and the next pass tries again, ``SWEEP_TRIES`` passes in all."""
-        prefix = self.repo.stored.job_prefix
+        """Finished attempt jobs in Ray's list that no attempt watched, live, waiting or being
+        forgotten owns, of records this database holds (one Ray call, one query per kind):
+        - the job an ended record ended on gets its final copy, under the record's last attempt
+          (a worker-group restart moves a run to a new attempt on the same job);
+        - a job of an earlier attempt of a sweep (re-queued when its driver failed; the sweep may
+          be queued or running again, or have ended since) gets its final copy under its own
+          attempt: the process that saw it end may have stopped before copying it. (A queued
+          attempt's own job, submitted by a process that lost the answer, is left: the next
+          submit of the attempt must find it, so that the attempt never runs twice);
+        - an earlier job of an ended run had its final copy when its attempt ended (runs are
+          re-queued only when their job is lost), and is only forgotten.
+        On a Ray or database error, none, and the next pass tries again, ``SWEEP_TRIES`` passes
+        in all."""
         try:
             states = job_states(self.jobs)
             if states is None:  # a Jobs client that cannot list: nothing to sweep
                 self._sweep_due = False
                 return []
             known = {a.job_id for a in self._watched | live | set(self._leftovers)} | set(self._forget_at)
-            ended = {job_id: parsed for job_id, state in states.items()
-                     if state in FINISHED_JOB_STATES and job_id not in known
-                     and (parsed := parse_attempt_job_id(prefix, job_id)) is not None}
-            owners = self.repo.job_owners(run_id for run_id, _ in ended.values())
+            finished = [job_id for job_id, state in states.items()
+                        if state in FINISHED_JOB_STATES and job_id not in known]
+            ended, owners = {}, {}  # by kind name: {job id: (record id, attempt)}, and the records' owners
+            for kind, store in self.sources:
+                ended[kind.name] = {job_id: parsed for job_id in finished
+                                    if (parsed := parse_attempt_job_id(store.stored.job_prefix, job_id)) is not None}
+                owners[kind.name] = store.job_owners(record_id for record_id, _ in ended[kind.name].values())
         except Exception as exc:
             self._sweep_tries += 1
             self._sweep_due = self._sweep_tries < SWEEP_TRIES
@@ -254,28 +267,31 @@ class LogArchiver:
             return []
         self._sweep_due = False
         found, forget = [], []
-        for job_id, (run_id, _) in sorted(ended.items()):
-            if run_id not in owners:
-                continue  # not a run of this database: another service's, on a shared cluster
-            project, status, attempt, ray_job_id = owners[run_id]
-            if status not in ENDED:
-                continue  # its run is queued or followed: the dispatcher still reads this job
-            if job_id == ray_job_id:
-                found.append(Attempt(run_id, attempt, job_id, project))
-            else:
-                forget.append(job_id)
+        for kind, _ in self.sources:
+            terminal = {status.value for status in kind.status if status.is_terminal}  # as the database stores them
+            for job_id, (record_id, job_attempt) in sorted(ended[kind.name].items()):
+                if record_id not in owners[kind.name]:
+                    continue  # not a record of this database: another service's, on a shared cluster
+                project, status, attempt, ray_job_id = owners[kind.name][record_id]
+                if job_id == ray_job_id:
+                    if status in terminal:  # else followed: the dispatcher still reads this job
+                        found.append(Attempt(record_id, attempt, job_id, project, kind.name))
+                elif kind.job_per_attempt and job_attempt < attempt:  # not a queued attempt's own
+                    found.append(Attempt(record_id, job_attempt, job_id, project, kind.name))
+                elif status in terminal:  # else queued or followed: left as it was
+                    forget.append(job_id)
         now = self.clock()
         for job_id in forget:
             self._forget_at[job_id] = (now + self.forget_after_s, FORGET_TRIES)
         if found or forget:
-            log.info("finished run jobs left in Ray's list: %d to store the final log of, then forget; "
+            log.info("finished jobs left in Ray's list: %d to store the final log of, then forget; "
                      "%d to forget", len(found), len(forget))
         return found
 
-    @staticmethod
-    def _live(runs: list[Any]) -> set[Attempt]:
-        return {Attempt(run.id, run.attempt, run.ray_job_id, run.project)
-                for run in runs if RUN_JOBS.owns(run) and run.ray_job_id}
+    def _live(self, records: Records) -> set[Attempt]:
+        return {Attempt(record.id, record.attempt, record.ray_job_id, record.project, kind.name)
+                for kind, _ in self.sources for record in records.get(kind.name, ())
+                if kind.owns(record) and record.ray_job_id}
 
     def _forget(self, job_id: str, now: float) -> None:
         """Have Ray forget a finished job (a 404 is no error). A failed delete is tried again
@@ -301,7 +317,7 @@ class LogArchiver:
                 return archive_final_log(self.jobs, self.store, attempt)
             text = self.jobs.job_logs(attempt.job_id)
             if text is not None:
-                self.store.save(attempt.run_id, attempt.attempt, text, project=attempt.project)
+                self.store.save(attempt.record_id, attempt.attempt, text, project=attempt.project, kind=attempt.kind)
             return True
         except Exception as exc:
             log.warning("could not copy the log of %s; will retry", attempt.job_id, exc_info=True)

@@ -1,8 +1,9 @@
-"""Run logs in storage: ``{project storage}/runs/{run_id}/logs/attempt-{n}.log``.
+"""Job logs in storage: a run attempt's at ``{project storage}/runs/{run_id}/logs/attempt-{n}.log``,
+a sweep driver attempt's at ``{project storage}/sweeps/{sweep_id}/logs/attempt-{n}.log``.
 
-Ray keeps a job's driver log only as long as the Ray cluster lives; the service copies each
-attempt's log here (``service.log_archive``) so it outlives the cluster. The URL comes from
-``service.storage_paths``, which mirrors ``workers.paths``.
+Ray keeps a job's driver log only as long as the Ray cluster lives (and only until the service
+has it forget the job); the service copies each attempt's log here (``service.log_archive``)
+so it outlives both. The URLs come from ``service.storage_paths``.
 """
 
 from __future__ import annotations
@@ -13,29 +14,34 @@ from fsspec.core import url_to_fs
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.code_store import write_whole
 from service.db.models import DEFAULT_PROJECT
-from service.storage_paths import attempt_log_url, project_storage_url
+from service.storage_paths import attempt_log_url, project_storage_url, sweep_log_url
+
+LOG_URLS = {"run": attempt_log_url, "sweep": sweep_log_url}  # by job kind (``JobKind.name``)
 
 
 class LogStore:
     """Write and read attempt logs under a storage root (``file://`` or ``s3://``), each in its
-    run's folder under the run's project prefix, beside the checkpoints and exports."""
+    run's (or sweep's) folder under its project prefix, beside the checkpoints and exports."""
 
     def __init__(self, storage_url: str, *, timeout_s: float = DEFAULT_STORAGE_TIMEOUT_S):
         self.storage_url = storage_url.rstrip("/")
         self.fs, _ = url_to_fs(self.storage_url)
         self.timeout_s = timeout_s  # each save or read gives up after this (StorageTimeout)
 
-    def _path(self, run_id: str, attempt: int, project: str) -> str:
-        return url_to_fs(attempt_log_url(project_storage_url(self.storage_url, project), run_id, attempt))[1]
+    def _path(self, record_id: str, attempt: int, project: str, kind: str) -> str:
+        return url_to_fs(LOG_URLS[kind](project_storage_url(self.storage_url, project), record_id, attempt))[1]
 
-    def save(self, run_id: str, attempt: int, text: str, *, project: str = DEFAULT_PROJECT) -> None:
-        """Store (replace) the attempt's log; readers see the old copy or the new one, never half."""
-        path = self._path(run_id, attempt, project)
+    def save(self, record_id: str, attempt: int, text: str, *, project: str = DEFAULT_PROJECT,
+             kind: str = "run") -> None:
+        """Store (replace) the attempt's log; readers see the old copy or the new one, never half.
+        ``kind``: ``"run"`` (``record_id`` is a run's) or ``"sweep"`` (a sweep driver's)."""
+        path = self._path(record_id, attempt, project, kind)
         bounded(f"saving log {path}", self.timeout_s, write_whole, self.fs, path, text.encode())
 
-    def read(self, run_id: str, attempt: int, *, project: str = DEFAULT_PROJECT) -> bytes | None:
+    def read(self, record_id: str, attempt: int, *, project: str = DEFAULT_PROJECT,
+             kind: str = "run") -> bytes | None:
         """The stored log's bytes, or None if none was stored."""
-        path = self._path(run_id, attempt, project)
+        path = self._path(record_id, attempt, project, kind)
         self.fs.invalidate_cache(path)
         try:
             return bounded(f"reading log {path}", self.timeout_s, self.fs.cat_file, path)

@@ -160,9 +160,9 @@ class RayJobsClient:
     def states(self) -> dict[str, str]:
         """Every job's state by submission id, in one call: the follower reads this once per
         tick instead of asking about each active run. Ray lists every job it has not been told
-        to forget, finished ones too: the log archiver has a run attempt's job forgotten once
-        its final log is stored (``service.log_archive``), or this list, and each tick with it,
-        would grow with every run the cluster ever ran (``bench/ray_job_list.py``)."""
+        to forget, finished ones too: the log archiver has a run attempt's or sweep driver's
+        job forgotten once its final log is stored (``service.log_archive``), or this list, and
+        each tick with it, would grow with every run the cluster ever ran (``bench/ray_job_list.py``)."""
         jobs = self._request("GET", "/api/jobs/").json()
         return {job["submission_id"]: str(job["status"]) for job in jobs if job.get("submission_id")}
 

@@ -54,3 +54,9 @@ def ray_attempt_url(storage_url: str, run_id: str, attempt: int) -> str:
 def sweep_url(storage_url: str, sweep_id: str) -> str:
     """``{storage}/sweeps/{sweep_id}``, the folder of ``workers.paths.sweep_experiment_path``."""
     return f"{storage_url.rstrip('/')}/sweeps/{sweep_id}"
+
+
+def sweep_log_url(storage_url: str, sweep_id: str, attempt: int) -> str:
+    """``{storage}/sweeps/{sweep_id}/logs/attempt-{attempt}.log``: a sweep driver attempt's log,
+    which the service alone writes (``service.log_archive``)."""
+    return f"{sweep_url(storage_url, sweep_id)}/logs/attempt-{attempt}.log"

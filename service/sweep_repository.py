@@ -8,6 +8,7 @@ sweep before runs, so two writers never wait on each other in a circle.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,18 @@ from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
 from service.sweep_view import build_sweep_view
 from service.sweep_writes import TRIAL_OUTLIVED_SWEEP, apply_sweep_status
 from service.tokens import hash_token
+
+# The event of a trial attempt's start names the driver attempt it runs under: a trial's log is
+# that driver attempt's job log (``service.routes.logs``).
+TRIAL_STARTED = "attempt {attempt} started by the sweep's driver (attempt {driver_attempt})"
+_TRIAL_STARTED = re.compile(re.escape(TRIAL_STARTED).replace(r"\{attempt\}", r"\d+")
+                            .replace(r"\{driver_attempt\}", r"(\d+)"))
+
+
+def trial_driver_attempt(message: str | None) -> int | None:
+    """The driver attempt a trial attempt's start event (``TRIAL_STARTED``) names; None for another message."""
+    match = _TRIAL_STARTED.fullmatch(message or "")
+    return None if match is None else int(match.group(1))
 
 __all__ = ["TRIAL_OUTLIVED_SWEEP", "SweepNotFound", "SweepRecord", "SweepRepository", "TrialNotFound"]
 
@@ -197,9 +210,8 @@ class SweepRepository(AttemptStore):
                 _check_can_restart(RunRecord.from_row(run), sweep_id, trial_id)
                 apply_run_status(session, run, RunStatus.QUEUED,
                                  message=f"trial {trial_id} restarted by the sweep's driver", error=None)
-            apply_run_status(session, run, RunStatus.STARTING,
-                             message=f"attempt {run.attempt} started by the sweep's driver (attempt {sweep.attempt})",
-                             error=None)
+            apply_run_status(session, run, RunStatus.STARTING, error=None,
+                             message=TRIAL_STARTED.format(attempt=run.attempt, driver_attempt=sweep.attempt))
             run.token_hash = hash_token(token)
             run.ray_job_id = sweep.ray_job_id  # None for an external driver
             session.flush()

@@ -1,9 +1,16 @@
-"""A run's logs: ``GET /api/v1/runs/{run_id}/logs``, one attempt's worker stdout/stderr by byte offset.
+"""Logs by byte offset: ``GET /api/v1/runs/{run_id}/logs``, one attempt's worker stdout/stderr,
+and ``GET /api/v1/sweeps/{sweep_id}/logs``, one sweep driver attempt's log (read like a run's).
 
 A live attempt is read from Ray's job log (the freshest), falling back to the stored copy when
 Ray cannot be asked; an ended attempt is read from storage (``service.log_store``), where the
 dispatcher copies it. An ended attempt not copied yet (the service was down when it ended) is
 read from Ray and stored on the way.
+
+A sweep's trial has no job of its own: its log is the job log of the driver attempt it ran
+under (the start event of each trial attempt names it). That is read from Ray while Ray has the
+job, else from the copy the dispatcher keeps under the sweep (every few ticks while the driver
+runs, and once its attempt ends, after which Ray is told to forget the job). Nothing is stored
+under a trial: every trial of a driver attempt would hold its own copy of the same log.
 """
 
 from __future__ import annotations
@@ -13,53 +20,94 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from api.logs import LogsPage
-from service.attempt_store import attempt_job_id
+from api.logs import LogsPage, SweepLogsPage
+from api.views import RunStatus
+from service.attempt_store import attempt_job_id, parse_attempt_job_id
 from service.access import Role
-from service.deps import CallerDep, JobsDep, RepoDep
+from service.deps import CallerDep, JobsDep, RepoDep, SweepsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
 from service.json_body import ParsedBodyRoute
 from service.log_archive import Attempt, archive_final_log
 from service.log_store import LogStore, get_log_store
 from service.routes.runs import scoped_run
+from service.routes.sweeps import scoped_sweep
+from service.sweep_repository import trial_driver_attempt
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
+sweep_router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES,
+                         route_class=ParsedBodyRoute)
 
 MAX_PAGE_BYTES = 1 << 20
+# The query of both routes
+AttemptQuery = Annotated[int | None, Query(ge=1, description="default: the newest attempt")]
+AfterQuery = Annotated[int, Query(ge=0, le=2**62, description="byte offset to read from")]
+LimitQuery = Annotated[int, Query(ge=1, le=MAX_PAGE_BYTES, description="most bytes to return")]
+StoreDep = Annotated[LogStore, Depends(get_log_store)]
 
 
 @router.get("/{run_id}/logs", response_model=LogsPage, operation_id="get_run_logs",
             responses={404: {"model": ErrorBody}})
-def get_run_logs(run_id: str, repo: RepoDep, caller: CallerDep, jobs: JobsDep, store: Annotated[LogStore, Depends(get_log_store)],
-                 attempt: Annotated[int | None, Query(ge=1, description="default: the newest attempt")] = None,
-                 after: Annotated[int, Query(ge=0, le=2**62, description="byte offset to read from")] = 0,
-                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE_BYTES, description="most bytes to return")] = 256 * 1024,
-                 ) -> LogsPage:
+def get_run_logs(run_id: str, repo: RepoDep, caller: CallerDep, jobs: JobsDep, store: StoreDep,
+                 attempt: AttemptQuery = None, after: AfterQuery = 0, limit: LimitQuery = 256 * 1024) -> LogsPage:
     """Up to ``limit`` bytes of the attempt's log from byte ``after``; a page ends at a line end
     when it can. Follow a live run by polling with ``after=next_offset`` while ``live``."""
     run = scoped_run(repo, caller, run_id, Role.VIEWER)  # another project's run is a 404
     attempt = run.attempt if attempt is None else attempt
     if attempt > run.attempt:
-        return validation_response([field_error(
-            "attempt", ["query", "attempt"], f"run {run_id} has attempts 1..{run.attempt}", attempt)])
+        return _no_such_attempt(f"run {run_id}", attempt, run.attempt)
     live = attempt == run.attempt and not run.status.is_terminal
-    job_id = run.ray_job_id if run.driven_by_sweep else attempt_job_id("run", run_id, attempt)
-    data, source = _read(Attempt(run_id, attempt, job_id, run.project), live=live, jobs=jobs, store=store)
+    if run.driven_by_sweep:
+        data, source = _read_trial(Attempt(run_id, attempt, run.ray_job_id, run.project),
+                                   _driver_attempt(repo, run, attempt), jobs=jobs, store=store)
+    else:
+        data, source = _read(Attempt(run_id, attempt, attempt_job_id("run", run_id, attempt), run.project),
+                             live=live, jobs=jobs, store=store)
+    return LogsPage(run_id=run_id, **_page(data, after, limit), attempt=attempt, attempts=run.attempt,
+                    live=live, source=source)
+
+
+@sweep_router.get("/{sweep_id}/logs", response_model=SweepLogsPage, operation_id="get_sweep_logs",
+                  responses={404: {"model": ErrorBody}})
+def get_sweep_logs(sweep_id: str, sweeps: SweepsDep, caller: CallerDep, jobs: JobsDep, store: StoreDep,
+                   attempt: AttemptQuery = None, after: AfterQuery = 0, limit: LimitQuery = 256 * 1024
+                   ) -> SweepLogsPage:
+    """Up to ``limit`` bytes of the sweep driver attempt's log (the Tune driver's output and
+    every trial's) from byte ``after``, as ``get_run_logs`` pages a run's. An external driver
+    runs outside Ray's Jobs API: its sweep has no log here (``source`` "none")."""
+    sweep = scoped_sweep(sweeps, caller, sweep_id, Role.VIEWER)  # another project's sweep is a 404
+    attempt = sweep.attempt if attempt is None else attempt
+    if attempt > sweep.attempt:
+        return _no_such_attempt(f"sweep {sweep_id}", attempt, sweep.attempt)
+    live = attempt == sweep.attempt and not sweep.status.is_terminal
+    job_id = attempt_job_id("sweep", sweep_id, attempt) if sweep.driver == "service" else None
+    data, source = _read(Attempt(sweep_id, attempt, job_id, sweep.project, "sweep"), live=live, jobs=jobs, store=store)
+    return SweepLogsPage(sweep_id=sweep_id, **_page(data, after, limit), attempt=attempt, attempts=sweep.attempt,
+                         live=live, source=source)
+
+
+def _no_such_attempt(what: str, attempt: int, newest: int):
+    return validation_response([field_error("attempt", ["query", "attempt"], f"{what} has attempts 1..{newest}", attempt)])
+
+
+def _page(data: bytes, after: int, limit: int) -> dict:
+    """The page of ``data`` from byte ``after``: up to ``limit`` bytes, ending at a line end
+    when it can (never splitting a UTF-8 character); its text, offsets and the log's size."""
     chunk = data[after:after + limit]
     if len(chunk) == limit and b"\n" in chunk:
-        chunk = chunk[:chunk.rfind(b"\n") + 1]  # whole lines: never split a UTF-8 character
-    return LogsPage(run_id=run_id, attempt=attempt, attempts=run.attempt, text=chunk.decode(errors="replace"),
-                    offset=after, next_offset=after + len(chunk), size=len(data), live=live, source=source)
+        chunk = chunk[:chunk.rfind(b"\n") + 1]
+    return {"text": chunk.decode(errors="replace"), "offset": after, "next_offset": after + len(chunk),
+            "size": len(data)}
 
 
 def _read(attempt: Attempt, *, live: bool, jobs, store: LogStore) -> tuple[bytes, str]:
-    """The attempt's whole log and where it came from (see the module docstring for the order)."""
+    """A run attempt's or sweep driver attempt's whole log and where it came from (see the
+    module docstring for the order)."""
     if live and attempt.job_id:
         text = _from_ray(jobs, attempt.job_id)
         if text is not None:
             return text.encode(), "ray"
-    stored = store.read(attempt.run_id, attempt.attempt, project=attempt.project)
+    stored = store.read(attempt.record_id, attempt.attempt, project=attempt.project, kind=attempt.kind)
     if stored is not None:
         return stored, "storage"
     if not live and attempt.job_id:
@@ -71,6 +119,35 @@ def _read(attempt: Attempt, *, live: bool, jobs, store: LogStore) -> tuple[bytes
                 log.info("could not store the log of %s: %s", attempt.job_id, exc)
             return text.encode(), "ray"
     return b"", "none"
+
+
+def _driver_attempt(repo, run, attempt: int) -> Attempt | None:
+    """The sweep driver attempt that trial ``run``'s ``attempt`` ran under; None for an external
+    driver (no Ray job). The current attempt runs under the driver job its ``ray_job_id`` names."""
+    current = parse_attempt_job_id("sweep", run.ray_job_id or "")
+    if current is None:
+        return None
+    sweep_id, driver_attempt = current
+    if attempt != run.attempt:
+        named = [trial_driver_attempt(event.message) for event in repo.events(run.id)
+                 if event.attempt == attempt and event.to_status is RunStatus.STARTING]
+        driver_attempt = next((n for n in reversed(named) if n is not None), driver_attempt)
+    return Attempt(sweep_id, driver_attempt, attempt_job_id("sweep", sweep_id, driver_attempt), run.project, "sweep")
+
+
+def _read_trial(trial: Attempt, driver: Attempt | None, *, jobs, store: LogStore) -> tuple[bytes, str]:
+    """A trial attempt's log: its driver attempt's, from Ray while Ray has the job (the freshest;
+    complete once the job ended), else its stored copy; last, a copy stored under the trial
+    itself (service versions before sweep driver logs were stored made those)."""
+    if driver is not None:
+        text = _from_ray(jobs, driver.job_id)
+        if text is not None:
+            return text.encode(), "ray"
+        stored = store.read(driver.record_id, driver.attempt, project=driver.project, kind="sweep")
+        if stored is not None:
+            return stored, "storage"
+    stored = store.read(trial.record_id, trial.attempt, project=trial.project)
+    return (stored, "storage") if stored is not None else (b"", "none")
 
 
 def _from_ray(jobs, job_id: str) -> str | None:

@@ -1,6 +1,6 @@
-"""The run page's log pane in a real browser: it follows a live attempt by byte offset (each
-poll asks only for new bytes) and stops asking once the run has ended; a FAILED run shows its
-traceback there."""
+"""The log pane in a real browser: on the run page it follows a live attempt by byte offset
+(each poll asks only for new bytes) and stops asking once the run has ended; a FAILED run shows
+its traceback there. The sweep page shows its driver's log the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from api.views import RunStatus
 from tests.dashboard.conftest import dashboard_url, save_screenshot
-from tests.dashboard.test_dashboard_pages import api_requests, make_run
+from tests.dashboard.test_dashboard_pages import EXAMPLE, api_requests, make_run
 
 TRACEBACK = ('Traceback (most recent call last):\n  File "workers/trainer.py", line 212, in fit\n'
              "RuntimeError: CUDA out of memory\n")
@@ -41,3 +41,34 @@ def test_log_pane_follows_a_live_run_then_shows_the_traceback_of_its_failure(pag
     assert len(log_requests) == asked
     page.locator("#run-log").scroll_into_view_if_needed()
     save_screenshot(page, "run-logs-1280", full_page=False)
+
+
+def test_sweep_page_shows_its_driver_log_and_stops_asking_once_the_sweep_ended(page, local_service):
+    from api.sweeps import SweepSpec
+    from api.views import SweepStatus
+    from service.sweep_repository import SweepRepository
+
+    sweeps = SweepRepository(local_service.repo)
+    spec = {"name": "driver-log", "base": {**EXAMPLE, "name": "driver-log"},
+            "search": {"algorithms": {"sets": [[], ["channels_last"]]}}}
+    sweep = sweeps.create_sweep(SweepSpec.model_validate(spec))
+    sweeps.begin_attempt(sweep.id, token="driver-token")
+    sweeps.apply_driver_report(sweep.id, SweepStatus.RUNNING)
+    jobs, job_id = local_service.app.state.jobs, f"sweep-{sweep.id}-attempt-1"
+    jobs.logs[job_id] = "== Status ==\nTrial t1 RUNNING lr=0.1\n"
+    log_requests = api_requests(page, f"/api/v1/sweeps/{sweep.id}/logs?")
+    sweep_polls = api_requests(page, f"/api/v1/sweeps/{sweep.id}")
+    page.goto(dashboard_url(local_service.url, f"sweeps/{sweep.id}"))
+    log = page.locator("#sweep-log")
+    expect(log).to_contain_text("Trial t1 RUNNING")
+    expect(page.locator("#sweep-log-note")).to_contain_text("following the live attempt")
+
+    jobs.logs[job_id] += "Trial t1 TERMINATED\n"
+    sweeps.apply_driver_report(sweep.id, SweepStatus.COMPLETED)
+    expect(log).to_contain_text("Trial t1 TERMINATED")
+    expect(page.locator("#sweep-log-note")).to_contain_text("ended")
+    assert log.inner_text().count("Trial t1 RUNNING") == 1  # nothing fetched twice
+    asked, polls = len(log_requests), len(sweep_polls)
+    while len(sweep_polls) < polls + 1:  # the page polls on; the log pane does not
+        page.wait_for_timeout(200)
+    assert len(log_requests) == asked

@@ -51,7 +51,7 @@ def by_batch_size(client, sweep_id: str) -> dict[int, object]:
     return {r.spec["data"]["batch_size"]: r for r in client.iter_runs(sweep_id=sweep_id)}
 
 
-def test_a_sweep_runs_its_trials_as_runs_and_a_failing_trial_does_not_fail_it(service):
+def test_a_sweep_runs_its_trials_as_runs_and_a_failing_trial_does_not_fail_it(service, ray_head):
     client = service.client()
     wait_for_warm_driver_interpreter(client)  # the node's fork server, which run drivers use
     # 1437 training images make no full batch of 4096: that trial fails in every worker.
@@ -77,6 +77,17 @@ def test_a_sweep_runs_its_trials_as_runs_and_a_failing_trial_does_not_fail_it(se
     # run drivers are. (This suite sets Ray Train's start timeout for every job; `make serve`
     # sets it for sweep drivers only, which the server's key leaves out: test_fork_server.)
     assert "workers.tune forked as pid" in client.logs(good.id).text
+    # Once the driver's job ended, the service stored its log under the sweep and had Ray forget
+    # the job (so Ray's job list, read every tick, does not grow with every sweep); the trials'
+    # logs are read from the stored copy.
+    from ray.job_submission import JobSubmissionClient
+
+    jobs, driver_job = JobSubmissionClient(ray_head.dashboard_url), f"sweep-{sweep.id}-attempt-1"
+    wait_until(lambda: driver_job not in {job.submission_id for job in jobs.list_jobs()}, timeout=90, interval=1,
+               what="Ray to forget the sweep driver's job")
+    for trial in (good, broken):
+        page = client.logs(trial.id)
+        assert page.source == "storage" and "workers.tune forked as pid" in page.text, (page.source, page.size)
 
 
 def test_canceling_a_sweep_stops_its_driver_and_every_trial(service, ray_head):

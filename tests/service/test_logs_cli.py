@@ -1,11 +1,12 @@
-"""``tessera logs -f``: prints the log once, following by byte offset until the attempt ends."""
+"""``tessera logs -f`` (and ``tessera sweeps logs``): prints the log once, following by byte
+offset until the attempt ends."""
 
 from __future__ import annotations
 
 import httpx
 
 from api.client import Client
-from cli.logs import print_logs, read_log
+from cli.logs import print_logs, read_log, run_pages, sweep_pages
 
 
 def test_follow_prints_every_byte_once_and_stops_when_the_attempt_ends(capsys):
@@ -24,7 +25,7 @@ def test_follow_prints_every_byte_once_and_stops_when_the_attempt_ends(capsys):
                                          "live": live, "source": "ray"})
 
     with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
-        print_logs(client, "r", attempt=None, follow=True, poll_interval=0)
+        print_logs(run_pages(client, "r"), attempt=None, follow=True, poll_interval=0)
     assert capsys.readouterr().out == "a\nb\nc\n"
     assert calls == [0, 2, 4]
 
@@ -32,13 +33,19 @@ def test_follow_prints_every_byte_once_and_stops_when_the_attempt_ends(capsys):
 def test_the_json_form_reads_every_page_of_the_log_so_far():
     text = b"line one\nline two\nline three\n"
 
+    paths = []
+
     def service(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
         after = int(request.url.params["after"])
         chunk = text[after:after + 10]  # the service answers in pages of 10 bytes
-        return httpx.Response(200, json={"run_id": "r", "attempt": 2, "attempts": 2, "text": chunk.decode(),
-                                         "offset": after, "next_offset": after + len(chunk), "size": len(text),
-                                         "live": True, "source": "ray"})
+        return httpx.Response(200, json={"run_id": "r", "sweep_id": "s", "attempt": 2, "attempts": 2,
+                                         "text": chunk.decode(), "offset": after, "next_offset": after + len(chunk),
+                                         "size": len(text), "live": True, "source": "ray"})
 
     with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
-        page = read_log(client, "r", attempt=None)
+        page = read_log(run_pages(client, "r"), attempt=None)
+        sweep_page = read_log(sweep_pages(client, "s"), attempt=None)
     assert (page.text, page.offset, page.next_offset, page.attempt) == (text.decode(), 0, len(text), 2)
+    assert (sweep_page.sweep_id, sweep_page.text) == ("s", text.decode())
+    assert set(paths) == {"/api/v1/runs/r/logs", "/api/v1/sweeps/s/logs"}

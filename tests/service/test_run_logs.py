@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from api.views import RunStatus
+from api.views import RunStatus, SweepStatus
 from service.log_store import LogStore
 from service.storage_paths import attempt_log_url
 from service.settings import Settings
 
-S = RunStatus
+S, SS = RunStatus, SweepStatus
 TRACEBACK = "epoch 1\nTraceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n"
 
 
@@ -155,8 +155,9 @@ def test_a_new_leader_sweeps_finished_run_jobs_left_in_ray_s_list(client, fake_j
 
     ended = [_ended_before_a_restart(client, fake_jobs, example_body) for _ in range(3)]
     live_run, live_job = _start(client, fake_jobs, example_body)
-    foreign = {"run-not-in-this-database-attempt-1": "SUCCEEDED",  # another service's, on a shared cluster
-               "sweep-s1-attempt-1": "SUCCEEDED", "export-r1-1": "SUCCEEDED"}  # other kinds: left alone
+    foreign = {"run-not-in-this-database-attempt-1": "SUCCEEDED",  # other services', on a shared cluster
+               "sweep-s1-attempt-1": "SUCCEEDED",
+               "export-r1-1": "SUCCEEDED"}  # an export: its state is read back from Ray, left alone
     for job_id, status in foreign.items():
         fake_jobs.jobs[job_id] = {"status": status}
     fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
@@ -197,7 +198,7 @@ def test_the_sweep_stores_the_job_a_run_ended_on_under_its_last_attempt_and_leav
     restarted = Dispatcher(repo, fake_jobs, client.app.state.dispatcher.settings)
     restarted.log_archiver.forget_after_s = 0
     assert restarted.take_lead()
-    restarted.log_archiver.tick([])
+    restarted.log_archiver.tick({})
     store = LogStore(settings.storage_url)
     assert store.read(restarted_run, 2) == b"first worker group\nsecond worker group\nfinal line\n"
     assert store.read(restarted_run, 7) is None
@@ -222,11 +223,163 @@ def test_a_sweep_that_cannot_ask_ray_is_made_again_at_the_next_pass(client, fake
         return {jid: job["status"] for jid, job in fake_jobs.jobs.items()}
 
     fake_jobs.states = states
-    restarted.log_archiver.tick([])
+    restarted.log_archiver.tick({})
     assert job_id in fake_jobs.jobs
-    restarted.log_archiver.tick([])  # found: the final copy, then (forget_after_s = 0) the delete
+    restarted.log_archiver.tick({})  # found: the final copy, then (forget_after_s = 0) the delete
     assert LogStore(settings.storage_url).read(run_id, 1) == f"epoch 1\nfinal line of {run_id}\n".encode()
     assert job_id not in fake_jobs.jobs
+
+
+def _sweep_with_a_trial(client, fake_jobs, example_body):
+    """A service-driven sweep whose driver job runs, seen live by a tick, and one RUNNING trial."""
+    from api.specs import RunSpec
+    from api.sweeps import SweepSpec
+
+    dispatcher = client.app.state.dispatcher
+    sweep = dispatcher.sweeps.create_sweep(SweepSpec.model_validate({
+        "name": "s", "base": example_body, "search": {"algorithms": {"sets": [[], ["channels_last"]]}}}))
+    dispatcher.tick()  # submits the driver
+    job_id = f"sweep-{sweep.id}-attempt-1"
+    fake_jobs.set_status(job_id, "RUNNING")
+    dispatcher.sweeps.apply_driver_report(sweep.id, SS.RUNNING)
+    trial = dispatcher.sweeps.register_trial(sweep.id, trial_id="t1", spec=RunSpec.model_validate(example_body),
+                                             params={}, token="t1")
+    client.app.state.repo.transition(trial.id, S.RUNNING)
+    fake_jobs.logs[job_id] = "trial t1: epoch 1\n"
+    dispatcher.tick()  # the archiver sees the driver's attempt live
+    page = client.get(f"/api/v1/sweeps/{sweep.id}/logs").json()
+    assert (page["text"], page["source"], page["live"]) == ("trial t1: epoch 1\n", "ray", True)
+    return sweep, trial, job_id
+
+
+def _restart_and_sweep_ray_s_list(client, fake_jobs) -> None:
+    """A new process takes the lead (Ray lists every job it holds) and its archiver makes a pass:
+    the leftovers in Ray's list are stored and forgotten at once."""
+    from service.dispatcher import Dispatcher
+
+    fake_jobs.states = lambda: {jid: job["status"] for jid, job in fake_jobs.jobs.items()}
+    restarted = Dispatcher(client.app.state.repo, fake_jobs, client.app.state.dispatcher.settings)
+    restarted.log_archiver.forget_after_s = 0
+    assert restarted.take_lead()
+    restarted.log_archiver.tick({})
+
+
+def test_a_sweep_driver_s_final_log_is_stored_and_its_trials_read_it_once_ray_forgot_the_job(
+        client, fake_jobs, example_body, settings):
+    dispatcher = client.app.state.dispatcher
+    dispatcher.log_archiver.forget_after_s = 0
+    sweep, trial, job_id = _sweep_with_a_trial(client, fake_jobs, example_body)
+    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()
+    assert (page["text"], page["source"], page["live"]) == ("trial t1: epoch 1\n", "ray", True)
+    client.app.state.repo.transition(trial.id, S.COMPLETED)
+    dispatcher.sweeps.apply_driver_report(sweep.id, SS.COMPLETED)
+    fake_jobs.logs[job_id] += "sweep done\n"
+    fake_jobs.set_status(job_id, "SUCCEEDED")
+    dispatcher.tick()  # no longer followed: the final copy, then (forget_after_s = 0) the delete
+    final = b"trial t1: epoch 1\nsweep done\n"
+    assert LogStore(settings.storage_url).read(sweep.id, 1, kind="sweep") == final
+    assert job_id not in fake_jobs.jobs  # Ray's job list no longer grows with every sweep
+    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()
+    assert (page["text"].encode(), page["source"], page["live"]) == (final, "storage", False)
+    page = client.get(f"/api/v1/sweeps/{sweep.id}/logs").json()  # the sweep's own route, for a driver with no trial
+    assert (page["sweep_id"], page["text"].encode(), page["source"], page["attempts"]) == (sweep.id, final, "storage", 1)
+    bad = client.get(f"/api/v1/sweeps/{sweep.id}/logs", params={"attempt": 2})
+    assert bad.status_code == 422 and "attempts 1..1" in bad.text and "attempt" in bad.text
+
+
+def test_an_ended_trial_reads_ray_before_its_driver_s_periodic_copy(client, fake_jobs, example_body, settings):
+    # While the driver runs, its stored copy is only the last of its periodic copies: a trial
+    # that ended reads the fresher log from Ray, and the stored copy only once Ray cannot answer.
+    dispatcher = client.app.state.dispatcher
+    sweep, trial, job_id = _sweep_with_a_trial(client, fake_jobs, example_body)
+    assert LogStore(settings.storage_url).read(sweep.id, 1, kind="sweep") == b"trial t1: epoch 1\n"
+    client.app.state.repo.transition(trial.id, S.COMPLETED)
+    fake_jobs.logs[job_id] += "trial t1: done\n"
+    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()
+    assert (page["text"], page["source"]) == ("trial t1: epoch 1\ntrial t1: done\n", "ray")
+    fake_jobs.job_logs = lambda submission_id: (_ for _ in ()).throw(OSError("Ray did not answer"))
+    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()
+    assert (page["text"], page["source"]) == ("trial t1: epoch 1\n", "storage")
+    assert dispatcher.sweeps.get_sweep(sweep.id).status is SS.RUNNING
+
+
+def test_a_new_leader_stores_and_forgets_finished_sweep_driver_jobs_left_in_ray_s_list(
+        client, fake_jobs, example_body, settings):
+    dispatcher = client.app.state.dispatcher
+    sweep, _, job_id = _sweep_with_a_trial(client, fake_jobs, example_body)
+    dispatcher.sweeps.apply_driver_report(sweep.id, SS.COMPLETED)
+    fake_jobs.set_status(job_id, "SUCCEEDED")
+    dispatcher.tick()  # its final copy is made; the delete, 10 s later, never comes: the process ends
+    fake_jobs.logs[job_id] += "written after that copy\n"
+    running_job = _sweep_with_a_trial(client, fake_jobs, example_body)[2]  # a sweep still running
+    _restart_and_sweep_ray_s_list(client, fake_jobs)
+    assert LogStore(settings.storage_url).read(sweep.id, 1, kind="sweep") == \
+        b"trial t1: epoch 1\nwritten after that copy\n"
+    assert job_id not in fake_jobs.jobs and fake_jobs.jobs[running_job]["status"] == "RUNNING"
+
+
+def test_each_trial_attempt_reads_the_driver_attempt_it_ran_under_and_nothing_is_stored_under_the_trial(
+        client, fake_jobs, example_body, settings):
+    from api.specs import RunSpec
+
+    dispatcher = client.app.state.dispatcher
+    dispatcher.log_archiver.forget_after_s = 0
+    sweep, trial, job1 = _sweep_with_a_trial(client, fake_jobs, example_body)
+    fake_jobs.logs[job1] += "driver 1 died\n"
+    fake_jobs.set_status(job1, "FAILED")
+    dispatcher.tick()  # the driver died: the sweep is queued again as attempt 2
+    dispatcher.tick()  # attempt 2 submitted; attempt 1's final copy made, its job forgotten
+    job2 = f"sweep-{sweep.id}-attempt-2"
+    assert job2 in fake_jobs.jobs and job1 not in fake_jobs.jobs
+    fake_jobs.set_status(job2, "RUNNING")
+    fake_jobs.logs[job2] = "driver 2: trial t1 restored\n"
+    again = dispatcher.sweeps.register_trial(sweep.id, trial_id="t1", spec=RunSpec.model_validate(example_body),
+                                             params={}, token="t1b")
+    assert (again.id, again.attempt) == (trial.id, 2)
+    pages = {n: client.get(f"/api/v1/runs/{trial.id}/logs", params={"attempt": n}).json() for n in (1, 2)}
+    assert (pages[1]["text"], pages[1]["source"]) == ("trial t1: epoch 1\ndriver 1 died\n", "storage")
+    assert (pages[2]["text"], pages[2]["source"]) == ("driver 2: trial t1 restored\n", "ray")
+    driver_pages = [client.get(f"/api/v1/sweeps/{sweep.id}/logs", params={"attempt": n}).json() for n in (1, 2)]
+    assert [p["text"] for p in driver_pages] == [pages[1]["text"], pages[2]["text"]]
+    store = LogStore(settings.storage_url)
+    assert store.read(trial.id, 1) is None and store.read(trial.id, 2) is None  # one copy, the sweep's
+
+
+def test_a_new_leader_stores_and_forgets_the_job_of_a_sweep_s_earlier_driver_attempt(
+        client, fake_jobs, example_body, settings):
+    dispatcher = client.app.state.dispatcher
+    sweep, _, job1 = _sweep_with_a_trial(client, fake_jobs, example_body)
+    fake_jobs.set_status(job1, "FAILED")
+    dispatcher.tick()  # queued again as attempt 2; then the process stops before the final copy
+    assert dispatcher.sweeps.get_sweep(sweep.id).status is SS.QUEUED
+    fake_jobs.logs[job1] += "Traceback: the driver's last words\n"
+    lost_answer = f"sweep-{sweep.id}-attempt-2"  # submitted by a process that lost the answer; failed
+    fake_jobs.jobs[lost_answer] = {"status": "FAILED"}
+    _restart_and_sweep_ray_s_list(client, fake_jobs)
+    assert LogStore(settings.storage_url).read(sweep.id, 1, kind="sweep") == \
+        b"trial t1: epoch 1\nTraceback: the driver's last words\n"
+    assert job1 not in fake_jobs.jobs
+    assert lost_answer in fake_jobs.jobs  # the attempt's next submit must find it: it never runs twice
+
+
+def test_an_external_driver_s_trials_have_no_job_and_no_log(client, fake_jobs, example_body):
+    from api.specs import RunSpec
+    from api.sweeps import SweepSpec
+
+    dispatcher = client.app.state.dispatcher
+    spec = SweepSpec.model_validate({"name": "ext", "base": example_body,
+                                     "search": {"algorithms": {"sets": [[], ["channels_last"]]}}})
+    sweep = dispatcher.sweeps.create_sweep(spec, driver="external", token="e")
+    dispatcher.sweeps.apply_driver_report(sweep.id, SS.RUNNING)
+    trial = dispatcher.sweeps.register_trial(sweep.id, trial_id="t1", spec=RunSpec.model_validate(example_body),
+                                             params={}, token="t1")
+    client.app.state.repo.transition(trial.id, S.RUNNING)
+    dispatcher.tick()
+    assert fake_jobs.submit_calls == [] and fake_jobs.jobs == {}
+    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()
+    assert (page["text"], page["source"]) == ("", "none")
+    page = client.get(f"/api/v1/sweeps/{sweep.id}/logs").json()  # it runs outside Ray's Jobs API
+    assert (page["text"], page["source"], page["live"]) == ("", "none", True)
 
 
 def test_live_logs_are_read_from_ray_and_followed_by_byte_offset(client, fake_jobs, example_body):
@@ -346,12 +499,12 @@ def test_the_archiver_keeps_one_thread_and_a_stopped_one_takes_no_more_offers(cl
         archiver.stop(timeout_s=0.05)  # the pass still waits on the log: the join times out
         assert thread.is_alive() and archiver._thread is thread
         passes = archiver.passes
-        archiver.offer([])  # a tick that outlasted the stop: neither taken nor run here
+        archiver.offer({})  # a tick that outlasted the stop: neither taken nor run here
         assert archiver._offered is None and archiver.passes == passes
         archiver.start()  # a start after it serves with the same thread...
         assert archiver._thread is thread
         assert {t for t in set(threading.enumerate()) - threads_before if t.name == thread.name} == {thread}
-        archiver.offer([])  # ...which takes offers again
+        archiver.offer({})  # ...which takes offers again
         assert archiver._offered is not None
     finally:
         answer.set()

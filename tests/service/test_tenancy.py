@@ -70,8 +70,8 @@ def test_a_key_of_project_b_gets_404_on_every_route_of_project_a(admin, two_proj
                          ("GET", f"runs/{run}/metrics"), ("GET", f"runs/{run}/metrics?all_attempts=true"),
                          ("POST", f"runs/{run}/resume"),
                          ("GET", f"runs/{run}/checkpoints"), ("POST", f"runs/{run}/fork"),
-                         ("GET", f"runs/{run}/children"), ("GET", f"sweeps/{sweep}"),
-                         ("POST", f"sweeps/{sweep}/cancel")]:
+                         ("GET", f"runs/{run}/children"), ("GET", f"runs/{run}/logs"), ("GET", f"sweeps/{sweep}"),
+                         ("GET", f"sweeps/{sweep}/logs"), ("POST", f"sweeps/{sweep}/cancel")]:
         response = admin.request(method, f"{API}/{path}", headers=other)
         assert response.status_code == 404, (method, path, response.text)
         assert t["a"] not in response.text  # nothing about the other project leaks

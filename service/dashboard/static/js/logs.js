@@ -1,6 +1,7 @@
-// The run page's log pane: one attempt's worker stdout/stderr (GET /runs/{id}/logs), read by
-// byte offset. While the attempt is live each poll fetches only the new bytes; once it has
-// ended the pane stops asking. A FAILED run's traceback is at the end of its log.
+// A log pane: one attempt's log, read by byte offset from `${path}/logs`: a run's worker
+// stdout/stderr (GET /runs/{id}/logs, the run page) or a sweep driver's log (GET
+// /sweeps/{id}/logs, the sweep page). While the attempt is live each poll fetches only the new
+// bytes; once it has ended the pane stops asking. A FAILED run's traceback is at the end of its log.
 
 import { getJSON } from "./api.js";
 import { el } from "./ui.js";
@@ -8,20 +9,21 @@ import { el } from "./ui.js";
 const MAX_PAGES_PER_POLL = 4; // a long backlog arrives over a few polls, not one huge render
 
 export class LogPane {
-  constructor(path) {
+  constructor(path, id = "run-log") {
     this.path = path;
     this.attempt = null;
     this.offset = 0;
     this.done = false;
-    this.text = el("pre", { class: "log mono", id: "run-log", tabindex: "0", "aria-live": "off" });
-    this.note = el("p", { class: "muted", id: "run-log-note" }, "Loading…");
+    this.text = el("pre", { class: "log mono", id, tabindex: "0", "aria-live": "off" });
+    this.note = el("p", { class: "muted", id: `${id}-note` }, "Loading…");
     this.element = el("div", { class: "log-pane" }, this.note, this.text);
   }
 
-  /** Fetch what is new for ``run``'s newest attempt (restarting the pane when a new attempt began). */
-  async poll(run) {
-    if (this.attempt !== run.attempt) {
-      this.attempt = run.attempt;
+  /** Fetch what is new for the newest attempt of ``record`` (a run or a sweep; the pane
+   * starts again when a new attempt began). */
+  async poll(record) {
+    if (this.attempt !== record.attempt) {
+      this.attempt = record.attempt;
       this.offset = 0;
       this.done = false;
       this.text.textContent = "";

@@ -1,9 +1,11 @@
 // Sweep: status, metric and counts, the Pareto scatter of its trials, a sortable trials
-// table, the algorithm sets it skipped (with why), its spec, and cancel.
-// One conditional GET /sweeps/{id} per poll (ETag); a finished sweep polls slower.
+// table, the algorithm sets it skipped (with why), its driver's log, its spec, and cancel.
+// One conditional GET /sweeps/{id} per poll (ETag), and the log's new bytes; a finished sweep
+// polls slower.
 
 import { dump } from "../vendor/js-yaml.mjs";
 import { ApiError, errorText, getIfChanged, postJSON, Poller } from "./api.js";
+import { LogPane } from "./logs.js";
 import { ParetoChart } from "./pareto.js";
 import { bestTrial, trialCounts } from "./sweeps.js";
 import {
@@ -53,6 +55,7 @@ export function mount(root, ctx) {
   const [sweepId] = ctx.params;
   const path = `/sweeps/${encodeURIComponent(sweepId)}`;
   const pareto = new ParetoChart();
+  const logPane = new LogPane(path, "sweep-log");
   let lastSweep = null;
   let sortState = null; // {column, direction}; null: the API's order
 
@@ -108,6 +111,9 @@ export function mount(root, ctx) {
     el("section", { "aria-labelledby": "trials-h" }, trialsHeading,
       el("div", { class: "table-wrap" }, trialsTable), trialsEmpty),
     el("section", { "aria-labelledby": "skipped-h" }, el("h2", { id: "skipped-h" }, "Skipped algorithm sets"), skipped),
+    el("section", { "aria-labelledby": "sweep-log-h" },
+      el("h2", { id: "sweep-log-h" }, "Driver log"),
+      el("p", { class: "muted" }, "The Ray Tune driver's output, with every trial's."), logPane.element),
     el("section", { "aria-labelledby": "sweep-spec-h" },
       el("details", {}, el("summary", {}, el("h2", { id: "sweep-spec-h" }, "Spec")), specBlock)),
     dialog,
@@ -208,6 +214,7 @@ export function mount(root, ctx) {
       }
       throw error;
     }
+    await logPane.poll(sweep);
     return TERMINAL.has(sweep.status) ? ctx.pollMs * FINISHED_SLOWDOWN : ctx.pollMs;
   }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();
 
