@@ -22,18 +22,23 @@ class LogPage(BaseModel):
     offset: int = Field(description="the byte offset this page starts at (the request's `after`)")
     next_offset: int = Field(description="pass as `after` to read on; equals offset when nothing new")
     size: int = Field(description="the log's size in bytes when it was read")
-    live: bool = Field(description="the attempt is still running: poll again for more")
+    live: bool = Field(description="more may still come: poll again (the attempt runs, and writes a log here)")
     source: Literal["ray", "storage", "none"] = Field(
-        description="where the log was read: Ray's job log (live), the stored copy, or none yet")
+        description="where the log was read: Ray's job log, the stored copy, or none yet")
 
 
-class LogsPage(LogPage):
-    """A page of a run attempt's worker stdout/stderr (a sweep trial's: its driver's log)."""
-
+# The id comes first in the JSON (a base's fields come after those of the bases listed after it).
+class _RunId(BaseModel):
     run_id: str
 
 
-class SweepLogsPage(LogPage):
-    """A page of a sweep driver attempt's log: the Tune driver's output and every trial's."""
-
+class _SweepId(BaseModel):
     sweep_id: str
+
+
+class LogsPage(LogPage, _RunId):
+    """A page of a run attempt's worker stdout/stderr (a sweep trial's: its driver's log)."""
+
+
+class SweepLogsPage(LogPage, _SweepId):
+    """A page of a sweep driver attempt's log: the Tune driver's output and every trial's."""

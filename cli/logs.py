@@ -44,11 +44,14 @@ def read_log(read: PageReader, *, attempt: int | None) -> "LogPage":
     return page.model_copy(update={"text": text, "offset": 0})
 
 
-def show_logs(read: PageReader, *, attempt: int | None, follow: bool, as_json: bool, call) -> None:
-    """What ``tessera logs`` and ``tessera sweeps logs`` print (``call`` turns API errors into
-    one line and exit 1)."""
+def refuse_json_with_follow(as_json: bool, follow: bool) -> None:
     if as_json and follow:
         raise typer.BadParameter("--json prints the log so far; leave out --follow", param_hint="--json")
+
+
+def show_logs(read: PageReader, *, attempt: int | None, follow: bool, as_json: bool, call) -> None:
+    """What ``tessera logs`` and ``tessera sweeps logs`` print (``call`` turns API errors into
+    one line and exit 1); ``refuse_json_with_follow`` first."""
     if as_json:
         emit(call(read_log, read, attempt=attempt), as_json=True, render=lambda: None)
     else:
@@ -76,5 +79,6 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
         one page: run_id, attempt, text, size, live)."""
         from api.client import Client
 
+        refuse_json_with_follow(as_json, follow)
         with Client(url) as client:
             show_logs(run_pages(client, run_id), attempt=attempt, follow=follow, as_json=as_json, call=call)

@@ -104,8 +104,9 @@ def sweep_logs(
 ) -> None:
     """Print a sweep driver's log: the Tune driver's output and every trial's (one driver
     attempt; --json: the log so far as one page: sweep_id, attempt, text, size, live)."""
-    from cli.logs import show_logs, sweep_pages
+    from cli.logs import refuse_json_with_follow, show_logs, sweep_pages
 
+    refuse_json_with_follow(as_json, follow)
     with _client(url) as client:
         show_logs(sweep_pages(client, sweep_id), attempt=attempt, follow=follow, as_json=as_json, call=call)
 

@@ -6,11 +6,12 @@ Ray cannot be asked; an ended attempt is read from storage (``service.log_store`
 dispatcher copies it. An ended attempt not copied yet (the service was down when it ended) is
 read from Ray and stored on the way.
 
-A sweep's trial has no job of its own: its log is the job log of the driver attempt it ran
-under (the start event of each trial attempt names it). That is read from Ray while Ray has the
-job, else from the copy the dispatcher keeps under the sweep (every few ticks while the driver
-runs, and once its attempt ends, after which Ray is told to forget the job). Nothing is stored
-under a trial: every trial of a driver attempt would hold its own copy of the same log.
+A sweep's trial has no job of its own: an attempt that started under a sweep driver (its start
+event names the driver attempt) shows that driver attempt's log, read as the sweep's own route
+reads it: from Ray while the driver runs, else the copy the dispatcher keeps under the sweep
+(every few ticks while the driver runs, and once its attempt ends, after which Ray is told to
+forget the job). Nothing is stored under a trial: every trial of a driver attempt would hold
+its own copy of the same log.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi import APIRouter, Depends, Query
 
 from api.logs import LogsPage, SweepLogsPage
 from api.views import RunStatus
-from service.attempt_store import attempt_job_id, parse_attempt_job_id
+from service.attempt_store import attempt_job_id
 from service.access import Role
 from service.deps import CallerDep, JobsDep, RepoDep, SweepsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
@@ -48,7 +49,7 @@ StoreDep = Annotated[LogStore, Depends(get_log_store)]
 
 @router.get("/{run_id}/logs", response_model=LogsPage, operation_id="get_run_logs",
             responses={404: {"model": ErrorBody}})
-def get_run_logs(run_id: str, repo: RepoDep, caller: CallerDep, jobs: JobsDep, store: StoreDep,
+def get_run_logs(run_id: str, repo: RepoDep, sweeps: SweepsDep, caller: CallerDep, jobs: JobsDep, store: StoreDep,
                  attempt: AttemptQuery = None, after: AfterQuery = 0, limit: LimitQuery = 256 * 1024) -> LogsPage:
     """Up to ``limit`` bytes of the attempt's log from byte ``after``; a page ends at a line end
     when it can. Follow a live run by polling with ``after=next_offset`` while ``live``."""
@@ -57,12 +58,16 @@ def get_run_logs(run_id: str, repo: RepoDep, caller: CallerDep, jobs: JobsDep, s
     if attempt > run.attempt:
         return _no_such_attempt(f"run {run_id}", attempt, run.attempt)
     live = attempt == run.attempt and not run.status.is_terminal
-    if run.driven_by_sweep:
-        data, source = _read_trial(Attempt(run_id, attempt, run.ray_job_id, run.project),
-                                   _driver_attempt(repo, run, attempt), jobs=jobs, store=store)
-    else:
+    # Decided per attempt: a trial resumed by hand runs its later attempts as jobs of its own.
+    driver_attempt = _started_by_driver(repo, run.id, attempt) if run.sweep_id else None
+    if driver_attempt is None:
         data, source = _read(Attempt(run_id, attempt, attempt_job_id("run", run_id, attempt), run.project),
                              live=live, jobs=jobs, store=store)
+    else:
+        sweep = sweeps.get_sweep(run.sweep_id)
+        data, source = _read_trial(Attempt(run_id, attempt, None, run.project), sweep, driver_attempt,
+                                   jobs=jobs, store=store)
+        live = live and sweep.driver == "service"  # an external driver's trials log nowhere here
     return LogsPage(run_id=run_id, **_page(data, after, limit), attempt=attempt, attempts=run.attempt,
                     live=live, source=source)
 
@@ -74,14 +79,16 @@ def get_sweep_logs(sweep_id: str, sweeps: SweepsDep, caller: CallerDep, jobs: Jo
                    ) -> SweepLogsPage:
     """Up to ``limit`` bytes of the sweep driver attempt's log (the Tune driver's output and
     every trial's) from byte ``after``, as ``get_run_logs`` pages a run's. An external driver
-    runs outside Ray's Jobs API: its sweep has no log here (``source`` "none")."""
+    runs outside Ray's Jobs API: its sweep has no log here (``source`` "none", never ``live``)."""
     sweep = scoped_sweep(sweeps, caller, sweep_id, Role.VIEWER)  # another project's sweep is a 404
     attempt = sweep.attempt if attempt is None else attempt
     if attempt > sweep.attempt:
         return _no_such_attempt(f"sweep {sweep_id}", attempt, sweep.attempt)
-    live = attempt == sweep.attempt and not sweep.status.is_terminal
-    job_id = attempt_job_id("sweep", sweep_id, attempt) if sweep.driver == "service" else None
-    data, source = _read(Attempt(sweep_id, attempt, job_id, sweep.project, "sweep"), live=live, jobs=jobs, store=store)
+    if sweep.driver != "service":
+        data, source, live = b"", "none", False
+    else:
+        live = _driver_live(sweep, attempt)
+        data, source = _read(_driver(sweep, attempt), live=live, jobs=jobs, store=store)
     return SweepLogsPage(sweep_id=sweep_id, **_page(data, after, limit), attempt=attempt, attempts=sweep.attempt,
                          live=live, source=source)
 
@@ -92,7 +99,8 @@ def _no_such_attempt(what: str, attempt: int, newest: int):
 
 def _page(data: bytes, after: int, limit: int) -> dict:
     """The page of ``data`` from byte ``after``: up to ``limit`` bytes, ending at a line end
-    when it can (never splitting a UTF-8 character); its text, offsets and the log's size."""
+    when one is in it (a line longer than ``limit`` is cut, and a UTF-8 character with it);
+    its text, offsets and the log's size."""
     chunk = data[after:after + limit]
     if len(chunk) == limit and b"\n" in chunk:
         chunk = chunk[:chunk.rfind(b"\n") + 1]
@@ -121,31 +129,33 @@ def _read(attempt: Attempt, *, live: bool, jobs, store: LogStore) -> tuple[bytes
     return b"", "none"
 
 
-def _driver_attempt(repo, run, attempt: int) -> Attempt | None:
-    """The sweep driver attempt that trial ``run``'s ``attempt`` ran under; None for an external
-    driver (no Ray job). The current attempt runs under the driver job its ``ray_job_id`` names."""
-    current = parse_attempt_job_id("sweep", run.ray_job_id or "")
-    if current is None:
-        return None
-    sweep_id, driver_attempt = current
-    if attempt != run.attempt:
-        named = [trial_driver_attempt(event.message) for event in repo.events(run.id)
-                 if event.attempt == attempt and event.to_status is RunStatus.STARTING]
-        driver_attempt = next((n for n in reversed(named) if n is not None), driver_attempt)
-    return Attempt(sweep_id, driver_attempt, attempt_job_id("sweep", sweep_id, driver_attempt), run.project, "sweep")
+def _started_by_driver(repo, run_id: str, attempt: int) -> int | None:
+    """The sweep driver attempt the run's ``attempt`` started under, as its start event names it
+    (``TRIAL_STARTED``); None for an attempt that was not a trial's (a run's own job)."""
+    named = [trial_driver_attempt(event.message) for event in repo.events(run_id)
+             if event.attempt == attempt and event.to_status is RunStatus.STARTING]
+    return next((n for n in reversed(named) if n is not None), None)
 
 
-def _read_trial(trial: Attempt, driver: Attempt | None, *, jobs, store: LogStore) -> tuple[bytes, str]:
-    """A trial attempt's log: its driver attempt's, from Ray while Ray has the job (the freshest;
-    complete once the job ended), else its stored copy; last, a copy stored under the trial
-    itself (service versions before sweep driver logs were stored made those)."""
-    if driver is not None:
-        text = _from_ray(jobs, driver.job_id)
-        if text is not None:
-            return text.encode(), "ray"
-        stored = store.read(driver.record_id, driver.attempt, project=driver.project, kind="sweep")
-        if stored is not None:
-            return stored, "storage"
+def _driver(sweep, attempt: int) -> Attempt:
+    """A service-driven sweep's driver ``attempt``; its current one has no job while queued."""
+    job_id = sweep.ray_job_id if attempt == sweep.attempt else attempt_job_id("sweep", sweep.id, attempt)
+    return Attempt(sweep.id, attempt, job_id, sweep.project, "sweep")
+
+
+def _driver_live(sweep, attempt: int) -> bool:
+    return attempt == sweep.attempt and not sweep.status.is_terminal
+
+
+def _read_trial(trial: Attempt, sweep, driver_attempt: int, *, jobs, store: LogStore) -> tuple[bytes, str]:
+    """A trial attempt's log: its driver attempt's, read as that attempt's own (Ray first while
+    the driver runs); last, a copy stored under the trial itself (service versions before
+    sweep driver logs were stored made those)."""
+    if sweep.driver == "service":
+        data, source = _read(_driver(sweep, driver_attempt), live=_driver_live(sweep, driver_attempt),
+                             jobs=jobs, store=store)
+        if source != "none":
+            return data, source
     stored = store.read(trial.record_id, trial.attempt, project=trial.project)
     return (stored, "storage") if stored is not None else (b"", "none")
 

@@ -28,7 +28,7 @@ def url(tmp_path_factory) -> str:
         yield service.url
 
 
-def test_every_read_command_prints_json_that_parses(url):
+def test_every_read_command_prints_json_that_parses(url, tmp_path):
     submitted = tessera("submit", str(REPO_ROOT / "examples" / "digits_resnet.yaml"), "--json", "--url", url)
     assert submitted.exit_code == 0, submitted.output
     run = json.loads(submitted.stdout)  # stdout holds nothing but the RunView
@@ -44,6 +44,13 @@ def test_every_read_command_prints_json_that_parses(url):
     assert "default" in [p["name"] for p in projects]
     log = json.loads(tessera("logs", run["id"], "--json", "--url", url).stdout)  # queued: nothing logged yet
     assert (log["run_id"], log["text"], log["offset"], log["live"]) == (run["id"], "", 0, True)
+    sweep_file = tmp_path / "sweep.json"
+    sweep_file.write_text(json.dumps({"name": "cli-sweep", "base": shown["spec"],
+                                      "search": {"algorithms": {"sets": [[], ["channels_last"]]}}}))
+    assert tessera("sweeps", "submit", str(sweep_file), "--url", url).exit_code == 0
+    sweep = json.loads(tessera("sweeps", "list", "--json", "--url", url).stdout)[0]
+    log = json.loads(tessera("sweeps", "logs", sweep["id"], "--json", "--url", url).stdout)  # queued: no job yet
+    assert (log["sweep_id"], log["text"], log["attempt"], log["source"]) == (sweep["id"], "", 1, "none")
 
 
 def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_on_stderr(url):
@@ -58,6 +65,7 @@ def test_a_usage_error_exits_2(url):
     assert tessera("runs", "--limit", "many", "--url", url).exit_code == EXIT_USAGE
     assert tessera("no-such-command").exit_code == EXIT_USAGE
     assert tessera("logs", "some-run", "--json", "--follow", "--url", url).exit_code == EXIT_USAGE
+    assert tessera("sweeps", "logs", "some-sweep", "--json", "--follow", "--url", url).exit_code == EXIT_USAGE
 
 
 def test_an_unreachable_service_exits_4_and_names_the_url():

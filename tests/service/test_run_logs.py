@@ -345,6 +345,26 @@ def test_each_trial_attempt_reads_the_driver_attempt_it_ran_under_and_nothing_is
     assert store.read(trial.id, 1) is None and store.read(trial.id, 2) is None  # one copy, the sweep's
 
 
+def test_a_trial_resumed_by_hand_logs_its_new_attempt_as_a_run_s_and_keeps_its_driver_s_log(
+        client, fake_jobs, example_body):
+    dispatcher = client.app.state.dispatcher
+    dispatcher.log_archiver.forget_after_s = 0
+    sweep, trial, job1 = _sweep_with_a_trial(client, fake_jobs, example_body)
+    client.app.state.repo.transition(trial.id, S.FAILED, error="boom")
+    dispatcher.sweeps.apply_driver_report(sweep.id, SS.COMPLETED)
+    fake_jobs.set_status(job1, "SUCCEEDED")
+    dispatcher.tick()  # the driver's final copy; its job forgotten
+    resumed = client.post(f"/api/v1/runs/{trial.id}/resume", json={})
+    assert resumed.status_code == 200, resumed.text
+    dispatcher.tick()  # submitted as a run's own job
+    run_job = f"run-{trial.id}-attempt-2"
+    fake_jobs.set_status(run_job, "RUNNING")
+    fake_jobs.logs[run_job] = "resumed by hand\n"
+    pages = {n: client.get(f"/api/v1/runs/{trial.id}/logs", params={"attempt": n}).json() for n in (1, 2)}
+    assert (pages[1]["text"], pages[1]["source"], pages[1]["live"]) == ("trial t1: epoch 1\n", "storage", False)
+    assert (pages[2]["text"], pages[2]["source"], pages[2]["live"]) == ("resumed by hand\n", "ray", True)
+
+
 def test_a_new_leader_stores_and_forgets_the_job_of_a_sweep_s_earlier_driver_attempt(
         client, fake_jobs, example_body, settings):
     dispatcher = client.app.state.dispatcher
@@ -360,6 +380,11 @@ def test_a_new_leader_stores_and_forgets_the_job_of_a_sweep_s_earlier_driver_att
         b"trial t1: epoch 1\nTraceback: the driver's last words\n"
     assert job1 not in fake_jobs.jobs
     assert lost_answer in fake_jobs.jobs  # the attempt's next submit must find it: it never runs twice
+    # The queued attempt has no job of its own yet (its lost submission is no log of it); the one
+    # before shows the dead driver's last words.
+    pages = [client.get(f"/api/v1/sweeps/{sweep.id}/logs", params=q).json() for q in ({}, {"attempt": 1})]
+    assert [(p["attempt"], p["source"], p["text"]) for p in pages] == [
+        (2, "none", ""), (1, "storage", "trial t1: epoch 1\nTraceback: the driver's last words\n")]
 
 
 def test_an_external_driver_s_trials_have_no_job_and_no_log(client, fake_jobs, example_body):
@@ -376,10 +401,13 @@ def test_an_external_driver_s_trials_have_no_job_and_no_log(client, fake_jobs, e
     client.app.state.repo.transition(trial.id, S.RUNNING)
     dispatcher.tick()
     assert fake_jobs.submit_calls == [] and fake_jobs.jobs == {}
-    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()
-    assert (page["text"], page["source"]) == ("", "none")
+    reads, real = [], fake_jobs.job_logs
+    fake_jobs.job_logs = lambda submission_id: reads.append(submission_id) or real(submission_id)
+    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()  # nothing to follow: no poll goes on
+    assert (page["text"], page["source"], page["live"]) == ("", "none", False)
     page = client.get(f"/api/v1/sweeps/{sweep.id}/logs").json()  # it runs outside Ray's Jobs API
-    assert (page["text"], page["source"], page["live"]) == ("", "none", True)
+    assert (page["text"], page["source"], page["live"]) == ("", "none", False)
+    assert reads == []  # and Ray is not asked
 
 
 def test_live_logs_are_read_from_ray_and_followed_by_byte_offset(client, fake_jobs, example_body):
