@@ -33,8 +33,7 @@ from service.tokens import hash_token
 # The event of a trial attempt's start names the driver attempt it runs under: a trial's log is
 # that driver attempt's job log (``service.routes.logs``).
 TRIAL_STARTED = "attempt {attempt} started by the sweep's driver (attempt {driver_attempt})"
-_TRIAL_STARTED = re.compile(re.escape(TRIAL_STARTED).replace(r"\{attempt\}", r"\d+")
-                            .replace(r"\{driver_attempt\}", r"(\d+)"))
+_TRIAL_STARTED = re.compile(r"attempt \d+ started by the sweep's driver \(attempt (\d+)\)")  # the same words
 
 
 def trial_driver_attempt(message: str | None) -> int | None:

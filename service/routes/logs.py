@@ -65,9 +65,11 @@ def get_run_logs(run_id: str, repo: RepoDep, sweeps: SweepsDep, caller: CallerDe
                              live=live, jobs=jobs, store=store)
     else:
         sweep = sweeps.get_sweep(run.sweep_id)
-        data, source = _read_trial(Attempt(run_id, attempt, None, run.project), sweep, driver_attempt,
-                                   jobs=jobs, store=store)
+        data, source, _ = _read_driver(sweep, driver_attempt, jobs=jobs, store=store)
         live = live and sweep.driver == "service"  # an external driver's trials log nowhere here
+        if source == "none":  # a copy stored under the trial itself, by service versions before this one
+            stored = store.read(run_id, attempt, project=run.project)
+            data, source = (stored, "storage") if stored is not None else (data, source)
     return LogsPage(run_id=run_id, **_page(data, after, limit), attempt=attempt, attempts=run.attempt,
                     live=live, source=source)
 
@@ -84,11 +86,7 @@ def get_sweep_logs(sweep_id: str, sweeps: SweepsDep, caller: CallerDep, jobs: Jo
     attempt = sweep.attempt if attempt is None else attempt
     if attempt > sweep.attempt:
         return _no_such_attempt(f"sweep {sweep_id}", attempt, sweep.attempt)
-    if sweep.driver != "service":
-        data, source, live = b"", "none", False
-    else:
-        live = _driver_live(sweep, attempt)
-        data, source = _read(_driver(sweep, attempt), live=live, jobs=jobs, store=store)
+    data, source, live = _read_driver(sweep, attempt, jobs=jobs, store=store)
     return SweepLogsPage(sweep_id=sweep_id, **_page(data, after, limit), attempt=attempt, attempts=sweep.attempt,
                          live=live, source=source)
 
@@ -137,27 +135,16 @@ def _started_by_driver(repo, run_id: str, attempt: int) -> int | None:
     return next((n for n in reversed(named) if n is not None), None)
 
 
-def _driver(sweep, attempt: int) -> Attempt:
-    """A service-driven sweep's driver ``attempt``; its current one has no job while queued."""
+def _read_driver(sweep, attempt: int, *, jobs, store: LogStore) -> tuple[bytes, str, bool]:
+    """A sweep driver attempt's whole log, where it came from, and whether it is live (read as a
+    run attempt's is). An external driver runs outside Ray's Jobs API: no log, never live."""
+    if sweep.driver != "service":
+        return b"", "none", False
+    live = attempt == sweep.attempt and not sweep.status.is_terminal
+    # The current attempt's job is the sweep's (none while it is queued); an earlier one's, by its id.
     job_id = sweep.ray_job_id if attempt == sweep.attempt else attempt_job_id("sweep", sweep.id, attempt)
-    return Attempt(sweep.id, attempt, job_id, sweep.project, "sweep")
-
-
-def _driver_live(sweep, attempt: int) -> bool:
-    return attempt == sweep.attempt and not sweep.status.is_terminal
-
-
-def _read_trial(trial: Attempt, sweep, driver_attempt: int, *, jobs, store: LogStore) -> tuple[bytes, str]:
-    """A trial attempt's log: its driver attempt's, read as that attempt's own (Ray first while
-    the driver runs); last, a copy stored under the trial itself (service versions before
-    sweep driver logs were stored made those)."""
-    if sweep.driver == "service":
-        data, source = _read(_driver(sweep, driver_attempt), live=_driver_live(sweep, driver_attempt),
-                             jobs=jobs, store=store)
-        if source != "none":
-            return data, source
-    stored = store.read(trial.record_id, trial.attempt, project=trial.project)
-    return (stored, "storage") if stored is not None else (b"", "none")
+    data, source = _read(Attempt(sweep.id, attempt, job_id, sweep.project, "sweep"), live=live, jobs=jobs, store=store)
+    return data, source, live
 
 
 def _from_ray(jobs, job_id: str) -> str | None:
