@@ -31,6 +31,7 @@ from service.admission import Admission
 from service.dispatch_lease import DispatchLease, SoleLease
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
+from service.export_jobs import ExportOutcomes
 from service.log_archive import LogArchiver
 from service.log_store import LogStore
 from service.ray_client import JobsClient
@@ -71,8 +72,10 @@ class Dispatcher:
             JobFollower(sweep_driver_jobs(settings), self.sweeps, jobs, settings, admit=self.admission.admit_sweeps),
         )
         self.tick_listeners: list[Callable[[float], None]] = []  # each gets a tick's duration (s)
-        self.log_archiver = LogArchiver([(f.kind, f.store) for f in self.followers], jobs,
-                                        LogStore(settings.storage_url, timeout_s=settings.storage_timeout_s))
+        self.log_archiver = LogArchiver(
+            [(f.kind, f.store) for f in self.followers], jobs,
+            LogStore(settings.storage_url, timeout_s=settings.storage_timeout_s),
+            exports=ExportOutcomes(settings.storage_url, jobs, repo.job_owners, timeout_s=settings.storage_timeout_s))
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,7 +103,7 @@ class Dispatcher:
                 # The followers' reads of the followed runs and sweeps, from the start of this tick,
                 # serve the log archiver and (runs) the wall-clock check too: every active record is
                 # read once a tick. One the followers just submitted or ended is seen on the next.
-                self.log_archiver.offer(read)  # its copies run on its own thread, when started
+                self.log_archiver.offer(read, listed[0])  # its copies run on its own thread, when started
                 projects = {p.name: p for p in self.access.list_projects()}
                 for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=read["run"]):
                     log.info("run %s: stopped at its wall-clock limit", run_id)

@@ -11,6 +11,14 @@ export's state is read back, never stored in the database:
 * ``PENDING``: a request exists and its Ray job is pending or running (or Ray cannot be asked);
 * ``FAILED``: the job failed, was stopped or is gone without writing the file (the error holds
   its log tail); requesting the step again submits a new job.
+
+Ray lists every job it was not told to forget, and the dispatcher reads that list every tick, so
+finished export jobs must not stay there (``service.log_archive``). Once an export job has
+finished, the log archiver has its outcome stored (``ExportOutcomes``): nothing when the file
+is there, else ``requests/outcomes/{job id}.json`` with the error as above; then Ray forgets the
+job, and a FAILED export reads its error from that file. The archiver finds these jobs in the
+tick's job list only for runs this database holds, and only when the Jobs client can list jobs;
+an outcome stays until its run is deleted, also once a new request has replaced its job.
 """
 
 from __future__ import annotations
@@ -19,24 +27,55 @@ import json
 import re
 import secrets
 import shlex
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fsspec.core import url_to_fs
 
 from api.views import CheckpointView, ExportView
 from service.bounded_storage import bounded
+from service.code_store import write_whole
 from fastapi import HTTPException
 
-from service.ray_client import RayAmbiguous, RayRefused, RayUnavailable, failure_from_logs
+from service.ray_client import RayAmbiguous, RayRefused, RayUnavailable, failure_from_logs, failure_text
 from service.ray_head import forwarded_env
-from service.storage_paths import export_url, exports_url
+from service.storage_paths import export_url, exports_url, project_storage_url
 
 REQUEST_NAME = re.compile(r"step-(\d+)\.json$")
 LIVE = ("PENDING", "RUNNING")
+JOB_ID = re.compile(r"export-(?P<run_id>.+)-step-(?P<step>\d+)-[0-9a-f]{6}$")  # as ``request`` names them
 
 
 def request_url(storage_url: str, run_id: str, step: int) -> str:
     return f"{exports_url(storage_url, run_id)}/requests/step-{step}.json"
+
+
+def outcome_url(storage_url: str, run_id: str, job_id: str) -> str:
+    """Where a finished export job's outcome is kept once Ray may forget the job."""
+    return f"{exports_url(storage_url, run_id)}/requests/outcomes/{job_id}.json"
+
+
+def parse_export_job_id(job_id: str) -> tuple[str, int] | None:
+    """``(run id, step)`` of an export job's id; None for any other job."""
+    match = JOB_ID.match(job_id)
+    return (match["run_id"], int(match["step"])) if match else None
+
+
+def job_error(job_id: str, state: str | None, failure: str = "") -> str:
+    """Why the export job ``job_id``, in ``state`` (None: Ray has no such job), wrote no file;
+    ``failure``: what ``failure_from_logs`` says of a FAILED or STOPPED job."""
+    why = {None: "is gone", "SUCCEEDED": "ended without writing the file"}.get(state, f"ended {state}")
+    return (f"export job {job_id} {why}" + (f": {failure}" if failure else ""))[-4000:]
+
+
+def read_outcome(fs: Any, path: str, timeout_s: float) -> str | None:
+    """The error stored at ``path`` by ``ExportOutcomes``; None if there is none, or none readable."""
+    try:
+        return json.loads(bounded(f"reading {path}", timeout_s, fs.cat_file, path))["error"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):  # not a whole outcome (written outside write_whole)
+        return None
 
 
 class ExportRequests:
@@ -104,8 +143,52 @@ class ExportRequests:
             return ExportView(step=step, status="PENDING", job_id=job_id)
         if state in LIVE:
             return ExportView(step=step, status="PENDING", job_id=job_id)
-        why = {None: "is gone", "SUCCEEDED": "ended without writing the file"}.get(state, f"ended {state}")
-        error = f"export job {job_id} {why}"
+        # Ended: its stored outcome once the log archiver has made it (the only word left once Ray
+        # has forgotten the job; and a job Ray wrote again as "supervisor died" does not replace it).
+        fs, path = url_to_fs(outcome_url(self.storage_url, run_id, job_id))
+        error = read_outcome(fs, path, self.settings.storage_timeout_s)
+        if error is None:
+            failure = failure_from_logs(self.jobs, job_id) if state in ("FAILED", "STOPPED") else ""
+            error = job_error(job_id, state, failure)
+        return ExportView(step=step, status="FAILED", job_id=job_id, error=error)
+
+
+class ExportOutcomes:
+    """Stores what finished export jobs leave behind, so that Ray can forget them (the log
+    archiver calls ``owners_of`` and ``settle`` from its passes). ``owners``: ``(project, ...)``
+    of each run id that names a run (``AttemptStore.job_owners``); ``storage_root``: the
+    service's storage, under which each project has its own (``project_storage_url``)."""
+
+    def __init__(self, storage_root: str, jobs: Any, owners: Callable[[Iterable[str]], Mapping[str, tuple]],
+                 *, timeout_s: float):
+        self.storage_root, self.jobs, self.owners, self.timeout_s = storage_root, jobs, owners, timeout_s
+
+    def owners_of(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """``{run id: project}`` of the runs of ``job_ids`` (export jobs) this database holds."""
+        runs = [parsed[0] for job_id in job_ids if (parsed := parse_export_job_id(job_id)) is not None]
+        return {run_id: owner[0] for run_id, owner in self.owners(runs).items()}
+
+    def settle(self, job_id: str, state: str, projects: Mapping[str, str]) -> bool:
+        """Store the outcome of the finished export job ``job_id`` (Ray's ``state``), unless its
+        file is there or its outcome is stored already. True: Ray may forget it now; False: its
+        run is not in ``projects`` (``owners_of``: another service's, on a shared cluster, or a
+        run deleted since), and it is left in Ray's list. A storage or Ray error is raised (a
+        Ray timeout while reading its log too: stored, that error would be all that is left)."""
+        run_id, step = parse_export_job_id(job_id)
+        if run_id not in projects:
+            return False
+        storage_url = project_storage_url(self.storage_root, projects[run_id])
+        fs, path = url_to_fs(outcome_url(storage_url, run_id, job_id))
+        export_fs, export_path = url_to_fs(export_url(storage_url, run_id, step, "safetensors"))
+        export_fs.invalidate_cache(export_path.rsplit("/", 1)[0])
+        if bounded(f"looking for {export_path}", self.timeout_s, export_fs.exists, export_path):
+            return True  # READY: nothing to keep
+        fs.invalidate_cache(path.rsplit("/", 1)[0])
+        if bounded(f"looking for {path}", self.timeout_s, fs.exists, path):
+            return True  # stored by an earlier pass (Ray wrote the job again, or another leader)
+        failure = ""
         if state in ("FAILED", "STOPPED"):
-            error += ": " + failure_from_logs(self.jobs, job_id)
-        return ExportView(step=step, status="FAILED", job_id=job_id, error=error[-4000:])
+            failure = failure_text(job_id, self.jobs.logs_tail(job_id))
+        body = json.dumps({"job_id": job_id, "state": state, "error": job_error(job_id, state, failure)}).encode()
+        bounded(f"writing {path}", self.timeout_s, write_whole, fs, path, body)
+        return True

@@ -30,10 +30,19 @@ final copy or its delete not yet made, or it ended before any archiver deleted j
 like an attempt that just ended: final log copied if it is the job the run ended on, then
 forgotten. Those join the watched attempts ``copies_per_tick`` a pass, so a backlog of thousands
 does not hold up the live copies. Left in Ray's list are jobs Ray refused to delete
-``FORGET_TRIES`` times, jobs of runs still queued or followed, jobs whose run this database
-does not hold (another service's, on a shared cluster), and model exports (whose state is read
-back from Ray). A sweep's trials have no jobs of their own: a trial's log is its sweep driver's,
-read from the stored copy once Ray has forgotten the driver's job (``service.routes.logs``).
+``FORGET_TRIES`` times, jobs of runs still queued or followed, and jobs whose run this database
+does not hold (another service's, on a shared cluster). A sweep's trials have no jobs of their
+own: a trial's log is its sweep driver's, read from the stored copy once Ray has forgotten the
+driver's job (``service.routes.logs``).
+
+Model exports' jobs (``service.export_jobs``) are followed by no record: each pass looks for
+finished ones in the tick's job list (read for the followers anyway), has their outcome stored
+(``ExportOutcomes``: a failed export's error, which until then was read back from Ray; nothing
+for one whose file is there) and has Ray forget them ``forget_after_s`` later, at most
+``copies_per_tick`` a pass. So a process that takes the lead finds those left from before in its
+first pass. Left in Ray's list: export jobs of runs this database does not hold, which include a
+run deleted while its export job ran or before its outcome was stored, and all of them when the
+Jobs client cannot list jobs.
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -56,6 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.attempt_store import AttemptStore, parse_attempt_job_id
+from service.export_jobs import ExportOutcomes, parse_export_job_id
 from service.job_kinds import JobKind
 from service.log_store import LogStore
 from service.ray_client import FINISHED_JOB_STATES, JobsClient, job_states
@@ -66,6 +76,7 @@ FORGET_TRIES = 3  # deletes of one finished job before it is left in Ray's list
 SWEEP_TRIES = 3  # passes that try to read Ray's list for ``sweep_leftovers`` before it gives up
 
 Records = Mapping[str, Sequence[Any]]  # what a tick read of each kind's followed records, by kind name
+JobStates = Mapping[str, str]  # Ray's job list as a tick read it: {job id: state}
 
 
 @dataclass(frozen=True)
@@ -91,14 +102,16 @@ def archive_final_log(jobs: JobsClient, store: LogStore, attempt: Attempt, text:
 
 class LogArchiver:
     """Copies followed attempts' logs to a ``LogStore``; the dispatcher ``offer``s it each tick's
-    records. ``sources``: each kind of job with the store of its records (runs, sweeps)."""
+    records. ``sources``: each kind of job with the store of its records (runs, sweeps);
+    ``exports``: where finished export jobs' outcomes are stored (None: their jobs are left)."""
 
     def __init__(self, sources: Sequence[tuple[JobKind, AttemptStore]], jobs: JobsClient, store: LogStore, *,
-                 every_ticks: int = 10, copies_per_tick: int = 10, forget_after_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 exports: ExportOutcomes | None = None, every_ticks: int = 10, copies_per_tick: int = 10,
+                 forget_after_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.sources = list(sources)
         self.jobs = jobs
         self.store = store
+        self.exports = exports
         self.every_ticks = every_ticks
         self.copies_per_tick = copies_per_tick
         self.forget_after_s = forget_after_s
@@ -110,8 +123,13 @@ class LogArchiver:
         self._watched: set[Attempt] = set()
         # Finished jobs whose final logs are stored: when to delete each, and the tries left
         self._forget_at: dict[str, tuple[float, int]] = {}
+        # Export jobs done with while Ray's list holds them: outcome stored (to be forgotten), or
+        # of a run this database does not hold (left); and the pass each failed one is tried again
+        self._settled: set[str] = set()
+        self._export_retry: dict[str, int] = {}
         self._stalled = False
-        self._offered: Records | None = None  # the last tick's records, waiting for the thread's next pass
+        # The last tick's records and job list, waiting for the thread's next pass
+        self._offered: tuple[Records, JobStates | None] | None = None
         # Live in a replaced offer, or handed to ``watch``: watched from the next pass on
         self._folded: set[Attempt] = set()
         self._sweep_due = False  # ``sweep_leftovers`` was called: the next pass reads Ray's list
@@ -134,9 +152,9 @@ class LogArchiver:
             self._thread = threading.Thread(target=self._loop, name="tessera-log-archiver", daemon=True)
             self._thread.start()
 
-    def offer(self, records: Records) -> None:
-        """A tick's records (as ``tick`` takes them): the thread's next pass, or a pass now if
-        ``start()`` was never called."""
+    def offer(self, records: Records, states: JobStates | None = None) -> None:
+        """A tick's records and Ray's job list (as ``tick`` takes them): the thread's next pass,
+        or a pass now if ``start()`` was never called."""
         with self._changed:
             inline = not self._started
             # Once stopping, a tick that outlasted the dispatcher's stop: no pass takes its runs.
@@ -145,13 +163,13 @@ class LogArchiver:
                     # Not taken yet: the newest runs replace it. An attempt live only in the replaced
                     # offer (it started and ended during one pass) is still watched, so the next
                     # pass copies its final log.
-                    self._folded |= self._live(self._offered)
-                self._offered = records
+                    self._folded |= self._live(self._offered[0])
+                self._offered = (records, states)
                 self._changed.notify()
         if inline:
             with self._changed:
                 folded, self._folded = self._folded, set()
-            self.tick(records, folded)
+            self.tick(records, folded, states)
 
     def watch(self, records: Records) -> None:
         """Watch the live attempts of ``records`` (as ``tick`` takes them) as if a pass had seen them:
@@ -187,19 +205,21 @@ class LogArchiver:
                 if self._offered is None:  # stopping, with every offer taken
                     self._serving = False  # in the same hold as the check: a start() now makes a new thread
                     return
-                records, folded = self._offered, self._folded
+                (records, states), folded = self._offered, self._folded
                 self._offered, self._folded = None, set()
             try:
-                self.tick(records, folded)
+                self.tick(records, folded, states)
             except Exception:  # e.g. a bug: logged, and the next tick's records get their pass
                 log.exception("the log archiver's pass failed")
 
     # --- one pass ------------------------------------------------------------------------
-    def tick(self, records: Records | None = None, folded: set[Attempt] | frozenset[Attempt] = frozenset()) -> None:
+    def tick(self, records: Records | None = None, folded: set[Attempt] | frozenset[Attempt] = frozenset(),
+             states: JobStates | None = None) -> None:
         """One pass: copy each live attempt's log once every ``every_ticks`` passes, and ended
-        attempts' final logs. ``records``: by kind name, the records in a followed status, as a
-        tick read them (None: read them here); ``folded``: attempts that were live in ticks this
-        pass stands for, besides the last."""
+        attempts' final logs; store finished export jobs' outcomes. ``records``: by kind name,
+        the records in a followed status, as a tick read them (None: read them here);
+        ``folded``: attempts that were live in ticks this pass stands for, besides the last;
+        ``states``: Ray's job list as the tick read it (None: no export jobs are looked for)."""
         self.passes += 1
         self._stalled = False  # a hung store or Ray: one timeout per pass, not one per attempt
         if records is None:
@@ -230,6 +250,8 @@ class LogArchiver:
         for job_id in [job_id for job_id, (due, _) in self._forget_at.items() if due <= now]:
             if not self._stalled:
                 self._forget(job_id, now)
+        if states is not None and self.exports is not None and not self._stalled:
+            self._settle_exports(states)
 
     def _find_leftovers(self, live: set[Attempt]) -> list[Attempt]:
         """Finished attempt jobs in Ray's list that no attempt watched, live, waiting or being
@@ -288,6 +310,40 @@ class LogArchiver:
                      "%d to forget", len(found), len(forget))
         return found
 
+    def _settle_exports(self, states: JobStates) -> None:
+        """Store the outcomes of up to ``copies_per_tick`` finished export jobs of ``states``, each
+        to be forgotten by Ray ``forget_after_s`` later; those of runs this database does not hold
+        are left in Ray's list, and not looked at again while it lists them. A job whose outcome
+        could not be stored waits ``every_ticks`` passes for its next try, so that one that keeps
+        failing holds none of the others back."""
+        self._settled &= states.keys()  # a job Ray no longer lists is done with
+        self._export_retry = {job_id: at for job_id, at in self._export_retry.items() if job_id in states}
+        due = sorted(job_id for job_id, state in states.items()
+                     if state in FINISHED_JOB_STATES and job_id not in self._settled
+                     and job_id not in self._forget_at and self._export_retry.get(job_id, 0) <= self.passes
+                     and parse_export_job_id(job_id) is not None)[:self.copies_per_tick]
+        if not due:
+            return
+        try:
+            projects = self.exports.owners_of(due)
+        except Exception as exc:  # the database: the next pass tries again
+            self._stalled = isinstance(exc, OSError)
+            log.warning("could not read the runs of finished export jobs; will retry: %s", exc)
+            return
+        for job_id in due:
+            if self._stalled:
+                break
+            try:
+                forget = self.exports.settle(job_id, states[job_id], projects)
+            except Exception as exc:
+                self._stalled = isinstance(exc, OSError)  # a timeout: no more storage or Ray calls this pass
+                self._export_retry[job_id] = self.passes + self.every_ticks
+                log.warning("could not store the outcome of the finished export job %s; will retry: %s", job_id, exc)
+                continue
+            self._settled.add(job_id)
+            if forget:
+                self._forget_at[job_id] = (self.clock() + self.forget_after_s, FORGET_TRIES)
+
     def _live(self, records: Records) -> set[Attempt]:
         return {Attempt(record.id, record.attempt, record.ray_job_id, record.project, kind.name)
                 for kind, _ in self.sources for record in records.get(kind.name, ())
@@ -301,6 +357,8 @@ class LogArchiver:
         _, tries = self._forget_at.pop(job_id)
         try:
             self.jobs.delete(job_id)
+            # Should Ray write it again (see above), a later list shows it finished: settled anew
+            self._settled.discard(job_id)
         except Exception as exc:
             self._stalled = isinstance(exc, OSError)
             if tries > 1:

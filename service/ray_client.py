@@ -89,6 +89,11 @@ def failure_from_logs(jobs: JobsClient, job_id: str) -> str:
         tail = jobs.logs_tail(job_id)
     except Exception as exc:  # the failure matters more than its logs
         tail = f"(could not read the job's logs: {exc})"
+    return failure_text(job_id, tail)
+
+
+def failure_text(job_id: str, tail: str) -> str:
+    """"Ray job X failed", with ``tail`` (the last lines of its log) when there are any."""
     return f"Ray job {job_id} failed; last lines of its log:\n{tail}" if tail else f"Ray job {job_id} failed"
 
 

@@ -2,7 +2,8 @@
 trains to COMPLETED with a tensorboard logger; its log is read through the API (and lands in
 S3); its model is exported with ``tessera export`` and reloaded with ``load_model`` to give
 exactly the eval accuracy the run reported; an earlier checkpoint is exported on request by a Ray
-job (``tessera export --step``) and holds exactly that checkpoint's weights."""
+job (``tessera export --step``) and holds exactly that checkpoint's weights; Ray forgets the
+run's job and the export's once they have ended."""
 
 from __future__ import annotations
 
@@ -71,6 +72,10 @@ def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, 
     exported = subprocess.run([TESSERA, "export", run_id, "--step", "11", "--format", "torch", "-o", str(early),
                                "--url", s3_service.url], capture_output=True, text=True, timeout=300, env=cli_env)
     assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert [(e.step, e.status) for e in client.list_exports(run_id)] == [(11, "READY"), (22, "READY")]
+    # The export's job is forgotten by Ray once it has ended, as the run's was; the export stays READY.
+    wait_until(lambda: not any((j.submission_id or "").startswith(f"export-{run_id}-") for j in jobs.list_jobs()),
+               timeout=60, what="Ray to forget the finished export job")
     assert [(e.step, e.status) for e in client.list_exports(run_id)] == [(11, "READY"), (22, "READY")]
     from workers.checkpoint import read_checkpoint
 

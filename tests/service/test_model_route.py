@@ -86,3 +86,160 @@ def test_exporting_an_earlier_step_submits_one_job_and_reads_its_state_back(clie
     assert client.get(f"/api/v1/runs/{run_id}/model", params={"step": 10}).content == b"weights"
     assert client.post("/api/v1/runs/nope/exports", json={"step": 10}).status_code == 404
     assert client.post(f"/api/v1/runs/{run_id}/exports", json={"step": -1}).status_code == 422
+
+
+def _export_requested(client, example_body, settings, fake_jobs, project: str = "default") -> tuple[str, str]:
+    """A run of ``project`` with a committed checkpoint at step 10 whose export was requested:
+    (run id, job id). The fake Ray lists its jobs, as the real one does (one call a tick)."""
+    import os
+    from datetime import datetime, timezone
+
+    from api.views import CheckpointReport
+    from service.storage_paths import project_storage_url
+
+    run_id = client.post("/api/v1/runs", json=example_body, params={"project": project}).json()["id"]
+    folder = f"{project_storage_url(settings.storage_url, project)}/runs/{run_id}/checkpoints/ep1-ba10"
+    client.app.state.repo.add_checkpoint(run_id, CheckpointReport(
+        step=10, epoch=1, time=datetime.now(timezone.utc), committed=True, url=folder, world_size=1))
+    os.makedirs(folder.removeprefix("file://"))
+    open(folder.removeprefix("file://") + "/COMMITTED", "w").write("{}")
+    fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
+    return run_id, client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10}).json()["job_id"]
+
+
+@pytest.fixture
+def hand_clock(client) -> list[float]:
+    """The log archiver's clock, moved by the test (``clock[0] += s``), with the default 10 s wait."""
+    clock = [1000.0]
+    archiver = client.app.state.dispatcher.log_archiver
+    archiver.clock, archiver.forget_after_s = (lambda: clock[0]), 10
+    return clock
+
+
+def test_a_failed_export_s_error_is_stored_and_ray_forgets_its_job(client, example_body, settings, fake_jobs,
+                                                                    hand_clock):
+    """Ray's job list is read every tick, so finished export jobs must leave it: once one has
+    ended, its error is stored beside the request (in its project's storage) and Ray forgets the
+    job 10 s later; the export still reads FAILED with that error, also when Ray writes the job
+    again as failed (it does, for a job deleted too soon), which is then forgotten again. A new
+    request retries; a job that wrote its file leaves no outcome and is forgotten too."""
+    import os
+
+    from service.export_jobs import outcome_url
+    from service.storage_paths import project_storage_url
+
+    assert client.post("/api/v1/projects", json={"name": "vision"}).status_code == 201
+    run_id, job_id = _export_requested(client, example_body, settings, fake_jobs, project="vision")
+    dispatcher = client.app.state.dispatcher
+    dispatcher.tick()
+    assert job_id in fake_jobs.jobs  # still running: nothing to store
+    fake_jobs.set_status(job_id, "FAILED")
+    fake_jobs.logs[job_id] = "Traceback\nRuntimeError: out of memory"
+    dispatcher.tick()
+    outcome = outcome_url(project_storage_url(settings.storage_url, "vision"), run_id, job_id)
+    stored = open(outcome.removeprefix("file://")).read()
+    assert json.loads(stored)["state"] == "FAILED" and "out of memory" in json.loads(stored)["error"]
+    hand_clock[0] += 9.9
+    dispatcher.tick()
+    assert job_id in fake_jobs.jobs  # Ray's job manager may still be writing the job
+    hand_clock[0] += 0.1
+    dispatcher.tick()
+    assert job_id not in fake_jobs.jobs
+    [failed] = client.get(f"/api/v1/runs/{run_id}/exports").json()["data"]
+    assert failed["status"] == "FAILED" and failed["job_id"] == job_id
+    assert "ended FAILED" in failed["error"] and "RuntimeError: out of memory" in failed["error"]
+
+    fake_jobs.jobs[job_id] = {"status": "FAILED"}  # written again: "Job supervisor actor died"
+    fake_jobs.logs[job_id] = "Job supervisor actor died"
+    [again] = client.get(f"/api/v1/runs/{run_id}/exports").json()["data"]
+    assert again["error"] == failed["error"]  # the stored outcome, not the new record's
+    dispatcher.tick()
+    hand_clock[0] += 10
+    dispatcher.tick()
+    assert job_id not in fake_jobs.jobs and open(outcome.removeprefix("file://")).read() == stored
+
+    retried = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10}).json()
+    assert retried["status"] == "PENDING" and retried["job_id"] != job_id
+    path = export_url(project_storage_url(settings.storage_url, "vision"), run_id, 10, "safetensors")
+    open(path.removeprefix("file://"), "wb").write(b"weights")
+    fake_jobs.set_status(retried["job_id"], "SUCCEEDED")
+    dispatcher.tick()
+    hand_clock[0] += 10
+    dispatcher.tick()
+    assert retried["job_id"] not in fake_jobs.jobs
+    assert not os.path.exists(outcome.replace(job_id, retried["job_id"]).removeprefix("file://"))
+    assert [(e["step"], e["status"]) for e in client.get(f"/api/v1/runs/{run_id}/exports").json()["data"]] == \
+        [(10, "READY")]
+
+
+def test_a_failed_export_asked_again_before_ray_forgot_its_job_starts_a_new_one(client, example_body, settings,
+                                                                                 fake_jobs):
+    client.app.state.dispatcher.log_archiver.forget_after_s = 0
+    run_id, job_id = _export_requested(client, example_body, settings, fake_jobs)
+    fake_jobs.set_status(job_id, "STOPPED")
+    retried = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10}).json()
+    assert retried["status"] == "PENDING" and retried["job_id"] != job_id
+    for _ in range(2):  # the old job: its outcome stored, then forgotten; the new one runs on
+        client.app.state.dispatcher.tick()
+    assert job_id not in fake_jobs.jobs and fake_jobs.jobs[retried["job_id"]]["status"] == "PENDING"
+    [export] = client.get(f"/api/v1/runs/{run_id}/exports").json()["data"]
+    assert export["status"] == "PENDING" and export["job_id"] == retried["job_id"]
+
+
+def test_export_jobs_that_cannot_be_settled_hold_none_back(client, example_body, settings, fake_jobs,
+                                                            monkeypatch):
+    """A finished export job whose run this database does not hold (another service's, on a
+    shared cluster) stays in Ray's list and is not looked at again. A pass settles at most
+    ``copies_per_tick`` export jobs; one whose outcome cannot be stored waits ``every_ticks``
+    passes while the others, and a run's job due to be forgotten, go on; a Ray timeout while
+    reading a job's log stores nothing (the log would be lost) and the job is tried again."""
+    import service.export_jobs as export_jobs
+    from service.ray_client import RayUnavailable
+
+    dispatcher = client.app.state.dispatcher
+    archiver = dispatcher.log_archiver
+    archiver.forget_after_s, archiver.copies_per_tick, archiver.every_ticks = 0, 2, 3
+    requested = sorted(_export_requested(client, example_body, settings, fake_jobs) for _ in range(3))
+    dispatcher.tick()  # the runs' jobs start
+    jobs = sorted(job_id for _, job_id in requested)
+    foreign = "export-0-step-3-abcdef"  # sorts first: a pass looks at it before the others
+    fake_jobs.jobs[foreign] = {"status": "FAILED"}
+    run_job = next(job_id for job_id in fake_jobs.jobs if job_id.startswith("run-"))
+    fake_jobs.set_status(run_job, "FAILED")  # a run's job, due to be forgotten after its final copy
+    for job_id in jobs:
+        fake_jobs.set_status(job_id, "FAILED")
+        fake_jobs.logs[job_id] = f"the log of {job_id}"
+    write_whole, logs_tail = export_jobs.write_whole, fake_jobs.logs_tail
+
+    refusals = []
+
+    def refused(fs, path, data):
+        if jobs[0] in path:
+            refusals.append(archiver.passes)
+            raise PermissionError(f"storage refused {path}")
+        write_whole(fs, path, data)
+
+    def timing_out(job_id, lines=40):
+        if job_id == jobs[1]:
+            raise RayUnavailable("Ray did not answer in 10 s")
+        return logs_tail(job_id, lines)
+
+    monkeypatch.setattr(export_jobs, "write_whole", refused)
+    monkeypatch.setattr(fake_jobs, "logs_tail", timing_out)
+    first = archiver.passes + 1
+    dispatcher.tick()  # the foreign job and jobs[0], which cannot be stored: tried again at pass first + 3
+    dispatcher.tick()  # jobs[1]: Ray times out, the pass stalls
+    monkeypatch.setattr(fake_jobs, "logs_tail", logs_tail)
+    dispatcher.tick()  # jobs[0] and jobs[1] wait; jobs[2] is stored
+    dispatcher.tick()  # jobs[2] forgotten; jobs[0]'s second try fails
+    assert [job_id in fake_jobs.jobs for job_id in jobs] == [True, True, False]
+    assert refusals == [first, first + 3]
+    assert run_job not in fake_jobs.jobs and foreign in fake_jobs.jobs
+    monkeypatch.setattr(export_jobs, "write_whole", write_whole)
+    for _ in range(4):  # jobs[1] stored (its retry is due), forgotten; then jobs[0], at its third try
+        dispatcher.tick()
+    assert not any(job_id in fake_jobs.jobs for job_id in jobs) and foreign in fake_jobs.jobs
+    fake_jobs.logs.clear()  # what Ray had is gone with the jobs: the errors are the stored ones
+    for run_id, job_id in requested:
+        [export] = client.get(f"/api/v1/runs/{run_id}/exports").json()["data"]
+        assert export["status"] == "FAILED" and export["error"].endswith(f"the log of {job_id}"), export

@@ -157,7 +157,7 @@ def test_a_new_leader_sweeps_finished_run_jobs_left_in_ray_s_list(client, fake_j
     live_run, live_job = _start(client, fake_jobs, example_body)
     foreign = {"run-not-in-this-database-attempt-1": "SUCCEEDED",  # other services', on a shared cluster
                "sweep-s1-attempt-1": "SUCCEEDED",
-               "export-r1-1": "SUCCEEDED"}  # an export: its state is read back from Ray, left alone
+               "export-notindb-step-3-abcdef": "SUCCEEDED"}  # an export of a run not in this database: left
     for job_id, status in foreign.items():
         fake_jobs.jobs[job_id] = {"status": status}
     fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
