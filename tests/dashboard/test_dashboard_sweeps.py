@@ -213,6 +213,8 @@ def test_sweep_page_draws_a_point_per_trial_with_a_metric_and_the_apis_frontier(
 
     answers: list[int] = []
     page.on("response", lambda r: answers.append(r.status) if r.url.endswith(f"/api/v1/sweeps/{sweep.id}") else None)
+    log_asks: list[str] = []
+    page.on("request", lambda r: log_asks.append(r.url) if "/api/v1/" in r.url and "/logs" in r.url else None)
     page.goto(dashboard_url(live_service.url, f"sweeps/{sweep.id}"))
     chart = page.locator("#pareto-chart")
     expect(chart).to_have_attribute("data-points", str(len(with_metric)))
@@ -246,8 +248,13 @@ def test_sweep_page_draws_a_point_per_trial_with_a_metric_and_the_apis_frontier(
     expect(skipped.filter(has_text="swa")).to_contain_text("do not compose")
     expect(skipped.filter(has_text="alibi")).to_contain_text("text")
 
+    # An external driver's output is not in Tessera: the log pane says so and never asks for it.
+    expect(page.locator("#sweep-log-note")).to_contain_text("runs outside Tessera (driver: external)")
+    expect(page.locator("#sweep-log")).to_be_hidden()
+
     page.wait_for_timeout(1500)  # a few polls of an unchanged sweep
     assert answers[0] == 200 and 304 in answers, f"the page must revalidate with its ETag: {answers}"
+    assert log_asks == []
     save_screenshot(page, "sweep-1280", full_page=False)
     assert_fits_width(page, NARROW)
     save_screenshot(page, "sweep-800", full_page=False)

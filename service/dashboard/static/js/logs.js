@@ -41,6 +41,13 @@ export class LogPane {
     }
   }
 
+  /** No log here to read (a sweep whose driver runs outside Tessera): say where it is instead. */
+  elsewhere(note) {
+    this.done = true;
+    this.text.hidden = true;
+    this.note.textContent = note;
+  }
+
   append(text) {
     if (!text) return;
     const pinned = this.text.scrollTop + this.text.clientHeight >= this.text.scrollHeight - 4;

@@ -214,7 +214,12 @@ export function mount(root, ctx) {
       }
       throw error;
     }
-    await logPane.poll(sweep);
+    if (sweep.driver === "external") {
+      logPane.elsewhere("This sweep's driver runs outside Tessera (driver: external): its output, with " +
+        "every trial's, is wherever that driver runs.");
+    } else {
+      await logPane.poll(sweep);
+    }
     return TERMINAL.has(sweep.status) ? ctx.pollMs * FINISHED_SLOWDOWN : ctx.pollMs;
   }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();
 
