@@ -55,16 +55,18 @@ def export_metadata(spec: RunSpec, *, surgery: list[Any], step: int, num_classes
 
 
 def write_exports(run: str, state: dict[str, torch.Tensor], metadata: dict[str, str]) -> dict[str, str]:
-    """Write both formats under ``{run}/exports/``; return their URLs by format."""
+    """Write both formats under ``{run}/exports/``; return their URLs by format. The safetensors
+    file goes last: the service reads an export as READY once that file exists, and a download
+    of the other format must find it there by then."""
     from safetensors.torch import save
 
     step = int(metadata["tessera.step"])
     urls = {fmt: export_url(run, step, fmt) for fmt in FORMATS}
     storage = storage_for(run)
-    storage.write_bytes(urls["safetensors"], save(state, metadata=metadata))
     buffer = io.BytesIO()
     torch.save({"state_dict": state, "metadata": metadata}, buffer)
     storage.write_bytes(urls["torch"], buffer.getvalue())
+    storage.write_bytes(urls["safetensors"], save(state, metadata=metadata))
     return urls
 
 

@@ -78,3 +78,24 @@ def test_an_earlier_checkpoint_exports_on_request_and_the_final_one_matches_the_
     assert all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)
     _, early = read_export(open(urls["safetensors"].removeprefix("file://"), "rb").read())
     assert early["tessera.step"] == str(first.step) and json.loads(early["tessera.metrics"]) == {"eval/accuracy": 0.5}
+
+
+def test_the_safetensors_file_is_written_last_so_ready_means_both_formats(tmp_path, monkeypatch):
+    """The service reads an export as READY once its .safetensors file exists (and a client then
+    downloads either format): the .pt must already be there."""
+    import workers.export as export
+
+    written, storage_for = [], export.storage_for
+
+    class Recording:
+        def __init__(self, url):
+            self.inner = storage_for(url)
+
+        def write_bytes(self, url, data):
+            written.append(url.rsplit(".", 1)[-1])
+            self.inner.write_bytes(url, data)
+
+    monkeypatch.setattr(export, "storage_for", Recording)
+    urls = export.write_exports(f"file://{tmp_path}/runs/r1", {"w": torch.ones(2)}, {"tessera.step": "3"})
+    assert written == ["pt", "safetensors"]
+    assert read_export(open(urls["safetensors"].removeprefix("file://"), "rb").read())[0]["w"].tolist() == [1.0, 1.0]
