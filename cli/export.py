@@ -1,15 +1,17 @@
-"""``tessera export RUN -o model.safetensors``: download a run's trained model as one file."""
+"""``tessera export RUN -o model.safetensors``: download a run's trained model as one file;
+``tessera exports RUN``: every export of the run and its state."""
 
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
-from cli.output import call, fail
+from cli.output import JsonOption, call, console, emit, fail
 
 
 def register(app: typer.Typer, url_option, default_url: str) -> None:
-    """Add the ``export`` command to ``app``."""
+    """Add the ``export`` and ``exports`` commands to ``app``."""
 
     @app.command()
     def export(run_id: str, url: url_option = default_url,
@@ -34,3 +36,27 @@ def register(app: typer.Typer, url_option, default_url: str) -> None:
                     fail(str(exc))
             size, chosen = call(client.download_model, run_id, out, fmt=format, step=step)
         typer.echo(f"wrote {out} ({size} bytes, step {chosen})")
+
+    @app.command()
+    def exports(run_id: str, url: url_option = default_url, as_json: JsonOption = False) -> None:
+        """List the run's exports by step: READY (download with export --step), PENDING (a Ray job
+        is making it) or FAILED with the job's error (export --step again retries it)."""
+        from api.client import Client
+
+        with Client(url) as client:
+            listed = call(client.list_exports, run_id)
+
+        def render() -> None:
+            if not listed:
+                console.print(f"run {run_id} has no export yet (the model is exported when training ends)",
+                              highlight=False)
+                return
+            table = Table("step", "status", "formats", "job")
+            for view in listed:
+                table.add_row(str(view.step), view.status, ", ".join(view.formats), view.job_id or "")
+            console.print(table)
+            for view in listed:
+                if view.error:  # the job's log tail: whole, below the table
+                    console.print(f"\nstep {view.step} failed: {view.error}", highlight=False, markup=False)
+
+        emit(listed, as_json=as_json, render=render)
