@@ -99,3 +99,35 @@ def test_the_safetensors_file_is_written_last_so_ready_means_both_formats(tmp_pa
     urls = export.write_exports(f"file://{tmp_path}/runs/r1", {"w": torch.ones(2)}, {"tessera.step": "3"})
     assert written == ["pt", "safetensors"]
     assert read_export(open(urls["safetensors"].removeprefix("file://"), "rb").read())[0]["w"].tolist() == [1.0, 1.0]
+
+
+def test_a_local_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """``write_bytes`` on local storage writes aside and renames: while the bytes go out, a reader
+    of the path (the service reads an export's .safetensors as READY) finds no file, or the
+    whole previous one."""
+    from workers.checkpoint.storage import storage_for
+
+    target = tmp_path / "runs" / "r1" / "exports" / "step-3.safetensors"
+    storage = storage_for(f"file://{tmp_path}")
+    seen_while_writing = []
+    real_open = storage.fs.open
+
+    class Watched:
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def write(self, data):
+            seen_while_writing.append(target.read_bytes() if target.exists() else None)
+            return self.file.write(data)
+
+    monkeypatch.setattr(storage.fs, "open", lambda path, mode="rb", **kw: Watched(real_open(path, mode, **kw)))
+    storage.write_bytes(f"file://{target}", b"weights")
+    storage.write_bytes(f"file://{target}", b"new weights")
+    assert seen_while_writing == [None, b"weights"] and target.read_bytes() == b"new weights"
+    assert [p.name for p in target.parent.iterdir()] == ["step-3.safetensors"]  # nothing partial left

@@ -9,6 +9,7 @@ directory cache, because another rank or process may have written since the last
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from typing import Callable, Protocol, TypeVar
 
@@ -74,11 +75,19 @@ class FsspecStorage:
         self.fs.invalidate_cache()
 
     def write_bytes(self, url: str, data: bytes) -> None:
+        """Write ``data`` at ``url`` whole: a reader finds no file or all of it (the service, for
+        one, reads an export as ready once its file exists). An object store's PUT is whole
+        already; a local file is written aside and renamed into place."""
         path = self._path(url)
-        if self.scheme == "file":
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        with self.fs.open(path, "wb") as f:
+        if self.scheme != "file":
+            with self.fs.open(path, "wb") as f:
+                f.write(data)
+            return
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        partial = f"{path}.{secrets.token_hex(4)}.partial"
+        with self.fs.open(partial, "wb") as f:
             f.write(data)
+        self.fs.mv(partial, path)
 
     def read_bytes(self, url: str) -> bytes:
         with self.fs.open(self._path(url), "rb") as f:
