@@ -48,15 +48,18 @@ def register(app: typer.Typer, url_option, default_url: str) -> None:
 
         def render() -> None:
             if not listed:
-                console.print(f"run {run_id} has no export yet (the model is exported when training ends)",
-                              highlight=False)
+                console.print(f"run {run_id} has no export yet: its model is exported when training ends, and "
+                              f"a committed checkpoint's with `tessera export {run_id} --step N`", highlight=False,
+                              markup=False)
                 return
             table = Table("step", "status", "formats", "job")
+            table.columns[3].overflow = "fold"  # a job id whole, over two lines if it must
             for view in listed:
                 table.add_row(str(view.step), view.status, ", ".join(view.formats), view.job_id or "")
             console.print(table)
             for view in listed:
-                if view.error:  # the job's log tail: whole, below the table
-                    console.print(f"\nstep {view.step} failed: {view.error}", highlight=False, markup=False)
+                if view.error:  # the job's log tail, whole and as it is, below the table
+                    console.print(f"\nstep {view.step} failed: {view.error}", highlight=False, markup=False,
+                                  soft_wrap=True)
 
         emit(listed, as_json=as_json, render=render)

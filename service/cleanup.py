@@ -121,6 +121,12 @@ def delete_sweep(repo: Repository, storage_root: str, sweep_id: str, *, by: str)
     return done
 
 
+def trial_ids(repo: Repository, sweep_id: str) -> list[str]:
+    """The ids of the sweep's trial runs."""
+    with repo.db.read() as session:
+        return list(session.execute(select(Run.id).where(Run.sweep_id == sweep_id)).scalars())
+
+
 def _log(done: Deletion, by: str) -> None:
     audit.info("deleted %s %s", done.kind, done.id,
                extra={"audit": {"action": f"{done.kind}.delete", "id": done.id, "project": done.project, "by": by,

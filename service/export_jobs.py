@@ -17,13 +17,16 @@ finished export jobs must not stay there (``service.log_archive``). Once an expo
 finished, the log archiver has its outcome stored (``ExportOutcomes``): nothing when the file
 is there, else ``requests/outcomes/{job id}.json`` with the error as above; then Ray forgets the
 job, and a FAILED export reads its error from that file. The archiver finds these jobs in the
-tick's job list only for runs this database holds, and only when the Jobs client can list jobs;
-an outcome stays until its run is deleted, also once a new request has replaced its job.
+tick's job list, when the Jobs client can list jobs, for runs this database holds and for runs
+deleted since (``DeletedRunExports``: deleting a run marks its export jobs and stops those still
+running); an outcome stays until its run is deleted, also once a new request replaced its job.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import logging
 import re
 import secrets
 import shlex
@@ -39,7 +42,9 @@ from fastapi import HTTPException
 
 from service.ray_client import RayAmbiguous, RayRefused, RayUnavailable, failure_from_logs, failure_text
 from service.ray_head import forwarded_env
-from service.storage_paths import export_url, exports_url, project_storage_url
+from service.storage_paths import export_url, exports_url, job_to_forget_url, project_storage_url
+
+log = logging.getLogger(__name__)
 
 REQUEST_NAME = re.compile(r"step-(\d+)\.json$")
 LIVE = ("PENDING", "RUNNING")
@@ -122,6 +127,23 @@ class ExportRequests:
             steps |= {int(m.group(1)) for m in map(re.compile(r"step-(\d+)\.(?:safetensors|json)$").match, names) if m}
         return [view for step in sorted(steps) if (view := self.state(run_id, step)) is not None]
 
+    def job_ids(self, run_id: str) -> list[str]:
+        """The Ray job of each of the run's export requests (a request file that cannot be read
+        names none: a service stopped while writing it never submitted its job)."""
+        fs, folder = url_to_fs(f"{exports_url(self.storage_url, run_id)}/requests")
+        fs.invalidate_cache(folder)
+        try:
+            paths = self._storage(f"listing {folder}", fs.ls, folder, detail=False)
+        except FileNotFoundError:
+            return []
+        job_ids = []
+        for path in sorted(p for p in paths if REQUEST_NAME.search(p)):
+            try:
+                job_ids.append(json.loads(self._storage(f"reading {path}", fs.cat_file, path))["job_id"])
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue
+        return job_ids
+
     def _storage(self, what: str, call, *args, **kwargs):
         """A storage call bounded by ``TESSERA_STORAGE_TIMEOUT_S`` (a 503 for the request)."""
         return bounded(what, self.settings.storage_timeout_s, call, *args, **kwargs)
@@ -153,6 +175,46 @@ class ExportRequests:
         return ExportView(step=step, status="FAILED", job_id=job_id, error=error)
 
 
+class DeletedRunExports:
+    """The export jobs of runs being deleted. The log archiver finds an export job's run in the
+    database to know the job is this service's, so before a run's rows and folder go, each of
+    its export jobs is marked in storage (``job_to_forget_url``): once it has ended, the
+    archiver has Ray forget it all the same. Once the run is gone, those still running are
+    stopped: they would write the model under the deleted folder."""
+
+    def __init__(self, storage_root: str, jobs: Any, settings: Any):
+        self.storage_root, self.jobs, self.settings = storage_root, jobs, settings
+
+    def mark(self, project: str, run_ids: list[str]) -> list[str]:
+        """Mark every export job of ``run_ids`` (of ``project``) and return their ids. A storage
+        error is raised: then nothing may be deleted."""
+        requests = ExportRequests(project_storage_url(self.storage_root, project), self.jobs, self.settings)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:  # a sweep's trials: one listing each
+            job_ids = [job_id for found in pool.map(requests.job_ids, run_ids) for job_id in found]
+        for job_id in job_ids:
+            fs, path = url_to_fs(job_to_forget_url(self.storage_root, job_id))
+            bounded(f"writing {path}", self.settings.storage_timeout_s, write_whole, fs, path, b"")
+        return job_ids
+
+    def unmark(self, job_ids: list[str]) -> None:
+        """The deletion was refused: take the marks back (best effort; a mark left only matters
+        for a job whose run is gone)."""
+        for job_id in job_ids:
+            fs, path = url_to_fs(job_to_forget_url(self.storage_root, job_id))
+            try:
+                bounded(f"removing {path}", self.settings.storage_timeout_s, fs.rm, path)
+            except Exception as exc:
+                log.warning("could not remove %s: %s", path, exc)
+
+    def stop(self, job_ids: list[str]) -> None:
+        """Ask Ray to stop those jobs (best effort: stopping an ended job does nothing)."""
+        for job_id in job_ids:
+            try:
+                self.jobs.stop(job_id)
+            except Exception as exc:
+                log.warning("could not stop the export job %s of a deleted run: %s", job_id, exc)
+
+
 class ExportOutcomes:
     """Stores what finished export jobs leave behind, so that Ray can forget them (the log
     archiver calls ``owners_of`` and ``settle`` from its passes). ``owners``: ``(project, ...)``
@@ -170,13 +232,20 @@ class ExportOutcomes:
 
     def settle(self, job_id: str, state: str, projects: Mapping[str, str]) -> bool:
         """Store the outcome of the finished export job ``job_id`` (Ray's ``state``), unless its
-        file is there or its outcome is stored already. True: Ray may forget it now; False: its
-        run is not in ``projects`` (``owners_of``: another service's, on a shared cluster, or a
-        run deleted since), and it is left in Ray's list. A storage or Ray error is raised (a
+        file is there or its outcome is stored already. True: Ray may forget it now (also a job
+        of a deleted run, marked as the run went: nothing is stored for it); False: its run is not
+        in ``projects`` (``owners_of``) and unmarked, another service's on a shared cluster, and
+        it is left in Ray's list. A storage or Ray error is raised (a
         Ray timeout while reading its log too: stored, that error would be all that is left)."""
         run_id, step = parse_export_job_id(job_id)
         if run_id not in projects:
-            return False
+            # A deleted run's job, marked as the run went (``DeletedRunExports``), is this service's
+            fs, path = url_to_fs(job_to_forget_url(self.storage_root, job_id))
+            fs.invalidate_cache(path.rsplit("/", 1)[0])
+            if not bounded(f"looking for {path}", self.timeout_s, fs.exists, path):
+                return False
+            bounded(f"removing {path}", self.timeout_s, fs.rm, path)
+            return True
         storage_url = project_storage_url(self.storage_root, projects[run_id])
         fs, path = url_to_fs(outcome_url(storage_url, run_id, job_id))
         export_fs, export_path = url_to_fs(export_url(storage_url, run_id, step, "safetensors"))

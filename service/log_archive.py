@@ -40,9 +40,9 @@ finished ones in the tick's job list (read for the followers anyway), has their 
 (``ExportOutcomes``: a failed export's error, which until then was read back from Ray; nothing
 for one whose file is there) and has Ray forget them ``forget_after_s`` later, at most
 ``copies_per_tick`` a pass. So a process that takes the lead finds those left from before in its
-first pass. Left in Ray's list: export jobs of runs this database does not hold, which include a
-run deleted while its export job ran or before its outcome was stored, and all of them when the
-Jobs client cannot list jobs.
+first pass. A job whose run this database does not hold is this service's only if it was marked
+as its run was deleted (``DeletedRunExports``): left in Ray's list are unmarked ones (another
+service's, on a shared cluster), and all of them when the Jobs client cannot list jobs.
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;

@@ -60,3 +60,10 @@ def sweep_log_url(storage_url: str, sweep_id: str, attempt: int) -> str:
     """``{storage}/sweeps/{sweep_id}/logs/attempt-{attempt}.log``: a sweep driver attempt's log,
     which the service alone writes (``service.log_archive``)."""
     return f"{sweep_url(storage_url, sweep_id)}/logs/attempt-{attempt}.log"
+
+
+def job_to_forget_url(storage_root: str, job_id: str) -> str:
+    """``{root}/jobs-to-forget/{job_id}``: an export job of a deleted run, which Ray is still to
+    forget (``service.export_jobs.DeletedRunExports``); under the root, as the run's project
+    storage may be gone with it."""
+    return f"{storage_root.rstrip('/')}/jobs-to-forget/{job_id}"

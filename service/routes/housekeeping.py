@@ -4,14 +4,17 @@ in the object's project (a viewer gets 403; another project's object is a 404)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, HTTPException
 
 from api.run_edits import DeletionView, RunUpdate
 from api.views import RunView, SweepView
 from service.access import Role
-from service.cleanup import NotEnded, StorageUnavailable, delete_run, delete_sweep
-from service.deps import CallerDep, RepoDep, SettingsDep, SweepsDep
+from service.cleanup import Deletion, NotEnded, StorageUnavailable, delete_run, delete_sweep, trial_ids
+from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep, SweepsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
+from service.export_jobs import DeletedRunExports
 from service.json_body import ParsedBodyRoute
 from service.routes.runs import scoped_run
 from service.routes.sweeps import scoped_sweep
@@ -49,12 +52,15 @@ def unarchive_run(run_id: str, repo: RepoDep, caller: CallerDep) -> RunView:
 
 @router.delete("/runs/{run_id}", response_model=DeletionView, operation_id="delete_run", tags=["runs"],
                responses=DELETE_ERRORS)
-def delete_run_route(run_id: str, repo: RepoDep, caller: CallerDep, settings: SettingsDep) -> DeletionView:
-    """Delete an ended run: its rows and its storage folder (checkpoints, logs, exports). 409
-    while it is live (cancel it first) or while its sweep is; 503 if storage refused (nothing
-    was deleted)."""
-    scoped_run(repo, caller, run_id, Role.MEMBER)
-    return _deleted(lambda: delete_run(repo, settings.storage_url, run_id, by=caller.key_id))
+def delete_run_route(run_id: str, repo: RepoDep, caller: CallerDep, settings: SettingsDep,
+                     jobs: JobsDep) -> DeletionView:
+    """Delete an ended run: its rows and its storage folder (checkpoints, logs, exports); an
+    export of it still being made is stopped. 409 while it is live (cancel it first) or while
+    its sweep is; 503 if storage refused (nothing was deleted)."""
+    run = scoped_run(repo, caller, run_id, Role.MEMBER)
+    return _deleted(lambda: delete_run(repo, settings.storage_url, run_id, by=caller.key_id),
+                    DeletedRunExports(settings.storage_url, jobs, settings), run.project,
+                    [run_id] if run.status.is_terminal else [])  # a live run's deletion is refused
 
 
 @router.post("/sweeps/{sweep_id}/archive", response_model=SweepView, operation_id="archive_sweep", tags=["sweeps"],
@@ -78,19 +84,29 @@ def unarchive_sweep(sweep_id: str, sweeps: SweepsDep, caller: CallerDep) -> Swee
 @router.delete("/sweeps/{sweep_id}", response_model=DeletionView, operation_id="delete_sweep", tags=["sweeps"],
                responses=DELETE_ERRORS)
 def delete_sweep_route(sweep_id: str, repo: RepoDep, sweeps: SweepsDep, caller: CallerDep,
-                       settings: SettingsDep) -> DeletionView:
-    """Delete an ended sweep, its trial runs and their storage, and the sweep's own folder. 409
-    while it or a trial is live."""
-    scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
-    return _deleted(lambda: delete_sweep(repo, settings.storage_url, sweep_id, by=caller.key_id))
+                       settings: SettingsDep, jobs: JobsDep) -> DeletionView:
+    """Delete an ended sweep, its trial runs and their storage, and the sweep's own folder; an
+    export of a trial still being made is stopped. 409 while it or a trial is live."""
+    sweep = scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
+    return _deleted(lambda: delete_sweep(repo, settings.storage_url, sweep_id, by=caller.key_id),
+                    DeletedRunExports(settings.storage_url, jobs, settings), sweep.project,
+                    trial_ids(repo, sweep_id) if sweep.status.is_terminal else [])
 
 
-def _deleted(deletion) -> DeletionView:
+def _deleted(deletion: Callable[[], Deletion], exports: DeletedRunExports, project: str,
+             run_ids: list[str]) -> DeletionView:
+    """Make ``deletion`` with the export jobs of ``run_ids`` marked first (so that Ray still
+    forgets them once the runs are gone) and those still running stopped after."""
+    try:
+        marked = exports.mark(project, run_ids)
+    except OSError as exc:  # StorageTimeout too
+        raise HTTPException(status_code=503, detail=f"could not read the export requests of {run_ids} in storage "
+                                                    f"({exc}); nothing was deleted, try again") from exc
     try:
         done = deletion()
-    except NotEnded as exc:
-        raise HTTPException(status_code=409, detail=exc.detail) from exc
-    except StorageUnavailable as exc:
-        raise HTTPException(status_code=503, detail=exc.detail) from exc
+    except (NotEnded, StorageUnavailable) as exc:
+        exports.unmark(marked)
+        raise HTTPException(status_code=409 if isinstance(exc, NotEnded) else 503, detail=exc.detail) from exc
+    exports.stop(marked)
     return DeletionView(kind=done.kind, id=done.id, project=done.project, run_ids=done.run_ids,
                         storage_urls=done.storage_urls)

@@ -43,8 +43,8 @@ def test_every_read_command_prints_json_that_parses(url, tmp_path):
     projects = json.loads(tessera("projects", "list", "--json", "--url", url).stdout)
     assert "default" in [p["name"] for p in projects]
     log = json.loads(tessera("logs", run["id"], "--json", "--url", url).stdout)  # queued: nothing logged yet
-    assert json.loads(tessera("exports", run["id"], "--json", "--url", url).stdout) == []  # nothing exported yet
     assert (log["run_id"], log["text"], log["offset"], log["live"]) == (run["id"], "", 0, True)
+    assert json.loads(tessera("exports", run["id"], "--json", "--url", url).stdout) == []  # nothing exported yet
     sweep_file = tmp_path / "sweep.json"
     sweep_file.write_text(json.dumps({"name": "cli-sweep", "base": shown["spec"],
                                       "search": {"algorithms": {"sets": [[], ["channels_last"]]}}}))

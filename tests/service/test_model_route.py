@@ -243,3 +243,85 @@ def test_export_jobs_that_cannot_be_settled_hold_none_back(client, example_body,
     for run_id, job_id in requested:
         [export] = client.get(f"/api/v1/runs/{run_id}/exports").json()["data"]
         assert export["status"] == "FAILED" and export["error"].endswith(f"the log of {job_id}"), export
+
+
+def _with_checkpoint(client, settings, run_id: str) -> None:
+    """A committed checkpoint of ``run_id`` (default project) at step 10, its marker in storage."""
+    import os
+    from datetime import datetime, timezone
+
+    from api.views import CheckpointReport
+
+    folder = f"{settings.storage_url}/runs/{run_id}/checkpoints/ep1-ba10"
+    client.app.state.repo.add_checkpoint(run_id, CheckpointReport(
+        step=10, epoch=1, time=datetime.now(timezone.utc), committed=True, url=folder, world_size=1))
+    os.makedirs(folder.removeprefix("file://"))
+    open(folder.removeprefix("file://") + "/COMMITTED", "w").write("{}")
+
+
+def test_deleting_a_run_stops_its_running_export_and_ray_still_forgets_the_job(client, example_body, settings,
+                                                                                fake_jobs):
+    """The archiver knows an export job as this service's by its run in the database: deleting
+    the run marks the job first (jobs-to-forget/), then stops it (it would write the model under
+    the deleted folder); once it has ended, Ray forgets it and the mark goes. A live run's
+    deletion is refused and marks nothing; an unmarked job of an unknown run is left alone."""
+    from pathlib import Path
+
+    from service.storage_paths import job_to_forget_url
+
+    client.app.state.dispatcher.log_archiver.forget_after_s = 0
+    run_id, job_id = _export_requested(client, example_body, settings, fake_jobs)
+    fake_jobs.set_status(job_id, "RUNNING")
+    mark = Path(job_to_forget_url(settings.storage_url, job_id).removeprefix("file://"))
+    client.app.state.dispatcher.tick()  # the run starts: a live run
+    refused = client.delete(f"/api/v1/runs/{run_id}")
+    assert refused.status_code == 409 and not mark.exists() and fake_jobs.jobs[job_id]["status"] == "RUNNING"
+
+    client.post(f"/api/v1/runs/{run_id}/cancel")
+    fake_jobs.set_status(f"run-{run_id}-attempt-1", "STOPPED")
+    client.app.state.dispatcher.tick()
+    assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "CANCELED"
+    assert client.delete(f"/api/v1/runs/{run_id}").status_code == 200
+    assert mark.exists() and job_id in fake_jobs.stop_calls and fake_jobs.jobs[job_id]["status"] == "STOPPED"
+    for _ in range(2):  # settled by its mark, then forgotten
+        client.app.state.dispatcher.tick()
+    assert job_id not in fake_jobs.jobs and not mark.exists()
+    assert not Path(f"{settings.storage_url.removeprefix('file://')}/runs/{run_id}").exists()  # nothing written back
+
+
+def test_deleting_a_sweep_stops_its_trials_exports_and_a_storage_error_deletes_nothing(
+        client, example_body, settings, fake_jobs, monkeypatch):
+    import service.export_jobs as export_jobs
+
+    client.app.state.dispatcher.log_archiver.forget_after_s = 0
+    fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
+    sweep = client.post("/api/v1/sweeps", params={"driver": "external"}, json={
+        "name": "s", "base": example_body, "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}).json()
+    driver = {"Authorization": f"Bearer {sweep['driver_token']}"}
+    trials = [client.post(f"/api/v1/sweeps/{sweep['id']}/trials", headers=driver,
+                          json={"trial_id": t, "spec": example_body, "params": {}}).json()["run_id"] for t in ("a", "b")]
+    jobs = []
+    for trial in trials:
+        _with_checkpoint(client, settings, trial)
+        jobs.append(client.post(f"/api/v1/runs/{trial}/exports", json={"step": 10}).json()["job_id"])
+        fake_jobs.set_status(jobs[-1], "RUNNING")
+    for trial_id in ("a", "b"):
+        client.post(f"/api/v1/sweeps/{sweep['id']}/trials/{trial_id}/end", headers=driver, json={"outcome": "failed"})
+    for status in ("RUNNING", "COMPLETED"):
+        client.post(f"/api/v1/sweeps/{sweep['id']}/report/status", headers=driver, json={"status": status})
+
+    def refused(fs, path, data):
+        raise PermissionError(f"storage refused {path}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(export_jobs, "write_whole", refused)
+        failed = client.delete(f"/api/v1/sweeps/{sweep['id']}")
+    assert failed.status_code == 503 and "nothing was deleted" in failed.json()["detail"], failed.text
+    assert client.get(f"/api/v1/sweeps/{sweep['id']}").status_code == 200
+    assert all(fake_jobs.jobs[job_id]["status"] == "RUNNING" for job_id in jobs)
+
+    assert client.delete(f"/api/v1/sweeps/{sweep['id']}").status_code == 200
+    assert all(fake_jobs.jobs[job_id]["status"] == "STOPPED" for job_id in jobs)
+    for _ in range(2):
+        client.app.state.dispatcher.tick()
+    assert not any(job_id in fake_jobs.jobs for job_id in jobs)
