@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from api.catalog import DATASETS
@@ -131,3 +132,35 @@ def test_a_local_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     storage.write_bytes(f"file://{target}", b"new weights")
     assert seen_while_writing == [None, b"weights"] and target.read_bytes() == b"new weights"
     assert [p.name for p in target.parent.iterdir()] == ["step-3.safetensors"]  # nothing partial left
+
+
+def test_a_failed_local_write_leaves_nothing_and_its_partial_is_named_apart(tmp_path, monkeypatch):
+    """A write that fails midway leaves neither the file nor its partial (each retry would leave
+    one, as large as a model); while it is written, the partial's name does not contain the
+    file's (TensorBoard reads any file named like ``*tfevents*``)."""
+    from workers.checkpoint.storage import storage_for
+
+    folder = tmp_path / "tensorboard"
+    storage = storage_for(f"file://{tmp_path}")
+    real_open, names = storage.fs.open, []
+
+    class Full:
+        def __init__(self, file):
+            self.file = file
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def write(self, data):
+            names.extend(p.name for p in folder.iterdir())
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage.fs, "open", lambda path, mode="rb", **kw: Full(real_open(path, mode, **kw)))
+    target = folder / "events.out.tfevents.1.host"
+    with pytest.raises(OSError, match="No space left"):
+        storage.write_bytes(f"file://{target}", b"events")
+    assert len(names) == 1 and "tfevents" not in names[0] and names[0].endswith(".partial")
+    assert list(folder.iterdir()) == []

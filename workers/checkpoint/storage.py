@@ -83,11 +83,19 @@ class FsspecStorage:
             with self.fs.open(path, "wb") as f:
                 f.write(data)
             return
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        partial = f"{path}.{secrets.token_hex(4)}.partial"
-        with self.fs.open(partial, "wb") as f:
-            f.write(data)
-        self.fs.mv(partial, path)
+        folder = path.rsplit("/", 1)[0]
+        self.fs.makedirs(folder, exist_ok=True)
+        # Named apart from the file's own name: a reader that matches names (TensorBoard takes
+        # any name with "tfevents" in it) must not pick the partial up.
+        partial = f"{folder}/.tessera-{secrets.token_hex(4)}.partial"
+        try:
+            with self.fs.open(partial, "wb") as f:
+                f.write(data)
+            self.fs.mv(partial, path)  # os.rename: atomic within the folder's filesystem
+        except BaseException:  # a full disk, a stopped worker: no partial left behind
+            if self.fs.exists(partial):
+                self.fs.rm(partial)
+            raise
 
     def read_bytes(self, url: str) -> bytes:
         with self.fs.open(self._path(url), "rb") as f:
