@@ -38,7 +38,7 @@ class NotEnded(Exception):
 
 
 class StorageUnavailable(Exception):
-    """Storage refused the deletion (HTTP 503); nothing was deleted from the database."""
+    """Storage refused the deletion (HTTP 503): no row was deleted (some folders may be gone)."""
 
     def __init__(self, detail: str):
         self.detail = detail
@@ -72,7 +72,8 @@ def remove_folder(url: str) -> None:
     except FileNotFoundError:
         return  # gone meanwhile: what delete wants anyway
     except OSError as exc:
-        raise StorageUnavailable(f"could not delete {url}: {exc}; nothing was deleted, try again") from exc
+        raise StorageUnavailable(f"could not delete {url}: {exc}; the rows were kept, so it is still listed: "
+                                 f"try again to delete what is left") from exc
 
 
 def delete_run(repo: Repository, storage_root: str, run_id: str, *, by: str) -> Deletion:

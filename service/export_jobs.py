@@ -13,18 +13,19 @@ export's state is read back, never stored in the database:
   its log tail); requesting the step again submits a new job.
 
 Ray lists every job it was not told to forget, and the dispatcher reads that list every tick, so
-finished export jobs must not stay there (``service.log_archive``). Once an export job has
-finished, the log archiver has its outcome stored (``ExportOutcomes``): nothing when the file
-is there, else ``requests/outcomes/{job id}.json`` with the error as above; then Ray forgets the
-job, and a FAILED export reads its error from that file. The archiver finds these jobs in the
-tick's job list, when the Jobs client can list jobs, for runs this database holds and for runs
-deleted since (``DeletedRunExports``: deleting a run marks its export jobs and stops those still
-running); an outcome stays until its run is deleted, also once a new request replaced its job.
+finished export jobs must not stay there (``service.log_archive``). Before a job is submitted,
+the service marks it as its own in storage (``export_job_url``: ``{root}/export-jobs/{job
+id}.json``), so the log archiver can tell it from another service's on a shared cluster, also
+once its run has been deleted. Once an export job has finished, the archiver has its outcome
+stored (``ExportOutcomes``): nothing when the file is there or the run is gone, else
+``requests/outcomes/{job id}.json`` with the error as above; then Ray forgets the job, then the
+mark goes. A FAILED export reads its error from that file. An outcome stays until its run is
+deleted, also once a new request replaced its job. Deleting a run stops its export jobs still
+running (``stop_exports``): they would write the model under the deleted folder.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
 import re
@@ -40,9 +41,10 @@ from service.bounded_storage import bounded
 from service.code_store import write_whole
 from fastapi import HTTPException
 
-from service.ray_client import RayAmbiguous, RayRefused, RayUnavailable, failure_from_logs, failure_text
+from service.ray_client import (RayAmbiguous, RayRefused, RayUnavailable, failure_from_logs, failure_text,
+                                job_states)
 from service.ray_head import forwarded_env
-from service.storage_paths import export_url, exports_url, job_to_forget_url, project_storage_url
+from service.storage_paths import export_url, exports_url, export_job_url, project_storage_url
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,10 @@ class ExportRequests:
         url = request_url(self.storage_url, run_id, checkpoint.step)
         body = {"spec": spec, "checkpoint_url": checkpoint.url, "metrics": metrics, "job_id": job_id}
         fs, path = url_to_fs(url)
-        self._storage(f"writing {url}", fs.makedirs, path.rsplit("/", 1)[0], exist_ok=True)
-        self._storage(f"writing {url}", fs.pipe_file, path, json.dumps(body).encode())
+        self._storage(f"writing {url}", write_whole, fs, path, json.dumps(body).encode())
+        mark_fs, mark_path = url_to_fs(export_job_url(self.settings.storage_url, job_id))
+        self._storage(f"writing {mark_path}", write_whole, mark_fs, mark_path,
+                      json.dumps({"run_id": run_id, "step": checkpoint.step}).encode())
         env = {**forwarded_env(), "TESSERA_STORAGE_URL": self.storage_url}
         entrypoint = f"{shlex.quote(self.settings.worker_python)} -m workers.export --request {shlex.quote(url)}"
         try:
@@ -108,9 +112,11 @@ class ExportRequests:
         except RayAmbiguous:
             pass  # Ray may have the job: reading the export's state asks Ray for it by its id
         except RayUnavailable as exc:
+            self._unmark(job_id)
             raise HTTPException(503, f"Ray cannot be reached to export step {checkpoint.step}: {exc}; try again",
                                 headers={"Retry-After": "10"}) from None
         except RayRefused as exc:
+            self._unmark(job_id)
             raise HTTPException(502, f"Ray refused the export job of step {checkpoint.step}: {exc}") from None
         return ExportView(step=checkpoint.step, status="PENDING", job_id=job_id)
 
@@ -127,22 +133,13 @@ class ExportRequests:
             steps |= {int(m.group(1)) for m in map(re.compile(r"step-(\d+)\.(?:safetensors|json)$").match, names) if m}
         return [view for step in sorted(steps) if (view := self.state(run_id, step)) is not None]
 
-    def job_ids(self, run_id: str) -> list[str]:
-        """The Ray job of each of the run's export requests (a request file that cannot be read
-        names none: a service stopped while writing it never submitted its job)."""
-        fs, folder = url_to_fs(f"{exports_url(self.storage_url, run_id)}/requests")
-        fs.invalidate_cache(folder)
+    def _unmark(self, job_id: str) -> None:
+        """The job was not submitted: its mark goes (best effort; a mark without a job is only a file)."""
+        fs, path = url_to_fs(export_job_url(self.settings.storage_url, job_id))
         try:
-            paths = self._storage(f"listing {folder}", fs.ls, folder, detail=False)
-        except FileNotFoundError:
-            return []
-        job_ids = []
-        for path in sorted(p for p in paths if REQUEST_NAME.search(p)):
-            try:
-                job_ids.append(json.loads(self._storage(f"reading {path}", fs.cat_file, path))["job_id"])
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
-                continue
-        return job_ids
+            self._storage(f"removing {path}", fs.rm, path)
+        except Exception as exc:
+            log.warning("could not remove %s: %s", path, exc)
 
     def _storage(self, what: str, call, *args, **kwargs):
         """A storage call bounded by ``TESSERA_STORAGE_TIMEOUT_S`` (a 503 for the request)."""
@@ -175,44 +172,17 @@ class ExportRequests:
         return ExportView(step=step, status="FAILED", job_id=job_id, error=error)
 
 
-class DeletedRunExports:
-    """The export jobs of runs being deleted. The log archiver finds an export job's run in the
-    database to know the job is this service's, so before a run's rows and folder go, each of
-    its export jobs is marked in storage (``job_to_forget_url``): once it has ended, the
-    archiver has Ray forget it all the same. Once the run is gone, those still running are
-    stopped: they would write the model under the deleted folder."""
-
-    def __init__(self, storage_root: str, jobs: Any, settings: Any):
-        self.storage_root, self.jobs, self.settings = storage_root, jobs, settings
-
-    def mark(self, project: str, run_ids: list[str]) -> list[str]:
-        """Mark every export job of ``run_ids`` (of ``project``) and return their ids. A storage
-        error is raised: then nothing may be deleted."""
-        requests = ExportRequests(project_storage_url(self.storage_root, project), self.jobs, self.settings)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:  # a sweep's trials: one listing each
-            job_ids = [job_id for found in pool.map(requests.job_ids, run_ids) for job_id in found]
-        for job_id in job_ids:
-            fs, path = url_to_fs(job_to_forget_url(self.storage_root, job_id))
-            bounded(f"writing {path}", self.settings.storage_timeout_s, write_whole, fs, path, b"")
-        return job_ids
-
-    def unmark(self, job_ids: list[str]) -> None:
-        """The deletion was refused: take the marks back (best effort; a mark left only matters
-        for a job whose run is gone)."""
-        for job_id in job_ids:
-            fs, path = url_to_fs(job_to_forget_url(self.storage_root, job_id))
-            try:
-                bounded(f"removing {path}", self.settings.storage_timeout_s, fs.rm, path)
-            except Exception as exc:
-                log.warning("could not remove %s: %s", path, exc)
-
-    def stop(self, job_ids: list[str]) -> None:
-        """Ask Ray to stop those jobs (best effort: stopping an ended job does nothing)."""
-        for job_id in job_ids:
-            try:
-                self.jobs.stop(job_id)
-            except Exception as exc:
-                log.warning("could not stop the export job %s of a deleted run: %s", job_id, exc)
+def stop_exports(jobs: Any, run_ids: Iterable[str]) -> list[str]:
+    """Ask Ray to stop the export jobs of ``run_ids`` still pending or running (one list of
+    Ray's jobs); return their ids. Before a run is deleted: they would write the model under
+    its deleted folder. Raises when Ray cannot be asked (``RayUnavailable``)."""
+    runs = set(run_ids)
+    states = job_states(jobs) or {}
+    live = sorted(job_id for job_id, state in states.items()
+                  if state in LIVE and (parsed := parse_export_job_id(job_id)) is not None and parsed[0] in runs)
+    for job_id in live:
+        jobs.stop(job_id)
+    return live
 
 
 class ExportOutcomes:
@@ -232,20 +202,16 @@ class ExportOutcomes:
 
     def settle(self, job_id: str, state: str, projects: Mapping[str, str]) -> bool:
         """Store the outcome of the finished export job ``job_id`` (Ray's ``state``), unless its
-        file is there or its outcome is stored already. True: Ray may forget it now (also a job
-        of a deleted run, marked as the run went: nothing is stored for it); False: its run is not
-        in ``projects`` (``owners_of``) and unmarked, another service's on a shared cluster, and
-        it is left in Ray's list. A storage or Ray error is raised (a
-        Ray timeout while reading its log too: stored, that error would be all that is left)."""
+        file is there, its outcome is stored already or its run is gone. True: the job is this
+        service's (marked when submitted, or its run is in ``projects``, ``owners_of``: a job
+        submitted before marks existed) and Ray may forget it now; False: another service's on
+        a shared cluster, left in Ray's list. A storage or Ray error is raised (a Ray timeout
+        while reading its log too: stored, that error would be all that is left)."""
         run_id, step = parse_export_job_id(job_id)
-        if run_id not in projects:
-            # A deleted run's job, marked as the run went (``DeletedRunExports``), is this service's
-            fs, path = url_to_fs(job_to_forget_url(self.storage_root, job_id))
-            fs.invalidate_cache(path.rsplit("/", 1)[0])
-            if not bounded(f"looking for {path}", self.timeout_s, fs.exists, path):
-                return False
-            bounded(f"removing {path}", self.timeout_s, fs.rm, path)
-            return True
+        if run_id not in projects:  # deleted since, or not this service's
+            mark_fs, mark_path = url_to_fs(export_job_url(self.storage_root, job_id))
+            mark_fs.invalidate_cache(mark_path.rsplit("/", 1)[0])
+            return bool(bounded(f"looking for {mark_path}", self.timeout_s, mark_fs.exists, mark_path))
         storage_url = project_storage_url(self.storage_root, projects[run_id])
         fs, path = url_to_fs(outcome_url(storage_url, run_id, job_id))
         export_fs, export_path = url_to_fs(export_url(storage_url, run_id, step, "safetensors"))
@@ -261,3 +227,11 @@ class ExportOutcomes:
         body = json.dumps({"job_id": job_id, "state": state, "error": job_error(job_id, state, failure)}).encode()
         bounded(f"writing {path}", self.timeout_s, write_whole, fs, path, body)
         return True
+
+    def forgotten(self, job_id: str) -> None:
+        """Ray has forgotten the export job: its mark goes (a storage error is raised)."""
+        fs, path = url_to_fs(export_job_url(self.storage_root, job_id))
+        try:
+            bounded(f"removing {path}", self.timeout_s, fs.rm, path)
+        except FileNotFoundError:
+            pass  # a job submitted before marks existed

@@ -40,8 +40,8 @@ finished ones in the tick's job list (read for the followers anyway), has their 
 (``ExportOutcomes``: a failed export's error, which until then was read back from Ray; nothing
 for one whose file is there) and has Ray forget them ``forget_after_s`` later, at most
 ``copies_per_tick`` a pass. So a process that takes the lead finds those left from before in its
-first pass. A job whose run this database does not hold is this service's only if it was marked
-as its run was deleted (``DeletedRunExports``): left in Ray's list are unmarked ones (another
+first pass. An export job is this service's if it was marked so when submitted (its mark goes once
+Ray has forgotten it) or its run is in this database: left in Ray's list are others (another
 service's, on a shared cluster), and all of them when the Jobs client cannot list jobs.
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
@@ -312,8 +312,8 @@ class LogArchiver:
 
     def _settle_exports(self, states: JobStates) -> None:
         """Store the outcomes of up to ``copies_per_tick`` finished export jobs of ``states``, each
-        to be forgotten by Ray ``forget_after_s`` later; those of runs this database does not hold
-        are left in Ray's list, and not looked at again while it lists them. A job whose outcome
+        to be forgotten by Ray ``forget_after_s`` later; another service's are left in Ray's
+        list, and not looked at again while it lists them. A job whose outcome
         could not be stored waits ``every_ticks`` passes for its next try, so that one that keeps
         failing holds none of the others back."""
         self._settled &= states.keys()  # a job Ray no longer lists is done with
@@ -365,6 +365,13 @@ class LogArchiver:
                 self._forget_at[job_id] = (now + self.forget_after_s, tries - 1)
             log.warning("could not have Ray forget the finished job %s (%s): %s", job_id,
                         "will retry" if tries > 1 else "left in Ray's job list", exc)
+            return
+        if self.exports is not None and parse_export_job_id(job_id) is not None:
+            try:
+                self.exports.forgotten(job_id)  # its mark as this service's job goes
+            except Exception as exc:  # a mark left behind is only a file
+                self._stalled = isinstance(exc, OSError)
+                log.warning("could not remove the mark of the forgotten export job %s: %s", job_id, exc)
 
     def _copy(self, attempt: Attempt, *, final: bool) -> bool:
         """Copy one attempt's log; True once there is nothing left to wait for (final copy made,

@@ -62,8 +62,8 @@ def sweep_log_url(storage_url: str, sweep_id: str, attempt: int) -> str:
     return f"{sweep_url(storage_url, sweep_id)}/logs/attempt-{attempt}.log"
 
 
-def job_to_forget_url(storage_root: str, job_id: str) -> str:
-    """``{root}/jobs-to-forget/{job_id}``: an export job of a deleted run, which Ray is still to
-    forget (``service.export_jobs.DeletedRunExports``); under the root, as the run's project
-    storage may be gone with it."""
-    return f"{storage_root.rstrip('/')}/jobs-to-forget/{job_id}"
+def export_job_url(storage_root: str, job_id: str) -> str:
+    """``{root}/export-jobs/{job_id}.json``: marks a model export's Ray job as this service's
+    from before it is submitted until Ray has forgotten it (``service.export_jobs``); under the
+    root, as the run's own folder may be deleted first."""
+    return f"{storage_root.rstrip('/')}/export-jobs/{job_id}.json"

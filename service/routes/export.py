@@ -10,6 +10,7 @@ holds the run spec (the model spec and the surgery algorithms to replay) so
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Annotated, Literal
 
@@ -22,11 +23,13 @@ from service.access import Role
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep
 from service.export_jobs import ExportRequests
+from service.repository import RunNotFound
 from service.json_body import ParsedBodyRoute
 from service.storage_paths import EXPORT_SUFFIXES, export_url, exports_url, project_storage_url
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.routes.runs import scoped_run
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 CHUNK_BYTES = 1 << 20
@@ -95,6 +98,15 @@ def request_export(run_id: str, body: ExportRequest, response: Response, repo: R
                                                     f"steps with one: {kept} (retention keeps checkpoint.keep_last)")
     exports = ExportRequests(project_storage_url(settings.storage_url, run.project), jobs, settings)
     view = exports.request(run_id, checkpoint, spec=run.spec, metrics=repo.eval_metrics_at(run_id, body.step))
+    if view.job_id is not None:
+        try:
+            repo.get_run(run_id)
+        except RunNotFound:  # deleted meanwhile, after it stopped its exports: stop this one too
+            try:
+                jobs.stop(view.job_id)
+            except Exception:  # then it fails on its own: its checkpoint went with the run
+                log.warning("could not stop the export job %s of the deleted run %s", view.job_id, run_id)
+            raise
     response.status_code = 200 if view.status == "READY" else 202
     return view
 

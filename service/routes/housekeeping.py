@@ -4,6 +4,7 @@ in the object's project (a viewer gets 403; another project's object is a 404)."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from fastapi import APIRouter, HTTPException
@@ -14,11 +15,12 @@ from service.access import Role
 from service.cleanup import Deletion, NotEnded, StorageUnavailable, delete_run, delete_sweep, trial_ids
 from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep, SweepsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
-from service.export_jobs import DeletedRunExports
+from service.export_jobs import stop_exports
 from service.json_body import ParsedBodyRoute
 from service.routes.runs import scoped_run
 from service.routes.sweeps import scoped_sweep
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1", responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)
 
 NOT_FOUND = {404: {"model": ErrorBody}, 403: {"model": ErrorBody}}
@@ -56,11 +58,11 @@ def delete_run_route(run_id: str, repo: RepoDep, caller: CallerDep, settings: Se
                      jobs: JobsDep) -> DeletionView:
     """Delete an ended run: its rows and its storage folder (checkpoints, logs, exports); an
     export of it still being made is stopped. 409 while it is live (cancel it first) or while
-    its sweep is; 503 if storage refused (nothing was deleted)."""
+    its sweep is; 503 if storage refused (the run is still listed; retrying deletes what is left)."""
     run = scoped_run(repo, caller, run_id, Role.MEMBER)
-    return _deleted(lambda: delete_run(repo, settings.storage_url, run_id, by=caller.key_id),
-                    DeletedRunExports(settings.storage_url, jobs, settings), run.project,
-                    [run_id] if run.status.is_terminal else [])  # a live run's deletion is refused
+    if run.status.is_terminal:  # a live run's deletion is refused
+        _stop_exports(jobs, [run_id])
+    return _deleted(lambda: delete_run(repo, settings.storage_url, run_id, by=caller.key_id))
 
 
 @router.post("/sweeps/{sweep_id}/archive", response_model=SweepView, operation_id="archive_sweep", tags=["sweeps"],
@@ -88,25 +90,30 @@ def delete_sweep_route(sweep_id: str, repo: RepoDep, sweeps: SweepsDep, caller: 
     """Delete an ended sweep, its trial runs and their storage, and the sweep's own folder; an
     export of a trial still being made is stopped. 409 while it or a trial is live."""
     sweep = scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
-    return _deleted(lambda: delete_sweep(repo, settings.storage_url, sweep_id, by=caller.key_id),
-                    DeletedRunExports(settings.storage_url, jobs, settings), sweep.project,
-                    trial_ids(repo, sweep_id) if sweep.status.is_terminal else [])
+    if sweep.status.is_terminal:
+        _stop_exports(jobs, trial_ids(repo, sweep_id))
+    return _deleted(lambda: delete_sweep(repo, settings.storage_url, sweep_id, by=caller.key_id))
 
 
-def _deleted(deletion: Callable[[], Deletion], exports: DeletedRunExports, project: str,
-             run_ids: list[str]) -> DeletionView:
-    """Make ``deletion`` with the export jobs of ``run_ids`` marked first (so that Ray still
-    forgets them once the runs are gone) and those still running stopped after."""
+def _stop_exports(jobs, run_ids: list[str]) -> None:
+    """Before runs are deleted, stop their export jobs still running: they would write the
+    model under the deleted folders. Best effort: with Ray unreachable the deletion goes on (the
+    job, if any, may then leave its file behind; Ray still forgets it once it ends)."""
     try:
-        marked = exports.mark(project, run_ids)
-    except OSError as exc:  # StorageTimeout too
-        raise HTTPException(status_code=503, detail=f"could not read the export requests of {run_ids} in storage "
-                                                    f"({exc}); nothing was deleted, try again") from exc
+        stopped = stop_exports(jobs, run_ids)
+    except Exception as exc:
+        log.warning("could not stop the export jobs of %d run(s) being deleted: %s", len(run_ids), exc)
+        return
+    if stopped:
+        log.info("stopped the export jobs %s of run(s) being deleted", stopped)
+
+
+def _deleted(deletion: Callable[[], Deletion]) -> DeletionView:
     try:
         done = deletion()
-    except (NotEnded, StorageUnavailable) as exc:
-        exports.unmark(marked)
-        raise HTTPException(status_code=409 if isinstance(exc, NotEnded) else 503, detail=exc.detail) from exc
-    exports.stop(marked)
+    except NotEnded as exc:
+        raise HTTPException(status_code=409, detail=exc.detail) from exc
+    except StorageUnavailable as exc:
+        raise HTTPException(status_code=503, detail=exc.detail) from exc
     return DeletionView(kind=done.kind, id=done.id, project=done.project, run_ids=done.run_ids,
                         storage_urls=done.storage_urls)

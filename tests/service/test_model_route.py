@@ -88,21 +88,26 @@ def test_exporting_an_earlier_step_submits_one_job_and_reads_its_state_back(clie
     assert client.post(f"/api/v1/runs/{run_id}/exports", json={"step": -1}).status_code == 422
 
 
-def _export_requested(client, example_body, settings, fake_jobs, project: str = "default") -> tuple[str, str]:
-    """A run of ``project`` with a committed checkpoint at step 10 whose export was requested:
-    (run id, job id). The fake Ray lists its jobs, as the real one does (one call a tick)."""
+def _with_checkpoint(client, settings, run_id: str, project: str = "default") -> None:
+    """A committed checkpoint of ``run_id`` at step 10, its marker in the project's storage."""
     import os
     from datetime import datetime, timezone
 
     from api.views import CheckpointReport
     from service.storage_paths import project_storage_url
 
-    run_id = client.post("/api/v1/runs", json=example_body, params={"project": project}).json()["id"]
     folder = f"{project_storage_url(settings.storage_url, project)}/runs/{run_id}/checkpoints/ep1-ba10"
     client.app.state.repo.add_checkpoint(run_id, CheckpointReport(
         step=10, epoch=1, time=datetime.now(timezone.utc), committed=True, url=folder, world_size=1))
     os.makedirs(folder.removeprefix("file://"))
     open(folder.removeprefix("file://") + "/COMMITTED", "w").write("{}")
+
+
+def _export_requested(client, example_body, settings, fake_jobs, project: str = "default") -> tuple[str, str]:
+    """A run of ``project`` with a committed checkpoint at step 10 whose export was requested:
+    (run id, job id). The fake Ray lists its jobs, as the real one does (one call a tick)."""
+    run_id = client.post("/api/v1/runs", json=example_body, params={"project": project}).json()["id"]
+    _with_checkpoint(client, settings, run_id, project)
     fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
     return run_id, client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10}).json()["job_id"]
 
@@ -245,54 +250,77 @@ def test_export_jobs_that_cannot_be_settled_hold_none_back(client, example_body,
         assert export["status"] == "FAILED" and export["error"].endswith(f"the log of {job_id}"), export
 
 
-def _with_checkpoint(client, settings, run_id: str) -> None:
-    """A committed checkpoint of ``run_id`` (default project) at step 10, its marker in storage."""
-    import os
-    from datetime import datetime, timezone
-
-    from api.views import CheckpointReport
-
-    folder = f"{settings.storage_url}/runs/{run_id}/checkpoints/ep1-ba10"
-    client.app.state.repo.add_checkpoint(run_id, CheckpointReport(
-        step=10, epoch=1, time=datetime.now(timezone.utc), committed=True, url=folder, world_size=1))
-    os.makedirs(folder.removeprefix("file://"))
-    open(folder.removeprefix("file://") + "/COMMITTED", "w").write("{}")
-
-
 def test_deleting_a_run_stops_its_running_export_and_ray_still_forgets_the_job(client, example_body, settings,
                                                                                 fake_jobs):
-    """The archiver knows an export job as this service's by its run in the database: deleting
-    the run marks the job first (jobs-to-forget/), then stops it (it would write the model under
-    the deleted folder); once it has ended, Ray forgets it and the mark goes. A live run's
-    deletion is refused and marks nothing; an unmarked job of an unknown run is left alone."""
+    """Each export job is marked as this service's before it is submitted (export-jobs/{job}.json):
+    Ray forgets it once it has ended even when its run has been deleted meanwhile, and the mark
+    goes then. Deleting a run first stops its running export (it would write the model under the
+    deleted folder); a live run's deletion is refused and stops nothing."""
     from pathlib import Path
 
-    from service.storage_paths import job_to_forget_url
+    from service.storage_paths import export_job_url
 
     client.app.state.dispatcher.log_archiver.forget_after_s = 0
     run_id, job_id = _export_requested(client, example_body, settings, fake_jobs)
+    mark = Path(export_job_url(settings.storage_url, job_id).removeprefix("file://"))
+    assert json.loads(mark.read_text()) == {"run_id": run_id, "step": 10}
     fake_jobs.set_status(job_id, "RUNNING")
-    mark = Path(job_to_forget_url(settings.storage_url, job_id).removeprefix("file://"))
     client.app.state.dispatcher.tick()  # the run starts: a live run
-    refused = client.delete(f"/api/v1/runs/{run_id}")
-    assert refused.status_code == 409 and not mark.exists() and fake_jobs.jobs[job_id]["status"] == "RUNNING"
+    assert client.delete(f"/api/v1/runs/{run_id}").status_code == 409
+    assert fake_jobs.jobs[job_id]["status"] == "RUNNING"
 
     client.post(f"/api/v1/runs/{run_id}/cancel")
     fake_jobs.set_status(f"run-{run_id}-attempt-1", "STOPPED")
     client.app.state.dispatcher.tick()
     assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "CANCELED"
+    stop = fake_jobs.stop
+    run_there_when_stopped = []
+    fake_jobs.stop = lambda job: (run_there_when_stopped.append(client.get(f"/api/v1/runs/{run_id}").status_code),
+                                  stop(job))
     assert client.delete(f"/api/v1/runs/{run_id}").status_code == 200
-    assert mark.exists() and job_id in fake_jobs.stop_calls and fake_jobs.jobs[job_id]["status"] == "STOPPED"
-    for _ in range(2):  # settled by its mark, then forgotten
+    assert run_there_when_stopped == [200] and fake_jobs.jobs[job_id]["status"] == "STOPPED"
+    for _ in range(2):  # settled (this service's by its mark; its run is gone: nothing stored), then forgotten
         client.app.state.dispatcher.tick()
     assert job_id not in fake_jobs.jobs and not mark.exists()
     assert not Path(f"{settings.storage_url.removeprefix('file://')}/runs/{run_id}").exists()  # nothing written back
 
 
-def test_deleting_a_sweep_stops_its_trials_exports_and_a_storage_error_deletes_nothing(
+def test_an_export_requested_while_its_run_is_deleted_is_stopped_and_a_refused_one_leaves_no_mark(
         client, example_body, settings, fake_jobs, monkeypatch):
-    import service.export_jobs as export_jobs
+    """An export request that submits its job while the run is deleted (after the deletion
+    stopped the run's exports) stops the job itself and answers 404; a job Ray refused was
+    never submitted and leaves no mark."""
+    from pathlib import Path
 
+    import service.export_jobs as export_jobs
+    from service.ray_client import RayRefused
+    from service.storage_paths import export_job_url
+
+    other = client.post("/api/v1/runs", json=example_body).json()["id"]
+    _with_checkpoint(client, settings, other)
+    fake_jobs.fail_submit = RayRefused("Ray answered POST /api/jobs/ with 400: bad runtime_env")
+    assert client.post(f"/api/v1/runs/{other}/exports", json={"step": 10}).status_code == 502
+    assert not list(Path(export_job_url(settings.storage_url, "x").removeprefix("file://")).parent.glob(
+        f"export-{other}-*"))  # never submitted: no mark
+    fake_jobs.fail_submit = None
+
+    client.post(f"/api/v1/runs/{other}/cancel")
+    client.app.state.dispatcher.tick()
+    request = export_jobs.ExportRequests.request
+
+    def deleted_meanwhile(self, *args, **kwargs):
+        view = request(self, *args, **kwargs)
+        assert client.delete(f"/api/v1/runs/{other}").status_code == 200  # while the export was submitted
+        return view
+
+    monkeypatch.setattr(export_jobs.ExportRequests, "request", deleted_meanwhile)
+    late = client.post(f"/api/v1/runs/{other}/exports", json={"step": 10})
+    assert late.status_code == 404
+    [job_id] = [job_id for job_id in fake_jobs.jobs if job_id.startswith(f"export-{other}-")]
+    assert fake_jobs.jobs[job_id]["status"] == "STOPPED"
+
+
+def test_deleting_a_sweep_stops_its_trials_exports_and_ray_forgets_them(client, example_body, settings, fake_jobs):
     client.app.state.dispatcher.log_archiver.forget_after_s = 0
     fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
     sweep = client.post("/api/v1/sweeps", params={"driver": "external"}, json={
@@ -304,24 +332,14 @@ def test_deleting_a_sweep_stops_its_trials_exports_and_a_storage_error_deletes_n
     for trial in trials:
         _with_checkpoint(client, settings, trial)
         jobs.append(client.post(f"/api/v1/runs/{trial}/exports", json={"step": 10}).json()["job_id"])
-        fake_jobs.set_status(jobs[-1], "RUNNING")
+    fake_jobs.set_status(jobs[0], "RUNNING")
+    fake_jobs.set_status(jobs[1], "FAILED")  # ended: not stopped, forgotten all the same
     for trial_id in ("a", "b"):
         client.post(f"/api/v1/sweeps/{sweep['id']}/trials/{trial_id}/end", headers=driver, json={"outcome": "failed"})
     for status in ("RUNNING", "COMPLETED"):
         client.post(f"/api/v1/sweeps/{sweep['id']}/report/status", headers=driver, json={"status": status})
-
-    def refused(fs, path, data):
-        raise PermissionError(f"storage refused {path}")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(export_jobs, "write_whole", refused)
-        failed = client.delete(f"/api/v1/sweeps/{sweep['id']}")
-    assert failed.status_code == 503 and "nothing was deleted" in failed.json()["detail"], failed.text
-    assert client.get(f"/api/v1/sweeps/{sweep['id']}").status_code == 200
-    assert all(fake_jobs.jobs[job_id]["status"] == "RUNNING" for job_id in jobs)
-
     assert client.delete(f"/api/v1/sweeps/{sweep['id']}").status_code == 200
-    assert all(fake_jobs.jobs[job_id]["status"] == "STOPPED" for job_id in jobs)
+    assert fake_jobs.stop_calls == [jobs[0]] and fake_jobs.jobs[jobs[0]]["status"] == "STOPPED"
     for _ in range(2):
         client.app.state.dispatcher.tick()
     assert not any(job_id in fake_jobs.jobs for job_id in jobs)
