@@ -6,10 +6,11 @@ exports, TensorBoard files) and Ray Train's folder of each attempt,
 ``workers.paths``); a sweep's is ``{project storage}/sweeps/{id}`` (Tune's experiment) plus
 each trial's folders.
 
-Order, so nothing is left half-deleted: the rows are deleted inside a transaction that holds the
-row lock; the storage is removed before that transaction commits. If storage cannot be removed
-the transaction rolls back and the run is still listed (a retry removes what is left); once the
-rows are gone, so is the storage. Every deletion is logged as one structured ``audit`` record.
+Order, so that a run is never gone with its folders left: the rows are deleted inside a
+transaction that holds the row lock; the storage is removed before that transaction commits. If
+storage cannot be removed the transaction rolls back and the run is still listed, with some of
+its folders possibly gone already (a retry removes what is left); once the rows are gone, so is
+the storage. Every deletion is logged as one structured ``audit`` record.
 """
 
 from __future__ import annotations
@@ -80,15 +81,7 @@ def delete_run(repo: Repository, storage_root: str, run_id: str, *, by: str) -> 
     """Delete an ended run (409 ``NotEnded`` otherwise): its rows (events, metrics, checkpoints
     and bests go with it) and its storage folder. ``by`` names who asked, for the audit record."""
     with repo.db.locked_write(Run, run_id, RunNotFound) as (session, run):
-        status = RunStatus(run.status)
-        if not status.is_terminal:
-            raise NotEnded(f"run {run_id} is {status.value}; only ended runs (COMPLETED, FAILED, CANCELED, "
-                           f"STOPPED) can be deleted: cancel it first")
-        if run.sweep_id is not None:
-            live = session.execute(select(Sweep.status).where(Sweep.id == run.sweep_id)).scalar_one_or_none()
-            if live is not None and not SweepStatus(live).is_terminal:
-                raise NotEnded(f"run {run_id} is a trial of sweep {run.sweep_id}, which is {live}; delete it once "
-                               f"the sweep has ended")
+        _refuse_live_run(session, run)
         done = Deletion("run", run_id, run.project, [run_id],
                         run_storage_urls(project_storage_url(storage_root, run.project), run_id, run.attempt))
         session.execute(delete(Run).where(Run.id == run_id))
@@ -102,13 +95,7 @@ def delete_run(repo: Repository, storage_root: str, run_id: str, *, by: str) -> 
 def delete_sweep(repo: Repository, storage_root: str, sweep_id: str, *, by: str) -> Deletion:
     """Delete an ended sweep (409 otherwise), its trial runs and their storage, and its own."""
     with repo.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
-        status = SweepStatus(sweep.status)
-        if not status.is_terminal:
-            raise NotEnded(f"sweep {sweep_id} is {status.value}; only ended sweeps can be deleted: cancel it first")
-        trials = session.execute(select(Run.id, Run.status, Run.attempt).where(Run.sweep_id == sweep_id)).all()
-        live = [run_id for run_id, run_status, _ in trials if not RunStatus(run_status).is_terminal]
-        if live:
-            raise NotEnded(f"sweep {sweep_id} still has live trials {live}; wait until they end or cancel them")
+        trials = _refuse_live_sweep(session, sweep)
         storage = project_storage_url(storage_root, sweep.project)
         done = Deletion("sweep", sweep_id, sweep.project, [run_id for run_id, _, _ in trials],
                         [url for run_id, _, attempts in trials for url in run_storage_urls(storage, run_id, attempts)]
@@ -122,10 +109,46 @@ def delete_sweep(repo: Repository, storage_root: str, sweep_id: str, *, by: str)
     return done
 
 
-def trial_ids(repo: Repository, sweep_id: str) -> list[str]:
-    """The ids of the sweep's trial runs."""
+def runs_to_delete(repo: Repository, *, run_id: str | None = None, sweep_id: str | None = None) -> list[str]:
+    """The ids of the runs that deleting ``run_id`` (or the sweep ``sweep_id``) would delete, as
+    now stored; ``NotEnded`` as that deletion would refuse it. The deletion checks again under
+    its lock: this read lets a caller act before it (stop the runs' exports) only if it can go on."""
     with repo.db.read() as session:
-        return list(session.execute(select(Run.id).where(Run.sweep_id == sweep_id)).scalars())
+        if run_id is not None:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise RunNotFound(run_id)
+            _refuse_live_run(session, run)
+            return [run_id]
+        sweep = session.get(Sweep, sweep_id)
+        if sweep is None:
+            raise SweepNotFound(sweep_id)
+        return [trial_id for trial_id, _, _ in _refuse_live_sweep(session, sweep)]
+
+
+def _refuse_live_run(session, run: Run) -> None:
+    status = RunStatus(run.status)
+    if not status.is_terminal:
+        raise NotEnded(f"run {run.id} is {status.value}; only ended runs (COMPLETED, FAILED, CANCELED, "
+                       f"STOPPED) can be deleted: cancel it first")
+    if run.sweep_id is not None:
+        live = session.execute(select(Sweep.status).where(Sweep.id == run.sweep_id)).scalar_one_or_none()
+        if live is not None and not SweepStatus(live).is_terminal:
+            raise NotEnded(f"run {run.id} is a trial of sweep {run.sweep_id}, which is {live}; delete it once "
+                           f"the sweep has ended")
+
+
+def _refuse_live_sweep(session, sweep: Sweep) -> list[tuple[str, str, int]]:
+    """The sweep's trials (id, status, attempt) if it may be deleted; else ``NotEnded``."""
+    status = SweepStatus(sweep.status)
+    if not status.is_terminal:
+        raise NotEnded(f"sweep {sweep.id} is {status.value}; only ended sweeps can be deleted: cancel it first")
+    trials = [tuple(row) for row in
+              session.execute(select(Run.id, Run.status, Run.attempt).where(Run.sweep_id == sweep.id)).all()]
+    live = [run_id for run_id, run_status, _ in trials if not RunStatus(run_status).is_terminal]
+    if live:
+        raise NotEnded(f"sweep {sweep.id} still has live trials {live}; wait until they end or cancel them")
+    return trials
 
 
 def _log(done: Deletion, by: str) -> None:

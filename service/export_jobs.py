@@ -19,9 +19,10 @@ id}.json``), so the log archiver can tell it from another service's on a shared 
 once its run has been deleted. Once an export job has finished, the archiver has its outcome
 stored (``ExportOutcomes``): nothing when the file is there or the run is gone, else
 ``requests/outcomes/{job id}.json`` with the error as above; then Ray forgets the job, then the
-mark goes. A FAILED export reads its error from that file. An outcome stays until its run is
-deleted, also once a new request replaced its job. Deleting a run stops its export jobs still
-running (``stop_exports``): they would write the model under the deleted folder.
+mark goes (a mark whose job never reached Ray stays: a small file). A FAILED export reads its
+error from that file. An outcome stays until its run is deleted, also once a new request
+replaced its job. Deleting a run stops its export jobs still running (``stop_exports``, before
+and after the rows go): they would write the model under the deleted folder.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 from api.views import CheckpointView, ExportView
-from service.bounded_storage import bounded
+from service.bounded_storage import StorageTimeout, bounded
 from service.code_store import write_whole
 from fastapi import HTTPException
 
@@ -100,11 +101,14 @@ class ExportRequests:
         job_id = f"export-{run_id}-step-{checkpoint.step}-{secrets.token_hex(3)}"
         url = request_url(self.storage_url, run_id, checkpoint.step)
         body = {"spec": spec, "checkpoint_url": checkpoint.url, "metrics": metrics, "job_id": job_id}
+        # The mark first: a request file never names a job that is not marked
+        self._storage("marking the export job", mark_export_job, self.settings.storage_url, job_id)
         fs, path = url_to_fs(url)
-        self._storage(f"writing {url}", write_whole, fs, path, json.dumps(body).encode())
-        mark_fs, mark_path = url_to_fs(export_job_url(self.settings.storage_url, job_id))
-        self._storage(f"writing {mark_path}", write_whole, mark_fs, mark_path,
-                      json.dumps({"run_id": run_id, "step": checkpoint.step}).encode())
+        try:
+            self._storage(f"writing {url}", write_whole, fs, path, json.dumps(body).encode())
+        except BaseException:
+            self._unmark(job_id)
+            raise
         env = {**forwarded_env(), "TESSERA_STORAGE_URL": self.storage_url}
         entrypoint = f"{shlex.quote(self.settings.worker_python)} -m workers.export --request {shlex.quote(url)}"
         try:
@@ -142,8 +146,15 @@ class ExportRequests:
             log.warning("could not remove %s: %s", path, exc)
 
     def _storage(self, what: str, call, *args, **kwargs):
-        """A storage call bounded by ``TESSERA_STORAGE_TIMEOUT_S`` (a 503 for the request)."""
-        return bounded(what, self.settings.storage_timeout_s, call, *args, **kwargs)
+        """A storage call bounded by ``TESSERA_STORAGE_TIMEOUT_S``; a timeout or another storage
+        error is a 503 for the request (a missing file is the caller's to handle)."""
+        try:
+            return bounded(what, self.settings.storage_timeout_s, call, *args, **kwargs)
+        except (StorageTimeout, FileNotFoundError):
+            raise
+        except OSError as exc:
+            raise HTTPException(503, f"storage refused {what}: {exc}; try again",
+                                headers={"Retry-After": "10"}) from None
 
     def state(self, run_id: str, step: int) -> ExportView | None:
         """The export at ``step``: READY, PENDING or FAILED; None if never exported nor requested."""
@@ -172,17 +183,35 @@ class ExportRequests:
         return ExportView(step=step, status="FAILED", job_id=job_id, error=error)
 
 
-def stop_exports(jobs: Any, run_ids: Iterable[str]) -> list[str]:
-    """Ask Ray to stop the export jobs of ``run_ids`` still pending or running (one list of
-    Ray's jobs); return their ids. Before a run is deleted: they would write the model under
-    its deleted folder. Raises when Ray cannot be asked (``RayUnavailable``)."""
+def mark_export_job(storage_root: str, job_id: str) -> None:
+    """Mark the export job ``job_id`` as this service's (``export_job_url``)."""
+    run_id, step = parse_export_job_id(job_id)
+    fs, path = url_to_fs(export_job_url(storage_root, job_id))
+    write_whole(fs, path, json.dumps({"run_id": run_id, "step": step}).encode())
+
+
+def stop_exports(jobs: Any, run_ids: Iterable[str], *, storage_root: str, timeout_s: float) -> list[str]:
+    """Before runs are deleted: mark every export job of ``run_ids`` that Ray lists as this
+    service's (a job submitted before marks existed has none, and once its run is gone only a
+    mark tells it from another service's), and ask Ray to stop those pending or running (they
+    would write the model under the deleted folders). Returns the ids stopped. Each job is
+    handled on its own: a failing call is logged and the others go on. Raises only when Ray's
+    job list cannot be read; a Jobs client that cannot list jobs stops nothing."""
     runs = set(run_ids)
     states = job_states(jobs) or {}
-    live = sorted(job_id for job_id, state in states.items()
-                  if state in LIVE and (parsed := parse_export_job_id(job_id)) is not None and parsed[0] in runs)
-    for job_id in live:
-        jobs.stop(job_id)
-    return live
+    stopped = []
+    for job_id, state in sorted(states.items()):
+        parsed = parse_export_job_id(job_id)
+        if parsed is None or parsed[0] not in runs:
+            continue
+        try:
+            bounded(f"marking {job_id}", timeout_s, mark_export_job, storage_root, job_id)
+            if state in LIVE:
+                jobs.stop(job_id)
+                stopped.append(job_id)
+        except Exception as exc:
+            log.warning("could not mark or stop the export job %s of a run being deleted: %s", job_id, exc)
+    return stopped
 
 
 class ExportOutcomes:

@@ -22,10 +22,11 @@ from api.views import ExportRequest, ExportsPage, ExportView
 from service.access import Role
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep
+from service.cleanup import remove_folder
 from service.export_jobs import ExportRequests
 from service.repository import RunNotFound
 from service.json_body import ParsedBodyRoute
-from service.storage_paths import EXPORT_SUFFIXES, export_url, exports_url, project_storage_url
+from service.storage_paths import EXPORT_SUFFIXES, export_url, exports_url, project_storage_url, run_url
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.routes.runs import scoped_run
 
@@ -101,11 +102,13 @@ def request_export(run_id: str, body: ExportRequest, response: Response, repo: R
     if view.job_id is not None:
         try:
             repo.get_run(run_id)
-        except RunNotFound:  # deleted meanwhile, after it stopped its exports: stop this one too
+        except RunNotFound:  # deleted meanwhile: stop this job too, and remove what this request wrote
             try:
                 jobs.stop(view.job_id)
-            except Exception:  # then it fails on its own: its checkpoint went with the run
-                log.warning("could not stop the export job %s of the deleted run %s", view.job_id, run_id)
+                remove_folder(run_url(project_storage_url(settings.storage_url, run.project), run_id))
+            except Exception as exc:  # the job fails on its own: its checkpoint went with the run
+                log.warning("after run %s was deleted, could not stop its export job %s or remove its folder: %s",
+                            run_id, view.job_id, exc)
             raise
     response.status_code = 200 if view.status == "READY" else 202
     return view

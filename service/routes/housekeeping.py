@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException
 from api.run_edits import DeletionView, RunUpdate
 from api.views import RunView, SweepView
 from service.access import Role
-from service.cleanup import Deletion, NotEnded, StorageUnavailable, delete_run, delete_sweep, trial_ids
+from service.cleanup import Deletion, NotEnded, StorageUnavailable, delete_run, delete_sweep, runs_to_delete
 from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep, SweepsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.export_jobs import stop_exports
@@ -59,10 +59,9 @@ def delete_run_route(run_id: str, repo: RepoDep, caller: CallerDep, settings: Se
     """Delete an ended run: its rows and its storage folder (checkpoints, logs, exports); an
     export of it still being made is stopped. 409 while it is live (cancel it first) or while
     its sweep is; 503 if storage refused (the run is still listed; retrying deletes what is left)."""
-    run = scoped_run(repo, caller, run_id, Role.MEMBER)
-    if run.status.is_terminal:  # a live run's deletion is refused
-        _stop_exports(jobs, [run_id])
-    return _deleted(lambda: delete_run(repo, settings.storage_url, run_id, by=caller.key_id))
+    scoped_run(repo, caller, run_id, Role.MEMBER)
+    return _deleted(lambda: runs_to_delete(repo, run_id=run_id),
+                    lambda: delete_run(repo, settings.storage_url, run_id, by=caller.key_id), jobs, settings)
 
 
 @router.post("/sweeps/{sweep_id}/archive", response_model=SweepView, operation_id="archive_sweep", tags=["sweeps"],
@@ -89,31 +88,35 @@ def delete_sweep_route(sweep_id: str, repo: RepoDep, sweeps: SweepsDep, caller: 
                        settings: SettingsDep, jobs: JobsDep) -> DeletionView:
     """Delete an ended sweep, its trial runs and their storage, and the sweep's own folder; an
     export of a trial still being made is stopped. 409 while it or a trial is live."""
-    sweep = scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
-    if sweep.status.is_terminal:
-        _stop_exports(jobs, trial_ids(repo, sweep_id))
-    return _deleted(lambda: delete_sweep(repo, settings.storage_url, sweep_id, by=caller.key_id))
+    scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
+    return _deleted(lambda: runs_to_delete(repo, sweep_id=sweep_id),
+                    lambda: delete_sweep(repo, settings.storage_url, sweep_id, by=caller.key_id), jobs, settings)
 
 
-def _stop_exports(jobs, run_ids: list[str]) -> None:
-    """Before runs are deleted, stop their export jobs still running: they would write the
-    model under the deleted folders. Best effort: with Ray unreachable the deletion goes on (the
-    job, if any, may then leave its file behind; Ray still forgets it once it ends)."""
+def _deleted(runs: Callable[[], list[str]], deletion: Callable[[], Deletion], jobs, settings) -> DeletionView:
+    """Make ``deletion`` of ``runs()``, with their export jobs handled before and after it."""
     try:
-        stopped = stop_exports(jobs, run_ids)
-    except Exception as exc:
-        log.warning("could not stop the export jobs of %d run(s) being deleted: %s", len(run_ids), exc)
-        return
-    if stopped:
-        log.info("stopped the export jobs %s of run(s) being deleted", stopped)
-
-
-def _deleted(deletion: Callable[[], Deletion]) -> DeletionView:
-    try:
+        run_ids = runs()  # a deletion that would be refused stops nothing
+        _stop_exports(jobs, run_ids, settings)
         done = deletion()
     except NotEnded as exc:
         raise HTTPException(status_code=409, detail=exc.detail) from exc
     except StorageUnavailable as exc:
         raise HTTPException(status_code=503, detail=exc.detail) from exc
+    _stop_exports(jobs, run_ids, settings)  # one a request submitted while the rows were going
     return DeletionView(kind=done.kind, id=done.id, project=done.project, run_ids=done.run_ids,
                         storage_urls=done.storage_urls)
+
+
+def _stop_exports(jobs, run_ids: list[str], settings) -> None:
+    """Mark the runs' export jobs as this service's (so Ray forgets them once they end, the runs
+    gone) and stop those still running: they would write the model under the deleted folders.
+    Best effort: with Ray unreachable the deletion goes on, and such a job may then leave its
+    file behind."""
+    try:
+        stopped = stop_exports(jobs, run_ids, storage_root=settings.storage_url, timeout_s=settings.storage_timeout_s)
+    except Exception as exc:
+        log.warning("could not stop the export jobs of %d run(s) being deleted: %s", len(run_ids), exc)
+        return
+    if stopped:
+        log.info("stopped the export jobs %s of run(s) being deleted", stopped)

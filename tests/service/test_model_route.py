@@ -269,6 +269,8 @@ def test_deleting_a_run_stops_its_running_export_and_ray_still_forgets_the_job(c
     assert client.delete(f"/api/v1/runs/{run_id}").status_code == 409
     assert fake_jobs.jobs[job_id]["status"] == "RUNNING"
 
+    _, other_job = _export_requested(client, example_body, settings, fake_jobs)  # another run's: left running
+    fake_jobs.set_status(other_job, "RUNNING")
     client.post(f"/api/v1/runs/{run_id}/cancel")
     fake_jobs.set_status(f"run-{run_id}-attempt-1", "STOPPED")
     client.app.state.dispatcher.tick()
@@ -279,6 +281,7 @@ def test_deleting_a_run_stops_its_running_export_and_ray_still_forgets_the_job(c
                                   stop(job))
     assert client.delete(f"/api/v1/runs/{run_id}").status_code == 200
     assert run_there_when_stopped == [200] and fake_jobs.jobs[job_id]["status"] == "STOPPED"
+    assert fake_jobs.jobs[other_job]["status"] == "RUNNING"
     for _ in range(2):  # settled (this service's by its mark; its run is gone: nothing stored), then forgotten
         client.app.state.dispatcher.tick()
     assert job_id not in fake_jobs.jobs and not mark.exists()
@@ -293,16 +296,19 @@ def test_an_export_requested_while_its_run_is_deleted_is_stopped_and_a_refused_o
     from pathlib import Path
 
     import service.export_jobs as export_jobs
-    from service.ray_client import RayRefused
+    from service.ray_client import RayRefused, RayUnavailable
     from service.storage_paths import export_job_url
 
     other = client.post("/api/v1/runs", json=example_body).json()["id"]
     _with_checkpoint(client, settings, other)
-    fake_jobs.fail_submit = RayRefused("Ray answered POST /api/jobs/ with 400: bad runtime_env")
-    assert client.post(f"/api/v1/runs/{other}/exports", json={"step": 10}).status_code == 502
-    assert not list(Path(export_job_url(settings.storage_url, "x").removeprefix("file://")).parent.glob(
-        f"export-{other}-*"))  # never submitted: no mark
+    marks = Path(export_job_url(settings.storage_url, "x").removeprefix("file://")).parent
+    for error, status in ((RayRefused("Ray answered POST /api/jobs/ with 400: bad runtime_env"), 502),
+                          (RayUnavailable("Ray did not answer in 10 s"), 503)):
+        fake_jobs.fail_submit = error
+        assert client.post(f"/api/v1/runs/{other}/exports", json={"step": 10}).status_code == status
+        assert not list(marks.glob(f"export-{other}-*"))  # never submitted: no mark
     fake_jobs.fail_submit = None
+    fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
 
     client.post(f"/api/v1/runs/{other}/cancel")
     client.app.state.dispatcher.tick()
@@ -343,3 +349,94 @@ def test_deleting_a_sweep_stops_its_trials_exports_and_ray_forgets_them(client, 
     for _ in range(2):
         client.app.state.dispatcher.tick()
     assert not any(job_id in fake_jobs.jobs for job_id in jobs)
+
+
+def test_an_export_requested_while_the_deletion_removes_the_run_is_stopped_after_it(client, example_body, settings,
+                                                                                    fake_jobs, monkeypatch):
+    """A request that submits after the deletion stopped the run's exports but before its rows
+    went still finds the run, and answers 202: the deletion looks at Ray's jobs again once done."""
+    import service.routes.housekeeping as housekeeping
+
+    run_id, first = _export_requested(client, example_body, settings, fake_jobs)
+    fake_jobs.set_status(first, "FAILED")
+    client.post(f"/api/v1/runs/{run_id}/cancel")
+    client.app.state.dispatcher.tick()
+    delete_run, late = housekeeping.delete_run, []
+
+    def with_a_request_first(*args, **kwargs):
+        late.append(client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10}).json())
+        return delete_run(*args, **kwargs)
+
+    monkeypatch.setattr(housekeeping, "delete_run", with_a_request_first)
+    assert client.delete(f"/api/v1/runs/{run_id}").status_code == 200
+    assert late[0]["status"] == "PENDING" and fake_jobs.jobs[late[0]["job_id"]]["status"] == "STOPPED"
+
+
+def test_deleting_a_trial_of_a_live_sweep_is_refused_before_its_exports_are_stopped(client, example_body, settings,
+                                                                                      fake_jobs):
+    fake_jobs.states = lambda: {job_id: job["status"] for job_id, job in fake_jobs.jobs.items()}
+    sweep = client.post("/api/v1/sweeps", params={"driver": "external"}, json={
+        "name": "s", "base": example_body, "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}).json()
+    driver = {"Authorization": f"Bearer {sweep['driver_token']}"}
+    trial = client.post(f"/api/v1/sweeps/{sweep['id']}/trials", headers=driver,
+                        json={"trial_id": "a", "spec": example_body, "params": {}}).json()["run_id"]
+    _with_checkpoint(client, settings, trial)
+    job_id = client.post(f"/api/v1/runs/{trial}/exports", json={"step": 10}).json()["job_id"]
+    fake_jobs.set_status(job_id, "RUNNING")
+    client.post(f"/api/v1/sweeps/{sweep['id']}/trials/a/end", headers=driver, json={"outcome": "failed"})
+    client.post(f"/api/v1/sweeps/{sweep['id']}/report/status", headers=driver, json={"status": "RUNNING"})
+    refused = client.delete(f"/api/v1/runs/{trial}")
+    assert refused.status_code == 409 and "delete it once the sweep has ended" in refused.json()["detail"]
+    assert client.delete(f"/api/v1/sweeps/{sweep['id']}").status_code == 409
+    assert fake_jobs.stop_calls == [] and fake_jobs.jobs[job_id]["status"] == "RUNNING"
+
+
+def test_an_export_job_from_before_marks_is_marked_when_its_run_is_deleted_and_a_mark_outlives_a_failed_forget(
+        client, example_body, settings, fake_jobs):
+    from pathlib import Path
+
+    from service.log_archive import FORGET_TRIES
+    from service.ray_client import RayAmbiguous
+    from service.storage_paths import export_job_url
+
+    archiver = client.app.state.dispatcher.log_archiver
+    archiver.forget_after_s = 0
+    run_id, job_id = _export_requested(client, example_body, settings, fake_jobs)
+    mark = Path(export_job_url(settings.storage_url, job_id).removeprefix("file://"))
+    mark.unlink()  # submitted by a version without marks
+    fake_jobs.set_status(job_id, "RUNNING")
+    client.post(f"/api/v1/runs/{run_id}/cancel")
+    client.app.state.dispatcher.tick()
+    assert client.delete(f"/api/v1/runs/{run_id}").status_code == 200
+    assert mark.exists() and fake_jobs.jobs[job_id]["status"] == "STOPPED"
+    delete, refusals = fake_jobs.delete, []
+
+    def refusing(job):
+        if job == job_id:
+            refusals.append(job)
+            raise RayAmbiguous(f"Ray answered DELETE /api/jobs/{job} with 500")
+        return delete(job)
+
+    fake_jobs.delete = refusing
+    for _ in range(FORGET_TRIES + 2):
+        client.app.state.dispatcher.tick()
+    assert len(refusals) == FORGET_TRIES and job_id in fake_jobs.jobs and mark.exists()  # left, still marked
+
+
+def test_an_export_whose_mark_cannot_be_written_is_a_503_and_leaves_no_request(client, example_body, settings,
+                                                                                fake_jobs, monkeypatch):
+    import service.export_jobs as export_jobs
+
+    run_id = client.post("/api/v1/runs", json=example_body).json()["id"]
+    _with_checkpoint(client, settings, run_id)
+    write_whole = export_jobs.write_whole
+
+    def refusing_marks(fs, path, data):
+        if "/export-jobs/" in path:
+            raise PermissionError(f"storage refused {path}")
+        return write_whole(fs, path, data)
+
+    monkeypatch.setattr(export_jobs, "write_whole", refusing_marks)
+    refused = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10})
+    assert refused.status_code == 503 and "storage refused marking the export job" in refused.json()["detail"]
+    assert client.get(f"/api/v1/runs/{run_id}/exports").json()["data"] == [] and fake_jobs.submit_calls == []
