@@ -102,15 +102,8 @@ def test_the_safetensors_file_is_written_last_so_ready_means_both_formats(tmp_pa
     assert read_export(open(urls["safetensors"].removeprefix("file://"), "rb").read())[0]["w"].tolist() == [1.0, 1.0]
 
 
-def test_a_local_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
-    """``write_bytes`` on local storage writes aside and renames: while the bytes go out, a reader
-    of the path (the service reads an export's .safetensors as READY) finds no file, or the
-    whole previous one."""
-    from workers.checkpoint.storage import storage_for
-
-    target = tmp_path / "runs" / "r1" / "exports" / "step-3.safetensors"
-    storage = storage_for(f"file://{tmp_path}")
-    seen_while_writing = []
+def _watch_writes(storage, monkeypatch, on_write) -> None:
+    """Call ``on_write(data)`` before each write to a file ``storage`` opens (it may raise)."""
     real_open = storage.fs.open
 
     class Watched:
@@ -124,10 +117,23 @@ def test_a_local_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
             return self.file.__exit__(*exc)
 
         def write(self, data):
-            seen_while_writing.append(target.read_bytes() if target.exists() else None)
+            on_write(data)
             return self.file.write(data)
 
     monkeypatch.setattr(storage.fs, "open", lambda path, mode="rb", **kw: Watched(real_open(path, mode, **kw)))
+
+
+def test_a_local_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """``write_bytes`` on local storage writes aside and renames: while the bytes go out, a reader
+    of the path (the service reads an export's .safetensors as READY) finds no file, or the
+    whole previous one."""
+    from workers.checkpoint.storage import storage_for
+
+    target = tmp_path / "runs" / "r1" / "exports" / "step-3.safetensors"
+    storage = storage_for(f"file://{tmp_path}")
+    seen_while_writing = []
+    _watch_writes(storage, monkeypatch,
+                  lambda data: seen_while_writing.append(target.read_bytes() if target.exists() else None))
     storage.write_bytes(f"file://{target}", b"weights")
     storage.write_bytes(f"file://{target}", b"new weights")
     assert seen_while_writing == [None, b"weights"] and target.read_bytes() == b"new weights"
@@ -142,23 +148,13 @@ def test_a_failed_local_write_leaves_nothing_and_its_partial_is_named_apart(tmp_
 
     folder = tmp_path / "tensorboard"
     storage = storage_for(f"file://{tmp_path}")
-    real_open, names = storage.fs.open, []
+    names = []
 
-    class Full:
-        def __init__(self, file):
-            self.file = file
+    def disk_full(data):
+        names.extend(p.name for p in folder.iterdir())
+        raise OSError(28, "No space left on device")
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return self.file.__exit__(*exc)
-
-        def write(self, data):
-            names.extend(p.name for p in folder.iterdir())
-            raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(storage.fs, "open", lambda path, mode="rb", **kw: Full(real_open(path, mode, **kw)))
+    _watch_writes(storage, monkeypatch, disk_full)
     target = folder / "events.out.tfevents.1.host"
     with pytest.raises(OSError, match="No space left"):
         storage.write_bytes(f"file://{target}", b"events")
