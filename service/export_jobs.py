@@ -206,11 +206,14 @@ def stop_exports(jobs: Any, run_ids: Iterable[str], *, storage_root: str, timeou
             continue
         try:
             bounded(f"marking {job_id}", timeout_s, mark_export_job, storage_root, job_id)
-            if state in LIVE:
+        except Exception as exc:
+            log.warning("could not mark the export job %s of a run being deleted: %s", job_id, exc)
+        if state in LIVE:
+            try:
                 jobs.stop(job_id)
                 stopped.append(job_id)
-        except Exception as exc:
-            log.warning("could not mark or stop the export job %s of a run being deleted: %s", job_id, exc)
+            except Exception as exc:
+                log.warning("could not stop the export job %s of a run being deleted: %s", job_id, exc)
     return stopped
 
 
