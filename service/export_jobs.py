@@ -49,7 +49,6 @@ from service.storage_paths import export_url, exports_url, export_job_url, proje
 
 log = logging.getLogger(__name__)
 
-REQUEST_NAME = re.compile(r"step-(\d+)\.json$")
 LIVE = ("PENDING", "RUNNING")
 JOB_ID = re.compile(r"export-(?P<run_id>.+)-step-(?P<step>\d+)-[0-9a-f]{6}$")  # as ``request`` names them
 
@@ -139,11 +138,11 @@ class ExportRequests:
 
     def _unmark(self, job_id: str) -> None:
         """The job was not submitted: its mark goes (best effort; a mark without a job is only a file)."""
-        fs, path = url_to_fs(export_job_url(self.settings.storage_url, job_id))
         try:
-            self._storage(f"removing {path}", fs.rm, path)
+            bounded(f"unmarking {job_id}", self.settings.storage_timeout_s, unmark_export_job,
+                    self.settings.storage_url, job_id)
         except Exception as exc:
-            log.warning("could not remove %s: %s", path, exc)
+            log.warning("could not remove the mark of the export job %s: %s", job_id, exc)
 
     def _storage(self, what: str, call, *args, **kwargs):
         """A storage call bounded by ``TESSERA_STORAGE_TIMEOUT_S``; a timeout or another storage
@@ -188,6 +187,16 @@ def mark_export_job(storage_root: str, job_id: str) -> None:
     run_id, step = parse_export_job_id(job_id)
     fs, path = url_to_fs(export_job_url(storage_root, job_id))
     write_whole(fs, path, json.dumps({"run_id": run_id, "step": step}).encode())
+
+
+def unmark_export_job(storage_root: str, job_id: str) -> None:
+    """Remove the mark of the export job ``job_id``; one that is not there is fine (a job
+    submitted before marks existed)."""
+    fs, path = url_to_fs(export_job_url(storage_root, job_id))
+    try:
+        fs.rm(path)
+    except FileNotFoundError:
+        pass
 
 
 def stop_exports(jobs: Any, run_ids: Iterable[str], *, storage_root: str, timeout_s: float) -> list[str]:
@@ -241,29 +250,27 @@ class ExportOutcomes:
         while reading its log too: stored, that error would be all that is left)."""
         run_id, step = parse_export_job_id(job_id)
         if run_id not in projects:  # deleted since, or not this service's
-            mark_fs, mark_path = url_to_fs(export_job_url(self.storage_root, job_id))
-            mark_fs.invalidate_cache(mark_path.rsplit("/", 1)[0])
-            return bool(bounded(f"looking for {mark_path}", self.timeout_s, mark_fs.exists, mark_path))
+            return self._exists(export_job_url(self.storage_root, job_id))
         storage_url = project_storage_url(self.storage_root, projects[run_id])
-        fs, path = url_to_fs(outcome_url(storage_url, run_id, job_id))
-        export_fs, export_path = url_to_fs(export_url(storage_url, run_id, step, "safetensors"))
-        export_fs.invalidate_cache(export_path.rsplit("/", 1)[0])
-        if bounded(f"looking for {export_path}", self.timeout_s, export_fs.exists, export_path):
+        outcome = outcome_url(storage_url, run_id, job_id)
+        if self._exists(export_url(storage_url, run_id, step, "safetensors")):
             return True  # READY: nothing to keep
-        fs.invalidate_cache(path.rsplit("/", 1)[0])
-        if bounded(f"looking for {path}", self.timeout_s, fs.exists, path):
+        if self._exists(outcome):
             return True  # stored by an earlier pass (Ray wrote the job again, or another leader)
         failure = ""
         if state in ("FAILED", "STOPPED"):
             failure = failure_text(job_id, self.jobs.logs_tail(job_id))
         body = json.dumps({"job_id": job_id, "state": state, "error": job_error(job_id, state, failure)}).encode()
+        fs, path = url_to_fs(outcome)
         bounded(f"writing {path}", self.timeout_s, write_whole, fs, path, body)
         return True
 
     def forgotten(self, job_id: str) -> None:
         """Ray has forgotten the export job: its mark goes (a storage error is raised)."""
-        fs, path = url_to_fs(export_job_url(self.storage_root, job_id))
-        try:
-            bounded(f"removing {path}", self.timeout_s, fs.rm, path)
-        except FileNotFoundError:
-            pass  # a job submitted before marks existed
+        bounded(f"unmarking {job_id}", self.timeout_s, unmark_export_job, self.storage_root, job_id)
+
+    def _exists(self, url: str) -> bool:
+        """Whether ``url`` is there now (not as fsspec's listing cache last saw it)."""
+        fs, path = url_to_fs(url)
+        fs.invalidate_cache(path.rsplit("/", 1)[0])
+        return bool(bounded(f"looking for {path}", self.timeout_s, fs.exists, path))
