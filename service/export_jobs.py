@@ -19,9 +19,11 @@ id}.json``), so the log archiver can tell it from another service's on a shared 
 once its run has been deleted. Once an export job has finished, the archiver has its outcome
 stored (``ExportOutcomes``): nothing when the file is there or the run is gone, else
 ``requests/outcomes/{job id}.json`` with the error as above; then Ray forgets the job, then the
-mark goes (a mark whose job never reached Ray stays: a small file). A FAILED export reads its
-error from that file. An outcome stays until its run is deleted, also once a new request
-replaced its job. Deleting a run stops its export jobs still running (``stop_exports``, before
+mark goes. A mark whose job Ray does not list at two looks some minutes apart goes too (the
+archiver's ``stray_marks_after_s``): its job never reached Ray (the service stopped between the
+mark and the submit, or Ray never got a submit whose answer was lost), or Ray forgot it and the
+mark's removal failed. A FAILED export reads its error from that file. An outcome stays until
+its run is deleted, also once a new request replaced its job. Deleting a run stops its export jobs still running (``stop_exports``, before
 and after the rows go): they would write the model under the deleted folder.
 """
 
@@ -45,7 +47,7 @@ from fastapi import HTTPException
 from service.ray_client import (RayAmbiguous, RayRefused, RayUnavailable, failure_from_logs, failure_text,
                                 job_states)
 from service.ray_head import forwarded_env
-from service.storage_paths import export_url, exports_url, export_job_url, project_storage_url
+from service.storage_paths import export_job_url, export_jobs_url, export_url, exports_url, project_storage_url
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +266,18 @@ class ExportOutcomes:
         fs, path = url_to_fs(outcome)
         bounded(f"writing {path}", self.timeout_s, write_whole, fs, path, body)
         return True
+
+    def marked(self) -> set[str]:
+        """The ids of the export jobs marked as this service's now (one listing; a storage error
+        is raised)."""
+        fs, folder = url_to_fs(export_jobs_url(self.storage_root))
+        fs.invalidate_cache(folder)
+        try:
+            paths = bounded(f"listing {folder}", self.timeout_s, fs.ls, folder, detail=False)
+        except FileNotFoundError:
+            return set()
+        stems = (path.rsplit("/", 1)[-1].removesuffix(".json") for path in paths)
+        return {stem for stem in stems if parse_export_job_id(stem) is not None}  # not a partial write
 
     def forgotten(self, job_id: str) -> None:
         """Ray has forgotten the export job: its mark goes (a storage error is raised)."""

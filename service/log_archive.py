@@ -42,7 +42,9 @@ for one whose file is there) and has Ray forget them ``forget_after_s`` later, a
 ``copies_per_tick`` a pass. So a process that takes the lead finds those left from before in its
 first pass. An export job is this service's if it was marked so when submitted (its mark goes once
 Ray has forgotten it) or its run is in this database: left in Ray's list are others (another
-service's, on a shared cluster), and all of them when the Jobs client cannot list jobs.
+service's, on a shared cluster), and all of them when the Jobs client cannot list jobs. Every
+``stray_marks_after_s`` a pass also lists the marks, and removes those whose job Ray listed at
+neither this look nor the last (``_remove_stray_marks``).
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -107,7 +109,8 @@ class LogArchiver:
 
     def __init__(self, sources: Sequence[tuple[JobKind, AttemptStore]], jobs: JobsClient, store: LogStore, *,
                  exports: ExportOutcomes | None = None, every_ticks: int = 10, copies_per_tick: int = 10,
-                 forget_after_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+                 forget_after_s: float = 10.0, stray_marks_after_s: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.sources = list(sources)
         self.jobs = jobs
         self.store = store
@@ -115,6 +118,7 @@ class LogArchiver:
         self.every_ticks = every_ticks
         self.copies_per_tick = copies_per_tick
         self.forget_after_s = forget_after_s
+        self.stray_marks_after_s = stray_marks_after_s
         self.clock = clock  # when forgets are due
         self.passes = 0  # made so far
         # Live attempts: (the pass their next copy is due, a count that breaks ties first come, first served)
@@ -127,6 +131,9 @@ class LogArchiver:
         # of a run this database does not hold (left); and the pass each failed one is tried again
         self._settled: set[str] = set()
         self._export_retry: dict[str, int] = {}
+        # Marked export jobs Ray did not list at the last look for stray marks, and when the next is due
+        self._unlisted_marks: set[str] = set()
+        self._marks_look_at: float | None = None  # None: at the next pass with a job list
         self._stalled = False
         # The last tick's records and job list, waiting for the thread's next pass
         self._offered: tuple[Records, JobStates | None] | None = None
@@ -252,6 +259,8 @@ class LogArchiver:
                 self._forget(job_id, now)
         if states is not None and self.exports is not None and not self._stalled:
             self._settle_exports(states)
+            if not self._stalled:
+                self._remove_stray_marks(states)
 
     def _find_leftovers(self, live: set[Attempt]) -> list[Attempt]:
         """Finished attempt jobs in Ray's list that no attempt watched, live, waiting or being
@@ -343,6 +352,40 @@ class LogArchiver:
             self._settled.add(job_id)
             if forget:
                 self._forget_at[job_id] = (self.clock() + self.forget_after_s, FORGET_TRIES)
+
+    def _remove_stray_marks(self, states: JobStates) -> None:
+        """Every ``stray_marks_after_s``, list the export jobs' marks (one storage call) and
+        remove those whose job Ray listed neither now nor at the last look: Ray never got the job
+        (the service stopped between marking and submitting it, or a submit whose answer was lost
+        never reached Ray), or forgot it while the mark's removal failed. Each mark is only a
+        file, but nothing else would ever remove these. A job marked since the tick read
+        ``states`` is not listed there, but is listed (or forgotten, its mark gone) at the next
+        look, so two looks that far apart never take a live job's mark."""
+        now = self.clock()
+        if self._marks_look_at is not None and now < self._marks_look_at:
+            return
+        self._marks_look_at = now + self.stray_marks_after_s
+        try:
+            unlisted = self.exports.marked() - states.keys()
+        except Exception as exc:
+            self._stalled = isinstance(exc, OSError)
+            log.warning("could not list the export jobs' marks; will look again later: %s", exc)
+            return
+        stray, self._unlisted_marks = unlisted & self._unlisted_marks, unlisted
+        removed = 0
+        for job_id in sorted(stray):
+            if self._stalled:
+                break
+            try:
+                self.exports.forgotten(job_id)
+            except Exception as exc:  # still unlisted: tried again at the next look
+                self._stalled = isinstance(exc, OSError)
+                log.warning("could not remove the stray mark of the export job %s: %s", job_id, exc)
+                continue
+            self._unlisted_marks.discard(job_id)
+            removed += 1
+        if removed:
+            log.info("removed the marks of %d export jobs that Ray never had or has forgotten", removed)
 
     def _live(self, records: Records) -> set[Attempt]:
         return {Attempt(record.id, record.attempt, record.ray_job_id, record.project, kind.name)

@@ -62,8 +62,13 @@ def sweep_log_url(storage_url: str, sweep_id: str, attempt: int) -> str:
     return f"{sweep_url(storage_url, sweep_id)}/logs/attempt-{attempt}.log"
 
 
+def export_jobs_url(storage_root: str) -> str:
+    """``{root}/export-jobs``: the marks of this service's model export jobs (``export_job_url``)."""
+    return f"{storage_root.rstrip('/')}/export-jobs"
+
+
 def export_job_url(storage_root: str, job_id: str) -> str:
     """``{root}/export-jobs/{job_id}.json``: marks a model export's Ray job as this service's
     from before it is submitted until Ray has forgotten it (``service.export_jobs``); under the
     root, as the run's own folder may be deleted first."""
-    return f"{storage_root.rstrip('/')}/export-jobs/{job_id}.json"
+    return f"{export_jobs_url(storage_root)}/{job_id}.json"

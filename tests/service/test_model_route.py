@@ -440,3 +440,44 @@ def test_an_export_whose_mark_cannot_be_written_is_a_503_and_leaves_no_request(c
     refused = client.post(f"/api/v1/runs/{run_id}/exports", json={"step": 10})
     assert refused.status_code == 503 and "storage refused marking the export job" in refused.json()["detail"]
     assert client.get(f"/api/v1/runs/{run_id}/exports").json()["data"] == [] and fake_jobs.submit_calls == []
+
+
+def test_marks_of_export_jobs_ray_never_listed_at_two_looks_apart_are_removed(client, example_body, settings,
+                                                                              fake_jobs, hand_clock):
+    """A mark whose job never reached Ray (the service stopped between marking and submitting it)
+    would stay forever: every ``stray_marks_after_s`` the archiver lists the marks, and removes
+    those Ray listed at neither that look nor the one before. A job submitted after the first
+    look keeps its mark, as does one Ray lists; a partial write in the folder is no mark."""
+    from pathlib import Path
+
+    from service.export_jobs import mark_export_job
+    from service.storage_paths import export_job_url
+
+    archiver = client.app.state.dispatcher.log_archiver
+    assert archiver.stray_marks_after_s == 600
+    run_id, live = _export_requested(client, example_body, settings, fake_jobs)
+    fake_jobs.set_status(live, "RUNNING")
+    stray, submitted_late, marked_late = (f"export-{run_id}-step-{step}-abcdef" for step in (20, 30, 40))
+    for job_id in (stray, submitted_late):
+        mark_export_job(settings.storage_url, job_id)
+    marks = Path(export_job_url(settings.storage_url, live).removeprefix("file://")).parent
+    (marks / f"{stray}.json.1234abcd.partial").write_text("{")
+    dispatcher = client.app.state.dispatcher
+
+    def marked() -> set[str]:
+        return {path.name for path in marks.iterdir()}
+
+    dispatcher.tick()  # the first look: stray and submitted_late are not listed
+    fake_jobs.jobs[submitted_late] = {"status": "PENDING"}  # Ray got it after the tick's list
+    mark_export_job(settings.storage_url, marked_late)
+    hand_clock[0] += 599.9
+    dispatcher.tick()
+    assert f"{stray}.json" in marked()  # not looked at again yet
+    hand_clock[0] += 0.1
+    dispatcher.tick()  # the second look
+    assert marked() == {f"{live}.json", f"{submitted_late}.json", f"{marked_late}.json",
+                        f"{stray}.json.1234abcd.partial"}
+    hand_clock[0] += 600
+    dispatcher.tick()  # the third: marked_late was not listed at the second either
+    assert marked() == {f"{live}.json", f"{submitted_late}.json", f"{stray}.json.1234abcd.partial"}
+    assert fake_jobs.jobs[live]["status"] == "RUNNING"
