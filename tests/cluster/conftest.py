@@ -2,8 +2,9 @@
 live Tessera service pointed at it with S3 (moto) storage.
 
 The head schedules nothing (``--num-cpus=0``); three worker nodes with one logical CPU each
-(``node_a``, ``node_b``, ``node_c``, each with a custom resource of its own name) hold the
-training workers, so a two-worker run must span two nodes, and losing one still leaves two.
+(``node_a``, ``node_b``, ``node_c``, each with a custom resource of its own name and an
+address of its own, ``NODE_IPS``) hold the training workers, so a two-worker run must span two
+nodes, and losing one still leaves two.
 Every node has its own temp dir; each process is found and ended through it, never with
 ``ray stop`` (which would end every Ray process on the machine).
 """
@@ -29,6 +30,12 @@ from tests.e2e.conftest import cluster_service, wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_NAMES = ("node_a", "node_b", "node_c")
+# Each worker node on an address of its own, none the head's (127.0.0.1), as across machines:
+# Ray knows four nodes by four addresses, and a rendezvous (Ray Train's master, a kept sweep
+# group's store) is at a worker node's address. Linux answers all of 127.0.0.0/8 on the loopback
+# device. A server that listens on every address is still reached through any of them, so this
+# does not prove that a wrong address would fail.
+NODE_IPS = {name: f"127.0.0.{2 + i}" for i, name in enumerate(NODE_NAMES)}
 BATCH_DELAY_S = "0.15"  # per batch: leaves time to act on a run between two checkpoints
 
 
@@ -62,6 +69,7 @@ class LocalRayCluster:
     def start_node(self, name: str) -> None:
         self.node_dirs[name] = tempfile.mkdtemp(prefix="trn")
         self._ray_start(f"--address={self.address}", "--num-cpus=1", "--num-gpus=0",
+                        f"--node-ip-address={NODE_IPS[name]}",
                         f"--resources={json.dumps({name: 1})}", f"--temp-dir={self.node_dirs[name]}")
 
     def stop_head(self) -> None:
@@ -104,6 +112,11 @@ class LocalRayCluster:
         response.raise_for_status()
         return response.json()["data"]["result"]["result"]
 
+    def node_ips(self) -> dict[str, str]:
+        """``{node name: the address Ray knows it by}`` for the live worker nodes."""
+        return {name: node["node_ip"] for node in self._state("nodes", state="ALIVE")
+                for name in NODE_NAMES if name in node.get("resources_total", {})}
+
     def node_names_by_id(self) -> dict[str, str]:
         """``{node id: node name}`` for the live worker nodes."""
         return {node["node_id"]: name for node in self._state("nodes", state="ALIVE")
@@ -143,6 +156,7 @@ def ray_cluster(s3_server, ray_token):
             cluster.start_node(name)
         wait_until(lambda: len(cluster.node_names_by_id()) == len(NODE_NAMES), timeout=60,
                    what="three worker nodes to join")
+        assert cluster.node_ips() == NODE_IPS
         yield cluster
     finally:
         cluster.stop()

@@ -1,6 +1,6 @@
-"""Tessera on a multi-node Ray cluster (one machine, four Ray nodes, token auth, S3 storage):
-a DDP run spans two nodes, and so do a DDP sweep's ranks, kept from trial to trial; losing a
-node mid-run or the head itself costs no run and no result.
+"""Tessera on a multi-node Ray cluster (one machine, four Ray nodes on four addresses, token
+auth, S3 storage): a DDP run spans two nodes, and so do a DDP sweep's ranks, kept from trial to
+trial; losing a node mid-run or the head itself costs no run and no result.
 
 One cluster and one service serve the module; each test leaves the cluster whole again.
 """
