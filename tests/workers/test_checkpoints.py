@@ -143,6 +143,21 @@ def test_checkpoints_round_trip_through_s3_over_http(s3_server):
     assert resumed.values("train/loss")[0][0] == 7
 
 
+@pytest.fixture
+def s3_fails_fast(s3_server, monkeypatch):
+    """The S3 server, with botocore's own retries off (``AWS_MAX_ATTEMPTS=1``) for the test. While
+    S3 is down botocore retries each refused call with backoff, under s3fs's retries and the
+    checkpointer's own: about 40 s per failed save here, which these tests waited through but
+    do not check. s3fs keeps a file system (with its client) per set of arguments, so its cache is
+    cleared before (a client made earlier keeps its retries) and after (later tests get them back)."""
+    from s3fs import S3FileSystem
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    S3FileSystem.clear_instance_cache()
+    yield s3_server
+    S3FileSystem.clear_instance_cache()
+
+
 class Outage:
     """A callback that takes the object store down after one batch and brings it back later."""
 
@@ -157,7 +172,8 @@ class Outage:
 
 
 @pytest.mark.integration
-def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s3_server):
+def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s3_fails_fast):
+    s3_server = s3_fails_fast
     url = s3_server.url("runs/s3-outage/checkpoints")
     spec = spec_with_checkpoints(max_duration="8ba", checkpoint={"interval": "2ba", "keep_last": 3})
     sink = MemorySink()
@@ -179,7 +195,8 @@ def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s
 
 
 @pytest.mark.integration
-def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_the_newest_committed(s3_server):
+def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_the_newest_committed(s3_fails_fast):
+    s3_server = s3_fails_fast
     from workers.outcome import FINAL_SAVED_KEY
 
     url = s3_server.url("runs/s3-final-outage/checkpoints")
@@ -187,7 +204,7 @@ def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_th
     sink = MemorySink()
     # Down from the end of batch 7 (the final save's batch) until training has ended.
     trainer = Trainer(spec, sink=sink, checkpoint_url=url, callbacks=[Outage(s3_server, down_at=7, up_at=-1)])
-    trainer.checkpointer.attempts = 1  # s3fs and botocore retry each call for seconds already
+    trainer.checkpointer.attempts = 1  # s3fs retries each call already
     try:
         metrics = trainer.fit()
     finally:
@@ -219,7 +236,8 @@ def test_how_factorized_layers_start_is_left_out_of_the_fingerprint_but_their_si
 
 
 @pytest.mark.integration
-def test_s3_down_during_retention_is_a_note_and_the_next_commit_deletes_what_it_left(s3_server):
+def test_s3_down_during_retention_is_a_note_and_the_next_commit_deletes_what_it_left(s3_fails_fast):
+    s3_server = s3_fails_fast
     url = s3_server.url("runs/s3-retention-outage/checkpoints")
     spec = spec_with_checkpoints(max_duration="8ba", checkpoint={"interval": "2ba", "keep_last": 2})
     sink = MemorySink()
