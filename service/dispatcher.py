@@ -75,7 +75,10 @@ class Dispatcher:
         self.log_archiver = LogArchiver(
             [(f.kind, f.store) for f in self.followers], jobs,
             LogStore(settings.storage_url, timeout_s=settings.storage_timeout_s),
-            exports=ExportOutcomes(settings.storage_url, jobs, repo.job_owners, timeout_s=settings.storage_timeout_s))
+            exports=ExportOutcomes(settings.storage_url, jobs, repo.job_owners, timeout_s=settings.storage_timeout_s),
+            # Far longer than an export request takes from its job's mark to its submit (a request
+            # file's write, then the submit): a job is listed by Ray at the latest that much later.
+            stray_marks_after_s=max(600.0, 2 * (settings.storage_timeout_s + settings.ray_timeout_s)))
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,6 +88,7 @@ class Dispatcher:
     def tick(self) -> None:
         """One pass: submit every QUEUED run and sweep, and follow every active one's job."""
         started = time.perf_counter()
+        listed_at = self.log_archiver.clock()  # every job submitted before this is in the list
         try:
             listed = [self.followers[0].job_states_now()]  # one list_jobs per tick, shared
         except OSError as exc:  # Ray down or hung: this tick costs one timeout, and does no Ray work
@@ -103,7 +107,7 @@ class Dispatcher:
                 # The followers' reads of the followed runs and sweeps, from the start of this tick,
                 # serve the log archiver and (runs) the wall-clock check too: every active record is
                 # read once a tick. One the followers just submitted or ended is seen on the next.
-                self.log_archiver.offer(read, listed[0])  # its copies run on its own thread, when started
+                self.log_archiver.offer(read, listed[0], listed_at)  # its copies run on its own thread, when started
                 projects = {p.name: p for p in self.access.list_projects()}
                 for run_id in wall_clock.enforce(self.repo, self.jobs, projects, active=read["run"]):
                     log.info("run %s: stopped at its wall-clock limit", run_id)

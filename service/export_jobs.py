@@ -19,12 +19,13 @@ id}.json``), so the log archiver can tell it from another service's on a shared 
 once its run has been deleted. Once an export job has finished, the archiver has its outcome
 stored (``ExportOutcomes``): nothing when the file is there or the run is gone, else
 ``requests/outcomes/{job id}.json`` with the error as above; then Ray forgets the job, then the
-mark goes. A mark whose job Ray does not list at two looks some minutes apart goes too (the
-archiver's ``stray_marks_after_s``): its job never reached Ray (the service stopped between the
-mark and the submit, or Ray never got a submit whose answer was lost), or Ray forgot it and the
-mark's removal failed. A FAILED export reads its error from that file. An outcome stays until
-its run is deleted, also once a new request replaced its job. Deleting a run stops its export jobs still running (``stop_exports``, before
-and after the rows go): they would write the model under the deleted folder.
+mark goes. A mark whose job Ray listed at neither of two looks at least ``stray_marks_after_s``
+apart (the log archiver's) goes too: its job never reached Ray (the service stopped between the
+mark and the submit, or Ray never got a submit whose answer was lost), Ray forgot it and the
+mark's removal failed, or someone deleted it from Ray. A FAILED export reads its error from that
+file. An outcome stays until its run is deleted, also once a new request replaced its job.
+Deleting a run stops its export jobs still running (``stop_exports``, before and after the rows
+go): they would write the model under the deleted folder.
 """
 
 from __future__ import annotations
@@ -229,10 +230,12 @@ def stop_exports(jobs: Any, run_ids: Iterable[str], *, storage_root: str, timeou
 
 
 class ExportOutcomes:
-    """Stores what finished export jobs leave behind, so that Ray can forget them (the log
-    archiver calls ``owners_of`` and ``settle`` from its passes). ``owners``: ``(project, ...)``
-    of each run id that names a run (``AttemptStore.job_owners``); ``storage_root``: the
-    service's storage, under which each project has its own (``project_storage_url``)."""
+    """Stores what finished export jobs leave behind, so that Ray can forget them, and keeps their
+    marks: the log archiver calls ``owners_of`` and ``settle`` from its passes, ``unmark`` once
+    Ray has forgotten a job, and ``marked`` and ``unmark`` for marks whose job Ray never had.
+    ``owners``: ``(project, ...)`` of each run id that names a run (``AttemptStore.job_owners``);
+    ``storage_root``: the service's storage, under which each project has its own
+    (``project_storage_url``)."""
 
     def __init__(self, storage_root: str, jobs: Any, owners: Callable[[Iterable[str]], Mapping[str, tuple]],
                  *, timeout_s: float):
@@ -279,8 +282,9 @@ class ExportOutcomes:
         stems = (path.rsplit("/", 1)[-1].removesuffix(".json") for path in paths)
         return {stem for stem in stems if parse_export_job_id(stem) is not None}  # not a partial write
 
-    def forgotten(self, job_id: str) -> None:
-        """Ray has forgotten the export job: its mark goes (a storage error is raised)."""
+    def unmark(self, job_id: str) -> None:
+        """The export job's mark goes: Ray has forgotten the job, or never had it (a storage
+        error is raised)."""
         bounded(f"unmarking {job_id}", self.timeout_s, unmark_export_job, self.storage_root, job_id)
 
     def _exists(self, url: str) -> bool:

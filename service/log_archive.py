@@ -43,8 +43,8 @@ for one whose file is there) and has Ray forget them ``forget_after_s`` later, a
 first pass. An export job is this service's if it was marked so when submitted (its mark goes once
 Ray has forgotten it) or its run is in this database: left in Ray's list are others (another
 service's, on a shared cluster), and all of them when the Jobs client cannot list jobs. Every
-``stray_marks_after_s`` a pass also lists the marks, and removes those whose job Ray listed at
-neither this look nor the last (``_remove_stray_marks``).
+``stray_marks_after_s`` or so a pass also lists the marks, and removes those whose job Ray
+listed at neither this look nor the last (``_remove_stray_marks``).
 
 In the service the passes run on the archiver's own thread (``start``), so a tick never waits
 for Ray's log reads or the storage's writes (each a network call against a real Ray and S3;
@@ -131,12 +131,13 @@ class LogArchiver:
         # of a run this database does not hold (left); and the pass each failed one is tried again
         self._settled: set[str] = set()
         self._export_retry: dict[str, int] = {}
-        # Marked export jobs Ray did not list at the last look for stray marks, and when the next is due
+        # Marked export jobs Ray did not list at the last look for stray marks, and when that
+        # look's listing of the marks ended (None: no look yet, the next pass with a job list makes one)
         self._unlisted_marks: set[str] = set()
-        self._marks_look_at: float | None = None  # None: at the next pass with a job list
+        self._marks_seen_at: float | None = None
         self._stalled = False
         # The last tick's records and job list, waiting for the thread's next pass
-        self._offered: tuple[Records, JobStates | None] | None = None
+        self._offered: tuple[Records, JobStates | None, float | None] | None = None
         # Live in a replaced offer, or handed to ``watch``: watched from the next pass on
         self._folded: set[Attempt] = set()
         self._sweep_due = False  # ``sweep_leftovers`` was called: the next pass reads Ray's list
@@ -159,7 +160,7 @@ class LogArchiver:
             self._thread = threading.Thread(target=self._loop, name="tessera-log-archiver", daemon=True)
             self._thread.start()
 
-    def offer(self, records: Records, states: JobStates | None = None) -> None:
+    def offer(self, records: Records, states: JobStates | None = None, listed_at: float | None = None) -> None:
         """A tick's records and Ray's job list (as ``tick`` takes them): the thread's next pass,
         or a pass now if ``start()`` was never called."""
         with self._changed:
@@ -171,12 +172,12 @@ class LogArchiver:
                     # offer (it started and ended during one pass) is still watched, so the next
                     # pass copies its final log.
                     self._folded |= self._live(self._offered[0])
-                self._offered = (records, states)
+                self._offered = (records, states, listed_at)
                 self._changed.notify()
         if inline:
             with self._changed:
                 folded, self._folded = self._folded, set()
-            self.tick(records, folded, states)
+            self.tick(records, folded, states, listed_at)
 
     def watch(self, records: Records) -> None:
         """Watch the live attempts of ``records`` (as ``tick`` takes them) as if a pass had seen them:
@@ -212,21 +213,22 @@ class LogArchiver:
                 if self._offered is None:  # stopping, with every offer taken
                     self._serving = False  # in the same hold as the check: a start() now makes a new thread
                     return
-                (records, states), folded = self._offered, self._folded
+                (records, states, listed_at), folded = self._offered, self._folded
                 self._offered, self._folded = None, set()
             try:
-                self.tick(records, folded, states)
+                self.tick(records, folded, states, listed_at)
             except Exception:  # e.g. a bug: logged, and the next tick's records get their pass
                 log.exception("the log archiver's pass failed")
 
     # --- one pass ------------------------------------------------------------------------
     def tick(self, records: Records | None = None, folded: set[Attempt] | frozenset[Attempt] = frozenset(),
-             states: JobStates | None = None) -> None:
+             states: JobStates | None = None, listed_at: float | None = None) -> None:
         """One pass: copy each live attempt's log once every ``every_ticks`` passes, and ended
         attempts' final logs; store finished export jobs' outcomes. ``records``: by kind name,
         the records in a followed status, as a tick read them (None: read them here);
         ``folded``: attempts that were live in ticks this pass stands for, besides the last;
-        ``states``: Ray's job list as the tick read it (None: no export jobs are looked for)."""
+        ``states``: Ray's job list as the tick read it (None: no export jobs are looked for);
+        ``listed_at``: ``clock()`` as the tick began reading it (None: now)."""
         self.passes += 1
         self._stalled = False  # a hung store or Ray: one timeout per pass, not one per attempt
         if records is None:
@@ -260,7 +262,7 @@ class LogArchiver:
         if states is not None and self.exports is not None and not self._stalled:
             self._settle_exports(states)
             if not self._stalled:
-                self._remove_stray_marks(states)
+                self._remove_stray_marks(states, self.clock() if listed_at is None else listed_at)
 
     def _find_leftovers(self, live: set[Attempt]) -> list[Attempt]:
         """Finished attempt jobs in Ray's list that no attempt watched, live, waiting or being
@@ -353,37 +355,42 @@ class LogArchiver:
             if forget:
                 self._forget_at[job_id] = (self.clock() + self.forget_after_s, FORGET_TRIES)
 
-    def _remove_stray_marks(self, states: JobStates) -> None:
-        """Every ``stray_marks_after_s``, list the export jobs' marks (one storage call) and
-        remove those whose job Ray listed neither now nor at the last look: Ray never got the job
-        (the service stopped between marking and submitting it, or a submit whose answer was lost
-        never reached Ray), or forgot it while the mark's removal failed. Each mark is only a
-        file, but nothing else would ever remove these. A job marked since the tick read
-        ``states`` is not listed there, but is listed (or forgotten, its mark gone) at the next
-        look, so two looks that far apart never take a live job's mark."""
-        now = self.clock()
-        if self._marks_look_at is not None and now < self._marks_look_at:
+    def _remove_stray_marks(self, states: JobStates, listed_at: float) -> None:
+        """List the export jobs' marks (one storage call) and remove those whose job Ray listed
+        neither now (``states``, read from ``listed_at`` on) nor at the last look: Ray never got
+        the job (the service stopped between marking and submitting it, or a submit whose answer
+        was lost never reached Ray), or forgot it while the mark's removal failed. Each mark is
+        only a file, but nothing else would ever remove these.
+
+        A look is due once Ray's list was read ``stray_marks_after_s`` after the last look's
+        listing ended: every mark it found was made by then, and its job submitted
+        ``stray_marks_after_s`` later at most (the dispatcher makes that longer than a request
+        takes from its mark to its submit), so a job whose mark the last look found is in any
+        list read since, until Ray forgets it and the mark goes. A failed listing or removal
+        waits for the next look; the marks of the last good look are kept meanwhile."""
+        if self._marks_seen_at is not None and listed_at < self._marks_seen_at + self.stray_marks_after_s:
             return
-        self._marks_look_at = now + self.stray_marks_after_s
         try:
-            unlisted = self.exports.marked() - states.keys()
+            marked = self.exports.marked()
         except Exception as exc:
             self._stalled = isinstance(exc, OSError)
+            self._marks_seen_at = self.clock()  # later than the kept marks were seen: only safer
             log.warning("could not list the export jobs' marks; will look again later: %s", exc)
             return
-        stray, self._unlisted_marks = unlisted & self._unlisted_marks, unlisted
+        unlisted = marked - states.keys()
+        stray = unlisted & self._unlisted_marks
+        # One whose removal fails stays unlisted, and is tried again at the next look
+        self._unlisted_marks, self._marks_seen_at = unlisted, self.clock()
         removed = 0
         for job_id in sorted(stray):
             if self._stalled:
                 break
             try:
-                self.exports.forgotten(job_id)
-            except Exception as exc:  # still unlisted: tried again at the next look
+                self.exports.unmark(job_id)
+                removed += 1
+            except Exception as exc:
                 self._stalled = isinstance(exc, OSError)
                 log.warning("could not remove the stray mark of the export job %s: %s", job_id, exc)
-                continue
-            self._unlisted_marks.discard(job_id)
-            removed += 1
         if removed:
             log.info("removed the marks of %d export jobs that Ray never had or has forgotten", removed)
 
@@ -411,7 +418,7 @@ class LogArchiver:
             return
         if self.exports is not None and parse_export_job_id(job_id) is not None:
             try:
-                self.exports.forgotten(job_id)  # its mark as this service's job goes
+                self.exports.unmark(job_id)  # its mark as this service's job goes
             except Exception as exc:  # a mark left behind is only a file
                 self._stalled = isinstance(exc, OSError)
                 log.warning("could not remove the mark of the forgotten export job %s: %s", job_id, exc)

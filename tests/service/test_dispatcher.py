@@ -246,9 +246,9 @@ def test_a_tick_reads_the_active_runs_once_without_their_metrics(dispatcher, exa
     handed = {}
     archive_tick, enforce = dispatcher.log_archiver.tick, dispatcher_module.wall_clock.enforce
 
-    def archive_tick_seen(records, folded, states):
+    def archive_tick_seen(records, folded, states, listed_at):
         handed["archiver"] = records["run"]
-        return archive_tick(records, folded, states)
+        return archive_tick(records, folded, states, listed_at)
 
     def enforce_seen(*args, active):
         handed["wall_clock"] = active

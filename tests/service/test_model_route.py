@@ -468,12 +468,15 @@ def test_marks_of_export_jobs_ray_never_listed_at_two_looks_apart_are_removed(cl
         return {path.name for path in marks.iterdir()}
 
     dispatcher.tick()  # the first look: stray and submitted_late are not listed
+    assert archiver.exports.marked() == {live, stray, submitted_late}  # the partial write is no mark
     fake_jobs.jobs[submitted_late] = {"status": "PENDING"}  # Ray got it after the tick's list
     mark_export_job(settings.storage_url, marked_late)
-    hand_clock[0] += 599.9
+    hand_clock[0] += 599
     dispatcher.tick()
     assert f"{stray}.json" in marked()  # not looked at again yet
-    hand_clock[0] += 0.1
+    hand_clock[0] += 1
+    archiver.tick(None, states=fake_jobs.states(), listed_at=hand_clock[0] - 0.5)  # a pass that ran late
+    assert f"{stray}.json" in marked()  # its list was read too soon after the first look to tell
     dispatcher.tick()  # the second look
     assert marked() == {f"{live}.json", f"{submitted_late}.json", f"{marked_late}.json",
                         f"{stray}.json.1234abcd.partial"}
@@ -481,3 +484,37 @@ def test_marks_of_export_jobs_ray_never_listed_at_two_looks_apart_are_removed(cl
     dispatcher.tick()  # the third: marked_late was not listed at the second either
     assert marked() == {f"{live}.json", f"{submitted_late}.json", f"{stray}.json.1234abcd.partial"}
     assert fake_jobs.jobs[live]["status"] == "RUNNING"
+
+
+def test_a_stray_mark_whose_listing_or_removal_fails_is_removed_at_a_later_look(client, example_body, settings,
+                                                                                fake_jobs, hand_clock):
+    from pathlib import Path
+
+    from service.export_jobs import mark_export_job
+    from service.storage_paths import export_job_url
+
+    run_id, _ = _export_requested(client, example_body, settings, fake_jobs)
+    stray = f"export-{run_id}-step-20-abcdef"
+    mark_export_job(settings.storage_url, stray)
+    mark = Path(export_job_url(settings.storage_url, stray).removeprefix("file://"))
+    dispatcher, exports = client.app.state.dispatcher, client.app.state.dispatcher.log_archiver.exports
+    listing, unmark = exports.marked, exports.unmark
+
+    def storage_away(*_):
+        raise ConnectionError("storage is away")
+
+    dispatcher.tick()  # the first look
+    exports.marked = storage_away
+    hand_clock[0] += 600
+    dispatcher.tick()  # the second: the listing fails, nothing is removed
+    exports.marked, exports.unmark = listing, storage_away
+    hand_clock[0] += 600
+    dispatcher.tick()  # the third: the removal fails
+    assert mark.exists()
+    exports.unmark = unmark
+    hand_clock[0] += 599
+    dispatcher.tick()
+    assert mark.exists()  # a failed removal waits for the next look
+    hand_clock[0] += 1
+    dispatcher.tick()
+    assert not mark.exists()

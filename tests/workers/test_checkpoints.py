@@ -148,8 +148,9 @@ def s3_fails_fast(s3_server, monkeypatch):
     """The S3 server, with botocore's own retries off (``AWS_MAX_ATTEMPTS=1``) for the test. While
     S3 is down botocore retries each refused call with backoff, under s3fs's retries and the
     checkpointer's own: about 40 s per failed save here, which these tests waited through but
-    do not check. s3fs keeps a file system (with its client) per set of arguments, so its cache is
-    cleared before (a client made earlier keeps its retries) and after (later tests get them back)."""
+    do not check. s3fs keeps a file system (with its client) per set of arguments and thread, so
+    its cache is cleared before (a client made earlier keeps its retries) and after (later tests
+    get them back)."""
     from s3fs import S3FileSystem
 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
