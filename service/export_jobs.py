@@ -30,6 +30,7 @@ go): they would write the model under the deleted folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -196,10 +197,8 @@ def unmark_export_job(storage_root: str, job_id: str) -> None:
     """Remove the mark of the export job ``job_id``; one that is not there is fine (a job
     submitted before marks existed)."""
     fs, path = url_to_fs(export_job_url(storage_root, job_id))
-    try:
+    with contextlib.suppress(FileNotFoundError):
         fs.rm(path)
-    except FileNotFoundError:
-        pass
 
 
 def stop_exports(jobs: Any, run_ids: Iterable[str], *, storage_root: str, timeout_s: float) -> list[str]:

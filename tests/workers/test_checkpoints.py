@@ -145,8 +145,8 @@ def test_checkpoints_round_trip_through_s3_over_http(s3_server):
 
 @pytest.fixture
 def s3_fails_fast(s3_server, monkeypatch):
-    """The S3 server, with botocore's own retries off (``AWS_MAX_ATTEMPTS=1``) for the test. While
-    S3 is down botocore retries each refused call with backoff, under s3fs's retries and the
+    """Botocore's own retries off (``AWS_MAX_ATTEMPTS=1``) for the test, on the S3 server. While S3
+    is down botocore retries each refused call with backoff, under s3fs's retries and the
     checkpointer's own: about 40 s per failed save here, which these tests waited through but
     do not check. s3fs keeps a file system (with its client) per set of arguments and thread, so
     its cache is cleared before (a client made earlier keeps its retries) and after (later tests
@@ -155,7 +155,7 @@ def s3_fails_fast(s3_server, monkeypatch):
 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     S3FileSystem.clear_instance_cache()
-    yield s3_server
+    yield
     S3FileSystem.clear_instance_cache()
 
 
@@ -173,8 +173,8 @@ class Outage:
 
 
 @pytest.mark.integration
-def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s3_fails_fast):
-    s3_server = s3_fails_fast
+@pytest.mark.usefixtures("s3_fails_fast")
+def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s3_server):
     url = s3_server.url("runs/s3-outage/checkpoints")
     spec = spec_with_checkpoints(max_duration="8ba", checkpoint={"interval": "2ba", "keep_last": 3})
     sink = MemorySink()
@@ -196,8 +196,8 @@ def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s
 
 
 @pytest.mark.integration
-def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_the_newest_committed(s3_fails_fast):
-    s3_server = s3_fails_fast
+@pytest.mark.usefixtures("s3_fails_fast")
+def test_s3_down_through_the_final_save_reports_it_missing_and_a_resume_takes_the_newest_committed(s3_server):
     from workers.outcome import FINAL_SAVED_KEY
 
     url = s3_server.url("runs/s3-final-outage/checkpoints")
@@ -237,8 +237,8 @@ def test_how_factorized_layers_start_is_left_out_of_the_fingerprint_but_their_si
 
 
 @pytest.mark.integration
-def test_s3_down_during_retention_is_a_note_and_the_next_commit_deletes_what_it_left(s3_fails_fast):
-    s3_server = s3_fails_fast
+@pytest.mark.usefixtures("s3_fails_fast")
+def test_s3_down_during_retention_is_a_note_and_the_next_commit_deletes_what_it_left(s3_server):
     url = s3_server.url("runs/s3-retention-outage/checkpoints")
     spec = spec_with_checkpoints(max_duration="8ba", checkpoint={"interval": "2ba", "keep_last": 2})
     sink = MemorySink()
