@@ -8,11 +8,13 @@ import threading
 from datetime import datetime, timezone
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from api.views import ReportedMetric, RunStatus
 from service import run_writes
+from service.db.engine import make_engine
 from service.db.models import Metric, Run, RunEvent
+from service.db.session import Database
 from service.repository import InvalidCursor, RunNotFound
 from service.state_machine import IllegalTransition
 
@@ -335,3 +337,31 @@ def test_the_binary_copy_declares_each_metric_column_s_own_type(_postgres_engine
     assert {column: stored[column] for column in columns} == {
         column: stored[column] for column, declared in zip(columns, _COPY_TYPES)
         if stored[column] in one_binary_form[declared]}
+
+
+def test_a_postgres_read_runs_each_statement_on_its_own_and_writes_stay_transactions(postgres_url):
+    """Reads on PostgreSQL run in autocommit (no BEGIN/ROLLBACK round trips: service.db.session);
+    the pooled connection they return still gives writes one transaction. ``pg_current_xact_id()``
+    names the statement's transaction."""
+    engine = make_engine(postgres_url)
+    try:
+        db, transaction = Database(engine), text("SELECT pg_current_xact_id()::text")
+        for _ in range(3):
+            with db.read() as session:
+                first, second = (session.execute(transaction).scalar_one() for _ in range(2))
+                assert first != second
+            with db.write() as session:
+                first, second = (session.execute(transaction).scalar_one() for _ in range(2))
+                assert first == second
+        assert engine.pool.checkedin() == 1  # one connection served every session, in turn
+    finally:
+        engine.dispose()
+
+
+def test_a_sqlite_read_sees_one_snapshot_for_all_its_statements(sqlite_repo, example_spec):
+    """On SQLite a read keeps its BEGIN: a run written between two of its statements is not seen."""
+    with sqlite_repo.db.read() as session:
+        before = session.execute(select(func.count()).select_from(Run)).scalar_one()
+        sqlite_repo.create_run(example_spec)  # another connection, committed
+        assert session.execute(select(func.count()).select_from(Run)).scalar_one() == before
+    assert _count(sqlite_repo, Run) == before + 1
