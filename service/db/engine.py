@@ -10,8 +10,12 @@ sessions marked as writers; see ``WRITE_OPTIONS``.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
+import orjson
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
@@ -25,6 +29,29 @@ WRITE_OPTIONS = {"tessera_write": True}
 POOL_SIZE, POOL_OVERFLOW = 10, 5
 
 
+# A run of 19 or more digits: an integer orjson may not keep exactly (it reads one beyond 64 bits
+# as a float) or a mantissa longer than any it was checked on (18 digits: the same floats as
+# ``json.loads`` on 333,590 random ones). Where one appears, ``json.loads`` reads the value.
+_LONG_NUMBER = {bytes: re.compile(rb"\d{19}"), str: re.compile(r"\d{19}")}
+
+
+def json_loads(text: str | bytes) -> Any:
+    """A JSON column's value, as ``json.loads`` reads it, in a third of the time.
+
+    ``GET /runs?limit=50`` decodes four JSON columns a run (spec, summary, tags, best values):
+    ``json.loads`` was 14% of the route's time (py-spy, 1,000 runs on PostgreSQL), and orjson
+    reads a stored spec in 2.1 µs instead of 7.0. What orjson refuses and the standard library
+    reads (``NaN`` and ``Infinity``, which ``json.dumps`` writes into SQLite; lone surrogates;
+    ``1e400``) and any long run of digits (``_LONG_NUMBER``) go to ``json.loads``, so no value
+    reads differently. PostgreSQL hands it bytes (psycopg's loader), SQLite a str."""
+    if _LONG_NUMBER[type(text)].search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url`` (``sqlite:///path`` or ``postgresql+psycopg://...``)."""
     url = make_url(database_url)
@@ -33,11 +60,12 @@ def make_engine(database_url: str) -> Engine:
         # demand), but 10 of them kept: a connection above those kept is opened for one request
         # and closed after it, which under a burst of submits cost a connect (and a PostgreSQL
         # backend) per request.
-        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
+        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
+                             json_deserializer=json_loads)
 
     if url.database and url.database != ":memory:":
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, json_deserializer=json_loads)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record):
