@@ -19,7 +19,6 @@ from datetime import datetime, timedelta, timezone
 
 COMMON_TAGS = [f"tag{i}" for i in range(10)]
 RARE_TAG = "rare"
-SPEC = {"name": "bench", "model": {"name": "cifar_resnet20"}, "optimizer": {"name": "sgd", "lr": 0.1}}
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 METRIC_KEYS = ("train/loss", "eval/accuracy")
 
@@ -66,6 +65,20 @@ def run_id_of(index: int) -> str:
     return f"{index:012x}"
 
 
+def stored_spec() -> dict:
+    """A run's spec as the service stores a submitted one: the validated spec's JSON, every
+    field and default included (about 900 bytes). A run list decodes and returns it whole, so its
+    size is part of what a list request costs."""
+    from api.specs import RunSpec
+
+    return RunSpec.model_validate({
+        "name": "bench", "model": {"name": "cifar_resnet20"},
+        "data": {"train": {"name": "digits", "split": "train"}, "eval": {"name": "digits", "split": "test"},
+                 "batch_size": 64},
+        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}, "max_duration": "3ep", "eval_interval": "1ep",
+    }).model_dump(mode="json")
+
+
 def fill(engine, num_runs: int, seed: int = 0, *, first: int = 0, settle: bool = True) -> list[str]:
     """Insert ``num_runs`` COMPLETED runs (indexes ``first``.. onwards) with bests for
     ``eval/accuracy`` and ``train/loss`` and 0-3 tags, in batches; return their ids.
@@ -76,7 +89,7 @@ def fill(engine, num_runs: int, seed: int = 0, *, first: int = 0, settle: bool =
     from service.db.models import Run, RunBest
 
     rng = random.Random(seed + first)
-    batch, ids = 5000, []
+    batch, ids, spec = 5000, [], stored_spec()
     with engine.begin() as conn:
         for start in range(first, first + num_runs, batch):
             runs, bests = [], []
@@ -87,7 +100,7 @@ def fill(engine, num_runs: int, seed: int = 0, *, first: int = 0, settle: bool =
                 tags = rng.sample(COMMON_TAGS, rng.randint(0, 3)) + ([RARE_TAG] if rng.random() < 0.001 else [])
                 when = START + timedelta(seconds=i * 30)
                 runs.append({"id": run_id, "project": "default", "name": f"run-{i}", "status": "COMPLETED",
-                             "attempt": 1, "spec": SPEC, "created_at": when, "updated_at": when,
+                             "attempt": 1, "spec": spec, "created_at": when, "updated_at": when,
                              "started_at": when, "finished_at": when, "summary": {"eval/accuracy": accuracy},
                              "tags": tags, "extrema": {"eval/accuracy": [0.0, accuracy], "train/loss": [loss, 3.0]}})
                 bests += [{"run_id": run_id, "key": "eval/accuracy", "min_value": 0.0, "max_value": accuracy},
@@ -106,9 +119,9 @@ def fill_active(engine, num_runs: int) -> list[str]:
 
     from service.db.models import Run
 
-    now = datetime.now(timezone.utc)
+    now, spec = datetime.now(timezone.utc), stored_spec()
     rows = [{"id": f"a{i:011x}", "project": "default", "name": f"active-{i}", "status": "RUNNING", "attempt": 1,
-             "spec": SPEC, "created_at": now, "updated_at": now, "started_at": now,
+             "spec": spec, "created_at": now, "updated_at": now, "started_at": now,
              "ray_job_id": f"run-a{i:011x}-attempt-1", "summary": {}, "tags": [], "extrema": {}}
             for i in range(num_runs)]
     with engine.begin() as conn:
