@@ -1,0 +1,130 @@
+"""Where the Trainer's step goes beyond a hand-written loop's, on the tiny CNN of ``bench/loop.py``.
+
+    .venv/bin/python bench/loop_ablation.py [--rounds 10] [--out docs/bench/loop-ablation-DATE.json]
+    .venv/bin/python bench/loop_ablation.py --quick     # smoke test, a few seconds
+
+``bench/loop.py`` measures the whole Trainer against the plain loop and a ``floor`` (the plain
+loop's step inside the Trainer's loop and loader). This script fills the gap between the two:
+the Trainer's loop runs, in turn, steps that add one part of the Trainer's own step at a time,
+each against the plain loop in the same harness (``loop.interleaved``, this thread's CPU time):
+
+- ``floor``: ``loop.bare_step``;
+- ``state``: the step reads and writes its tensors through ``State`` and computes the loss with
+  the run's loss function (``soft_cross_entropy``), as the Trainer does, and tests 9 times
+  whether to dispatch an event: what a Trainer that skipped an empty engine would run;
+- ``events``: plus the 9 engine dispatches of a step, with no algorithms and no callbacks;
+- ``scheduler``: plus the learning rate read and ``BatchLambdaLR.step``;
+- ``metrics``: plus the detached loss handed to the metric buffer;
+- ``trainer``: ``Trainer.train_batch`` itself (microbatch, scaler and sync checks on top).
+
+Each part's cost is the drop in the ratio from the line above it. The medians of rounds are the
+figures; per-round ratios move by about a percent on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+from typing import Any, Callable
+
+# As in bench/loop.py: bench/algorithms.py would shadow Tessera's `algorithms` package.
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent), str(_HERE)] + [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
+
+import torch  # noqa: E402
+
+import loop  # noqa: E402  (bench/loop.py)
+from workers.events import Event  # noqa: E402
+from workers.trainer import Trainer  # noqa: E402
+
+
+def state_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, *, events: bool = False) -> None:
+    """The plain step through ``State`` and the run's loss function; with ``events``, the
+    Trainer's 9 dispatches around it. Without, only their ``if``: what a Trainer that skipped
+    dispatching to an empty engine would run."""
+    state, engine = trainer.state, trainer.engine
+    state.inputs, state.targets = inputs, targets
+    if events:
+        engine.run_event(Event.AFTER_DATALOADER, state)
+    state.optimizer.zero_grad(set_to_none=True)
+    if events:
+        engine.run_event(Event.BEFORE_FORWARD, state)
+    state.outputs = state.model(state.inputs)
+    if events:
+        engine.run_event(Event.AFTER_FORWARD, state)
+        engine.run_event(Event.BEFORE_LOSS, state)
+    state.loss = state.loss_fn(state.outputs, state.targets)
+    if events:
+        engine.run_event(Event.AFTER_LOSS, state)
+        engine.run_event(Event.BEFORE_BACKWARD, state)
+    state.loss.backward()
+    if events:
+        engine.run_event(Event.AFTER_BACKWARD, state)
+        engine.run_event(Event.AFTER_TRAIN_BATCH, state)
+    state.optimizer.step()
+    state.timestamp = state.timestamp.after_batch(samples=inputs.shape[0])
+    if events:
+        engine.run_event(Event.BATCH_END, state)
+
+
+def scheduler_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, *, metrics: bool = False) -> None:
+    """``events`` plus the learning rate read and the scheduler's step; with ``metrics``, plus
+    the detached loss handed to the metric buffer."""
+    state = trainer.state
+    lr = state.optimizer.param_groups[0]["lr"]
+    state_step(trainer, inputs, targets, events=True)
+    state.scheduler.step()
+    if metrics:
+        trainer.metrics.add_step(state.timestamp.batch, state.loss.detach(), lr)
+
+
+STEPS: dict[str, Callable[[Trainer, torch.Tensor, torch.Tensor], None]] = {
+    "floor": loop.bare_step,
+    "state": state_step,
+    "events": lambda t, x, y: state_step(t, x, y, events=True),
+    "scheduler": scheduler_step,
+    "metrics": lambda t, x, y: scheduler_step(t, x, y, metrics=True),
+    "trainer": lambda t, x, y: Trainer.train_batch(t, x, y),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="20 steps, 2 rounds: a smoke test, not a measurement")
+    parser.add_argument("--out", help="also write the JSON report here")
+    args = parser.parse_args()
+    case = loop.CASES["tiny"]
+    steps, rounds = (loop.QUICK_STEPS["tiny"], 2) if args.quick else (case["steps"], args.rounds)
+    spec = loop.run_spec(case, steps)
+    loop.interleaved(case, loop.run_spec(case, max(2, steps // 4)))  # warm the allocator and kernels, untimed
+    ratios: dict[str, list[float]] = {name: [] for name in STEPS}
+    for r in range(rounds):
+        for name, step in STEPS.items():
+            clock = loop.interleaved(case, spec, step=step)
+            ratios[name].append(clock["plain_cpu"] / clock["trainer_cpu"])
+        print(f"round {r}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in ratios.items()),
+              file=sys.stderr, flush=True)
+    medians = {name: round(statistics.median(values), 4) for name, values in ratios.items()}
+    report: dict[str, Any] = {
+        "command": "bench/loop_ablation.py " + " ".join(sys.argv[1:]), "quick": args.quick,
+        "machine": f"{os.cpu_count()} CPU cores shared with other jobs; one torch thread per loop",
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "case": {"model": case["model"], "batch_size": case["batch_size"], "steps": steps, "rounds": rounds},
+        "cpu_ratio_vs_plain_median": medians,
+        "cpu_ratio_vs_plain_per_round": {name: [round(x, 4) for x in values] for name, values in ratios.items()},
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    print("CPU time, plain / this step (medians): " + ", ".join(f"{name} {value:.3f}" for name, value in medians.items()))
+    if args.out:
+        pathlib.Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
