@@ -43,7 +43,9 @@ def json_loads(text: str | bytes) -> Any:
     reads a stored spec in 2.1 µs instead of 7.0. What orjson refuses and the standard library
     reads (``NaN`` and ``Infinity``, which ``json.dumps`` writes into SQLite; lone surrogates;
     ``1e400``) and any long run of digits (``_LONG_NUMBER``) go to ``json.loads``, so no value
-    reads differently. PostgreSQL hands it bytes (psycopg's loader), SQLite a str."""
+    reads differently. The API refuses integers beyond 64 bits (``service/limits.py``); the
+    guard keeps a read exact whatever wrote the row. PostgreSQL hands it bytes (psycopg's
+    loader), SQLite a str."""
     if _LONG_NUMBER[type(text)].search(text) is None:
         try:
             return orjson.loads(text)
