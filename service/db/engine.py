@@ -29,24 +29,26 @@ WRITE_OPTIONS = {"tessera_write": True}
 POOL_SIZE, POOL_OVERFLOW = 10, 5
 
 
-# A run of 19 or more digits: an integer orjson may not keep exactly (it reads one beyond 64 bits
-# as a float) or a mantissa longer than any it was checked on (18 digits: the same floats as
-# ``json.loads`` on 333,590 random ones). Where one appears, ``json.loads`` reads the value.
-_LONG_NUMBER = {bytes: re.compile(rb"\d{19}"), str: re.compile(r"\d{19}")}
+# A run of 19 or more digits: where an integer may lie beyond 64 bits, which orjson reads as a
+# float. Such a text goes to ``json.loads``. (Floats, whatever their number of digits, orjson
+# reads as ``json.loads`` does: tests/service/test_json_columns.py.)
+_LONG_NUMBER_TEXT, _LONG_NUMBER_BYTES = re.compile(r"\d{19}"), re.compile(rb"\d{19}")
 
 
 def json_loads(text: str | bytes) -> Any:
-    """A JSON column's value, as ``json.loads`` reads it, in a third of the time.
+    """A JSON column's value, as ``json.loads`` reads it, in about a third of the time.
 
-    ``GET /runs?limit=50`` decodes four JSON columns a run (spec, summary, tags, best values):
-    ``json.loads`` was 14% of the route's time (py-spy, 1,000 runs on PostgreSQL), and orjson
-    reads a stored spec in 2.1 µs instead of 7.0. What orjson refuses and the standard library
-    reads (``NaN`` and ``Infinity``, which ``json.dumps`` writes into SQLite; lone surrogates;
-    ``1e400``) and any long run of digits (``_LONG_NUMBER``) go to ``json.loads``, so no value
-    reads differently. The API refuses integers beyond 64 bits (``service/limits.py``); the
-    guard keeps a read exact whatever wrote the row. PostgreSQL hands it bytes (psycopg's
-    loader), SQLite a str."""
-    if _LONG_NUMBER[type(text)].search(text) is None:
+    ``GET /runs?limit=50`` decodes four JSON columns a run (spec, summary, tags, best values),
+    and ``json.loads`` was the largest single item in a py-spy profile of that route (1,000
+    runs on PostgreSQL). What orjson refuses and the standard library reads (``NaN`` and
+    ``Infinity``, which ``json.dumps`` writes into SQLite; lone surrogates; ``1e400``) and any
+    long run of digits (``_LONG_NUMBER_*``) go to ``json.loads``, so no value reads
+    differently. The API refuses integers beyond 64 bits (``service/limits.py``); the guard
+    keeps a read exact whatever wrote the row. PostgreSQL hands it bytes (psycopg's loader),
+    SQLite a str."""
+    if not isinstance(text, (str, bytes)):
+        text = bytes(text)  # a memoryview (json.loads takes none) or a bytearray
+    if (_LONG_NUMBER_TEXT if isinstance(text, str) else _LONG_NUMBER_BYTES).search(text) is None:
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -62,8 +64,10 @@ def make_engine(database_url: str) -> Engine:
         # demand), but 10 of them kept: a connection above those kept is opened for one request
         # and closed after it, which under a burst of submits cost a connect (and a PostgreSQL
         # backend) per request.
+        # READ COMMITTED whatever the server's default: reads run in autocommit on the grounds that
+        # a transaction's statements would each see their own snapshot anyway (service.db.session).
         return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
-                             json_deserializer=json_loads)
+                             isolation_level="READ COMMITTED", json_deserializer=json_loads)
 
     if url.database and url.database != ":memory:":
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)

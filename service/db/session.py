@@ -6,14 +6,14 @@ write lock, see ``service.db.engine``), so two writers of the same run or sweep 
 report, a user's cancel, the dispatcher) are serialized, and the state machine always decides
 on the status that is really stored.
 
-Reads on PostgreSQL run in autocommit: each statement is its own transaction. At PostgreSQL's
-default isolation (READ COMMITTED, which the service keeps) every statement of a transaction
-already sees its own snapshot, so a read session's statements see what they saw before; what
-goes is the ``BEGIN`` before the first and the ``ROLLBACK`` at the end, two of a lone read's
-four round trips (the pool's ping and the query stay). ``GET /runs/{id}`` took 0.74x the time
-in the repository with it (``Repository.get_run``, 1,000 runs, in-process). On SQLite a read
-keeps its ``BEGIN`` (``service.db.engine``): a local call, and one snapshot for all its
-statements in WAL mode.
+Reads on PostgreSQL run in autocommit: each statement is its own transaction. At READ
+COMMITTED, the isolation the engine asks for (``service.db.engine``), every statement of a
+transaction already sees its own snapshot, so a read session's statements see what they saw
+before; what goes is the ``BEGIN`` before the first and the ``ROLLBACK`` at the end, two of a
+lone read's four round trips (the pool's ping and the query stay). A read session must only
+read: on PostgreSQL whatever it wrote would be committed at once. On SQLite a read keeps its
+``BEGIN`` (``service.db.engine``): a local call, and one snapshot for all its statements in WAL
+mode.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db.engine import WRITE_OPTIONS
 
 Row = TypeVar("Row")
-# Execution options of a read session on PostgreSQL (the module docstring says why).
-READ_OPTIONS = {"isolation_level": "AUTOCOMMIT"}
 
 
 class Database:
@@ -39,15 +37,16 @@ class Database:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        self._read_options = READ_OPTIONS if engine.dialect.name == "postgresql" else None
+        # The same pool; a connection is taken at a read's first statement, as for any session.
+        autocommit = engine.dialect.name == "postgresql"
+        self._reads = sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT") if autocommit else engine,
+                                   expire_on_commit=False)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A session for queries; nothing it does is committed (on PostgreSQL, each statement
-        runs on its own: see the module docstring)."""
-        with self._sessions() as session:
-            if self._read_options is not None:
-                session.connection(execution_options=self._read_options)
+        """A session for queries only (on PostgreSQL each statement runs on its own: see the
+        module docstring)."""
+        with self._reads() as session:
             yield session
 
     @contextmanager

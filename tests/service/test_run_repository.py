@@ -346,6 +346,9 @@ def test_a_postgres_read_runs_each_statement_on_its_own_and_writes_stay_transact
     engine = make_engine(postgres_url)
     try:
         db, transaction = Database(engine), text("SELECT pg_current_xact_id()::text")
+        with db.read():
+            pass
+        assert engine.pool.checkedin() == 0  # a read that runs no statement takes no connection
         for _ in range(3):
             with db.read() as session:
                 first, second = (session.execute(transaction).scalar_one() for _ in range(2))
@@ -354,6 +357,19 @@ def test_a_postgres_read_runs_each_statement_on_its_own_and_writes_stay_transact
                 first, second = (session.execute(transaction).scalar_one() for _ in range(2))
                 assert first == second
         assert engine.pool.checkedin() == 1  # one connection served every session, in turn
+    finally:
+        engine.dispose()
+
+
+def test_writes_on_postgres_run_at_read_committed_whatever_the_servers_default(postgres_url):
+    """Reads in autocommit see what a READ COMMITTED transaction's statements saw; the engine
+    asks for that level, so a database whose default is stricter does not change it."""
+    engine = make_engine(f"{postgres_url}?options=-c%20default_transaction_isolation%3Dserializable")
+    try:
+        with engine.connect() as conn:  # the option reached the server
+            assert conn.exec_driver_sql("SHOW default_transaction_isolation").scalar_one() == "serializable"
+        with Database(engine).write() as session:
+            assert session.execute(text("SHOW transaction_isolation")).scalar_one() == "read committed"
     finally:
         engine.dispose()
 
