@@ -127,13 +127,13 @@ def plain_steps(case: dict[str, Any], spec: RunSpec, device: torch.device = torc
 
 
 def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm] | None = None, *,
-                step: Callable[[Trainer, torch.Tensor, torch.Tensor], None] | None = None) -> dict[str, float]:
+                train_batch: Callable[[Trainer, torch.Tensor, torch.Tensor], None] | None = None) -> dict[str, float]:
     """Seconds spent by ``Trainer.fit`` (all of it, FIT_START to FIT_END; the build is not
     timed) and by the plain loop over as many steps, run step by step in turn: each time the
     trainer asks its loader for a batch, its clock stops and the plain loop takes one step.
-    Alternating every few milliseconds, both sides see the same machine load. With ``step``,
-    the Trainer's loop runs ``step(trainer, inputs, targets)`` instead of its own step (the
-    ``floor``: ``bare_step``, the plain loop's work inside the Trainer's loop)."""
+    Alternating every few milliseconds, both sides see the same machine load. With
+    ``train_batch``, the Trainer's loop runs ``train_batch(trainer, inputs, targets)`` instead of
+    its own step (the ``floor``: ``bare_step``, the plain loop's work inside the Trainer's loop)."""
     plain = plain_steps(case, spec)
     clock = {"trainer": 0.0, "plain": 0.0, "trainer_cpu": 0.0, "plain_cpu": 0.0}
     per_step: dict[str, list[float]] = {"trainer": [], "plain": []}
@@ -141,8 +141,8 @@ def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm]
         trainer = Trainer(spec)
         if algorithms:
             trainer.engine.algorithms = trainer.state.algorithms = list(algorithms)
-        if step is not None:
-            trainer.train_batch = lambda inputs, targets: step(trainer, inputs, targets)
+        if train_batch is not None:
+            trainer.train_batch = lambda inputs, targets: train_batch(trainer, inputs, targets)
         loader = trainer.train_loader
         batches_of = type(loader).__iter__
         mark = [0.0, 0.0]  # wall, this thread's CPU time
@@ -289,7 +289,7 @@ def compare(name: str, case: dict[str, Any], *, steps: int, rounds: int, with_no
     for r in range(rounds):
         for side in sides:
             clock = interleaved(case, spec, [DoNothing() for _ in range(5)] if side == "trainer_5noop" else None,
-                                step=bare_step if side == "floor" else None)
+                                train_batch=bare_step if side == "floor" else None)
             ratios[side].append(clock["plain"] / clock["trainer"])  # trainer steps/s over plain steps/s
             step_ratios[side].append(clock["plain_step_median"] / clock["trainer_step_median"])
             cpu_ratios[side].append(clock["plain_cpu"] / clock["trainer_cpu"])

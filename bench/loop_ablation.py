@@ -13,7 +13,7 @@ each against the plain loop in the same harness (``loop.interleaved``, this thre
   the run's loss function (``soft_cross_entropy``), as the Trainer does, and tests 9 times
   whether to dispatch an event: what a Trainer that skipped an empty engine would run;
 - ``events``: plus the 9 engine dispatches of a step, with no algorithms and no callbacks;
-- ``scheduler``: plus the learning rate read and ``BatchLambdaLR.step``;
+- ``scheduler``: plus the learning-rate read and ``BatchLambdaLR.step``;
 - ``metrics``: plus the detached loss handed to the metric buffer;
 - ``trainer``: ``Trainer.train_batch`` itself (microbatch, scaler and sync checks on top).
 
@@ -24,6 +24,7 @@ figures; per-round ratios move by about a percent on a shared 2-core machine.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -43,11 +44,15 @@ from workers.events import Event  # noqa: E402
 from workers.trainer import Trainer  # noqa: E402
 
 
-def state_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, *, events: bool = False) -> None:
-    """The plain step through ``State`` and the run's loss function; with ``events``, the
-    Trainer's 9 dispatches around it. Without, only their ``if``: what a Trainer that skipped
-    dispatching to an empty engine would run."""
+def ablated_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, *, events: bool,
+                 scheduler: bool, metrics: bool) -> None:
+    """The plain step through ``State`` and the run's loss function, plus the parts switched on:
+    the Trainer's 9 ``events`` (without them, only their ``if``: what a Trainer that skipped
+    dispatching to an empty engine would run), the learning-rate read and the ``scheduler``'s
+    step, and the detached loss handed to the ``metrics`` buffer. One function for every row,
+    so that no row pays a call the others do not."""
     state, engine = trainer.state, trainer.engine
+    lr = state.optimizer.param_groups[0]["lr"] if scheduler else None
     state.inputs, state.targets = inputs, targets
     if events:
         engine.run_event(Event.AFTER_DATALOADER, state)
@@ -67,29 +72,23 @@ def state_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, *,
         engine.run_event(Event.AFTER_BACKWARD, state)
         engine.run_event(Event.AFTER_TRAIN_BATCH, state)
     state.optimizer.step()
+    if scheduler:
+        state.scheduler.step()
     state.timestamp = state.timestamp.after_batch(samples=inputs.shape[0])
     if events:
         engine.run_event(Event.BATCH_END, state)
-
-
-def scheduler_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, *, metrics: bool = False) -> None:
-    """``events`` plus the learning rate read and the scheduler's step; with ``metrics``, plus
-    the detached loss handed to the metric buffer."""
-    state = trainer.state
-    lr = state.optimizer.param_groups[0]["lr"]
-    state_step(trainer, inputs, targets, events=True)
-    state.scheduler.step()
     if metrics:
         trainer.metrics.add_step(state.timestamp.batch, state.loss.detach(), lr)
 
 
+# Each row through one ``partial``: the same calls around every step.
 STEPS: dict[str, Callable[[Trainer, torch.Tensor, torch.Tensor], None]] = {
-    "floor": loop.bare_step,
-    "state": state_step,
-    "events": lambda t, x, y: state_step(t, x, y, events=True),
-    "scheduler": scheduler_step,
-    "metrics": lambda t, x, y: scheduler_step(t, x, y, metrics=True),
-    "trainer": lambda t, x, y: Trainer.train_batch(t, x, y),
+    "floor": functools.partial(loop.bare_step),
+    "state": functools.partial(ablated_step, events=False, scheduler=False, metrics=False),
+    "events": functools.partial(ablated_step, events=True, scheduler=False, metrics=False),
+    "scheduler": functools.partial(ablated_step, events=True, scheduler=True, metrics=False),
+    "metrics": functools.partial(ablated_step, events=True, scheduler=True, metrics=True),
+    "trainer": functools.partial(Trainer.train_batch),
 }
 
 
@@ -106,7 +105,7 @@ def main() -> None:
     ratios: dict[str, list[float]] = {name: [] for name in STEPS}
     for r in range(rounds):
         for name, step in STEPS.items():
-            clock = loop.interleaved(case, spec, step=step)
+            clock = loop.interleaved(case, spec, train_batch=step)
             ratios[name].append(clock["plain_cpu"] / clock["trainer_cpu"])
         print(f"round {r}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in ratios.items()),
               file=sys.stderr, flush=True)
@@ -121,7 +120,8 @@ def main() -> None:
     }
     text = json.dumps(report, indent=2)
     print(text)
-    print("CPU time, plain / this step (medians): " + ", ".join(f"{name} {value:.3f}" for name, value in medians.items()))
+    print("CPU time, plain / this step (medians): "
+          + ", ".join(f"{name} {value:.3f}" for name, value in medians.items()))
     if args.out:
         pathlib.Path(args.out).write_text(text + "\n")
 
