@@ -33,13 +33,11 @@ import statistics
 import sys
 from typing import Any, Callable
 
-# As in bench/loop.py: bench/algorithms.py would shadow Tessera's `algorithms` package.
-_HERE = pathlib.Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parent), str(_HERE)] + [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
-
+# bench/loop.py, found in this script's folder, first: it puts the repository root first on the
+# import path and drops bench/ (whose algorithms.py would shadow Tessera's `algorithms` package).
+import loop  # isort: skip
 import torch  # noqa: E402
 
-import loop  # noqa: E402  (bench/loop.py)
 from workers.events import Event  # noqa: E402
 from workers.trainer import Trainer  # noqa: E402
 

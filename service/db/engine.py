@@ -10,6 +10,7 @@ sessions marked as writers; see ``WRITE_OPTIONS``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -49,10 +50,8 @@ def json_loads(text: str | bytes) -> Any:
     if not isinstance(text, (str, bytes)):
         text = bytes(text)  # a memoryview (json.loads takes none) or a bytearray
     if (_LONG_NUMBER_TEXT if isinstance(text, str) else _LONG_NUMBER_BYTES).search(text) is None:
-        try:
+        with contextlib.suppress(orjson.JSONDecodeError):  # refused: json.loads reads it below
             return orjson.loads(text)
-        except orjson.JSONDecodeError:
-            pass
     return json.loads(text)
 
 
