@@ -21,6 +21,40 @@ def test_relative_links_point_at_files_in_the_repository(doc):
     assert missing == [], f"{doc.relative_to(ROOT)} links to missing files: {missing}"
 
 
+# [text](target#anchor) or [text](#anchor): the anchor of a heading in a Markdown file.
+ANCHORED_LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s#]*)#([^)\s]+)\)")
+
+
+def heading_anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives ``doc``'s headings: lower case, punctuation but ``-`` and ``_``
+    dropped, spaces as ``-``, a repeated heading's anchor suffixed ``-1``, ``-2``, ...; headings
+    inside fenced code are not headings."""
+    text = re.sub(r"^```.*?^```", "", doc.read_text(encoding="utf-8"), flags=re.S | re.M)
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for title in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*$", text, flags=re.M):
+        anchor = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        anchors.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
+
+
+def test_heading_anchors_follow_githubs_rules(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# Tessera\n## The API (`/api/v1`, docs)\n## Logs\n```yaml\n# not a heading\n```\n## Logs\n"
+                   "### Ray's job list\n", encoding="utf-8")
+    assert heading_anchors(doc) == {"tessera", "the-api-apiv1-docs", "logs", "logs-1", "rays-job-list"}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_to_a_heading_name_a_heading_that_exists(doc):
+    """A section renamed or moved to another page fails here, not in a reader's browser."""
+    broken = sorted(f"{target}#{anchor}" for target, anchor in ANCHORED_LINK.findall(doc.read_text(encoding="utf-8"))
+                    if (linked := doc.parent / target if target else doc).suffix == ".md" and linked.exists()
+                    and anchor not in heading_anchors(linked))
+    assert broken == [], f"{doc.relative_to(ROOT)} links to missing headings: {broken}"
+
+
 def test_the_readme_links_every_algorithms_method_card():
     from api import catalog
 
