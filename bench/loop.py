@@ -20,8 +20,9 @@ count). The headlines are their medians over rounds.
 Cases: ResNet-20 (compute-bound: overheads vanish) and a tiny CNN on 8x8 images, whose
 sub-millisecond step makes every microsecond of per-step Python show. The tiny case also runs
 the Trainer with 5 do-nothing algorithms, and a ``floor``: the Trainer's loop, loader and turn
-taking around the plain loop's own step (``bare_step``), which is as close to 1 as any Trainer
-could come in this harness.
+taking around the plain loop's own step (``bare_step``), about as close to 1 as a Trainer with
+this loop could come. The harness itself is not free: the plain loop's own code, run in the
+Trainer's seat, scores about 0.99 (``bench/loop_ablation.py``, its ``harness`` row).
 
 With ``--device cuda`` (``main_gpu``) the cases are ``GPU_CASES`` and the harness is
 ``alternating``: a GPU runs both sides' kernels from one queue, so each round times a whole
@@ -41,6 +42,7 @@ a micro-benchmark says (the loader's two index operations: 3-5x their cost in a 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -127,13 +129,17 @@ def plain_steps(case: dict[str, Any], spec: RunSpec, device: torch.device = torc
 
 
 def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm] | None = None, *,
-                train_batch: Callable[[Trainer, torch.Tensor, torch.Tensor], None] | None = None) -> dict[str, float]:
+                train_batch: Callable[[Trainer, torch.Tensor, torch.Tensor], None] | None = None,
+                fit: Callable[[Trainer, Callable[[Any], Any]], None] | None = None) -> dict[str, float]:
     """Seconds spent by ``Trainer.fit`` (all of it, FIT_START to FIT_END; the build is not
     timed) and by the plain loop over as many steps, run step by step in turn: each time the
     trainer asks its loader for a batch, its clock stops and the plain loop takes one step.
     Alternating every few milliseconds, both sides see the same machine load. With
     ``train_batch``, the Trainer's loop runs ``train_batch(trainer, inputs, targets)`` instead of
-    its own step (the ``floor``: ``bare_step``, the plain loop's work inside the Trainer's loop)."""
+    its own step (the ``floor``: ``bare_step``, the plain loop's work inside the Trainer's loop).
+    With ``fit``, ``fit(trainer, turns)`` runs instead of ``trainer.fit()``: a loop of its own
+    whose batches come from ``turns(batches)``, which takes the same turns with the plain loop
+    (``bench/loop_ablation.py``: the harness's and the loader's own cost)."""
     plain = plain_steps(case, spec)
     clock = {"trainer": 0.0, "plain": 0.0, "trainer_cpu": 0.0, "plain_cpu": 0.0}
     per_step: dict[str, list[float]] = {"trainer": [], "plain": []}
@@ -147,8 +153,8 @@ def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm]
         batches_of = type(loader).__iter__
         mark = [0.0, 0.0]  # wall, this thread's CPU time
 
-        def take_turns(self):
-            for batch in batches_of(self):
+        def turns(batches):
+            for batch in batches:
                 paused, paused_cpu = time.perf_counter(), time.thread_time()
                 clock["trainer"] += paused - mark[0]
                 clock["trainer_cpu"] += paused_cpu - mark[1]
@@ -161,9 +167,13 @@ def interleaved(case: dict[str, Any], spec: RunSpec, algorithms: list[Algorithm]
                 yield batch
             del last_loss
 
-        loader.__class__ = type("TakingTurns", (type(loader),), {"__iter__": take_turns})
+        loader.__class__ = type("TakingTurns", (type(loader),), {"__iter__": lambda self: turns(batches_of(self))})
+        gc.collect()  # the previous round's cycles, now rather than on either side's clock
         mark[:] = time.perf_counter(), time.thread_time()
-        trainer.fit()
+        if fit is None:
+            trainer.fit()
+        else:
+            fit(trainer, turns)
         clock["trainer"] += time.perf_counter() - mark[0]
         clock["trainer_cpu"] += time.thread_time() - mark[1]
     # The typical step of each side: robust to a process descheduled for tens of milliseconds,
@@ -315,8 +325,8 @@ def compare(name: str, case: dict[str, Any], *, steps: int, rounds: int, with_no
     row["cpu_ratio_median"] = round(statistics.median(cpu_ratios["trainer"]), 4)
     if with_noop:
         row["noop5_cpu_ratio_median"] = round(statistics.median(cpu_ratios["trainer_5noop"]), 4)
-        # How close to 1 any Trainer could come in this harness: its loop, loader and turn-taking
-        # around the plain loop's own step.
+        # About how close to 1 a Trainer with this loop could come: its loop, loader and
+        # turn-taking around the plain loop's own step.
         row["floor_cpu_ratio_median"] = round(statistics.median(cpu_ratios["floor"]), 4)
         row["floor_ratio_median"] = round(statistics.median(ratios["floor"]), 4)
         row["noop5_ratio_median"] = round(statistics.median(ratios["trainer_5noop"]), 4)

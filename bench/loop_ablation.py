@@ -4,11 +4,17 @@
     .venv/bin/python bench/loop_ablation.py --quick     # smoke test, a few seconds
 
 ``bench/loop.py`` measures the whole Trainer against the plain loop and a ``floor`` (the plain
-loop's step inside the Trainer's loop and loader). This script fills the gap between the two:
-the Trainer's loop runs, in turn, steps that add one part of the Trainer's own step at a time,
-each against the plain loop in the same harness (``loop.interleaved``, this thread's CPU time):
+loop's step inside the Trainer's loop and loader). This script fills in the rest: first what the
+harness and the Trainer's loader cost on their own, then, in the Trainer's loop, steps that add
+one part of the Trainer's own step at a time, each against the plain loop in the same harness
+(``loop.interleaved``, this thread's CPU time):
 
-- ``floor``: ``loop.bare_step``;
+- ``harness``: not the Trainer's loop at all, but the plain loop's own batches (a permutation
+  per epoch, sliced and indexed) and step on the Trainer's model and optimizer, taking the same
+  turns: what any loop scores in this harness, its ceiling;
+- ``loader``: the same step on the Trainer's loader (``TensorLoader``), in a bare loop;
+- ``floor``: ``loop.bare_step`` in ``Trainer.fit``: the step through ``State``, the timestamp
+  moved on, and the fit loop's checks (checkpoint, evaluation and metric flush due);
 - ``state``: the step reads and writes its tensors through ``State`` and computes the loss with
   the run's loss function (``soft_cross_entropy``), as the Trainer does, and tests 9 times
   whether to dispatch an event: what a Trainer that skipped an empty engine would run;
@@ -17,7 +23,8 @@ each against the plain loop in the same harness (``loop.interleaved``, this thre
 - ``metrics``: plus the detached loss handed to the metric buffer;
 - ``trainer``: ``Trainer.train_batch`` itself (microbatch, scaler and sync checks on top).
 
-Each part's cost is the drop in the ratio from the line above it. The medians of rounds are the
+Each part's cost is the drop in the ratio from the line above it (the ``harness`` row's own
+distance from 1 is what the turn-taking costs the Trainer's side). The medians of rounds are the
 figures; per-round ratios move by about a percent on a shared 2-core machine.
 """
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import pathlib
@@ -37,6 +45,7 @@ from typing import Any, Callable
 # import path and drops bench/ (whose algorithms.py would shadow Tessera's `algorithms` package).
 import loop  # isort: skip
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from workers.events import Event  # noqa: E402
 from workers.trainer import Trainer  # noqa: E402
@@ -79,7 +88,48 @@ def ablated_step(trainer: Trainer, inputs: torch.Tensor, targets: torch.Tensor, 
         trainer.metrics.add_step(state.timestamp.batch, state.loss.detach(), lr)
 
 
-# Each row through one ``partial``: the same calls around every step.
+def harness_fit(trainer: Trainer, turns: Callable[[Any], Any]) -> None:
+    """The plain loop inside the harness: its own batches and step (as ``loop.plain_steps``), on
+    the Trainer's model, optimizer and tensors, taking turns as the Trainer's loader does."""
+    state, loader = trainer.state, trainer.train_loader
+    model, optimizer, images, labels = state.model, state.optimizer, loader.images, loader.labels
+    batch_size = loader.batch_size
+
+    def batches():
+        epoch = 0
+        while True:
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(epoch))
+            for first in range(0, len(labels) - batch_size + 1, batch_size):
+                chosen = order[first:first + batch_size]
+                yield images[chosen], labels[chosen]
+            epoch += 1
+
+    for inputs, targets in itertools.islice(turns(batches()), state.max_batches):
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+
+
+def loader_fit(trainer: Trainer, turns: Callable[[Any], Any]) -> None:
+    """The same step on the Trainer's loader (which takes the turns), epoch after epoch."""
+    state, loader = trainer.state, trainer.train_loader
+    model, optimizer = state.model, state.optimizer
+    done, epoch = 0, 0
+    while done < state.max_batches:
+        loader.set_epoch(epoch)
+        for inputs, targets in itertools.islice(loader, state.max_batches - done):
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            done += 1
+        epoch += 1
+
+
+# Loops of their own, in place of ``Trainer.fit``.
+FITS: dict[str, Callable[[Trainer, Callable[[Any], Any]], None]] = {"harness": harness_fit, "loader": loader_fit}
+# Each other row through one ``partial``: the same calls around every step.
 STEPS: dict[str, Callable[[Trainer, torch.Tensor, torch.Tensor], None]] = {
     "floor": functools.partial(loop.bare_step),
     "state": functools.partial(ablated_step, events=False, scheduler=False, metrics=False),
@@ -100,10 +150,12 @@ def main() -> None:
     steps, rounds = (loop.QUICK_STEPS["tiny"], 2) if args.quick else (case["steps"], args.rounds)
     spec = loop.run_spec(case, steps)
     loop.interleaved(case, loop.run_spec(case, max(2, steps // 4)))  # warm the allocator and kernels, untimed
-    ratios: dict[str, list[float]] = {name: [] for name in STEPS}
+    rows = ({name: {"fit": fit} for name, fit in FITS.items()}
+            | {name: {"train_batch": step} for name, step in STEPS.items()})
+    ratios: dict[str, list[float]] = {name: [] for name in rows}
     for r in range(rounds):
-        for name, step in STEPS.items():
-            clock = loop.interleaved(case, spec, train_batch=step)
+        for name, row in rows.items():
+            clock = loop.interleaved(case, spec, **row)
             ratios[name].append(clock["plain_cpu"] / clock["trainer_cpu"])
         print(f"round {r}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in ratios.items()),
               file=sys.stderr, flush=True)

@@ -46,7 +46,8 @@ def test_quick_loop_bench_compares_trainer_and_plain_loop_and_counts_engine_call
 
 
 def test_quick_loop_ablation_times_each_part_of_the_trainers_step(tmp_path):
-    """``bench/loop_ablation.py --quick``: every step variant runs in the Trainer's loop and is timed."""
+    """``bench/loop_ablation.py --quick``: the harness's and the loader's own loops, then every step
+    variant in the Trainer's loop, each run and timed."""
     out = tmp_path / "ablation.json"
     done = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "loop_ablation.py"), "--quick", "--out", str(out)],
                           cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
@@ -54,6 +55,6 @@ def test_quick_loop_ablation_times_each_part_of_the_trainers_step(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     rounds = report["cpu_ratio_vs_plain_per_round"]
-    assert list(rounds) == ["floor", "state", "events", "scheduler", "metrics", "trainer"]
+    assert list(rounds) == ["harness", "loader", "floor", "state", "events", "scheduler", "metrics", "trainer"]
     assert all(len(values) == 2 and all(value > 0 for value in values) for values in rounds.values())
-    assert "CPU time, plain / this step (medians): floor" in done.stdout
+    assert "CPU time, plain / this step (medians): harness" in done.stdout
