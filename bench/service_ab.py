@@ -1,7 +1,8 @@
-"""Submit or ingestion throughput, or read latency, this tree against a baseline tree, side by side on one machine.
+"""Submit or ingestion throughput, read latency, or reads during a sweep's expansion: this tree
+against a baseline tree, side by side on one machine.
 
     git worktree add /tmp/baseline <commit>
-    PYTHONPATH=. .venv/bin/python bench/service_ab.py --baseline /tmp/baseline [--phase submit|ingest|read] \
+    PYTHONPATH=. .venv/bin/python bench/service_ab.py --baseline /tmp/baseline [--phase submit|ingest|read|sweep] \
         [--pairs 2] [--submits 1000] [--active 1000] [--clients 16] [--workers N] [--baseline-workers N] \
         [--out docs/bench/PHASE-ab-DATE.json] [--py-spy FILE]
 
@@ -13,7 +14,10 @@ dispatcher follows them) and 1,000 ended ones, then measures one phase of
 - ``submit``: ``--submits`` ``POST /runs`` from ``--clients`` concurrent connections (the lean client);
 - ``ingest``: 8 new runs (submitted and handed to Ray before the clock and the CPU counts
   start), each sending 20 metric reports of 1,000 points at once;
-- ``read``: 300 ``GET /runs/{id}`` of ended runs, then 300 ``GET /runs?limit=50``, one client.
+- ``read``: 300 ``GET /runs/{id}`` of ended runs, then 300 ``GET /runs?limit=50``, one client;
+- ``sweep``: ``bench/control_plane.py``'s sweep phase: a 200-trial sweep's driver registers,
+  starts and ends its trials 8 at a time while one client reads ``GET /runs/{id}`` (its p50 and
+  p99 are the figures of the API's responsiveness during a sweep's expansion).
 
 ``--workers`` / ``--baseline-workers``: API processes of this tree's / the baseline's servers
 (default 1; the baseline may be this tree, to compare process counts).
@@ -42,15 +46,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.control_plane import (API, BENCH_KEY, REPO_ROOT, _child_pid, cpu_seconds, ingest_phase,  # noqa: E402
                                  read_phase, server_command, settle, short_commit, stop_server, submit_phase,
-                                 tokens_of, under_py_spy, wait_until_up)
+                                 sweep_phase, tokens_of, under_py_spy, wait_until_up)
 from bench.seed import fill, fill_active, scratch_database, vacuum_analyze  # noqa: E402
 from tests.local_ray import free_port  # noqa: E402
 
 FIGURES = {"submit": ("per_s", "p99_ms", "all_submitted_to_ray_after_s", "server_cpu_s", "client_cpu_s"),
            "ingest": ("points_per_s", "p99_ms", "server_cpu_s", "client_cpu_s"),
-           "read": ("get_p50_ms", "get_p99_ms", "list_p50_ms", "list_p99_ms", "server_cpu_s", "client_cpu_s")}
+           "read": ("get_p50_ms", "get_p99_ms", "list_p50_ms", "list_p99_ms", "server_cpu_s", "client_cpu_s"),
+           "sweep": ("driver_per_s", "driver_p99_ms", "get_p50_ms", "get_p99_ms", "server_cpu_s", "client_cpu_s")}
 INGEST = {"runs": 8, "reports": 20, "points_per_report": 1_000}
 READS = 300  # each of GET /runs/{id} and GET /runs?limit=50, one client, as bench/control_plane.py does
+SWEEP_TRIALS = 200  # as bench/control_plane.py's sweep phase
 
 
 async def prepare(phase: str, client, jobs_log: Path) -> tuple[dict[str, str], list[str]]:
@@ -77,6 +83,12 @@ async def measure(phase: str, client, submits: int, stored: list[str], tokens: d
         figures = {f"{name}_{p}": result[p] for name, result in (("get", get), ("list", listed))
                    for p in ("p50_ms", "p99_ms")}
         return {**figures, "failed": get["failed"] + listed["failed"]}, []
+    if phase == "sweep":
+        result = await sweep_phase(client, SWEEP_TRIALS, lambda r: f"{API}/runs/{r.choice(stored)}", random.Random(0))
+        driver, during = result["driver"], result["get_run_during"]
+        return {"driver_per_s": driver["per_s"], "driver_p99_ms": driver["p99_ms"], "get_p50_ms": during["p50_ms"],
+                "get_p99_ms": during["p99_ms"], "failed": driver["failed"] + during["failed"]
+                + (result["trials"] - result["trials_completed"])}, []
     return await ingest_phase(client, tokens, INGEST["reports"], INGEST["points_per_report"]), []
 
 
@@ -156,7 +168,8 @@ def main() -> None:
     medians = {side: {name: statistics.median(r[name] for r in results) for name in figures}
                for side, results in rounds.items()}
     settings = {"submit": {"submits": args.submits, "clients": args.clients}, "ingest": INGEST,
-                "read": {"reads": READS, "clients": 1}}[args.phase]
+                "read": {"reads": READS, "clients": 1},
+                "sweep": {"trials": SWEEP_TRIALS, "driver_connections": 8, "readers": 1}}[args.phase]
     report = {"bench": f"{args.phase}_ab", "date": date.today().isoformat(), "commits": commits, "order": order,
               "machine": f"{os.cpu_count()} cores, client, server and PostgreSQL on the same machine (loopback)",
               "settings": {**settings, "active_runs": args.active, "ended_runs": 1000,
