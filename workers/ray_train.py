@@ -10,11 +10,12 @@ A sweep trial of one worker, or of CPU DDP/FSDP ranks, calls ``train_rank`` in i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -35,6 +36,13 @@ log = logging.getLogger(__name__)
 
 # The driver's variables every Ray Train worker gets: test hooks, and how reports wait out outages.
 WORKER_ENV_PREFIXES = ("TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_")
+# Ray Train's controller learns that the workers are done by polling them, every 2 s by default
+# (DEFAULT_HEALTH_CHECK_INTERVAL_S, ray/train/v2/_internal/constants.py in Ray 2.x); fit() returns,
+# and the run is reported COMPLETED, only after that poll. The controller reads the interval when
+# it is built, from the driver's RAY_TRAIN_* variables that Ray Train hands it
+# (get_env_vars_to_propagate). Each poll is one actor call per worker. bench/fit_end.py measures it.
+CONTROLLER_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+CONTROLLER_POLL_INTERVAL_S = 0.25
 
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
@@ -72,12 +80,27 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         torch_config=TorchConfig(backend="nccl" if parallelism.use_gpu else "gloo"),
     )
     try:
-        result = trainer.fit()
+        with _controller_polls_often():
+            result = trainer.fit()
     except Exception as exc:
         message = describe(exc)
         log.error("run %s failed: %s", run_id, message)
         raise TrainingError(message) from exc
     return dict(result.return_value or {})
+
+
+@contextlib.contextmanager
+def _controller_polls_often() -> Iterator[None]:
+    """``CONTROLLER_POLL_INTERVAL_S`` for the controller a ``fit()`` in this block starts, unless
+    the environment sets an interval; the process's environment as it was afterwards."""
+    if CONTROLLER_POLL_ENV in os.environ:
+        yield
+        return
+    os.environ[CONTROLLER_POLL_ENV] = repr(CONTROLLER_POLL_INTERVAL_S)
+    try:
+        yield
+    finally:
+        os.environ.pop(CONTROLLER_POLL_ENV, None)
 
 
 def forwarded_env() -> dict[str, str]:
