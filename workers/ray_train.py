@@ -92,7 +92,10 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
 @contextlib.contextmanager
 def _controller_polls_often() -> Iterator[None]:
     """``CONTROLLER_POLL_INTERVAL_S`` for the controller a ``fit()`` in this block starts, unless
-    the environment sets an interval; the process's environment as it was afterwards."""
+    the environment sets an interval; the process's environment as it was afterwards, whether
+    ``fit()`` returned or raised. Ray Train also hands the variable on to the workers' runtime
+    env. One fit at a time per process (a job driver, a Tune trial's actor): the variable is the
+    process's, so a second fit in another thread could see it removed and poll every 2 s."""
     if CONTROLLER_POLL_ENV in os.environ:
         yield
         return

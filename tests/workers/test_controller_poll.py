@@ -9,6 +9,7 @@ import pytest
 import ray.train.torch
 
 from api.specs import RunSpec
+from workers.errors import TrainingError
 from workers.ray_train import CONTROLLER_POLL_ENV, CONTROLLER_POLL_INTERVAL_S, fit_with_ray
 
 
@@ -16,22 +17,34 @@ class _Result:
     return_value = {"time/batch": 1.0}
 
 
+class Seen(list):
+    """The variable's value at each fake fit(), and the fake TorchTrainer class (``trainer``)."""
+
+    trainer: type
+
+
 @pytest.fixture
 def seen_at_fit(monkeypatch):
     """The poll variable as each fit() of a fake TorchTrainer saw it; the variable unset to begin with."""
-    seen = []
+    seen = Seen()
 
     class FakeTorchTrainer:
-        def __init__(self, *args, **kwargs):
-            pass
+        raises: Exception | None = None
+
+        def __init__(self, train_fn, **settings):
+            self.settings = settings
 
         def fit(self):
             seen.append(os.environ.get(CONTROLLER_POLL_ENV))
+            if self.raises is not None:
+                raise self.raises
             return _Result()
 
     monkeypatch.setattr(ray.train.torch, "TorchTrainer", FakeTorchTrainer)
-    monkeypatch.setenv(CONTROLLER_POLL_ENV, "unset below; restored to absent after the test")
+    # Unset for the test, whatever this process had; monkeypatch restores that afterwards.
+    monkeypatch.setenv(CONTROLLER_POLL_ENV, "")
     monkeypatch.delenv(CONTROLLER_POLL_ENV)
+    seen.trainer = FakeTorchTrainer
     return seen
 
 
@@ -52,3 +65,11 @@ def test_an_interval_the_environment_sets_is_kept(seen_at_fit, tmp_path, monkeyp
     fit_with_ray(spec(), run_id="r2", storage_path=str(tmp_path))
     assert seen_at_fit == ["1.5"]
     assert os.environ[CONTROLLER_POLL_ENV] == "1.5"
+
+
+def test_the_environment_is_left_as_it_was_when_the_fit_fails(seen_at_fit, tmp_path):
+    seen_at_fit.trainer.raises = RuntimeError("a worker died")
+    with pytest.raises(TrainingError, match="a worker died"):
+        fit_with_ray(spec(), run_id="r3", storage_path=str(tmp_path))
+    assert seen_at_fit == ["0.25"]
+    assert CONTROLLER_POLL_ENV not in os.environ
