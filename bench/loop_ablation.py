@@ -95,6 +95,8 @@ def harness_fit(trainer: Trainer, turns: Callable[[Any], Any]) -> None:
     model, optimizer, images, labels = state.model, state.optimizer, loader.images, loader.labels
     batch_size = loader.batch_size
 
+    # loop.plain_steps' batching, line for line. Not shared with it: a generator of batches there
+    # would add a layer to the plain side, the baseline every row is measured against.
     def batches():
         epoch = 0
         while True:

@@ -87,8 +87,8 @@ async def measure(phase: str, client, submits: int, stored: list[str], tokens: d
         result = await sweep_phase(client, SWEEP_TRIALS, lambda r: f"{API}/runs/{r.choice(stored)}", random.Random(0))
         driver, during = result["driver"], result["get_run_during"]
         return {"driver_per_s": driver["per_s"], "driver_p99_ms": driver["p99_ms"], "get_p50_ms": during["p50_ms"],
-                "get_p99_ms": during["p99_ms"], "failed": driver["failed"] + during["failed"]
-                + (result["trials"] - result["trials_completed"])}, []
+                "get_p99_ms": during["p99_ms"], "failed": driver["failed"] + during["failed"],
+                "trials_incomplete": result["trials"] - result["trials_completed"]}, []
     return await ingest_phase(client, tokens, INGEST["reports"], INGEST["points_per_report"]), []
 
 
@@ -127,7 +127,8 @@ def one_server(tree: Path, pg: str, phase: str, active: int, submits: int, round
                         result, ids = await measure(phase, client, submits, stored, tokens, clients)
                         result["client_cpu_s"] = round(time.process_time() - cpu, 2)
                         result["server_cpu_s"] = round(cpu_seconds(server_pid) - server_cpu, 2)
-                        results.append({name: result[name] for name in FIGURES[phase]} | {"failed": result["failed"]})
+                        kept = FIGURES[phase] + ("failed", "trials_incomplete")
+                        results.append({name: result[name] for name in kept if name in result})
                         settle(engine, started + ids)
                 return results
 
@@ -178,7 +179,8 @@ def main() -> None:
               "rounds": rounds, "medians": medians,
               "this_over_baseline": {name: round(medians["this"][name] / medians["baseline"][name], 3)
                                      for name in figures if medians["baseline"][name]},
-              "all_requests_succeeded": all(r["failed"] == 0 for results in rounds.values() for r in results)}
+              "all_requests_succeeded": all(r["failed"] == 0 and r.get("trials_incomplete", 0) == 0
+                                            for results in rounds.values() for r in results)}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:

@@ -27,23 +27,27 @@ ANCHORED_LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s#]*)#([^)\s]+)\)")
 
 def heading_anchors(doc: Path) -> set[str]:
     """The anchors GitHub gives ``doc``'s headings: lower case, punctuation but ``-`` and ``_``
-    dropped, spaces as ``-``, a repeated heading's anchor suffixed ``-1``, ``-2``, ...; headings
-    inside fenced code are not headings."""
-    text = re.sub(r"^```.*?^```", "", doc.read_text(encoding="utf-8"), flags=re.S | re.M)
+    dropped, spaces as ``-``, a repeated anchor suffixed ``-1``, ``-2``, ... (a suffixed one is
+    taken too); a closing run of ``#`` is not part of the title, and lines inside fenced code
+    (``` or ~~~) are not headings."""
+    text = re.sub(r"^ {0,3}(```|~~~).*?^ {0,3}\1", "", doc.read_text(encoding="utf-8"), flags=re.S | re.M)
     anchors: set[str] = set()
-    seen: dict[str, int] = {}
-    for title in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*$", text, flags=re.M):
-        anchor = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
-        anchors.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
-        seen[anchor] = seen.get(anchor, 0) + 1
+    for title in re.findall(r"^ {0,3}#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$", text, flags=re.M):
+        anchor = base = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        repeat = 0
+        while anchor in anchors:
+            repeat += 1
+            anchor = f"{base}-{repeat}"
+        anchors.add(anchor)
     return anchors
 
 
 def test_heading_anchors_follow_githubs_rules(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("# Tessera\n## The API (`/api/v1`, docs)\n## Logs\n```yaml\n# not a heading\n```\n## Logs\n"
-                   "### Ray's job list\n", encoding="utf-8")
-    assert heading_anchors(doc) == {"tessera", "the-api-apiv1-docs", "logs", "logs-1", "rays-job-list"}
+                   "## Logs 1\n~~~\n# nor this\n~~~\n### Ray's job list ##\n  ## Indented\n", encoding="utf-8")
+    assert heading_anchors(doc) == {"tessera", "the-api-apiv1-docs", "logs", "logs-1", "logs-1-1", "rays-job-list",
+                                    "indented"}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
