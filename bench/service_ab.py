@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.control_plane import (API, BENCH_KEY, REPO_ROOT, _child_pid, cpu_seconds, ingest_phase,  # noqa: E402
+from bench.control_plane import (API, BENCH_KEY, FULL, REPO_ROOT, _child_pid, cpu_seconds, ingest_phase,  # noqa: E402
                                  read_phase, server_command, settle, short_commit, stop_server, submit_phase,
                                  sweep_phase, tokens_of, under_py_spy, wait_until_up)
 from bench.seed import fill, fill_active, scratch_database, vacuum_analyze  # noqa: E402
@@ -55,8 +55,8 @@ FIGURES = {"submit": ("per_s", "p99_ms", "all_submitted_to_ray_after_s", "server
            "read": ("get_p50_ms", "get_p99_ms", "list_p50_ms", "list_p99_ms", "server_cpu_s", "client_cpu_s"),
            "sweep": ("driver_per_s", "driver_p99_ms", "get_p50_ms", "get_p99_ms", "server_cpu_s", "client_cpu_s")}
 INGEST = {"runs": 8, "reports": 20, "points_per_report": 1_000}
-READS = 300  # each of GET /runs/{id} and GET /runs?limit=50, one client, as bench/control_plane.py does
-SWEEP_TRIALS = 200  # as bench/control_plane.py's sweep phase
+READS = FULL["gets"]  # each of GET /runs/{id} and GET /runs?limit=50, one client, as bench/control_plane.py does
+SWEEP_TRIALS = FULL["sweep_trials"]
 
 
 async def prepare(phase: str, client, jobs_log: Path) -> tuple[dict[str, str], list[str]]:

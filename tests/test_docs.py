@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -25,6 +26,7 @@ def test_relative_links_point_at_files_in_the_repository(doc):
 ANCHORED_LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s#]*)#([^)\s]+)\)")
 
 
+@functools.cache  # a page is read once, however many links point into it
 def heading_anchors(doc: Path) -> set[str]:
     """The anchors GitHub gives ``doc``'s headings: lower case, punctuation but ``-`` and ``_``
     dropped, spaces as ``-``, a repeated anchor suffixed ``-1``, ``-2``, ... (a suffixed one is

@@ -37,10 +37,10 @@ class Database:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        # The same pool; a connection is taken at a read's first statement, as for any session.
-        autocommit = engine.dialect.name == "postgresql"
-        self._reads = sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT") if autocommit else engine,
-                                   expire_on_commit=False)
+        # On PostgreSQL, the same pool in autocommit; a connection is taken at a read's first
+        # statement, as for any session. On SQLite a read is a plain session.
+        self._reads = (sessionmaker(engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False)
+                       if engine.dialect.name == "postgresql" else self._sessions)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
