@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from api.validation_errors import worded_pattern
+
 # Where data may live: a local path, file://, or an S3 bucket (any fsspec store reachable the same way).
 _URL = re.compile(r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file://.+|/.+|\./.+|[^:]+)$")
 
@@ -77,15 +79,18 @@ class ImageFolderSpec(_ImageDataSpec):
         return _check_location("root", value)
 
 
+SAMPLE_KEY_PATTERN = worded_pattern(r"^[A-Za-z0-9_.\-]+$", "letters, digits, '_', '.' and '-'")
+
+
 class WebDatasetSpec(_ImageDataSpec):
     """WebDataset tar shards, streamed (never downloaded whole); ``tessera data pack`` writes them."""
 
     name: Literal["webdataset"]
     urls: str = Field(..., min_length=1, description="shard URLs as a brace pattern, e.g. "
                       "s3://bucket/train-{000000..000019}.tar")
-    image_key: str = Field("png", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.\-]+$",
+    image_key: str = Field("png", min_length=1, max_length=32, pattern=SAMPLE_KEY_PATTERN,
                            description="extension of each sample's image file (png, jpg, ...)")
-    label_key: str = Field("cls", min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.\-]+$",
+    label_key: str = Field("cls", min_length=1, max_length=32, pattern=SAMPLE_KEY_PATTERN,
                            description="extension of each sample's label file (an integer as text)")
     num_samples: int = Field(..., ge=1, le=10**10, description="samples in all shards; steps per epoch are "
                              "num_samples // batch_size")

@@ -51,6 +51,6 @@ def field_path(loc: tuple[Any, ...] | list[Any], body: Any) -> str:
         elif isinstance(node, dict) and node.get("name") == segment:
             continue  # a discriminated-union tag, not a field
         else:
-            parts.append(str(segment))
+            parts.append(f"[{segment}]" if isinstance(segment, int) else str(segment))
             node = None
     return ".".join(parts).replace(".[", "[")

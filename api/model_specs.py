@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api.torchvision_archs import TORCHVISION_ARCHS
+from api.validation_errors import worded_pattern
 
 # Keyword arguments Tessera sets itself; a spec that sets them would be silently overridden.
 _RESERVED_PARAMS = {"num_classes", "in_channels", "vocab_size"}
@@ -27,7 +28,7 @@ _RESERVED_PARAMS = {"num_classes", "in_channels", "vocab_size"}
 _WEIGHT_PARAMS = {"weights", "weights_backbone", "pretrained", "progress"}
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 IMPORT_PATTERN = rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$"
-SHA256_PATTERN = r"^[0-9a-f]{64}$"
+SHA256_PATTERN = worded_pattern(r"^[0-9a-f]{64}$", "64 lowercase hex digits (a sha256)")
 
 
 class _Spec(BaseModel):

@@ -20,6 +20,12 @@ from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, Torchvisio
                              route_model_spec, torchvision_traits)
 from api.run_edits import MAX_TAGS, TAG_CHARSET, Tag
 from api.time import DurationTime, IntervalTime, OffsetTime, Time, TimeUnit
+from api.validation_errors import worded_pattern
+
+NAME_PATTERN = worded_pattern(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+                              "letters, digits, '_', '.' and '-', starting with a letter or digit")
+WALL_TIME_PATTERN = worded_pattern(r"^[1-9][0-9]{0,8}(s|m|h|d)$",
+                                   "a whole number of seconds, minutes, hours or days: '90s', '90m', '12h', '2d'")
 
 
 class Spec(BaseModel):
@@ -137,9 +143,20 @@ class DataSpec(Spec):
     train: DatasetSpec
     eval: DatasetSpec | None = None
     batch_size: int = Field(..., ge=1, le=65536, description="global batch size, split evenly across workers")
-    eval_batch_size: int | None = Field(None, ge=1, le=65536)
-    num_loader_workers: int = Field(0, ge=0, le=32)
-    drop_last: bool = True
+    eval_batch_size: int | None = Field(None, ge=1, le=65536,
+                                        description="global batch size of evaluation (default: batch_size)")
+    num_loader_workers: int = Field(0, ge=0, le=32, description="must be 0: the built-in sets are sliced in memory; "
+                                                                "image_folder and webdataset take num_workers")
+    drop_last: bool = Field(True, description="drop the last partial batch of an epoch (webdataset always does)")
+
+    @field_validator("num_loader_workers")
+    @classmethod
+    def _no_loader_workers(cls, value: int) -> int:
+        if value:
+            raise ValueError(f"num_loader_workers {value}: no loader workers read the built-in sets, which are sliced "
+                             "in memory; to decode in worker processes set num_workers on an image_folder or "
+                             "webdataset data set (data.train.num_workers)")
+        return value
 
     @model_validator(mode="after")
     def _same_shape(self) -> "DataSpec":
@@ -148,6 +165,9 @@ class DataSpec(Spec):
                 f"data.eval.name {self.eval.name!r} differs from data.train.name {self.train.name!r}; "
                 "train and eval must come from the same data set"
             )
+        if not self.drop_last and self.train.name == "webdataset":
+            raise ValueError("data.drop_last false: a webdataset stream always takes num_samples // batch_size "
+                             "steps an epoch, dropping the last partial batch; leave drop_last true")
         return self
 
 
@@ -204,10 +224,8 @@ class ParallelismSpec(Spec):
     @model_validator(mode="after")
     def _none_means_one_worker(self) -> "ParallelismSpec":
         if self.strategy == "none" and self.num_workers != 1:
-            raise ValueError(
-                f"strategy 'none' runs exactly one worker but num_workers is {self.num_workers}; "
-                "use strategy 'ddp' or 'fsdp' for more"
-            )
+            raise ValueError(f"parallelism.num_workers {self.num_workers}: strategy 'none' runs exactly one worker; "
+                             "use strategy 'ddp' or 'fsdp' for more")
         return self
 
 
@@ -216,22 +234,15 @@ class CheckpointSpec(Spec):
 
     interval: IntervalTime | None = Field(
         None, description="save every interval (e.g. '1ep', '500ba', '0.25dur'); always saved at the end")
-    keep_last: int = Field(3, ge=1, le=1000, description="committed checkpoints to keep (at least 2)")
+    keep_last: int = Field(3, ge=2, le=1000, description="committed checkpoints to keep: at least 2, as the "
+                                                          "newest may still be being written")
     async_save: bool = Field(False, description="write in the background while training continues")
-
-    @field_validator("keep_last")
-    @classmethod
-    def _keep_two(cls, value: int) -> int:
-        if value < 2:
-            raise ValueError(f"keep_last {value}: keep at least 2 checkpoints, as the last one may still be "
-                             "being written")
-        return value
 
 
 class RunSpec(Spec):
     """A training run. See README 'RunSpec reference' for every field."""
 
-    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    name: str = Field(..., min_length=1, max_length=128, pattern=NAME_PATTERN)
     model: AnyModelSpec = Field(..., description="a named model (GET /api/v1/models), or your own code: "
                                                  "{import: 'package.module:callable', params: {...}}")
     data: DataSpec
@@ -254,7 +265,7 @@ class RunSpec(Spec):
     priority: Literal["low", "normal", "high"] = Field(
         "normal", description="queue order: higher first; runs of equal priority take turns across projects")
     max_wall_time: str | None = Field(
-        None, pattern=r"^[1-9][0-9]{0,8}(s|m|h|d)$",
+        None, pattern=WALL_TIME_PATTERN,
         description="wall-clock limit such as '90m' or '12h' (default: the project's); a run past it is stopped "
                     "with its checkpoints kept and ends FAILED")
     loggers: list[LoggerSpec] = Field(default_factory=list, max_length=8,

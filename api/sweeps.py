@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from api.algorithm_specs import ALGORITHM_SPECS
-from api.specs import RunSpec
+from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
 
 
@@ -135,7 +135,7 @@ def trial_count_problem(search: SearchSpec, num_samples: int, cap: int) -> str |
 
 
 class SweepSpec(_Spec):
-    name: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    name: str = Field(..., min_length=1, max_length=128, pattern=NAME_PATTERN)
     base: RunSpec
     search: SearchSpec
     metric: Literal["eval/accuracy", "eval/loss", "eval/perplexity"] = Field(

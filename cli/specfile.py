@@ -9,8 +9,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from api.errors import field_path
+from api.errors import format_detail
 from api.specs import RunSpec
+from api.validation_errors import format_validation_errors
 
 
 class SpecFileError(Exception):
@@ -33,10 +34,12 @@ def load_spec_dict(path: str | Path) -> dict[str, Any]:
 
 
 def load_spec(path: str | Path) -> RunSpec:
-    """Load and validate; ``SpecFileError`` lists ``field: message (got value)`` per problem."""
+    """Load and validate; ``SpecFileError`` lists ``field: message (got value)`` per problem,
+    worded as the service's 422 for the same spec (``api.validation_errors``)."""
     data = load_spec_dict(path)
     try:
         return RunSpec.model_validate(data)
     except ValidationError as exc:
-        lines = [f"  {field_path(e['loc'], data)}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()]
-        raise SpecFileError(f"{path} is not a valid RunSpec:\n" + "\n".join(lines)) from exc
+        items = format_validation_errors(exc.errors(), data, RunSpec.model_json_schema())
+        lines = format_detail(items).splitlines()
+        raise SpecFileError(f"{path} is not a valid RunSpec:\n" + "\n".join(f"  {line}" for line in lines)) from exc

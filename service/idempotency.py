@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.specs import RunSpec
-from service.errors import field_error
+from api.validation_errors import field_error
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 128

@@ -25,9 +25,9 @@ from api.lineage import (ForkInfo, ForkRequest, ForkStep, loads_optimizer, longe
                          unloadable_changes)
 from api.specs import RunSpec
 from api.time import Time
+from api.validation_errors import field_error, format_validation_errors
 from api.views import CheckpointView, RunStatus
 from service.db.models import Checkpoint, Run
-from service.errors import field_error, format_validation_errors
 from service.repository import Repository, RunNotFound, RunRecord
 from service.run_writes import apply_run_status, insert_run
 from service.state_machine import RUN_TRANSITIONS

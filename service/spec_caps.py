@@ -13,7 +13,7 @@ from typing import Any
 
 from api.specs import RunSpec, wall_time_seconds
 from api.time import Time, TimeUnit
-from service.errors import field_error
+from api.validation_errors import field_error
 
 # The service's default bounds per unit: generous for real work, small enough that a typo
 # ("1000000ep") is caught at submit instead of holding workers for a year.

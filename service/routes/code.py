@@ -15,10 +15,11 @@ from fastapi.responses import JSONResponse
 
 from api.code_package import MAX_PACKAGE_BYTES, CodePackageError, CodeView, inspect_package, sha256_hex
 from api.model_specs import SHA256_PATTERN
+from api.validation_errors import field_error
 from service.access import Role
 from service.code_store import CodeStore, project_code_store
 from service.deps import AccessDep, CallerDep, project_for_create
-from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.json_body import ParsedBodyRoute
 
 router = APIRouter(prefix="/api/v1/code", tags=["code"], responses=VALIDATION_RESPONSES, route_class=ParsedBodyRoute)

@@ -15,10 +15,11 @@ from fastapi.responses import JSONResponse
 from api.lineage import ContinueRequest, ForkRequest
 from api.specs import RunSpec
 from api.time import Time
+from api.validation_errors import field_error
 from api.views import RunsPage, RunView
 from service.access import Role
 from service.deps import AccessDep, CallerDep, RepoDep, SettingsDep
-from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.json_body import ParsedBodyRoute
 from service.lineage import (LineageRefused, children, chosen_checkpoint, continue_run, fork_info, forked_spec,
                              insert_fork)

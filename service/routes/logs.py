@@ -22,11 +22,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from api.logs import LogsPage, SweepLogsPage
+from api.validation_errors import field_error
 from api.views import RunStatus
 from service.attempt_store import attempt_job_id
 from service.access import Role
 from service.deps import CallerDep, JobsDep, RepoDep, SweepsDep
-from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.json_body import ParsedBodyRoute
 from service.log_archive import Attempt, archive_final_log
 from service.log_store import LogStore, get_log_store

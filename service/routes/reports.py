@@ -9,9 +9,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
+from api.validation_errors import field_error
 from api.views import CheckpointReport, CheckpointView, MetricsReport, NoteReport, RunStatus, RunView, StatusReport
 from service.deps import RepoDep, RunTokenDep, SettingsDep
-from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.json_body import ParsedBodyRoute
 from service.metric_limits import MetricLimits
 from service.metrics_export import count_metric_points

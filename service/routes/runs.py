@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from api.data_roots import data_root_problems
 from api.run_edits import order_by_key
 from api.specs import RunSpec
+from api.validation_errors import field_error
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import project_code_store
 from service.access import KEY_PREFIX, Caller, Role
@@ -22,7 +23,7 @@ from service.tokens import bearer_token
 from service.db.session import clean_text
 from service.repository import Repository, RunNotFound, RunRecord
 from service.run_listing import Archived, RunFilter
-from service.errors import VALIDATION_RESPONSES, ErrorBody, field_error, validation_response
+from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service import idempotency
 from service.settings import Settings
 from service.spec_caps import spec_cap_problems
@@ -257,7 +258,7 @@ def list_run_metrics(run_id: str, repo: RepoDep, caller: CallerDep,
              responses={**NOT_FOUND, 409: {"model": ErrorBody}})
 def resume_run(run_id: str, repo: RepoDep, caller: CallerDep,
                request: Annotated[ResumeRequest | None, Body()] = None) -> RunView:
-    """Restart a FAILED or CANCELED run as a new attempt that resumes from its newest committed
+    """Restart a FAILED, CANCELED or STOPPED run as a new attempt that resumes from its newest committed
     checkpoint, optionally on ``num_workers`` workers (the checkpoint reshards). 409 otherwise."""
     scoped_run(repo, caller, run_id, Role.MEMBER)
     num_workers = request.num_workers if request is not None else None

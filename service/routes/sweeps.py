@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from api.specs import RunSpec
 from api.sweeps import SweepSpec, trial_count_problem
+from api.validation_errors import field_error, format_validation_errors
 from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
                        TrialTicket)
 from service.access import KEY_PREFIX, Caller, Role
@@ -22,8 +23,7 @@ from service.deps import AccessDep, CallerDep, SettingsDep, SweepsDep, SweepToke
 from service.json_body import ParsedBodyRoute
 from service.tokens import bearer_token
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
-from service.errors import (VALIDATION_RESPONSES, ErrorBody, field_error, format_validation_errors,
-                            validation_response)
+from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.spec_caps import searched_duration_problems
 from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, submit_problems
 

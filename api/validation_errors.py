@@ -1,0 +1,173 @@
+"""Pydantic validation errors as the items of a 422: ``{"field", "loc", "msg", "input"}``.
+
+``field`` is the dotted path the user wrote (``optimizer.lr``, not pydantic's
+``optimizer.sgd.lr``), ``input`` the bad value and ``msg`` what is allowed; for unknown fields
+the allowed names are appended. The service answers its 422s with these items
+(``service.errors``) and the CLI prints the same ones for a spec file or an SDK call that does
+not validate, so a user reads one wording whichever way the input came.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from api.errors import field_path
+
+
+def field_error(field: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
+    return {"field": field, "loc": loc, "msg": msg, "input": value}
+
+
+
+def _schema_node(schema: dict[str, Any], loc: list[Any]) -> dict[str, Any] | None:
+    """The schema object at pydantic location ``loc`` (which includes union tags)."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:
+            node = defs.get(node["$ref"].rsplit("/", 1)[-1], {})
+        return node
+
+    def members(node: dict[str, Any]) -> list[dict[str, Any]]:
+        found = node.get("oneOf") or node.get("anyOf")
+        return [resolve(m) for m in found] if found else [node]
+
+    node = resolve(schema)
+    for segment in loc:
+        candidates = [m for m in members(node) if m.get("type") != "null"]
+        mapping = {}
+        for candidate in [node, *candidates]:
+            mapping.update(candidate.get("discriminator", {}).get("mapping", {}))
+        if isinstance(segment, str) and segment in mapping:  # a union tag: pick that member
+            node = resolve({"$ref": mapping[segment]})
+            continue
+        for candidate in candidates:
+            if isinstance(segment, int) and "items" in candidate:
+                node = resolve(candidate["items"])
+                break
+            if isinstance(segment, str) and segment in candidate.get("properties", {}):
+                node = resolve(candidate["properties"][segment])
+                break
+        else:
+            return None
+    return node
+
+
+def _allowed_fields(schema: dict[str, Any] | None, loc: list[Any]) -> list[str]:
+    node = _schema_node(schema, loc) if schema else None
+    if node is None:
+        return []
+    for member in [node, *(node.get("oneOf") or node.get("anyOf") or [])]:
+        if "properties" in member:
+            return list(member["properties"])
+    return []
+
+
+def _trim_loc(loc: list[Any], body: Any) -> list[Any]:
+    """Drop what pydantic appends after a scalar value (union member labels such as 'int')."""
+    node = body
+    for index, segment in enumerate(loc):
+        if isinstance(node, dict):
+            if segment in node:
+                node = node[segment]
+            elif node.get("name") != segment:
+                return loc  # a missing or unknown field: keep the rest as pydantic wrote it
+        elif isinstance(node, list) and isinstance(segment, int) and 0 <= segment < len(node):
+            node = node[segment]
+        else:
+            return loc[:index]
+    return loc
+
+
+# The specs' string patterns in words (``worded_pattern``): pydantic's message quotes only the regex.
+PATTERN_WORDS: dict[str, str] = {}
+
+
+def worded_pattern(pattern: str, words: str) -> str:
+    """``pattern``, for a field's ``Field(pattern=...)``, with what it allows in words; a value
+    that does not match gets ``should be <words>`` in its 422."""
+    PATTERN_WORDS[pattern] = words
+    return pattern
+
+
+# A message of a whole-object rule that starts with the path it is about:
+# "scheduler.grace_period 2ep must ...", "search.params['optimizer.lr']: value ...".
+_LEADING_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])+(?=[:\s])")
+_PATH_PART = re.compile(r"\.?([A-Za-z_]\w*)|\['([^']*)'\]|\[(\d+)\]")
+
+
+def _field_named_in(msg: str, body: Any) -> tuple[str, Any] | None:
+    """(path, value) when a whole-object rule's message begins with a path into ``body``; the
+    value is None for a field the body leaves out. None if the message names no such path."""
+    match = _LEADING_PATH.match(msg)
+    if match is None:
+        return None
+    parts = [(name or key, int(index) if index else None) for name, key, index in _PATH_PART.findall(match[0])]
+    node = body
+    for position, (key, index) in enumerate(parts):
+        last = position == len(parts) - 1
+        if index is not None and isinstance(node, list) and index < len(node):
+            node = node[index]
+        elif index is None and isinstance(node, dict) and (key in node or last):
+            node = node.get(key)
+        else:
+            return None
+    return match[0], node
+
+
+def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None) -> dict[str, Any]:
+    loc = list(error.get("loc", ()))
+    source, inner = (loc[0], loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else ("body", loc)
+    kind = error.get("type", "")
+    ctx = error.get("ctx") or {}
+    msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    value = error.get("input")
+    if source == "body":
+        # Without the body (an SDK model the CLI built), the location is the path as it stands.
+        field = field_path(inner if body is None else _trim_loc(inner, body), body)
+    else:
+        field = ".".join(str(part) for part in inner)
+
+    if (kind == "value_error" and source == "body" and (named := _field_named_in(msg, body))
+            and (not field or named[0].startswith(f"{field}."))):
+        field, value = named  # a rule over an object that says which of its fields it is about
+    elif kind == "missing" or (kind == "value_error" and source == "body" and not inner and value == body):
+        value = None  # pydantic echoes the enclosing object here, which is not the bad value
+    elif kind == "json_invalid" and ctx.get("error"):
+        msg = f"{msg}: {ctx['error']} at position {inner[0] if inner else '?'}; send a JSON object"
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        # The problem is the discriminator field itself (`model.name`), and its value the tag.
+        tag = str(ctx.get("discriminator", "'name'")).strip("'")
+        field = f"{field}.{tag}" if field else tag
+        value = ctx.get("tag", value.get(tag) if isinstance(value, dict) else value)
+        if kind == "union_tag_not_found":
+            node = _schema_node(schema, inner) if schema else None
+            tags = list((node or {}).get("discriminator", {}).get("mapping", {}))
+            if tags:
+                msg = f"Field required: {tag!r} must be one of " + ", ".join(repr(t) for t in tags)
+    elif kind == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_WORDS:
+        msg = f"should be {PATTERN_WORDS[ctx['pattern']]} (pattern {ctx['pattern']})"
+    elif kind == "extra_forbidden" and source == "body":
+        allowed = _allowed_fields(schema, inner[:-1])
+        if allowed:
+            msg = f"{msg}; allowed fields here: {', '.join(allowed)}"
+    return field_error(field, loc, msg, value)
+
+
+def format_validation_errors(errors: list[dict[str, Any]], body: Any, schema: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Turn pydantic/FastAPI errors into our 422 items.
+
+    A value refused by every member of a plain union (``int | "auto"``) gives one error per
+    member; they become one item whose message lists the alternatives.
+    """
+    items: list[dict[str, Any]] = []
+    for error in errors:
+        item = _format_one(error, body, schema)
+        same = next((i for i in items if item["field"] and i["field"] == item["field"]
+                     and i["input"] == item["input"] and i["loc"][:-1] == item["loc"][:-1]), None)
+        if same is not None:
+            same["msg"] = f"{same['msg']}; or {item['msg']}"
+        else:
+            items.append(item)
+    return items

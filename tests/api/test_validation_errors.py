@@ -1,0 +1,65 @@
+"""What a user reads for a spec that does not validate (``api.validation_errors``): the field as
+written, the bad value and what is allowed, the same through the service's 422 and the CLI."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from api.errors import format_detail
+from api.specs import RunSpec
+from api.validation_errors import format_validation_errors
+from cli.specfile import SpecFileError, load_spec
+
+EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
+WEBDATASET = {"name": "webdataset", "urls": "s3://bucket/train-{000000..000003}.tar", "num_samples": 64}
+
+
+def items_of(changes: dict) -> list[dict]:
+    body = copy.deepcopy(EXAMPLE)
+    for dotted, value in changes.items():
+        node = body
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    with pytest.raises(ValidationError) as info:
+        RunSpec.model_validate(body)
+    return format_validation_errors(info.value.errors(), body, RunSpec.model_json_schema())
+
+
+@pytest.mark.parametrize("changes, field, value, allowed", [
+    ({"parallelism": {"strategy": "none", "num_workers": 2}}, "parallelism.num_workers", 2, "exactly one worker"),
+    ({"data.num_loader_workers": 2}, "data.num_loader_workers", 2, "set num_workers on an image_folder or webdataset"),
+    ({"data.train": WEBDATASET, "data.eval": None, "data.drop_last": False}, "data.drop_last", False,
+     "leave drop_last true"),
+    ({"data.eval": {"name": "fashion_mnist"}}, "data.eval.name", "fashion_mnist", "must come from the same data set"),
+    ({"max_wall_time": "12hours"}, "max_wall_time", "12hours", "hours or days: '90s', '90m', '12h', '2d'"),
+    ({"name": "-bad"}, "name", "-bad", "starting with a letter or digit"),
+    ({"checkpoint": {"keep_last": 1}}, "checkpoint.keep_last", 1, "greater than or equal to 2"),
+])
+def test_an_error_names_the_field_the_value_and_what_is_allowed(changes, field, value, allowed):
+    [item] = items_of(changes)
+    assert (item["field"], item["input"]) == (field, value) and allowed in item["msg"], item
+
+
+def test_the_published_schema_states_the_bound_the_validator_applies():
+    checkpoint = RunSpec.model_json_schema()["$defs"]["CheckpointSpec"]["properties"]["keep_last"]
+    assert checkpoint["minimum"] == 2
+
+
+def test_the_cli_prints_the_services_lines_for_a_spec_file(tmp_path):
+    body = copy.deepcopy(EXAMPLE) | {"max_wall_time": "12hours", "parallelism": {"strategy": "none", "num_workers": 2}}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(body))
+    with pytest.raises(SpecFileError) as info:
+        load_spec(path)
+    with pytest.raises(ValidationError) as raw:
+        RunSpec.model_validate(body)
+    service_lines = format_detail(format_validation_errors(raw.value.errors(), body, RunSpec.model_json_schema()))
+    assert str(info.value).splitlines()[1:] == [f"  {line}" for line in service_lines.splitlines()]
+    assert "parallelism.num_workers: " in str(info.value) and "(got '12hours')" in str(info.value)
