@@ -199,7 +199,7 @@ class Client:
         them, ``"all"`` both. Pass ``next_cursor`` back as ``cursor`` with the same filters."""
         params: dict[str, Any] = {"limit": limit, "archived": str(archived).lower()}
         if status is not None:
-            params["status"] = RunStatus(status).value
+            params["status"] = RunStatus.of(status).value
         for key, value in (("sweep_id", sweep_id), ("cursor", cursor), ("tag", tag), ("name", name),
                            ("order_by", order_by)):
             if value is not None:
@@ -247,8 +247,8 @@ class Client:
         return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/cancel"))
 
     def resume_run(self, run_id: str, num_workers: int | None = None) -> RunView:
-        """Re-queue a FAILED or CANCELED run; it resumes from its newest committed checkpoint,
-        optionally on ``num_workers`` workers (409 if the run is not FAILED or CANCELED)."""
+        """Re-queue a FAILED, CANCELED or STOPPED run; it resumes from its newest committed checkpoint,
+        optionally on ``num_workers`` workers (409 if it is not one of these)."""
         body = {"num_workers": num_workers} if num_workers is not None else {}
         return RunView.model_validate(self._request("POST", f"{API}/runs/{run_id}/resume", json=body))
 
@@ -381,8 +381,14 @@ class Client:
 
     def set_quota(self, project: str, **quota: Any) -> dict[str, Any]:
         """Replace ``project``'s quotas (``max_running_runs``, ``max_workers``, ``max_gpus``,
-        ``default_max_wall_time_s``, ``max_wall_time_cap_s``, ``max_duration_caps``)."""
+        ``default_max_wall_time_s``, ``max_wall_time_cap_s``, ``max_duration_caps``): one left
+        out is no limit."""
         return self._request("PUT", f"{API}/projects/{project}/quota", json=quota)
+
+    def update_quota(self, project: str, **changes: Any) -> dict[str, Any]:
+        """Change only the quotas named (the fields of ``set_quota``; None: no limit), keeping
+        the rest."""
+        return self._request("PATCH", f"{API}/projects/{project}/quota", json=changes)
 
     # --- catalog -------------------------------------------------------------------------
     def algorithms(self) -> CatalogPage:

@@ -1,8 +1,11 @@
 """Where clients find their API key without configuration.
 
 In order: the ``TESSERA_API_KEY`` environment variable, then the credentials file
-``$TESSERA_HOME/credentials`` (``TESSERA_HOME`` defaults to ``.tessera``), which the service
-writes, mode 0600, when it starts for the first time with an empty database. The file holds
+``$TESSERA_HOME/credentials``, which the service writes, mode 0600, when it starts for the first
+time with an empty database. ``TESSERA_HOME`` defaults to ``.tessera`` in the folder the service
+started in; a client without ``TESSERA_HOME`` looks for ``.tessera/credentials`` in its current
+folder and then in each folder above it, as git finds ``.git``, so a notebook or a shell in a
+subfolder of the checkout finds the key of the ``make serve`` started at its root. The file holds
 ``TESSERA_API_KEY=tsk_...`` lines (so a shell can ``source`` it) and ``#`` comments.
 """
 
@@ -33,8 +36,18 @@ def read_credentials(path: Path) -> str | None:
 
 
 def find_api_key(home: str | os.PathLike[str] | None = None) -> str | None:
-    """``TESSERA_API_KEY``, else the key in ``{home}/credentials``, else None."""
-    return os.environ.get(KEY_VARIABLE) or read_credentials(credentials_path(home))
+    """``TESSERA_API_KEY``, else the key in ``{home}/credentials`` (without ``home`` or
+    ``TESSERA_HOME``: the nearest ``.tessera/credentials`` in this folder or one above), else None."""
+    if os.environ.get(KEY_VARIABLE):
+        return os.environ[KEY_VARIABLE]
+    if home or os.environ.get("TESSERA_HOME"):
+        return read_credentials(credentials_path(home))
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        key = read_credentials(folder / ".tessera" / "credentials")
+        if key is not None:
+            return key
+    return None
 
 
 def write_credentials(path: Path, key: str, *, url: str | None = None) -> None:

@@ -27,6 +27,14 @@ class RunStatus(str, enum.Enum):
     def is_terminal(self) -> bool:
         return self in TERMINAL_STATUSES
 
+    @classmethod
+    def of(cls, value: "RunStatus | str") -> "RunStatus":
+        """The status named ``value`` in any case (``completed``); ValueError lists the statuses."""
+        name = str(value.value if isinstance(value, RunStatus) else value).upper()
+        if name not in cls.__members__:
+            raise ValueError(f"{value!r} is not a run status; one of {', '.join(cls.__members__)}")
+        return cls[name]
+
 
 TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.STOPPED})
 ACTIVE_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RESTARTING, RunStatus.CANCELING})

@@ -15,6 +15,10 @@ projects_app = typer.Typer(no_args_is_help=True, help="Projects: create, list, s
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
 DEFAULT_URL = "http://127.0.0.1:8000"
+# ``--unset`` names: the option's name, and the API's field it clears.
+QUOTA_OPTIONS = {"max-running-runs": "max_running_runs", "max-workers": "max_workers", "max-gpus": "max_gpus",
+                 "default-max-wall-time": "default_max_wall_time_s", "max-wall-time-cap": "max_wall_time_cap_s",
+                 "max-duration-cap": "max_duration_caps"}
 
 
 def _main():
@@ -94,17 +98,29 @@ def set_quota(
     max_duration_cap: Annotated[Optional[list[str]], typer.Option(
         help="UNIT=N, e.g. ep=20000: the largest max_duration per unit (ep, ba, sp, tok); repeatable "
              "(every-project admin only)")] = None,
+    unset: Annotated[Optional[list[str]], typer.Option(
+        help=f"remove this limit (repeatable): {', '.join(QUOTA_OPTIONS)}")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
-    """Replace a project's quotas (an option left out is no limit); needs the project's admin."""
+    """Change a project's quotas: the options given are set, --unset ones removed, the others
+    kept. Needs the project's admin."""
     main = _main()
-    caps = None
+    changes = {field: value for field, value in (
+        ("max_running_runs", max_running_runs), ("max_workers", max_workers), ("max_gpus", max_gpus),
+        ("default_max_wall_time_s", default_max_wall_time), ("max_wall_time_cap_s", max_wall_time_cap))
+        if value is not None}
     if max_duration_cap:
         try:
-            caps = {unit: int(n) for unit, n in (item.split("=", 1) for item in max_duration_cap)}
+            changes["max_duration_caps"] = {unit: int(n) for unit, n in (item.split("=", 1) for item in max_duration_cap)}
         except ValueError:
             raise typer.BadParameter(f"{max_duration_cap!r}: give UNIT=N, e.g. ep=20000", param_hint="--max-duration-cap")
-    main._call(main._client(url).set_quota, name, max_running_runs=max_running_runs, max_workers=max_workers,
-               max_gpus=max_gpus, default_max_wall_time_s=default_max_wall_time,
-               max_wall_time_cap_s=max_wall_time_cap, max_duration_caps=caps)
-    main.console.print(f"project {name}: quotas set", highlight=False)
+    for option in unset or []:
+        if option not in QUOTA_OPTIONS:
+            raise typer.BadParameter(f"{option!r} is not a quota; one of {', '.join(QUOTA_OPTIONS)}",
+                                     param_hint="--unset")
+        changes[QUOTA_OPTIONS[option]] = None
+    if not changes:
+        raise typer.BadParameter("give at least one quota to set or --unset", param_hint="options")
+    project = main._call(main._client(url).update_quota, name, **changes)
+    limits = ", ".join(f"{field} {value}" for field, value in project["quota"].items() if value is not None)
+    main.console.print(f"project {name} quotas: {limits or 'no limits'}", highlight=False)

@@ -11,8 +11,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from api.run_edits import apply_tag_edits
-from api.spec_diff import spec_diff
 from cli.output import console, emit, fail
 
 
@@ -33,6 +31,8 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
     def tag(run_id: str, edits: Annotated[list[str], typer.Argument(help="+NAME adds a tag, -NAME removes one")],
             url: url_option = default_url) -> None:
         """Add and remove a run's tags: ``tessera tag RUN +baseline -draft``."""
+        from api.run_edits import apply_tag_edits  # pydantic and the specs: imported when it runs
+
         with Client(url) as client:
             run = call(client.get_run, run_id)
             try:
@@ -75,11 +75,13 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
 
     @app.command()
     def diff(run_a: str, run_b: str, url: url_option = default_url,
-             as_json: Annotated[bool, typer.Option("--json", help="print {path: [a, b]} as JSON")] = False) -> None:
+             as_json: Annotated[bool, typer.Option("--json", help="print {path: \\[a, b]} as JSON")] = False) -> None:
         """The spec fields that differ between two runs, as dotted paths. Exit 0: identical;
         1: they differ (3: a run not found, as every command)."""
         with Client(url) as client:
             specs = [call(client.get_run, run_a).spec, call(client.get_run, run_b).spec]
+        from api.spec_diff import spec_diff
+
         differences = spec_diff(*specs)
 
         def render() -> None:

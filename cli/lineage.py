@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 import yaml
 
-from api.client import Client
+from cli.output import EXIT_USAGE, fail
 
 
 class BadAssignment(ValueError):
@@ -60,11 +60,12 @@ def register(app: typer.Typer, url_option, default_url: str, call, console) -> N
                                 "or a checkpoint's batch number")] = "latest",
              url: url_option = default_url) -> None:
         """Fork a run: a new run with the parent's spec plus your changes, starting from its checkpoint."""
+        from api.client import Client  # the SDK, imported when a command runs: --help stays fast
+
         try:
             patch, start = patch_from_assignments(assignments or []), fork_source(source)
         except BadAssignment as exc:
-            console.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(2) from exc
+            fail(str(exc), EXIT_USAGE)
         with Client(url) as client:
             child = call(client.fork, run_id, patch, from_=start)
         loaded = f"its checkpoint at batch {child.fork.step}" if child.fork and child.fork.step is not None else \
@@ -77,6 +78,8 @@ def register(app: typer.Typer, url_option, default_url: str, call, console) -> N
                       "--max-duration", help="the new, longer max_duration in the run's unit, e.g. 20ep")],
                   url: url_option = default_url) -> None:
         """Train a COMPLETED run on to a longer max_duration as its next attempt."""
+        from api.client import Client
+
         with Client(url) as client:
             run = call(client.continue_run, run_id, max_duration)
         console.print(f"run [bold]{run.id}[/bold] continues to {run.spec['max_duration']} as attempt {run.attempt}, "

@@ -20,18 +20,23 @@ PageReader = Callable[[Optional[int], int], "LogPage"]
 
 def print_logs(read: PageReader, *, attempt: int | None, follow: bool, poll_interval: float = 1.0) -> None:
     """Write the attempt's log to stdout from the start; with ``follow``, keep polling by byte
-    offset until the attempt is no longer live."""
-    after = 0
+    offset while it is live. Without an ``attempt`` (the newest), following goes on to the
+    attempts that follow it (a worker-group restart, a resume), each announced on stderr, until
+    the run ends."""
+    page = read(attempt, 0)
     while True:
-        page = read(attempt, after)
         sys.stdout.write(page.text)
         sys.stdout.flush()
-        attempt, after = page.attempt, page.next_offset
-        if page.next_offset < page.size:
-            continue  # more already there: read on without waiting
-        if not (follow and page.live):
+        if page.next_offset < page.size:  # more already there: read on without waiting
+            page = read(page.attempt, page.next_offset)
+        elif follow and page.live:
+            time.sleep(poll_interval)
+            page = read(page.attempt, page.next_offset)
+        elif follow and attempt is None and (newest := read(None, 0)).attempt != page.attempt:
+            sys.stderr.write(f"--- attempt {newest.attempt} ---\n")
+            page = newest
+        else:
             return
-        time.sleep(poll_interval)
 
 
 def read_log(read: PageReader, *, attempt: int | None) -> "LogPage":
@@ -72,7 +77,7 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
     @app.command()
     def logs(run_id: str, url: url_option = default_url,
              attempt: Annotated[Optional[int], typer.Option(help="attempt number (default: the newest)")] = None,
-             follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing while the run is live")] = False,
+             follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing while the run is live, through its next attempts")] = False,
              as_json: JsonOption = False,
              ) -> None:
         """Print a run's worker stdout/stderr (one attempt's Ray job log; --json: the log so far as

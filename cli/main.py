@@ -125,7 +125,8 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None, out
 @app.command()
 def runs(
     action: Annotated[Optional[str], typer.Argument(metavar="[list]", help="`list` (the default)")] = None,
-    status: Annotated[Optional[str], typer.Option(help="only runs with this status")] = None,
+    status: Annotated[Optional[str], typer.Option(help="only runs with this status (any case), e.g. completed",
+                                                  callback=lambda value: _run_status(value))] = None,
     tag: Annotated[Optional[str], typer.Option(help="only runs with this tag")] = None,
     name: Annotated[Optional[str], typer.Option(help="only runs whose name contains this")] = None,
     order_by: Annotated[Optional[str], typer.Option(help="best:<metric key>, e.g. best:eval/accuracy")] = None,
@@ -258,6 +259,18 @@ def _put_code_on_path(folder: str) -> None:
     root = str(path.parent if (path / "__init__.py").is_file() else path)
     sys.path.insert(0, root)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+
+
+def _run_status(value: Optional[str]) -> Optional[str]:
+    """``--status``: a run status in any case, or a usage error that lists them."""
+    if value is None:
+        return None
+    from api.views import RunStatus
+
+    try:
+        return RunStatus.of(value).value
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _status(run) -> str:

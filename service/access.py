@@ -300,12 +300,14 @@ class AccessStore:
         self._remember(self._projects, name, project, read_at=read_at, writes_then=writes_then)
         return project
 
-    def set_quota(self, name: str, quota: dict[str, Any]) -> ProjectRecord:
-        """Replace the project's quotas with ``quota`` (missing fields: no limit)."""
+    def set_quota(self, name: str, quota: dict[str, Any], *, replace: bool = True) -> ProjectRecord:
+        """Replace the project's quotas with ``quota`` (missing fields: no limit); with
+        ``replace=False``, change only the fields ``quota`` holds (None: no limit)."""
         with self.db.write() as session:
             row = _require_project(session, name)
             for field in QUOTA_FIELDS:
-                setattr(row, field, quota.get(field))
+                if replace or field in quota:
+                    setattr(row, field, quota.get(field))
             session.flush()
             record = ProjectRecord.from_row(row)
         self._forget()

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
-from service.access import EVERY_PROJECT, RAISING_FIELDS, Forbidden, ProjectNotFound, Role
+from service.access import EVERY_PROJECT, RAISING_FIELDS, AccessStore, Caller, Forbidden, ProjectNotFound, Role
 from service.deps import AccessDep, CallerDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.json_body import ParsedBodyRoute
@@ -135,13 +135,32 @@ def list_projects(caller: CallerDep, access: AccessDep) -> ProjectsPage:
             responses=NOT_FOUND)
 def set_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: CallerDep,
               access: AccessDep) -> ProjectView:
-    """Replace the project's quotas (admin of the project). Setting ``max_wall_time_cap_s`` or
-    ``max_duration_caps`` (bounds the service sets for everyone) to a new value needs an admin of
-    every project; a project admin may send them back unchanged."""
+    """Replace the project's quotas (admin of the project): a field left out is no limit.
+    Setting ``max_wall_time_cap_s`` or ``max_duration_caps`` (bounds the service sets for
+    everyone) to a new value needs an admin of every project; a project admin may send them back
+    unchanged. ``PATCH`` changes only the fields it is sent."""
+    changes = quota.model_dump()
+    _check_quota_change(name, changes, caller, access)
+    return _project_view(access.set_quota(name, changes), caller)
+
+
+@router.patch("/projects/{name}/quota", response_model=ProjectView, operation_id="update_project_quota",
+              responses=NOT_FOUND)
+def update_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: CallerDep,
+                 access: AccessDep) -> ProjectView:
+    """Change only the quotas in the body (null: no limit); the others are kept. The same roles as
+    ``PUT``."""
+    changes = quota.model_dump(include=quota.model_fields_set)
+    _check_quota_change(name, changes, caller, access)
+    return _project_view(access.set_quota(name, changes, replace=False), caller)
+
+
+def _check_quota_change(name: str, changes: dict, caller: Caller, access: AccessStore) -> None:
+    """404 unless the caller administers the project; 403 for a raised service-wide bound
+    (``RAISING_FIELDS``) unless it administers every project."""
     caller.require(name, Role.ADMIN, ProjectNotFound(name))
     current = access.get_project(name, fresh=True)
     raising = [field for field in RAISING_FIELDS
-               if getattr(quota, field) is not None and getattr(quota, field) != getattr(current, field)]
+               if changes.get(field) is not None and changes[field] != getattr(current, field)]
     if raising and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
         raise Forbidden(f"only an admin of every project ('*') may set {', '.join(raising)}")
-    return _project_view(access.set_quota(name, quota.model_dump()), caller)

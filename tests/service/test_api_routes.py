@@ -235,7 +235,7 @@ def test_openapi_is_published_with_stable_operation_ids(client):
                              "create_sweep", "list_sweeps", "get_sweep", "cancel_sweep", "report_sweep_status",
                              "register_trial", "end_trial", "upload_code", "check_code", "get_code"} | {
                              "whoami", "create_key", "list_keys", "revoke_key", "create_project", "list_projects",
-                             "set_project_quota", "get_run_logs", "get_sweep_logs", "get_run_model"} | {
+                             "set_project_quota", "update_project_quota", "get_run_logs", "get_sweep_logs", "get_run_model"} | {
                              "update_run", "archive_run", "unarchive_run", "delete_run", "archive_sweep",
                              "unarchive_sweep", "delete_sweep"} | {"request_run_export", "list_run_exports", "report_note"} | {
                              "fork_run", "continue_run", "list_run_children"}

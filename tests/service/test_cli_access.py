@@ -18,6 +18,15 @@ def test_projects_and_keys_from_the_cli(tmp_path, monkeypatch):
         created = runner.invoke(app, ["projects", "create", "vision", *url])
         assert created.exit_code == 0, created.output
         assert "vision" in runner.invoke(app, ["projects", "list", *url]).output
+        # A quota change sets what it names and keeps the rest; --unset removes one.
+        set_two = runner.invoke(app, ["projects", "quota", "vision", "--max-running-runs", "4", "--max-gpus", "8", *url])
+        assert set_two.exit_code == 0 and "max_running_runs 4, max_gpus 8" in set_two.output, set_two.output
+        capped = runner.invoke(app, ["projects", "quota", "vision", "--max-duration-cap", "ep=50000", *url])
+        assert "max_running_runs 4, max_gpus 8, max_duration_caps {'ep': 50000}" in capped.output, capped.output
+        unset = runner.invoke(app, ["projects", "quota", "vision", "--unset", "max-gpus", *url])
+        assert "max_running_runs 4, max_duration_caps" in unset.output and "max_gpus" not in unset.output
+        bogus = runner.invoke(app, ["projects", "quota", "vision", "--unset", "max-cpus", *url])
+        assert bogus.exit_code == 2 and "'max-cpus' is not a quota" in bogus.output
         made = runner.invoke(app, ["keys", "create", "--project", "vision", "--role", "viewer", *url])
         assert made.exit_code == 0, made.output
         secret = made.output.strip().splitlines()[-1]

@@ -4,6 +4,8 @@ read command's --json parses, exit codes tell errors apart, help documents it, c
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import typer
@@ -62,7 +64,23 @@ def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_o
     assert refused.exit_code == EXIT_USER_ERROR and "HTTP 422" in refused.stderr
 
 
+def test_input_the_sdk_refuses_before_sending_is_one_line_per_field_not_a_traceback(url):
+    submitted = json.loads(tessera("submit", str(REPO_ROOT / "examples" / "digits_resnet.yaml"), "--json",
+                                   "--url", url).stdout)
+    bad_tag = tessera("tag", "--url", url, submitted["id"], "+bad!tag")  # edits come last: -NAME removes a tag
+    assert bad_tag.exit_code == EXIT_USER_ERROR, bad_tag.output
+    assert "tags[0]:" in bad_tag.stderr and "'bad!tag'" in bad_tag.stderr and "Traceback" not in bad_tag.output
+    long_note = tessera("note", submitted["id"], "x" * 10_001, "--url", url)
+    assert long_note.exit_code == EXIT_USER_ERROR and "notes:" in long_note.stderr
+    # A status in any case; a wrong one is a usage error that lists them.
+    assert json.loads(tessera("runs", "--status", "queued", "--json", "--url", url).stdout)
+    wrong = tessera("runs", "--status", "done", "--url", url)
+    assert wrong.exit_code == EXIT_USAGE and "'done' is not a run status; one of QUEUED" in wrong.output
+
+
 def test_a_usage_error_exits_2(url):
+    bad_set = tessera("fork", "some-run", "--set", "optimizer.lr", "--url", url)
+    assert bad_set.exit_code == EXIT_USAGE and "expected dotted.key=value" in bad_set.stderr and bad_set.stdout == ""
     assert tessera("runs", "--limit", "many", "--url", url).exit_code == EXIT_USAGE
     assert tessera("no-such-command").exit_code == EXIT_USAGE
     assert tessera("logs", "some-run", "--json", "--follow", "--url", url).exit_code == EXIT_USAGE
@@ -109,3 +127,10 @@ def test_install_completion_hooks_the_script_into_the_users_shell(tmp_path, monk
     script = tmp_path / ".bash_completions" / "tessera.sh"
     assert "_TESSERA_COMPLETE=complete_bash" in script.read_text()
     assert f"source '{script}'" in (tmp_path / ".bashrc").read_text()
+
+
+def test_importing_the_cli_loads_neither_the_sdk_nor_httpx_nor_pydantic():
+    """``tessera --help`` and shell completion stay fast: the SDK is imported when a command runs."""
+    code = "import sys, cli.main; print(sorted(m for m in ('httpx', 'api.client', 'pydantic') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

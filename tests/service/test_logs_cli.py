@@ -27,7 +27,40 @@ def test_follow_prints_every_byte_once_and_stops_when_the_attempt_ends(capsys):
     with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
         print_logs(run_pages(client, "r"), attempt=None, follow=True, poll_interval=0)
     assert capsys.readouterr().out == "a\nb\nc\n"
-    assert calls == [0, 2, 4]
+    assert calls == [0, 2, 4, 0]  # the last: is there a newer attempt to go on with? No: the run ended
+
+
+def test_follow_goes_on_to_the_next_attempt_until_the_run_ends(capsys):
+    # Attempt 1 ends (its worker group restarts), attempt 2 writes and the run ends.
+    logs = {1: b"one\n", 2: b"two\n"}
+    newest = iter([1, 2, 2])  # the run's attempt at each request that names none
+    requested = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        attempt = int(request.url.params.get("attempt") or next(newest))
+        after = int(request.url.params["after"])
+        requested.append((attempt, after))
+        text = logs[attempt]
+        return httpx.Response(200, json={"run_id": "r", "attempt": attempt, "attempts": 2,
+                                         "text": text[after:].decode(), "offset": after, "next_offset": len(text),
+                                         "size": len(text), "live": attempt == 2 and after == 0, "source": "storage"})
+
+    with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
+        print_logs(run_pages(client, "r"), attempt=None, follow=True, poll_interval=0)
+    out = capsys.readouterr()
+    assert out.out == "one\ntwo\n" and out.err == "--- attempt 2 ---\n"
+    assert requested == [(1, 0), (2, 0), (2, 4), (2, 0)]
+
+
+def test_follow_of_a_named_attempt_stops_when_it_ends(capsys):
+    def service(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["attempt"] == "1"
+        return httpx.Response(200, json={"run_id": "r", "attempt": 1, "attempts": 2, "text": "one\n",
+                                         "offset": 0, "next_offset": 4, "size": 4, "live": False, "source": "storage"})
+
+    with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
+        print_logs(run_pages(client, "r"), attempt=1, follow=True, poll_interval=0)
+    assert capsys.readouterr().out == "one\n"
 
 
 def test_the_json_form_reads_every_page_of_the_log_so_far():

@@ -101,6 +101,16 @@ def test_project_level_admin_actions_are_403_for_members_and_project_admins(admi
                       headers=project_admin).status_code == 403
     assert admin.put(f"{API}/projects/{t['a']}/quota", json={"max_running_runs": 1},
                      headers=project_admin).json()["quota"]["max_running_runs"] == 1
+    # PATCH changes only what it is sent: the cap an every-project admin raised survives a project
+    # admin's change of another quota, which a PUT of that one quota would have reset.
+    assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_duration_caps": {"ep": 50000}}).status_code == 200
+    patched = admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_workers": 3}, headers=project_admin).json()
+    assert {k: v for k, v in patched["quota"].items() if v is not None} == {
+        "max_running_runs": 1, "max_workers": 3, "max_duration_caps": {"ep": 50000}}
+    assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_wall_time_cap_s": 10 ** 6},
+                       headers=project_admin).status_code == 403
+    assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_workers": None},
+                       headers=project_admin).json()["quota"]["max_workers"] is None
     made = admin.post(f"{API}/keys", json={"project": t["a"], "role": "viewer"}, headers=project_admin)
     assert made.status_code == 201
     listed = {k["id"] for k in admin.get(f"{API}/keys", headers=project_admin).json()["data"]}

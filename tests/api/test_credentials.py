@@ -1,0 +1,32 @@
+"""Where a client finds its API key: the variable, TESSERA_HOME, or the nearest .tessera above it."""
+
+from __future__ import annotations
+
+from api.credentials import KEY_VARIABLE, find_api_key, write_credentials
+
+
+def test_a_client_in_a_subfolder_finds_the_key_of_the_service_started_above_it(tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    monkeypatch.delenv("TESSERA_HOME", raising=False)
+    write_credentials(tmp_path / ".tessera" / "credentials", "tsk_root")
+    notebooks = tmp_path / "examples" / "notebooks"
+    notebooks.mkdir(parents=True)
+    monkeypatch.chdir(notebooks)
+    assert find_api_key() == "tsk_root"
+    # The nearest one wins: a service started in examples/ has its own home.
+    write_credentials(tmp_path / "examples" / ".tessera" / "credentials", "tsk_examples")
+    assert find_api_key() == "tsk_examples"
+
+
+def test_the_variable_and_an_explicit_home_come_before_the_search(tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    write_credentials(tmp_path / ".tessera" / "credentials", "tsk_found")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TESSERA_HOME", str(elsewhere))
+    assert find_api_key() is None  # TESSERA_HOME names the one place to look
+    monkeypatch.delenv("TESSERA_HOME")
+    assert find_api_key() == "tsk_found"
+    monkeypatch.setenv(KEY_VARIABLE, "tsk_variable")
+    assert find_api_key() == "tsk_variable"
