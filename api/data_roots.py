@@ -1,22 +1,26 @@
-"""Where a run may read local data from: its data sets' ``root`` folders must lie under the
-configured data directories (``TESSERA_DATA_DIRS``), or be the data set's built-in default.
+"""Where a run may read local data from: its data sets' ``root`` folders and local WebDataset
+``urls`` must lie under the configured data directories (``TESSERA_DATA_DIRS``), or be the data
+set's built-in default.
 
 Without this, a spec could point ``root`` at any folder of a worker (``/etc``, another run's
 checkpoints) and read it into training. The service checks every spec at submit (a 422 naming
-the field); the worker checks again, with symlinks resolved, before it opens anything.
-Remote roots (``s3://…`` and other non-file URLs) are not local paths and are left to storage
-credentials.
+the field); the worker checks again, with symlinks resolved and ``urls`` brace-expanded, before
+it opens anything. A ``urls`` pattern is checked whole at submit, so no part of it may be
+``..``. Remote roots (``s3://…`` and other non-file URLs) are not local paths and are left to
+storage credentials.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
 
-ROOT_FIELDS = ("root",)
+# A data set's fields that name where it reads from: a folder, or a brace pattern of shard URLs.
+ROOT_FIELDS = ("root", "urls")
 
 
 def _local_path(root: str) -> str | None:
@@ -35,6 +39,8 @@ def root_problem(root: str, default: Any, data_dirs: Iterable[str], *, resolve: 
         return None
     if not os.path.isabs(path):
         return "a local data root must be an absolute path"
+    if ".." in re.split(r"[/{},]", path):  # a brace pattern's parts are not normalised
+        return "a local data root may not contain '..'"
     dirs = [str(d) for d in data_dirs]
     normal = os.path.realpath(path) if resolve else os.path.normpath(path)
     for folder in dirs:
@@ -42,8 +48,14 @@ def root_problem(root: str, default: Any, data_dirs: Iterable[str], *, resolve: 
         if normal == base or normal.startswith(base.rstrip(os.sep) + os.sep):
             return None
     allowed = ", ".join(dirs) if dirs else "none configured"
-    return (f"local data roots must lie under the data directories (TESSERA_DATA_DIRS: {allowed}) or be the "
-            f"data set's default {default!r}")
+    return (f"local data roots must lie under the data directories (TESSERA_DATA_DIRS: {allowed})"
+            + (f" or be the data set's default {default!r}" if default is not None else ""))
+
+
+def default_root(dataset: BaseModel, field: str) -> str | None:
+    """The data set's built-in value of ``field`` (always allowed), or None where it has none."""
+    default = type(dataset).model_fields[field].default
+    return default if isinstance(default, str) else None
 
 
 def data_root_problems(spec: Any, data_dirs: Iterable[str], *, prefix: str = "",
@@ -58,7 +70,6 @@ def data_root_problems(spec: Any, data_dirs: Iterable[str], *, prefix: str = "",
             root = getattr(dataset, name, None)
             if not isinstance(root, str):
                 continue
-            default = type(dataset).model_fields[name].default
-            problem = root_problem(root, default, dirs, resolve=resolve)
+            problem = root_problem(root, default_root(dataset, name), dirs, resolve=resolve)
             if problem:
                 yield f"{prefix}data.{part}.{name}", root, problem

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from api.catalog import DATASETS
-from api.data_roots import root_problem
+from api.data_roots import ROOT_FIELDS, default_root, root_problem
 from workers.data.digits import load_digits
 from workers.data.factory import build_eval_loader, build_train_loader, streamed_only
 from workers.data.fashion_mnist import load_fashion_mnist
@@ -43,16 +43,28 @@ def build_dataset(spec: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def check_root(spec: Any) -> None:
-    """Refuse a local ``root`` outside ``TESSERA_DATA_DIRS`` (symlinks resolved), as the service
-    did at submit: a spec that reached the worker another way must not read arbitrary paths.
-    Without ``TESSERA_SERVICE_URL`` (``tessera train`` on one's own machine) nothing is checked."""
-    root = getattr(spec, "root", None)
-    if not isinstance(root, str) or not os.environ.get("TESSERA_SERVICE_URL"):
+    """Refuse a local ``root`` or ``urls`` shard outside ``TESSERA_DATA_DIRS`` (symlinks resolved,
+    each shard of a brace pattern), as the service did at submit: a spec that reached the worker
+    another way must not read arbitrary paths. Without ``TESSERA_SERVICE_URL`` (``tessera train``
+    on one's own machine) nothing is checked."""
+    if not os.environ.get("TESSERA_SERVICE_URL"):
         return
     data_dirs = [d for d in os.environ.get("TESSERA_DATA_DIRS", "").split(":") if d]
-    problem = root_problem(root, type(spec).model_fields["root"].default, data_dirs, resolve=True)
-    if problem:
-        raise PermissionError(f"data set {spec.name!r}: root {root!r}: {problem}")
+    for field in ROOT_FIELDS:
+        value = getattr(spec, field, None)
+        if not isinstance(value, str):
+            continue
+        default = default_root(spec, field)
+        if field == "urls":
+            from workers.data.webdataset_loader import expand_urls  # webdataset's import: only for it
+
+            paths = expand_urls(value)
+        else:
+            paths = [value]
+        for path in paths:
+            problem = root_problem(path, default, data_dirs, resolve=True)
+            if problem:
+                raise PermissionError(f"data set {spec.name!r}: {field} {path!r}: {problem}")
 
 
 def num_classes_of(spec: Any) -> int:
