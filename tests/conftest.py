@@ -46,8 +46,11 @@ def fresh_postgres_database(prefix: str = "tessera_test"):
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    from sqlalchemy.engine import make_url
+
+    try:  # the same server, user and options as TESSERA_TEST_PG_URL, through SQLAlchemy's psycopg driver
+        yield make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=name).render_as_string(
+            hide_password=False)
     finally:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

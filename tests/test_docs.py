@@ -1,4 +1,5 @@
-"""The repository's own docs point at files that exist: after a move, a stale link fails here."""
+"""The repository's own docs: links point at files and headings that exist (after a move, a stale link
+fails here), and the README's RunSpec reference is a spec the service accepts."""
 
 from __future__ import annotations
 
@@ -91,3 +92,17 @@ def test_every_module_path_in_the_architecture_doc_exists():
              if "<" not in p and "{" not in p}
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert missing == []
+
+
+def test_the_readme_runspec_reference_is_a_valid_spec():
+    """The README's annotated RunSpec names every field a user can set; it must stay a spec the
+    service accepts (a renamed or removed field fails here)."""
+    import yaml
+
+    from api.specs import RunSpec
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## RunSpec reference", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    spec = RunSpec.model_validate(yaml.safe_load(block))
+    assert spec.data.eval_batch_size == 256 and spec.optimizer.nesterov is False
