@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
+from pydantic import ValidationError
 
 from api.code_package import CodePackage, CodeView, inspect_package, pack_directory
 from api.credentials import find_api_key
-from api.errors import ApiError, ExportFailed
+from api.errors import ApiError, ExportFailed, InvalidInput
 from api.logs import LogsPage, SweepLogsPage
 from api.run_edits import DeletionView, RunUpdate
 from api.specs import RunSpec
+from api.validation_errors import format_validation_errors
 from api.views import (
     CatalogPage,
     CheckpointReport,
@@ -221,8 +223,13 @@ class Client:
             cursor = page.next_cursor
 
     def update_run(self, run_id: str, *, tags: list[str] | None = None, notes: str | None = None) -> RunView:
-        """Replace the run's tags and/or notes (None leaves a field as it is; ``notes=""`` clears)."""
-        body = RunUpdate(tags=tags, notes=notes).model_dump(exclude_none=True)
+        """Replace the run's tags and/or notes (None leaves a field as it is; ``notes=""`` clears).
+        ``InvalidInput``, before anything is sent, for a tag or note the service would refuse."""
+        fields = {"tags": tags, "notes": notes}
+        try:
+            body = RunUpdate(**fields).model_dump(exclude_none=True)
+        except ValidationError as exc:
+            raise InvalidInput(format_validation_errors(exc.errors(), fields, None)) from exc
         return RunView.model_validate(self._request("PATCH", f"{API}/runs/{run_id}", json=body))
 
     def delete_run(self, run_id: str) -> DeletionView:

@@ -5,7 +5,9 @@ In order: the ``TESSERA_API_KEY`` environment variable, then the credentials fil
 time with an empty database. ``TESSERA_HOME`` defaults to ``.tessera`` in the folder the service
 started in; a client without ``TESSERA_HOME`` looks for ``.tessera/credentials`` in its current
 folder and then in each folder above it, as git finds ``.git``, so a notebook or a shell in a
-subfolder of the checkout finds the key of the ``make serve`` started at its root. The file holds
+subfolder of the checkout finds the key of the ``make serve`` started at its root. A file found
+that way counts only if this user owns it: a ``/tmp/.tessera/credentials`` planted by another
+user must not decide which service and project a client works in. The file holds
 ``TESSERA_API_KEY=tsk_...`` lines (so a shell can ``source`` it) and ``#`` comments.
 """
 
@@ -26,7 +28,7 @@ def read_credentials(path: Path) -> str | None:
     """The key in a credentials file, or None if the file is missing or names none."""
     try:
         text = path.read_text()
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
+    except OSError:  # missing, a folder, not readable
         return None
     for line in text.splitlines():
         name, _, value = line.strip().partition("=")
@@ -42,9 +44,17 @@ def find_api_key(home: str | os.PathLike[str] | None = None) -> str | None:
         return os.environ[KEY_VARIABLE]
     if home or os.environ.get("TESSERA_HOME"):
         return read_credentials(credentials_path(home))
-    here = Path.cwd()
+    try:
+        here = Path.cwd()
+    except OSError:  # the current folder was deleted
+        return None
     for folder in (here, *here.parents):
-        key = read_credentials(folder / ".tessera" / "credentials")
+        path = folder / ".tessera" / "credentials"
+        try:
+            owned = path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        key = read_credentials(path) if owned else None
         if key is not None:
             return key
     return None

@@ -5,9 +5,11 @@ set's built-in default.
 Without this, a spec could point ``root`` at any folder of a worker (``/etc``, another run's
 checkpoints) and read it into training. The service checks every spec at submit (a 422 naming
 the field); the worker checks again, with symlinks resolved and ``urls`` brace-expanded, before
-it opens anything. A ``urls`` pattern is checked whole at submit, so no part of it may be
-``..``. Remote roots (``s3://…`` and other non-file URLs) are not local paths and are left to
-storage credentials.
+it opens anything. A ``urls`` pattern is checked whole at submit, so its brace groups may only be
+numeric ranges (``{000000..000019}``, what ``tessera data pack`` writes) or alternatives of plain
+names (``{train,extra}``): none can expand to ``..``. fsspec's chained URLs (``a::b``, which open
+the outer path locally whatever the inner one is) are refused. Remote roots (``s3://…`` and other
+non-file URLs) are not local paths and are left to storage credentials.
 """
 
 from __future__ import annotations
@@ -23,24 +25,34 @@ from pydantic import BaseModel
 ROOT_FIELDS = ("root", "urls")
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# The brace groups a local pattern may hold: a numeric range, or alternatives of plain names.
+_BRACE_GROUP = re.compile(r"\{(?:[0-9]+\.\.[0-9]+|[A-Za-z0-9_\-]+(?:,[A-Za-z0-9_\-]+)+)\}")
+
+
 def _local_path(root: str) -> str | None:
-    """The local path ``root`` names, or None for a remote URL."""
-    if "://" in root:
-        scheme, rest = root.split("://", 1)
-        return rest if scheme == "file" else None
-    return root
+    """The local path ``root`` names, or None for a remote URL (its scheme leads it)."""
+    match = _SCHEME.match(root)
+    if match is None:
+        return root
+    return root[match.end():] if match[1] == "file" else None
 
 
 def root_problem(root: str, default: Any, data_dirs: Iterable[str], *, resolve: bool = False) -> str | None:
     """Why a data set may not read ``root``, or None. ``default``: the spec's built-in root
     (always allowed). ``resolve``: follow symlinks (on a worker, where the path exists)."""
+    if "::" in root:
+        return "fsspec's chained URLs ('::') are not allowed in a data root"
     path = _local_path(root)
     if path is None or root == default:
         return None
     if not os.path.isabs(path):
         return "a local data root must be an absolute path"
-    if ".." in re.split(r"[/{},]", path):  # a brace pattern's parts are not normalised
-        return "a local data root may not contain '..'"
+    if "{" in path or "}" in path:
+        rest = _BRACE_GROUP.sub("", path)
+        if "{" in rest or "}" in rest:
+            return ("a local brace pattern's groups may be numeric ranges ({000000..000019}) or alternatives of "
+                    "letters, digits, _ and - ({train,extra})")
     dirs = [str(d) for d in data_dirs]
     normal = os.path.realpath(path) if resolve else os.path.normpath(path)
     for folder in dirs:

@@ -14,6 +14,14 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status_code}: {format_detail(detail)}")
 
 
+class InvalidInput(ValueError):
+    """Input the SDK refuses before sending it: ``detail`` holds the same items as a 422's."""
+
+    def __init__(self, detail: list[dict[str, Any]]):
+        self.detail = detail
+        super().__init__(format_detail(detail))
+
+
 class ExportFailed(Exception):
     """The Ray job that was to export a checkpoint failed; the message holds its error."""
 
@@ -31,26 +39,3 @@ def format_detail(detail: Any) -> str:
                 lines.append(str(item))
         return "\n".join(lines)
     return str(detail)
-
-
-def field_path(loc: tuple[Any, ...] | list[Any], body: Any) -> str:
-    """Dotted path of a pydantic error location, without the union tags pydantic inserts.
-
-    pydantic reports ``('optimizer', 'sgd', 'lr')`` for a discriminated union; users wrote
-    ``optimizer.lr``. Walk the submitted body and keep only the segments that exist in it.
-    """
-    parts: list[str] = []
-    node = body
-    for segment in loc:
-        if isinstance(node, dict) and segment in node:
-            node = node[segment]
-            parts.append(str(segment))
-        elif isinstance(node, list) and isinstance(segment, int) and 0 <= segment < len(node):
-            node = node[segment]
-            parts.append(f"[{segment}]")
-        elif isinstance(node, dict) and node.get("name") == segment:
-            continue  # a discriminated-union tag, not a field
-        else:
-            parts.append(f"[{segment}]" if isinstance(segment, int) else str(segment))
-            node = None
-    return ".".join(parts).replace(".[", "[")

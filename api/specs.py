@@ -145,18 +145,10 @@ class DataSpec(Spec):
     batch_size: int = Field(..., ge=1, le=65536, description="global batch size, split evenly across workers")
     eval_batch_size: int | None = Field(None, ge=1, le=65536,
                                         description="global batch size of evaluation (default: batch_size)")
-    num_loader_workers: int = Field(0, ge=0, le=32, description="must be 0: the built-in sets are sliced in memory; "
-                                                                "image_folder and webdataset take num_workers")
-    drop_last: bool = Field(True, description="drop the last partial batch of an epoch (webdataset always does)")
-
-    @field_validator("num_loader_workers")
-    @classmethod
-    def _no_loader_workers(cls, value: int) -> int:
-        if value:
-            raise ValueError(f"num_loader_workers {value}: no loader workers read the built-in sets, which are sliced "
-                             "in memory; to decode in worker processes set num_workers on an image_folder or "
-                             "webdataset data set (data.train.num_workers)")
-        return value
+    num_loader_workers: int = Field(0, ge=0, le=32, description="unused, and refused above 0 in a new submission: the "
+                                    "built-in sets are sliced in memory; image_folder and webdataset take num_workers")
+    drop_last: bool = Field(True, description="drop the last partial batch of an epoch; webdataset always does, and a "
+                                              "new submission of webdataset with false is refused")
 
     @model_validator(mode="after")
     def _same_shape(self) -> "DataSpec":
@@ -165,10 +157,22 @@ class DataSpec(Spec):
                 f"data.eval.name {self.eval.name!r} differs from data.train.name {self.train.name!r}; "
                 "train and eval must come from the same data set"
             )
-        if not self.drop_last and self.train.name == "webdataset":
-            raise ValueError("data.drop_last false: a webdataset stream always takes num_samples // batch_size "
-                             "steps an epoch, dropping the last partial batch; leave drop_last true")
         return self
+
+
+def ignored_field_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
+    """``(field, value, why)`` for data fields that a new submission sets to no effect. Checked at
+    submit only (``POST /runs``, ``POST /sweeps``): specs stored before these checks, which set
+    them and trained as if they had not, must still load to resume, continue or export."""
+    problems = []
+    if spec.data.num_loader_workers:
+        problems.append(("data.num_loader_workers", spec.data.num_loader_workers,
+                         "no loader workers read the built-in sets, which are sliced in memory: leave it 0; to "
+                         "decode in worker processes set num_workers on an image_folder or webdataset data set"))
+    if not spec.data.drop_last and spec.data.train.name == "webdataset":
+        problems.append(("data.drop_last", False, "a webdataset stream always takes num_samples // batch_size steps "
+                         "an epoch, dropping the last partial batch: leave drop_last true"))
+    return problems
 
 
 # --- optimization -----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Pydantic validation errors as the items of a 422: ``{"field", "loc", "msg", "input"}``.
 
 ``field`` is the dotted path the user wrote (``optimizer.lr``, not pydantic's
-``optimizer.sgd.lr``), ``input`` the bad value and ``msg`` what is allowed; for unknown fields
-the allowed names are appended. The service answers its 422s with these items
+``optimizer.sgd.lr``; without the body, for a model the SDK built, pydantic's location as it
+stands), ``input`` the bad value and ``msg`` what is allowed; for unknown fields the allowed names
+are appended. The service answers its 422s with these items
 (``service.errors``) and the CLI prints the same ones for a spec file or an SDK call that does
 not validate, so a user reads one wording whichever way the input came.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from api.errors import field_path
 
 
 def field_error(field: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
@@ -80,14 +80,38 @@ def _trim_loc(loc: list[Any], body: Any) -> list[Any]:
     return loc
 
 
+def field_path(loc: tuple[Any, ...] | list[Any], body: Any) -> str:
+    """Dotted path of a pydantic error location, without the union tags pydantic inserts.
+
+    pydantic reports ``('optimizer', 'sgd', 'lr')`` for a discriminated union; users wrote
+    ``optimizer.lr``. Walk the submitted body and keep only the segments that exist in it.
+    """
+    parts: list[str] = []
+    node = body
+    for segment in loc:
+        if isinstance(node, dict) and segment in node:
+            node = node[segment]
+            parts.append(str(segment))
+        elif isinstance(node, list) and isinstance(segment, int) and 0 <= segment < len(node):
+            node = node[segment]
+            parts.append(f"[{segment}]")
+        elif isinstance(node, dict) and node.get("name") == segment:
+            continue  # a discriminated-union tag, not a field
+        else:
+            parts.append(f"[{segment}]" if isinstance(segment, int) else str(segment))
+            node = None
+    return ".".join(parts).replace(".[", "[")
+
+
 # The specs' string patterns in words (``worded_pattern``): pydantic's message quotes only the regex.
 PATTERN_WORDS: dict[str, str] = {}
 
 
 def worded_pattern(pattern: str, words: str) -> str:
     """``pattern``, for a field's ``Field(pattern=...)``, with what it allows in words; a value
-    that does not match gets ``should be <words>`` in its 422."""
-    PATTERN_WORDS[pattern] = words
+    that does not match gets ``should be <words>`` in its 422. One pattern has one wording."""
+    if PATTERN_WORDS.setdefault(pattern, words) != words:
+        raise ValueError(f"pattern {pattern!r} is worded already: {PATTERN_WORDS[pattern]!r}")
     return pattern
 
 
@@ -97,13 +121,19 @@ _LEADING_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])
 _PATH_PART = re.compile(r"\.?([A-Za-z_]\w*)|\['([^']*)'\]|\[(\d+)\]")
 
 
-def _field_named_in(msg: str, body: Any) -> tuple[str, Any] | None:
-    """(path, value) when a whole-object rule's message begins with a path into ``body``; the
-    value is None for a field the body leaves out. None if the message names no such path."""
-    match = _LEADING_PATH.match(msg)
-    if match is None:
-        return None
-    parts = [(name or key, int(index) if index else None) for name, key, index in _PATH_PART.findall(match[0])]
+def _path_parts(path: str) -> list[tuple[str, int | None]]:
+    """``a.b['c.d'][0]`` as ``[("a", None), ("b", None), ("c.d", None), ("", 0)]``."""
+    return [(name or key, int(index) if index else None) for name, key, index in _PATH_PART.findall(path)]
+
+
+def _end_of_parts(path: str, count: int) -> int:
+    """Where the first ``count`` parts of ``path`` end."""
+    matches = list(_PATH_PART.finditer(path))
+    return matches[count - 1].end() if count else 0
+
+
+def _walk(parts: list[tuple[str, int | None]], body: Any) -> tuple[bool, Any]:
+    """(found, value) at ``parts`` in ``body``; a last key the body leaves out is found as None."""
     node = body
     for position, (key, index) in enumerate(parts):
         last = position == len(parts) - 1
@@ -112,8 +142,29 @@ def _field_named_in(msg: str, body: Any) -> tuple[str, Any] | None:
         elif index is None and isinstance(node, dict) and (key in node or last):
             node = node.get(key)
         else:
-            return None
-    return match[0], node
+            return False, None
+    return True, node
+
+
+def _field_named_in(msg: str, body: Any, field: str) -> tuple[str, Any] | None:
+    """(path, value) when the message of a rule over the object at ``field`` begins with a path to
+    one of its fields. The path is written from the RunSpec's root (``parallelism.num_workers``),
+    which may itself sit inside the body (a sweep's ``base``): it is tried under each prefix of
+    ``field``, longest first. The value is None for a field the body leaves out; None if the
+    message names no such path."""
+    match = _LEADING_PATH.match(msg)
+    if match is None:
+        return None
+    named, within = _path_parts(match[0]), _path_parts(field)
+    for cut in range(len(within), -1, -1):
+        prefix = field[:_end_of_parts(field, cut)]
+        full = f"{prefix}.{match[0]}" if prefix else match[0]
+        if field and not full.startswith(f"{field}.") and not full.startswith(f"{field}["):
+            continue
+        found, value = _walk(within[:cut] + named, body)
+        if found:
+            return full, value
+    return None
 
 
 def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None) -> dict[str, Any]:
@@ -129,8 +180,7 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
     else:
         field = ".".join(str(part) for part in inner)
 
-    if (kind == "value_error" and source == "body" and (named := _field_named_in(msg, body))
-            and (not field or named[0].startswith(f"{field}."))):
+    if kind == "value_error" and source == "body" and (named := _field_named_in(msg, body, field)):
         field, value = named  # a rule over an object that says which of its fields it is about
     elif kind == "missing" or (kind == "value_error" and source == "body" and not inner and value == body):
         value = None  # pydantic echoes the enclosing object here, which is not the bad value

@@ -96,8 +96,8 @@ def set_quota(
     max_wall_time_cap: Annotated[Optional[int], typer.Option(
         help="seconds: the longest max_wall_time a run may ask for (every-project admin only)")] = None,
     max_duration_cap: Annotated[Optional[list[str]], typer.Option(
-        help="UNIT=N, e.g. ep=20000: the largest max_duration per unit (ep, ba, sp, tok); repeatable "
-             "(every-project admin only)")] = None,
+        help="UNIT=N, e.g. ep=20000: the largest max_duration per unit (ep, ba, sp, tok); repeatable; the "
+             "units not given keep their caps (every-project admin only)")] = None,
     unset: Annotated[Optional[list[str]], typer.Option(
         help=f"remove this limit (repeatable): {', '.join(QUOTA_OPTIONS)}")] = None,
     url: UrlOption = DEFAULT_URL,
@@ -105,10 +105,10 @@ def set_quota(
     """Change a project's quotas: the options given are set, --unset ones removed, the others
     kept. Needs the project's admin."""
     main = _main()
-    changes = {field: value for field, value in (
-        ("max_running_runs", max_running_runs), ("max_workers", max_workers), ("max_gpus", max_gpus),
-        ("default_max_wall_time_s", default_max_wall_time), ("max_wall_time_cap_s", max_wall_time_cap))
-        if value is not None}
+    given = {"max-running-runs": max_running_runs, "max-workers": max_workers, "max-gpus": max_gpus,
+             "default-max-wall-time": default_max_wall_time, "max-wall-time-cap": max_wall_time_cap,
+             "max-duration-cap": max_duration_cap or None}
+    changes = {QUOTA_OPTIONS[option]: value for option, value in given.items() if value is not None}
     if max_duration_cap:
         try:
             changes["max_duration_caps"] = {unit: int(n) for unit, n in (item.split("=", 1) for item in max_duration_cap)}
@@ -118,6 +118,8 @@ def set_quota(
         if option not in QUOTA_OPTIONS:
             raise typer.BadParameter(f"{option!r} is not a quota; one of {', '.join(QUOTA_OPTIONS)}",
                                      param_hint="--unset")
+        if given[option] is not None:
+            raise typer.BadParameter(f"--{option} is both given and unset; give one", param_hint="--unset")
         changes[QUOTA_OPTIONS[option]] = None
     if not changes:
         raise typer.BadParameter("give at least one quota to set or --unset", param_hint="options")

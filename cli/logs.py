@@ -32,9 +32,9 @@ def print_logs(read: PageReader, *, attempt: int | None, follow: bool, poll_inte
         elif follow and page.live:
             time.sleep(poll_interval)
             page = read(page.attempt, page.next_offset)
-        elif follow and attempt is None and (newest := read(None, 0)).attempt != page.attempt:
-            sys.stderr.write(f"--- attempt {newest.attempt} ---\n")
-            page = newest
+        elif follow and attempt is None and page.attempts > page.attempt:  # the run went on
+            sys.stderr.write(f"--- attempt {page.attempt + 1} ---\n")
+            page = read(page.attempt + 1, 0)
         else:
             return
 

@@ -53,18 +53,16 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run an SDK call; API and connection errors become one clear message and their exit code,
-    and so does input the SDK refuses before sending it (a tag, a note): the same
-    ``field: message (got value)`` lines as the service's 422."""
+    and so does input the SDK refuses before sending it (``InvalidInput``: a tag, a note), in
+    the same ``field: message (got value)`` lines as the service's 422."""
     import httpx
-    from pydantic import ValidationError
 
-    from api.errors import ApiError, format_detail
-    from api.validation_errors import format_validation_errors
+    from api.errors import ApiError, InvalidInput, format_detail
 
     try:
         return fn(*args, **kwargs)
-    except ValidationError as exc:
-        fail(f"invalid input\n{format_detail(format_validation_errors(exc.errors(), None, None))}")
+    except InvalidInput as exc:
+        fail(f"invalid input\n{format_detail(exc.detail)}")
     except ApiError as exc:
         fail(f"HTTP {exc.status_code}\n{format_detail(exc.detail)}", _code_of(exc.status_code))
     except httpx.HTTPStatusError as exc:

@@ -106,3 +106,7 @@ def test_the_readme_runspec_reference_is_a_valid_spec():
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     spec = RunSpec.model_validate(yaml.safe_load(block))
     assert spec.data.eval_batch_size == 256 and spec.optimizer.nesterov is False
+    # The commented alternative optimizer is a valid one too.
+    adamw = next(line for line in block.splitlines() if line.startswith("# or: {name: adamw"))
+    spec = RunSpec.model_validate({**yaml.safe_load(block), "optimizer": yaml.safe_load(adamw.removeprefix("# or: "))})
+    assert spec.optimizer.betas == (0.9, 0.999)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
-from service.access import EVERY_PROJECT, RAISING_FIELDS, AccessStore, Caller, Forbidden, ProjectNotFound, Role
+from service.access import EVERY_PROJECT, RAISING_FIELDS, Caller, Forbidden, ProjectNotFound, ProjectRecord, Role
 from service.deps import AccessDep, CallerDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody
 from service.json_body import ParsedBodyRoute
@@ -49,7 +49,8 @@ class ProjectCreate(BaseModel):
 
 
 class Quota(BaseModel):
-    """A project's limits; a missing or null field is no limit."""
+    """A project's limits; null is no limit. A field left out: no limit in a ``PUT``, kept in a
+    ``PATCH``."""
 
     max_running_runs: int | None = Field(None, ge=0, le=100_000, description="runs admitted to Ray at once")
     max_workers: int | None = Field(None, ge=0, le=1_000_000, description="workers of admitted runs, together")
@@ -136,11 +137,12 @@ def list_projects(caller: CallerDep, access: AccessDep) -> ProjectsPage:
 def set_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: CallerDep,
               access: AccessDep) -> ProjectView:
     """Replace the project's quotas (admin of the project): a field left out is no limit.
-    Setting ``max_wall_time_cap_s`` or ``max_duration_caps`` (bounds the service sets for
-    everyone) to a new value needs an admin of every project; a project admin may send them back
-    unchanged. ``PATCH`` changes only the fields it is sent."""
+    Changing ``max_wall_time_cap_s`` or ``max_duration_caps`` (which replace bounds the service
+    sets for everyone), to another value or to null, needs an admin of every project; a project
+    admin sends them back unchanged. ``PATCH`` changes only the fields it is sent."""
+    caller.require(name, Role.ADMIN, ProjectNotFound(name))
     changes = quota.model_dump()
-    _check_quota_change(name, changes, caller, access)
+    _refuse_raising(changes, access.get_project(name, fresh=True), caller)
     return _project_view(access.set_quota(name, changes), caller)
 
 
@@ -148,19 +150,20 @@ def set_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: C
               responses=NOT_FOUND)
 def update_quota(name: Annotated[str, Path(max_length=64)], quota: Quota, caller: CallerDep,
                  access: AccessDep) -> ProjectView:
-    """Change only the quotas in the body (null: no limit); the others are kept. The same roles as
-    ``PUT``."""
+    """Change only the quotas in the body (null: no limit); the others are kept, and so are the
+    units of ``max_duration_caps`` the body does not name. The same roles as ``PUT``."""
+    caller.require(name, Role.ADMIN, ProjectNotFound(name))
+    current = access.get_project(name, fresh=True)
     changes = quota.model_dump(include=quota.model_fields_set)
-    _check_quota_change(name, changes, caller, access)
+    if changes.get("max_duration_caps"):
+        changes["max_duration_caps"] = {**(current.max_duration_caps or {}), **changes["max_duration_caps"]}
+    _refuse_raising(changes, current, caller)
     return _project_view(access.set_quota(name, changes, replace=False), caller)
 
 
-def _check_quota_change(name: str, changes: dict, caller: Caller, access: AccessStore) -> None:
-    """404 unless the caller administers the project; 403 for a raised service-wide bound
-    (``RAISING_FIELDS``) unless it administers every project."""
-    caller.require(name, Role.ADMIN, ProjectNotFound(name))
-    current = access.get_project(name, fresh=True)
-    raising = [field for field in RAISING_FIELDS
-               if changes.get(field) is not None and changes[field] != getattr(current, field)]
+def _refuse_raising(changes: dict, current: ProjectRecord, caller: Caller) -> None:
+    """403 for a change of a bound that replaces the service's (``RAISING_FIELDS``, to another
+    value or to null) unless the caller administers every project."""
+    raising = [field for field in RAISING_FIELDS if field in changes and changes[field] != getattr(current, field)]
     if raising and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
         raise Forbidden(f"only an admin of every project ('*') may set {', '.join(raising)}")

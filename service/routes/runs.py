@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.data_roots import data_root_problems
 from api.run_edits import order_by_key
-from api.specs import RunSpec
+from api.specs import RunSpec, ignored_field_problems
 from api.validation_errors import field_error
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import project_code_store
@@ -99,7 +99,7 @@ def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep
         earlier = replayed_run(repo, name, idempotency_key, spec)
         if earlier is not None:
             return earlier if isinstance(earlier, Response) else _replayed(request, earlier)
-    refused = submit_problems(request, spec, project=access.get_project(name))
+    refused = ignored_field_errors(spec) + submit_problems(request, spec, project=access.get_project(name))
     if refused:
         return validation_response(refused)
     # A run made just now is in no plan of the queue yet: its view has no ``queue``.
@@ -148,6 +148,11 @@ def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "
 
 def _item(field: str, message: str, value) -> dict:
     return field_error(field, ["body", *field.split(".")], message, value)
+
+
+def ignored_field_errors(spec: RunSpec, *, prefix: str = "") -> list[dict]:
+    """422 items for fields a new submission sets to no effect (``api.specs.ignored_field_problems``)."""
+    return [_item(prefix + field, why, value) for field, value, why in ignored_field_problems(spec)]
 
 
 def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> list[dict]:

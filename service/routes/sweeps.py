@@ -25,7 +25,7 @@ from service.tokens import bearer_token
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.spec_caps import searched_duration_problems
-from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, submit_problems
+from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, ignored_field_errors, submit_problems
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES,
                    route_class=ParsedBodyRoute)
@@ -59,7 +59,8 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
     too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
-    refused = submit_problems(request, spec.base, project=access.get_project(name), prefix="base.")
+    refused = (ignored_field_errors(spec.base, prefix="base.")
+               + submit_problems(request, spec.base, project=access.get_project(name), prefix="base."))
     searched = spec.search.params.get("max_duration")
     if searched is not None and searched.kind in ("grid", "choice"):
         refused += searched_duration_problems(settings, access.get_project(name), searched.extremes(),

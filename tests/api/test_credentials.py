@@ -30,3 +30,12 @@ def test_the_variable_and_an_explicit_home_come_before_the_search(tmp_path, monk
     assert find_api_key() == "tsk_found"
     monkeypatch.setenv(KEY_VARIABLE, "tsk_variable")
     assert find_api_key() == "tsk_variable"
+
+
+def test_a_credentials_file_another_user_owns_is_passed_over(tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    monkeypatch.delenv("TESSERA_HOME", raising=False)
+    write_credentials(tmp_path / ".tessera" / "credentials", "tsk_planted")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("os.getuid", lambda: 4242)  # as another user than the file's owner
+    assert find_api_key() is None

@@ -21,7 +21,14 @@ DEFAULT = "/usr/share/datasets/fashion-mnist"
     ("file:///etc", False),
     ("s3://bucket/fmnist", True),         # remote: not a worker path
     ("/data/shards/train-{000000..000003}.tar", True),    # a WebDataset brace pattern
-    ("/data/{..,x}/etc/passwd", False),   # '..' inside braces, which normalising would not catch
+    ("/data/{train,extra}-{000..003}.tar", True),
+    ("/data/{..,x}/etc/passwd", False),   # braces that could expand to '..', which normalising would not catch
+    ("/data/.{.,}/etc/passwd", False),
+    ("/data/{.,x}{.,y}/etc", False),
+    ("/data/{a,{b,c}}.tar", False),       # nested groups: refused rather than reasoned about
+    ("/etc/hostname::s3://bucket/x", False),   # fsspec opens the outer, local path
+    ("/data/x::file:///etc", False),
+    ("file:///data/fmnist", True),
     ("/tmp/shards/train-{000000..000003}.tar", False),
 ])
 def test_a_root_is_allowed_only_under_the_data_dirs(root, allowed):

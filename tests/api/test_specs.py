@@ -7,8 +7,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from api.errors import field_path
 from api.specs import RunSpec
+from api.validation_errors import field_path
 
 EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
 
@@ -169,3 +169,15 @@ def test_the_shakespeare_alibi_example_is_a_valid_spec():
     body = yaml.safe_load((Path(__file__).parents[2] / "examples" / "shakespeare_gpt_alibi.yaml").read_text())
     spec = RunSpec.model_validate(body)
     assert spec.model.name == "gpt_small" and [a.name for a in spec.algorithms] == ["alibi"]
+
+
+def test_a_stored_spec_that_sets_a_field_refused_at_submit_still_loads():
+    """Runs stored before the submit check (api.specs.ignored_field_problems) must still resume,
+    continue and export: RunSpec accepts what the route refuses."""
+    from api.specs import ignored_field_problems
+
+    body = patched(data__num_loader_workers=2, data__drop_last=False,
+                   data__train={"name": "webdataset", "urls": "s3://bucket/train-{0..3}.tar", "num_samples": 64},
+                   data__eval=None)
+    spec = RunSpec.model_validate(body)
+    assert [field for field, _, _ in ignored_field_problems(spec)] == ["data.num_loader_workers", "data.drop_last"]

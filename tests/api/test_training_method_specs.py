@@ -5,8 +5,8 @@ surgery methods need."""
 import pytest
 from pydantic import ValidationError
 
-from api.errors import field_path
 from api.specs import RunSpec
+from api.validation_errors import field_path
 
 BASE = {
     "name": "methods",

@@ -16,7 +16,6 @@ from api.validation_errors import format_validation_errors
 from cli.specfile import SpecFileError, load_spec
 
 EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
-WEBDATASET = {"name": "webdataset", "urls": "s3://bucket/train-{000000..000003}.tar", "num_samples": 64}
 
 
 def items_of(changes: dict) -> list[dict]:
@@ -34,9 +33,6 @@ def items_of(changes: dict) -> list[dict]:
 
 @pytest.mark.parametrize("changes, field, value, allowed", [
     ({"parallelism": {"strategy": "none", "num_workers": 2}}, "parallelism.num_workers", 2, "exactly one worker"),
-    ({"data.num_loader_workers": 2}, "data.num_loader_workers", 2, "set num_workers on an image_folder or webdataset"),
-    ({"data.train": WEBDATASET, "data.eval": None, "data.drop_last": False}, "data.drop_last", False,
-     "leave drop_last true"),
     ({"data.eval": {"name": "fashion_mnist"}}, "data.eval.name", "fashion_mnist", "must come from the same data set"),
     ({"max_wall_time": "12hours"}, "max_wall_time", "12hours", "hours or days: '90s', '90m', '12h', '2d'"),
     ({"name": "-bad"}, "name", "-bad", "starting with a letter or digit"),
@@ -62,4 +58,19 @@ def test_the_cli_prints_the_services_lines_for_a_spec_file(tmp_path):
         RunSpec.model_validate(body)
     service_lines = format_detail(format_validation_errors(raw.value.errors(), body, RunSpec.model_json_schema()))
     assert str(info.value).splitlines()[1:] == [f"  {line}" for line in service_lines.splitlines()]
-    assert "parallelism.num_workers: " in str(info.value) and "(got '12hours')" in str(info.value)
+    assert str(info.value).splitlines()[1:] == [
+        "  parallelism.num_workers: parallelism.num_workers 2: strategy 'none' runs exactly one worker; use strategy "
+        "'ddp' or 'fsdp' for more (got 2)",
+        "  max_wall_time: should be a whole number of seconds, minutes, hours or days: '90s', '90m', '12h', '2d' "
+        "(pattern ^[1-9][0-9]{0,8}(s|m|h|d)$) (got '12hours')"]
+
+
+def test_a_rule_inside_a_sweeps_base_names_the_field_under_base():
+    from api.sweeps import SweepSpec
+
+    base = copy.deepcopy(EXAMPLE) | {"parallelism": {"strategy": "none", "num_workers": 2}}
+    body = {"name": "sweep", "base": base, "search": {"algorithms": {"sets": [[]]}}}
+    with pytest.raises(ValidationError) as info:
+        SweepSpec.model_validate(body)
+    [item] = format_validation_errors(info.value.errors(), body, SweepSpec.model_json_schema())
+    assert (item["field"], item["input"]) == ("base.parallelism.num_workers", 2)

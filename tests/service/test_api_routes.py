@@ -55,6 +55,14 @@ INVALID_SPECS = {
                      "greater than or equal to 1"),
     "unknown_top_level_field": (lambda b: b.update(colour="red"), "colour", "red",
                                 "allowed fields here: name, model, data, optimizer"),
+    "parallelism_none_with_two_workers": (lambda b: b["parallelism"].update(strategy="none"),
+                                          "parallelism.num_workers", 2, "exactly one worker"),
+    # Accepted by RunSpec, so that stored specs still load, and refused in a new submission.
+    "unused_loader_workers": (lambda b: b["data"].update(num_loader_workers=2), "data.num_loader_workers", 2,
+                              "set num_workers on an image_folder or webdataset data set"),
+    "webdataset_without_drop_last": (
+        lambda b: b["data"].update(train={"name": "webdataset", "urls": "s3://bucket/train-{0..3}.tar", "num_samples": 64},
+                                   eval=None, drop_last=False), "data.drop_last", False, "leave drop_last true"),
 }
 
 

@@ -27,6 +27,8 @@ def test_projects_and_keys_from_the_cli(tmp_path, monkeypatch):
         assert "max_running_runs 4, max_duration_caps" in unset.output and "max_gpus" not in unset.output
         bogus = runner.invoke(app, ["projects", "quota", "vision", "--unset", "max-cpus", *url])
         assert bogus.exit_code == 2 and "'max-cpus' is not a quota" in bogus.output
+        both = runner.invoke(app, ["projects", "quota", "vision", "--max-gpus", "2", "--unset", "max-gpus", *url])
+        assert both.exit_code == 2 and "both given and unset" in both.output
         made = runner.invoke(app, ["keys", "create", "--project", "vision", "--role", "viewer", *url])
         assert made.exit_code == 0, made.output
         secret = made.output.strip().splitlines()[-1]

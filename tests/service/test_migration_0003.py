@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import datetime, timezone
 
 import pytest
@@ -13,7 +12,7 @@ from sqlalchemy import inspect, text
 
 from service.db.engine import MIGRATIONS_DIR, make_engine, migrate
 from service.repository import Repository
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import fresh_postgres_database
 
 
 def _to(engine, revision: str, *, down: bool = False) -> None:
@@ -32,19 +31,13 @@ def engine_at_0002(request, tmp_path):
         yield engine
         engine.dispose()
         return
-    import psycopg
-
-    name = f"tessera_mig_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    engine = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
-    try:
-        _to(engine, "0002")
-        yield engine
-    finally:
-        engine.dispose()
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_postgres_database("tessera_mig") as url:
+        engine = make_engine(url)
+        try:
+            _to(engine, "0002")
+            yield engine
+        finally:
+            engine.dispose()
 
 
 def _insert_old_run(engine, run_id: str, spec: dict) -> None:

@@ -109,6 +109,14 @@ def test_project_level_admin_actions_are_403_for_members_and_project_admins(admi
         "max_running_runs": 1, "max_workers": 3, "max_duration_caps": {"ep": 50000}}
     assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_wall_time_cap_s": 10 ** 6},
                        headers=project_admin).status_code == 403
+    # A cap may lie below the service's: removing it (null) is a change only '*' may make...
+    assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_duration_caps": None},
+                       headers=project_admin).status_code == 403
+    # ...while a unit's cap merges with the others, and re-sending one unchanged is no change.
+    assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_duration_caps": {"ba": 10 ** 6}}).json()[
+        "quota"]["max_duration_caps"] == {"ep": 50000, "ba": 10 ** 6}
+    assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_duration_caps": {"ep": 50000}},
+                       headers=project_admin).status_code == 200
     assert admin.patch(f"{API}/projects/{t['a']}/quota", json={"max_workers": None},
                        headers=project_admin).json()["quota"]["max_workers"] is None
     made = admin.post(f"{API}/keys", json={"project": t["a"], "role": "viewer"}, headers=project_admin)

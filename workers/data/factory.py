@@ -29,7 +29,7 @@ def streamed_only(name: str) -> Any:
 def _streamed(dataset: Any, **kwargs: Any) -> Any:
     from workers.data import check_root
 
-    check_root(dataset)  # a local image_folder root must lie under TESSERA_DATA_DIRS
+    check_root(dataset)  # a local image_folder root or webdataset urls must lie under TESSERA_DATA_DIRS
     if dataset.name == "image_folder":
         from workers.data.image_folder import ImageFolderLoader
 
