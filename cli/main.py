@@ -19,7 +19,8 @@ from cli.export import register as register_export
 from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
-from cli.output import EPILOG, EXIT_USAGE, JsonOption, call, console, emit, err_console, fail, needs_extra
+from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, err_console, fail,
+                        kept, needs_extra)
 
 if TYPE_CHECKING:
     from api.client import Client
@@ -141,7 +142,8 @@ def runs(
     page = _call(_client(url).list_runs, status=status, limit=limit, tag=tag, name=name, order_by=order_by,
                  archived=archived)
     best_key = order_by.removeprefix("best:") if order_by else None
-    columns = ["id", "name", "status", "attempt", "created", "tags", "eval/accuracy", "train/loss"]
+    columns = [kept("id", ID_WIDTH), "name", kept("status", STATUS_WIDTH), "attempt", "created", "tags",
+               "eval/accuracy", "train/loss"]
     table = Table(*columns, *([f"best {best_key}"] if best_key else []))
     for run in page.data:
         best = [_metric(run.best, best_key)] if best_key else []

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Callable, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Column
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1  # a run that did not complete, the service refused the request (4xx), a bad file
@@ -43,6 +44,15 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print JSON (one docume
 
 console = Console()
 err_console = Console(stderr=True)
+
+ID_WIDTH = 12  # runs, sweeps and keys: 12 hex digits (service.db.session.new_id)
+STATUS_WIDTH = len("COMPLETED")
+
+
+def kept(header: str, width: int) -> Column:
+    """A table column that a narrow terminal does not cut below ``width`` characters: an id a
+    user copies into the next command, a status they read. The other columns give way."""
+    return Column(header, no_wrap=True, min_width=width)
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:

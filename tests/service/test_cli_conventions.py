@@ -78,6 +78,16 @@ def test_input_the_sdk_refuses_before_sending_is_one_line_per_field_not_a_traceb
     assert wrong.exit_code == EXIT_USAGE and "'done' is not a run status; one of QUEUED" in wrong.output
 
 
+def test_on_an_80_column_terminal_the_runs_table_keeps_ids_and_statuses_whole(url, monkeypatch):
+    from cli import output
+
+    submitted = json.loads(tessera("submit", str(REPO_ROOT / "examples" / "digits_resnet.yaml"), "--json",
+                                   "--url", url).stdout)
+    monkeypatch.setattr(output.console, "_width", 80)  # the other columns give way: the id is copied, not read
+    listed = tessera("runs", "--url", url)
+    assert submitted["id"] in listed.stdout and "QUEUED" in listed.stdout, listed.stdout
+
+
 def test_a_usage_error_exits_2(url):
     bad_set = tessera("fork", "some-run", "--set", "optimizer.lr", "--url", url)
     assert bad_set.exit_code == EXIT_USAGE and "expected dotted.key=value" in bad_set.stderr and bad_set.stdout == ""
