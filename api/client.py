@@ -327,8 +327,11 @@ class Client:
     def get_sweep(self, sweep_id: str) -> SweepView:
         return SweepView.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}"))
 
-    def list_sweeps(self, *, limit: int = 50) -> SweepsPage:
-        return SweepsPage.model_validate(self._request("GET", f"{API}/sweeps", params={"limit": limit}))
+    def list_sweeps(self, *, limit: int = 50, archived: bool | str = False) -> SweepsPage:
+        """The newest ``limit`` sweeps; ``archived``: False (default) hides archived sweeps, True
+        shows only them, ``"all"`` both."""
+        params = {"limit": limit, "archived": str(archived).lower()}
+        return SweepsPage.model_validate(self._request("GET", f"{API}/sweeps", params=params))
 
     def cancel_sweep(self, sweep_id: str) -> SweepView:
         return SweepView.model_validate(self._request("POST", f"{API}/sweeps/{sweep_id}/cancel"))

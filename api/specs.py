@@ -297,13 +297,15 @@ class RunSpec(Spec):
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "RunSpec":
         problems = cross_spec_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
+        if problems:  # one per line: each becomes its own 422 item (api.validation_errors)
+            raise ValueError("\n".join(problems))
         return self
 
 
 def cross_spec_problems(spec: RunSpec) -> list[str]:
-    """Rules that span several fields: each returned string names the fields and the rule."""
+    """Rules that span several fields: each returned string names the fields and the rule, and
+    starts with the path of the field it is about where one is (``algorithms[2] 'ema' ...``), which
+    its 422 item then names."""
     problems: list[str] = []
     data_info = DATASETS[spec.data.train.name]
     model_info = model_traits(spec.model)
@@ -311,30 +313,34 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         problems.append(f"model {model_info.label!r} is a {model_info.domain} model but data set "
                         f"{spec.data.train.name!r} is {data_info.domain} data")
     reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once
-    for algorithm in spec.algorithms:
-        info = ALGORITHMS[algorithm.name]
+    for index, algorithm in enumerate(spec.algorithms):
+        info, at = ALGORITHMS[algorithm.name], f"algorithms[{index}] {algorithm.name!r}"
         if info.domain not in ("any", data_info.domain):
-            problems.append(f"algorithm {algorithm.name!r} is for {info.domain} data but data set "
-                            f"{spec.data.train.name!r} is {data_info.domain}")
+            problems.append(f"{at} is for {info.domain} data but data set {spec.data.train.name!r} is "
+                            f"{data_info.domain}")
         # Your own model's architecture is unknown here: the surgery reports on the run if it finds nothing.
         if "transformer" in info.needs and model_info.architecture not in (None, "transformer"):
-            problems.append(f"algorithm {algorithm.name!r} needs a transformer model but model "
-                            f"{model_info.label!r} is a {model_info.architecture}")
+            problems.append(f"{at} needs a transformer model but model {model_info.label!r} is a "
+                            f"{model_info.architecture}")
         if "batchnorm" in info.needs and _lacks_batchnorm(spec.model):
-            problems.append(f"algorithm {algorithm.name!r} needs BatchNorm layers but model "
-                            f"{model_info.label!r} has none")
+            problems.append(f"{at} needs BatchNorm layers but model {model_info.label!r} has none")
         if "dropout" in info.needs and _lacks_dropout(spec.model):
-            problems.append(f"algorithm {algorithm.name!r} needs torch.nn.Dropout layers but model "
-                            f"{model_info.label!r} has none; use a model with dropout (gpt_small, torchvision "
-                            f"vit_*/swin_*/vgg*/mobilenet*/efficientnet*) or your own")
+            problems.append(f"{at} needs torch.nn.Dropout layers but model {model_info.label!r} has none; use a "
+                            f"model with dropout (gpt_small, torchvision vit_*/swin_*/vgg*/mobilenet*/efficientnet*) "
+                            f"or your own")
         if "residual_blocks" in info.needs:
-            problems.extend(_residual_block_problems(algorithm, spec.model))
-        for other in spec.algorithms:
+            problems.extend(f"algorithms[{index}] {problem}" for problem in _residual_block_problems(algorithm,
+                                                                                                       spec.model))
+        scale = getattr(algorithm, "scale_factor", 1.0) if algorithm.name == "selective_backprop" else 1.0
+        if scale < 1.0 and data_info.domain != "image":
+            problems.append(f"algorithms[{index}].scale_factor {scale}: scoring on downscaled inputs needs image "
+                            f"batches, and data set {spec.data.train.name!r} is {data_info.domain}; leave it 1.0")
+        for other_index, other in enumerate(spec.algorithms):
             if other.name in info.conflicts and frozenset((algorithm.name, other.name)) not in reported_pairs:
                 reported_pairs.add(frozenset((algorithm.name, other.name)))
                 reason = info.extra.get("conflict_reasons", {}).get(other.name)
                 because = f" ({reason})" if reason else ""
-                problems.append(f"algorithms {algorithm.name!r} and {other.name!r} do not compose{because}; "
+                problems.append(f"{at} and algorithms[{other_index}] {other.name!r} do not compose{because}; "
                                 "remove one")
     problems.extend(_sequence_length_problems(spec))
     per_worker = spec.data.batch_size // spec.parallelism.num_workers
@@ -372,10 +378,10 @@ def _residual_block_problems(algorithm: Any, model: Any) -> list[str]:
         blocks, label = MODEL_RESIDUAL_BLOCKS.get(model.name, frozenset()), model.name
     target = getattr(algorithm, "target_layer_name", "auto")
     if not blocks:
-        return [f"algorithm {algorithm.name!r} needs residual blocks but model {label!r} has none; "
+        return [f"{algorithm.name!r} needs residual blocks but model {label!r} has none; "
                 f"use a ResNet (cifar_resnet20, resnet18, torchvision resnet*/resnext*/wide_resnet*)"]
     if target != "auto" and target not in blocks:
-        return [f"algorithm {algorithm.name!r} target_layer_name {target!r} is not in model {label!r}, "
+        return [f"{algorithm.name!r} target_layer_name {target!r} is not in model {label!r}, "
                 f"whose residual blocks are {', '.join(sorted(blocks))}; use one of those or 'auto'"]
     return []
 

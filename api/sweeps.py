@@ -17,8 +17,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from api.algorithm_specs import ALGORITHM_SPECS
+from api.catalog import DATASETS
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
+from api.validation_errors import field_path
 
 
 class _Spec(BaseModel):
@@ -57,6 +59,16 @@ class ParamDomain(_Spec):
         """Values that bound the domain: every listed value, or both ends of a range."""
         return list(getattr(self, self.kind))
 
+    def examples(self) -> list[Any]:
+        """Values a trial may get, to check against the spec: every listed value, or a range's
+        ends and a value drawn from inside it (not a whole number: a range over an integer field
+        draws fractions, which the field refuses)."""
+        if self.kind in ("grid", "choice"):
+            return self.extremes()
+        low, high = getattr(self, self.kind)
+        inside = math.sqrt(low * high) if self.kind == "loguniform" else (low + high) / 2
+        return [low, high, inside if inside != int(inside) else inside + (high - inside) / 3]
+
 
 class AlgorithmSearch(_Spec):
     """``pool`` + ``max_size`` (every subset of the pool with at most max_size methods, the
@@ -76,9 +88,13 @@ class AlgorithmSearch(_Spec):
         if unknown:
             raise ValueError(f"unknown algorithm(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
         if self.pool is not None and len(set(self.pool)) != len(self.pool):
-            raise ValueError("pool lists a method twice")
-        if self.sets is not None and any(len(set(s)) != len(s) for s in self.sets):
-            raise ValueError("a set lists a method twice")
+            twice = sorted({n for n in self.pool if self.pool.count(n) > 1})
+            raise ValueError(f"pool lists {', '.join(map(repr, twice))} twice; list each method once")
+        for index, methods in enumerate(self.sets or []):
+            if len(set(methods)) != len(methods):
+                twice = sorted({n for n in methods if methods.count(n) > 1})
+                raise ValueError(f"sets[{index}] {methods} lists {', '.join(map(repr, twice))} twice; list each "
+                                 "method once")
         return self
 
     def candidate_sets(self) -> list[tuple[str, ...]]:
@@ -140,11 +156,19 @@ class SweepSpec(_Spec):
     search: SearchSpec
     metric: Literal["eval/accuracy", "eval/loss", "eval/perplexity"] = Field(
         "eval/accuracy", description="what the scheduler decides on: an evaluation metric (reported after each eval)")
-    mode: Literal["max", "min"] = "max"
+    mode: Literal["max", "min"] = Field("max", description="whether a higher or lower metric is better; left out, "
+                                                            "the metric's own direction (max for eval/accuracy, min "
+                                                            "for eval/loss and eval/perplexity)")
     num_samples: int = Field(1, ge=1, le=1000, description="repeats per grid point / draws for random search")
     scheduler: SweepSchedulerSpec = Field(default_factory=SweepSchedulerSpec)
     max_concurrent_trials: int = Field(2, ge=1, le=256)
     time_budget_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _mode_of_the_metric(self) -> "SweepSpec":
+        if "mode" not in self.model_fields_set:  # stored sweeps name their mode: they keep it
+            self.mode = METRIC_MODES[self.metric]
+        return self
 
     @model_validator(mode="after")
     def _search_fits_the_base(self) -> "SweepSpec":
@@ -165,6 +189,29 @@ class SweepSpec(_Spec):
             if problem:
                 raise ValueError(f"search.params[{path!r}]: {problem}")
         return self
+
+
+# Which way each metric a sweep may decide on is better.
+METRIC_MODES = {"eval/accuracy": "max", "eval/loss": "min", "eval/perplexity": "min"}
+
+
+def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
+    """``(field, value, why)`` for a metric the sweep would decide on the wrong way, or that its
+    trials never report. Checked when a sweep is submitted (``POST /sweeps``) only: one stored
+    before this check keeps running as it was asked to."""
+    problems = []
+    if sweep.mode != METRIC_MODES[sweep.metric]:
+        problems.append(("mode", sweep.mode, f"{sweep.metric} is better when "
+                         f"{'higher' if METRIC_MODES[sweep.metric] == 'max' else 'lower'}: set mode "
+                         f"{METRIC_MODES[sweep.metric]!r} or leave it out"))
+    domain = DATASETS[sweep.base.data.train.name].domain
+    if sweep.metric == "eval/perplexity" and domain != "text":
+        problems.append(("metric", sweep.metric, f"only text data reports eval/perplexity, and data set "
+                         f"{sweep.base.data.train.name!r} is {domain}; use eval/accuracy or eval/loss"))
+    if sweep.base.data.eval is None:
+        problems.append(("base.data.eval", None, f"trials report {sweep.metric} only with an eval data set; add "
+                         "one (the same data set as train, e.g. its test split)"))
+    return problems
 
 
 def grace_fraction(sweep: SweepSpec) -> float:
@@ -201,7 +248,8 @@ def algorithm_sets(sweep: SweepSpec) -> tuple[list[tuple[str, ...]], list[tuple[
         try:
             trial_spec(sweep.base, algorithm_set, {})
         except ValidationError as exc:
-            skipped.append((algorithm_set, "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())))
+            skipped.append((algorithm_set, "; ".join(e["msg"].removeprefix("Value error, ").replace("\n", "; ")
+                                                     for e in exc.errors())))
         else:
             valid.append(algorithm_set)
     return valid, skipped
@@ -211,6 +259,12 @@ def trial_spec(base: RunSpec, algorithm_set: tuple[str, ...] | list[str], params
                *, name: str | None = None) -> RunSpec:
     """The RunSpec of one trial: the base with ``algorithm_set`` (each method keeps the base's
     hyperparameters if the base lists it, else its defaults) and ``params`` applied."""
+    return RunSpec.model_validate(trial_body(base, algorithm_set, params, name=name))
+
+
+def trial_body(base: RunSpec, algorithm_set: tuple[str, ...] | list[str], params: dict[str, Any],
+               *, name: str | None = None) -> dict[str, Any]:
+    """``trial_spec``'s body, before it is validated."""
     body = base.model_dump(mode="json")
     from_base = {a["name"]: a for a in body["algorithms"]}
     body["algorithms"] = [copy.deepcopy(from_base.get(n, {"name": n})) for n in algorithm_set]
@@ -218,7 +272,7 @@ def trial_spec(base: RunSpec, algorithm_set: tuple[str, ...] | list[str], params
         _set_path(body, path, value)
     if name is not None:
         body["name"] = name
-    return RunSpec.model_validate(body)
+    return body
 
 
 def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
@@ -257,11 +311,17 @@ def _param_problem(sweep: SweepSpec, path: str, domain: ParamDomain, searched: s
         if isinstance(node, (dict, list)):
             return f"{path!r} is a section of the RunSpec; search one of its fields"
         example_set = tuple(a.name for a in sweep.base.algorithms)
-    for value in domain.extremes():
+    for value in domain.examples():
+        body = trial_body(sweep.base, example_set, {path: value})
         try:
-            trial_spec(sweep.base, example_set, {path: value})
+            RunSpec.model_validate(body)
         except ValidationError as exc:
-            return f"value {value!r} is not allowed: {exc.errors()[0]['msg']}"
+            drawn = " (one drawn from inside the range)" if value not in domain.extremes() else ""
+            why = "; ".join(f"{field_path(e['loc'], body)}: {e['msg'].removeprefix('Value error, ')}"
+                            for e in exc.errors())
+            hint = ("; a range draws fractions: search an integer field with grid or choice"
+                    if any(e["type"] == "int_from_float" for e in exc.errors()) else "")
+            return f"value {value!r}{drawn} is not allowed: {why}{hint}"
     return None
 
 

@@ -182,6 +182,7 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
 
     if kind == "value_error" and source == "body" and (named := _field_named_in(msg, body, field)):
         field, value = named  # a rule over an object that says which of its fields it is about
+        msg = msg.removeprefix(f"{_LEADING_PATH.match(msg)[0]}: ")  # the field is named once, not twice
     elif kind == "missing" or (kind == "value_error" and source == "body" and not inner and value == body):
         value = None  # pydantic echoes the enclosing object here, which is not the bad value
     elif kind == "json_invalid" and ctx.get("error"):
@@ -205,6 +206,15 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
     return field_error(field, loc, msg, value)
 
 
+def _one_per_line(error: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rule that found several problems reports one per line (``RunSpec``'s cross-field rules):
+    each line becomes an error of its own, so that each names its own field."""
+    lines = str(error.get("msg", "")).removeprefix("Value error, ").split("\n")
+    if error.get("type") != "value_error" or len(lines) == 1:
+        return [error]
+    return [{**error, "msg": line} for line in lines]
+
+
 def format_validation_errors(errors: list[dict[str, Any]], body: Any, schema: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Turn pydantic/FastAPI errors into our 422 items.
 
@@ -213,6 +223,10 @@ def format_validation_errors(errors: list[dict[str, Any]], body: Any, schema: di
     """
     items: list[dict[str, Any]] = []
     for error in errors:
+        lines = _one_per_line(error)
+        if len(lines) > 1:  # several problems one rule found: an item each, never merged
+            items.extend(_format_one(line, body, schema) for line in lines)
+            continue
         item = _format_one(error, body, schema)
         same = next((i for i in items if item["field"] and i["field"] == item["field"]
                      and i["input"] == item["input"] and i["loc"][:-1] == item["loc"][:-1]), None)

@@ -44,9 +44,11 @@ def submit_sweep(
 
 @sweeps_app.command("list")
 def list_sweeps(limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
+                archived: Annotated[str, typer.Option(help="false (hide archived sweeps), true (only them) or all")]
+                = "false",
                 as_json: JsonOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Sweeps of your projects, newest first: status, trials done, best value."""
-    page = call(_client(url).list_sweeps, limit=limit)
+    page = call(_client(url).list_sweeps, limit=limit, archived=archived)
     emit(page.data, as_json=as_json, render=lambda: console.print(_sweeps_table(page.data)))
 
 

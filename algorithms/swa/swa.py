@@ -117,9 +117,10 @@ class SWA(Algorithm):
             raise ValueError(f"swa_end {self.swa_end} must come after swa_start {self.swa_start}")
         if self.update_interval.unit not in (TimeUnit.BATCH, TimeUnit.EPOCH) or self.update_interval.value < 1:
             raise ValueError(f"update_interval {self.update_interval} must be a positive number of 'ba' or 'ep'")
-        anneal_strategy = {"lin": "linear", "linear": "linear", "cos": "cos", "cosine": "cos"}.get(anneal_strategy)
-        if anneal_strategy is None:
-            raise ValueError("anneal_strategy must be 'linear' or 'cos'")
+        strategy = {"lin": "linear", "linear": "linear", "cos": "cos", "cosine": "cos"}.get(anneal_strategy)
+        if strategy is None:
+            raise ValueError(f"anneal_strategy {anneal_strategy!r} must be 'linear' or 'cos'")
+        anneal_strategy = strategy
         if anneal_steps < 1:
             raise ValueError(f"anneal_steps {anneal_steps} must be >= 1")
         if bn_update_batches is not None and bn_update_batches < 1:

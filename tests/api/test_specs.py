@@ -118,14 +118,14 @@ def test_a_language_model_run_with_alibi_is_valid():
 
 def test_alibi_on_a_non_transformer_model_is_refused_naming_the_rule():
     errors = errors_of(patched(algorithms=[{"name": "alibi"}]))
-    assert any("algorithm 'alibi' needs a transformer model but model 'cifar_resnet20' is a cnn" in msg
+    assert any("algorithms[0] 'alibi' needs a transformer model but model 'cifar_resnet20' is a cnn" in msg
                for _, msg, _ in errors)
 
 
 @pytest.mark.parametrize("method", ["blurpool", "channels_last", "cutmix"])
 def test_vision_methods_on_text_data_are_refused_naming_the_method(method):
     errors = errors_of(text_run(algorithms=[{"name": method}]))
-    assert any(f"algorithm {method!r} is for vision data but data set 'shakespeare' is text" in msg
+    assert any(f"algorithms[0] {method!r} is for vision data but data set 'shakespeare' is text" in msg
                for _, msg, _ in errors)
 
 

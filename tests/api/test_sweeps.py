@@ -85,7 +85,7 @@ def test_sets_that_break_a_rule_are_skipped_and_listed_and_a_sweep_where_all_do_
     sets, skipped = algorithm_sets(SweepSpec.model_validate(sweep(base=base)))
     assert ("channels_last", "cutmix") not in sets and len(sets) == 6
     assert [s for s, _ in skipped] == [("channels_last", "cutmix")]
-    assert "'cutmix' and 'channels_last' do not compose" in skipped[0][1]
+    assert "'cutmix' and algorithms[0] 'channels_last' do not compose" in skipped[0][1]
 
     message = error_text(sweep(base=base, search={"algorithms": {"sets": [["cutmix", "channels_last"]]}}))
     assert "every algorithm set breaks a rule" in message
@@ -144,3 +144,16 @@ def test_metric_mode_says_which_way_is_better(key, mode):
 def test_a_metric_the_scheduler_never_sees_is_refused_with_the_allowed_ones():
     message = error_text(sweep(metric="train/loss"))
     assert "train/loss" in message and "eval/accuracy" in message and "eval/loss" in message
+
+
+@pytest.mark.parametrize("path, domain", [("data.batch_size", {"loguniform": [16, 128]}), ("seed", {"uniform": [1, 9]})])
+def test_a_range_over_an_integer_field_is_refused_before_any_trial_fails(path, domain):
+    # Both ends are whole numbers and pass; what a trial would draw between them is a fraction.
+    message = error_text(sweep(search={"params": {path: domain}}))
+    assert "drawn from inside the range" in message and f"{path}: Input should be a valid integer" in message
+    assert "search an integer field with grid or choice" in message
+
+
+def test_a_searched_value_that_breaks_a_nested_field_names_that_field():
+    message = error_text(sweep(search={"params": {"optimizer.name": {"choice": ["sgd", "adam"]}}}))
+    assert "value 'adam' is not allowed: optimizer.momentum: Extra inputs are not permitted" in message

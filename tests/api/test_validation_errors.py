@@ -74,3 +74,11 @@ def test_a_rule_inside_a_sweeps_base_names_the_field_under_base():
         SweepSpec.model_validate(body)
     [item] = format_validation_errors(info.value.errors(), body, SweepSpec.model_json_schema())
     assert (item["field"], item["input"]) == ("base.parallelism.num_workers", 2)
+
+
+def test_several_broken_rules_are_one_item_each_naming_its_algorithm():
+    items = items_of({"algorithms": [{"name": "alibi"}, {"name": "ema"}, {"name": "swa"}]})
+    assert [(item["field"], item["input"]["name"]) for item in items] == [
+        ("algorithms[0]", "alibi"), ("algorithms[0]", "alibi"), ("algorithms[1]", "ema")]
+    assert "is for text data" in items[0]["msg"] and "needs a transformer" in items[1]["msg"]
+    assert "'swa' do not compose" in items[2]["msg"]

@@ -34,6 +34,10 @@ def test_a_sweep_from_the_cli_submit_list_show_json_cancel_and_a_capped_one_refu
         assert shown["id"] == sweep_id and shown["spec"]["search"]["params"]["optimizer.lr"]["grid"] == [0.05, 0.1]
         canceled = runner.invoke(app, ["sweeps", "cancel", sweep_id, *url])
         assert canceled.exit_code == 0 and "CANCEL" in canceled.output
+        archived = runner.invoke(app, ["archive", "--sweep", sweep_id, *url])
+        assert archived.exit_code == 0, archived.output
+        assert sweep_id not in runner.invoke(app, ["sweeps", "list", *url]).output  # hidden by default...
+        assert sweep_id in runner.invoke(app, ["sweeps", "list", "--archived", "true", *url]).output  # ...found here
 
         capped = tmp_path / "capped.yaml"
         capped.write_text(yaml.safe_dump({**sweep, "base": {**example_body, "max_duration": "20000ep"}}))

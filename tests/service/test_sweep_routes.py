@@ -388,3 +388,20 @@ def test_the_sdk_drives_an_external_sweep_end_to_end(client, sweep_body, example
     with pytest.raises(ApiError) as info:
         sdk.cancel_sweep(sweep.id)
     assert info.value.status_code == 409
+
+
+def test_a_metric_decided_the_wrong_way_or_never_reported_is_refused_and_a_left_out_mode_follows_the_metric(
+        client, sweep_body):
+    def refused(**changes) -> list[tuple[str, object]]:
+        response = client.post(f"{API}/sweeps", json={**sweep_body, **changes})
+        assert response.status_code == 422, response.text
+        return [(item["field"], item["input"]) for item in response.json()["detail"]]
+
+    assert refused(metric="eval/loss", mode="max") == [("mode", "max")]  # ASHA would stop the best trials
+    assert refused(metric="eval/perplexity", mode="min") == [("metric", "eval/perplexity")]  # digits is vision
+    no_eval = copy.deepcopy(sweep_body)
+    no_eval["base"]["data"].pop("eval")
+    assert refused(**no_eval) == [("base.data.eval", None)]
+    assert client.get(f"{API}/sweeps").json()["data"] == []  # nothing stored
+    created = client.post(f"{API}/sweeps", json={**sweep_body, "metric": "eval/loss"})
+    assert created.status_code == 201 and created.json()["mode"] == "min"
