@@ -34,6 +34,7 @@ from service.db.session import Database, clean_text, new_id
 from service.tokens import hash_token
 
 KEY_PREFIX = "tsk_"
+MAX_KEY_CHARS = 256  # a longer bearer token is refused before it is hashed
 EVERY_PROJECT = "*"
 PROJECT_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,62}$")
 
@@ -214,7 +215,7 @@ class AccessStore:
     # --- keys ----------------------------------------------------------------------------
     def authenticate(self, secret: str) -> Caller | None:
         """The caller holding ``secret``, or None for an unknown or revoked key."""
-        if not secret.startswith(KEY_PREFIX) or len(secret) > 256:
+        if not secret.startswith(KEY_PREFIX) or len(secret) > MAX_KEY_CHARS:
             return None
         digest = hash_token(secret)
         caller = self._remembered(self._callers, digest)
@@ -232,7 +233,7 @@ class AccessStore:
     def remembered_caller(self, secret: str) -> Caller | None:
         """The caller holding ``secret`` if a read of the last ``cache_s`` found its key valid
         (no database read); None otherwise, including for keys that may well be valid."""
-        return self._remembered(self._callers, hash_token(secret)) if len(secret) <= 256 else None
+        return self._remembered(self._callers, hash_token(secret)) if len(secret) <= MAX_KEY_CHARS else None
 
     def has_keys(self) -> bool:
         with self.db.read() as session:

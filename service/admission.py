@@ -225,7 +225,11 @@ class Admission:
         candidates = sorted([(run.created_at, _candidate(run)) for run in queued]
                             + [(sweep.created_at, _sweep_candidate(sweep)) for sweep in sweeps],
                             key=lambda pair: pair[0])  # oldest first across both kinds
-        decided = plan([candidate for _, candidate in candidates], holding, capacity, quotas)
+        # An autoscaling cluster grows when Ray is asked for more than it has: hand Ray every run
+        # quotas and order allow, and each waits there (STARTING) until its nodes come up. Held
+        # back here, the autoscaler would see no demand and never add a node.
+        decided = plan([candidate for _, candidate in candidates], holding, None if self.autoscaler else capacity,
+                       quotas)
         self.waiting = decided.waiting
         self._admitted_sweeps = {sweep.id for sweep in sweeps} & set(decided.admit)
         by_id = {run.id: run for run in queued}

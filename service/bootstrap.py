@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from api.credentials import credentials_path, write_credentials
-from service.access import EVERY_PROJECT, KEY_PREFIX, AccessStore, Role
+from service.access import EVERY_PROJECT, KEY_PREFIX, MAX_KEY_CHARS, AccessStore, Role
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -20,8 +20,9 @@ def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
     if access.has_keys():
         return None
     secret = settings.bootstrap_api_key
-    if secret is not None and not secret.startswith(KEY_PREFIX):
-        raise ValueError(f"TESSERA_BOOTSTRAP_API_KEY must start with {KEY_PREFIX!r}")
+    if secret is not None and (not secret.startswith(KEY_PREFIX) or len(secret) > MAX_KEY_CHARS):
+        raise ValueError(f"TESSERA_BOOTSTRAP_API_KEY must start with {KEY_PREFIX!r} and hold at most {MAX_KEY_CHARS} "
+                         f"characters (got {len(secret)} characters)")
     _record, secret = access.create_key(name="first admin", roles={EVERY_PROJECT: Role.ADMIN}, secret=secret)
     path = credentials_path(settings.home)
     write_credentials(path, secret, url=settings.public_url)

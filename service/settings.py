@@ -63,7 +63,8 @@ class Settings(BaseSettings):
         None, description="the secret of the admin key made on a first start (default: a random one); "
                           "for provisioning and tests, never needed by the embedded default")
     autoscaler: bool = Field(False, description="the Ray cluster can add nodes: a run bigger than the cluster "
-                                                "is now waits instead of being refused at submit")
+                                                "is now is accepted and handed to Ray, whose autoscaler grows the "
+                                                "cluster for it (the queue then applies quotas and priorities only)")
     max_wall_time_s: int | None = Field(None, ge=1, le=10 * 365 * 86400,
                                         description="the longest wall-clock time any run may ask for; "
                                                     "an admin raises it per project")

@@ -1,11 +1,13 @@
 """The Kubernetes manifests, rendered from each kustomize overlay and validated offline: built-in
 kinds against the Kubernetes schemas kubernetes-validate ships, the RayCluster against a schema
 of KubeRay's CRD (the fields used) whose pod templates are checked with the Kubernetes schemas;
-then what the schemas cannot say (probes hit real routes, Secrets and images are consistent)."""
+then what the schemas cannot say (probes hit real routes, Secrets and images are consistent, the
+service knows the cluster autoscales and makes its first admin key from a Secret)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from functools import cache
@@ -64,6 +66,28 @@ def pod_templates(doc: dict) -> list[dict]:
 
 def containers(doc: dict) -> list[dict]:
     return [c for t in pod_templates(doc) for c in t["spec"]["containers"]]
+
+
+def service_env(docs: list[dict]) -> dict[str, dict]:
+    [deployment] = by_kind(docs, "Deployment")
+    [container] = containers(deployment)
+    return {e["name"]: e for e in container["env"]}
+
+
+def documented_secrets() -> dict[str, str]:
+    """``{Secret: its lines}`` of the table of Secrets the base's kustomization.yaml says the
+    operator creates in the namespace (never in git): the contract of the manifests' secretKeyRefs."""
+    lines = (K8S / "base" / "kustomization.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# Secrets it expects"))
+    secrets: dict[str, str] = {}
+    name = None
+    for line in lines[start + 1:]:
+        if not line.startswith("#  "):
+            break
+        entry = re.match(r"#\s{3}(tessera-[\w-]+)\s+(.*)", line)
+        name = entry[1] if entry else name
+        secrets[name] = secrets.get(name, "") + " " + (entry[2] if entry else line.lstrip("# "))
+    return secrets
 
 
 def test_there_is_a_production_overlay_and_one_with_its_own_postgres():
@@ -181,6 +205,71 @@ def test_the_service_reaches_ray_through_the_head_service_kuberay_creates(overla
     [service] = [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == "tessera-service"]
     assert env["TESSERA_PUBLIC_URL"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_service_is_told_the_ray_cluster_autoscales_so_it_accepts_runs_bigger_than_the_cluster_is(overlay):
+    from service.settings import Settings
+
+    docs = rendered(overlay)
+    [cluster] = by_kind(docs, "RayCluster")
+    autoscaling = cluster["spec"].get("enableInTreeAutoscaling", False)
+    value = service_env(docs).get("TESSERA_AUTOSCALER", {}).get("value", "false")
+    # Without it the service refuses at submit every run bigger than the pods up now: with the gpu
+    # group at minReplicas 0, every GPU run. With it and no autoscaler, such a run would wait forever.
+    if autoscaling:
+        assert value == "true", f"{overlay}: the RayCluster autoscales; TESSERA_AUTOSCALER={value}"
+    assert Settings(autoscaler=value).autoscaler is autoscaling
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_service_makes_its_first_admin_key_from_a_secret_the_operator_creates(overlay):
+    reference = service_env(rendered(overlay))["TESSERA_BOOTSTRAP_API_KEY"]["valueFrom"]["secretKeyRef"]
+    # Not optional: without the Secret the key would be a random one, written only to the pod's
+    # own filesystem and lost with it, while the database keeps its hash (no admin ever again).
+    assert reference == {"name": "tessera-admin-key", "key": "api-key"}
+    assert re.search(r"\bapi-key\b.*\btsk_", documented_secrets()["tessera-admin-key"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_secret_a_container_reads_is_in_the_overlay_or_in_the_kustomizations_list(overlay):
+    docs = rendered(overlay)
+    rendered_secrets = {d["metadata"]["name"]: {**d.get("data", {}), **d.get("stringData", {})}
+                        for d in by_kind(docs, "Secret")}
+    [cluster] = by_kind(docs, "RayCluster")
+    envs = [e for doc in docs for c in containers(doc) for e in c.get("env", [])] + \
+        cluster["spec"]["autoscalerOptions"]["env"]
+    documented = documented_secrets()
+    for env in envs:
+        reference = env.get("valueFrom", {}).get("secretKeyRef")
+        if reference is None:
+            continue
+        name, key = reference["name"], reference["key"]
+        if name in rendered_secrets:
+            assert key in rendered_secrets[name], f"{overlay}: {env['name']}: Secret {name} has no key {key}"
+        else:
+            assert name in documented, f"{overlay}: {env['name']} reads Secret {name}, which the base never lists"
+            assert re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", documented[name]), \
+                f"{overlay}: {env['name']} reads key {key} of Secret {name}, which the base does not list"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_container_sets_a_variable_twice(overlay):
+    # The production overlay replaces env/1 by index: an entry added above it would be overwritten.
+    for doc in rendered(overlay):
+        for container in containers(doc):
+            names = [e["name"] for e in container.get("env", [])]
+            assert len(names) == len(set(names)), f"{overlay}: {doc['metadata']['name']}/{container['name']}"
+
+
+def test_the_production_overlay_says_how_to_set_every_image_it_runs():
+    comment = "\n".join(line for line in (K8S / "overlays" / "production" / "kustomization.yaml").read_text()
+                        .splitlines() if line.startswith("#"))
+    command = re.search(r"kustomize edit set image((?:\s*#?\s*[\w./-]+=\S*)+)", comment)
+    assert command, "the overlay's comment has no `kustomize edit set image` line"
+    named = set(re.findall(r"([\w./-]+)=", command[1]))
+    images = {c["image"].rsplit(":", 1)[0] for doc in rendered("production") for c in containers(doc)}
+    assert {image for image in images if image.startswith("tessera/")} - named == set()
 
 
 def test_the_postgres_overlay_points_the_service_at_its_own_database():

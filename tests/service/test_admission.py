@@ -184,7 +184,12 @@ def test_a_run_that_can_never_fit_is_refused_at_submit_unless_an_autoscaler_is_c
     detail = response.json()["detail"][0]
     assert detail["field"] == "parallelism.num_workers" and "the cluster has 4" in detail["msg"]
     client.app.state.dispatcher.admission.autoscaler = True
-    assert client.post(f"{API}/runs", json=body).status_code == 201
+    grows = client.post(f"{API}/runs", json=body)
+    assert grows.status_code == 201
+    # ...and it is handed to Ray at once, whose autoscaler adds the nodes it asks for: held back
+    # until it fit, it would ask Ray for nothing and the cluster would never grow.
+    client.app.state.dispatcher.tick()
+    assert client.get(f"{API}/runs/{grows.json()['id']}").json()["status"] == "STARTING"
 
 
 def test_a_project_quota_set_by_its_admin_holds_its_runs_back(sized, example_body):

@@ -65,3 +65,19 @@ def test_several_api_processes_need_postgresql():
     assert load_settings(workers=2, database_url="postgresql+psycopg://db/tessera").workers == 2
     with pytest.raises(SettingsError, match="TESSERA_WORKERS: Input should be greater than or equal to 1"):
         load_settings(workers=0)
+
+
+@pytest.mark.parametrize("secret", ["not-a-key", "tsk_" + "x" * 253])
+def test_a_bootstrap_key_the_service_could_never_accept_stops_the_first_start(tmp_path, monkeypatch, secret):
+    from service.access import AccessStore
+    from service.bootstrap import ensure_admin_key
+    from service.db.engine import make_engine, migrate
+    from service.db.session import Database
+
+    monkeypatch.setenv("TESSERA_HOME", str(tmp_path))
+    monkeypatch.setenv("TESSERA_BOOTSTRAP_API_KEY", secret)
+    settings = Settings()
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    with pytest.raises(ValueError, match=r"tsk_' and hold at most 256 characters"):
+        ensure_admin_key(AccessStore(Database(engine)), settings)
