@@ -152,6 +152,32 @@ def test_runs_page_sends_one_conditional_request_per_poll_and_filters_by_status(
     assert {code for _, code in statuses} == {304}, "an unchanged list must be answered 304"
 
 
+def test_archived_runs_and_sweeps_are_hidden_until_the_filter_asks_for_them(page, local_service):
+    from api.sweeps import SweepSpec
+
+    repo, sweeps = local_service.repo, local_service.app.state.sweeps
+    kept, hidden = make_run(repo, "kept-run"), make_run(repo, "archived-run", status=RunStatus.COMPLETED)
+    repo.set_archived(hidden.id, True)
+    page.goto(dashboard_url(local_service.url, "runs"))
+    expect(page.locator(f'tr[data-run-id="{kept.id}"]')).to_be_visible()
+    expect(page.locator(f'tr[data-run-id="{hidden.id}"]')).to_have_count(0)
+    page.select_option("#archived-filter", "true")
+    expect(page).to_have_url(re.compile(r"#/runs\?archived=true$"))
+    expect(page.locator(f'tr[data-run-id="{hidden.id}"]')).to_be_visible()
+    expect(page.locator(f'tr[data-run-id="{kept.id}"]')).to_have_count(0)
+
+    spec = SweepSpec.model_validate({"name": "archived-sweep", "base": EXAMPLE,
+                                     "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}})
+    archived_sweep = sweeps.create_sweep(spec, driver="external", token="t", project="default")
+    sweeps.set_archived(archived_sweep.id, True)
+    page.goto(dashboard_url(local_service.url, "sweeps"))
+    expect(page.locator("#sweeps-count")).to_contain_text("sweep")  # the list has loaded
+    expect(page.locator(f'tr[data-sweep-id="{archived_sweep.id}"]')).to_have_count(0)
+    page.select_option("#sweeps-archived-filter", "all")
+    expect(page).to_have_url(re.compile(r"#/sweeps\?archived=all$"))
+    expect(page.locator(f'tr[data-sweep-id="{archived_sweep.id}"]')).to_be_visible()
+
+
 def test_a_failing_api_turns_the_badge_stale_backs_off_and_recovers(page, local_service):
     run = make_run(local_service.repo, "outage")
     page.goto(dashboard_url(local_service.url, "runs"))

@@ -1,20 +1,21 @@
 // Runs: the table a researcher keeps open. One conditional GET /runs per poll (ETag: a 304
 // changes nothing but the running clocks); rows are keyed by run id and updated in place.
-// Filters live in the URL (`#/runs?status=FAILED&sweep_id=...&tag=...&name=...`), so a filtered
+// Filters live in the URL (`#/runs?status=FAILED&sweep_id=...&tag=...&name=...&archived=true`), so a filtered
 // view can be linked. Ticking 2–8 rows enables "Compare", which opens `#/compare?ids=...`.
 
 import { getIfChanged, getJSON, Poller } from "./api.js";
 import {
-  algorithmChips, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runDuration, runProgress,
+  algorithmChips, archivedFilter, archivedOf, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runDuration, runProgress,
   queueText, setText, statusBadge, STATUSES, TERMINAL, updateProgressBar, updateStatusBadge,
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
 const COLUMNS = ["Select", "Run", "Status", "Progress", "Algorithms", "Best", "Latest", "Restarts", "Duration", "Created"];
 
-function runsHash({ status, sweepId, tag, name }) {
+function runsHash({ status, sweepId, tag, name, archived }) {
   const query = new URLSearchParams();
   if (status) query.set("status", status);
+  if (archived && archived !== "false") query.set("archived", archived);
   if (sweepId) query.set("sweep_id", sweepId);
   if (tag) query.set("tag", tag);
   if (name) query.set("name", name);
@@ -28,7 +29,11 @@ export function mount(root, ctx) {
   const sweepId = ctx.query.get("sweep_id") || "";
   const tag = ctx.query.get("tag") || "";
   const name = ctx.query.get("name") || "";
-  const filters = { status, sweepId, tag, name };
+  const archived = archivedOf(ctx.query);
+  const filters = { status, sweepId, tag, name, archived };
+  const archivedSelect = archivedFilter("archived-filter", archived, (value) => {
+    window.location.hash = runsHash({ ...filters, archived: value });
+  });
   const filter = el("select", { id: "status-filter", onchange: (e) => {
     window.location.hash = runsHash({ ...filters, status: e.target.value });
   } },
@@ -68,14 +73,14 @@ export function mount(root, ctx) {
     setText(compareButton, selected.size ? `Compare ${selected.size}` : "Compare");
     compareButton.title = selected.size > 8 ? "at most 8 runs" : "tick 2 to 8 runs";
   }
-  const emptyText = tag || name ? "No runs match these filters." : sweepId ? `No ${status ? `${status} ` : ""}trials in this sweep.` : status ? `No ${status} runs.` : null;
+  const emptyText = tag || name || archived !== "false" ? "No runs match these filters." : sweepId ? `No ${status ? `${status} ` : ""}trials in this sweep.` : status ? `No ${status} runs.` : null;
   const empty = el("p", { class: "empty", hidden: true },
     emptyText || "No runs yet. ", emptyText ? null : el("a", { href: "#/submit" }, "Submit one."));
   root.append(
     el("div", { class: "page-head" },
       el("h1", {}, "Runs"),
       el("div", { class: "filters" }, nameFilter, sweepFilterBox, el("label", { for: "status-filter" }, "Status "),
-        filter, compareButton)),
+        filter, archivedSelect, compareButton)),
     sweepNote,
     tagNote,
     count,
@@ -130,7 +135,7 @@ export function mount(root, ctx) {
 
   const query = `/runs?limit=${PAGE_SIZE}` + (status ? `&status=${status}` : "") +
     (sweepId ? `&sweep_id=${encodeURIComponent(sweepId)}` : "") + (tag ? `&tag=${encodeURIComponent(tag)}` : "") +
-    (name ? `&name=${encodeURIComponent(name)}` : "");
+    (name ? `&name=${encodeURIComponent(name)}` : "") + (archived !== "false" ? `&archived=${archived}` : "");
   const poller = new Poller(async () => {
     const { data, changed } = await getIfChanged(query);
     if (changed) render(data.data);

@@ -3,7 +3,8 @@
 
 import { getIfChanged, Poller } from "./api.js";
 import {
-  el, formatNumber, formatTime, queueText, runDuration, setText, statusBadge, TERMINAL, updateStatusBadge,
+  archivedFilter, archivedOf, el, formatNumber, formatTime, queueText, runDuration, setText, statusBadge, TERMINAL,
+  updateStatusBadge,
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
@@ -59,8 +60,13 @@ export function mount(root, ctx) {
     tbody);
   const empty = el("p", { class: "empty", hidden: true }, "No sweeps yet. Start one with ",
     el("code", {}, "POST /api/v1/sweeps"), " or ", el("code", {}, "workers.tune.run_sweep"), " (see docs/sweeps.md).");
+  const archived = archivedOf(ctx.query);
+  if (archived !== "false") empty.replaceChildren("No sweeps match this filter.");
+  const archivedSelect = archivedFilter("sweeps-archived-filter", archived, (value) => {
+    window.location.hash = value === "false" ? "#/sweeps" : `#/sweeps?archived=${value}`;
+  });
   root.append(
-    el("div", { class: "page-head" }, el("h1", {}, "Sweeps")),
+    el("div", { class: "page-head" }, el("h1", {}, "Sweeps"), el("div", { class: "filters" }, archivedSelect)),
     count,
     el("div", { class: "table-wrap" }, table),
     empty,
@@ -89,7 +95,7 @@ export function mount(root, ctx) {
   }
 
   const poller = new Poller(async () => {
-    const { data, changed } = await getIfChanged(`/sweeps?limit=${PAGE_SIZE}`);
+    const { data, changed } = await getIfChanged(`/sweeps?limit=${PAGE_SIZE}&archived=${archived}`);
     if (changed) render(data.data);
     else {
       const now = Date.now();

@@ -41,6 +41,21 @@ export const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELED", "STOPPED"]);
 export const RESUMABLE = new Set(["FAILED", "CANCELED", "STOPPED"]);
 
 /** Where a QUEUED run waits: "#2 in the queue · waiting for resources (detail)"; "" otherwise. */
+/** The lists' archived filter, as the API's `archived` query takes it: hidden, only, or both. */
+export const ARCHIVED_CHOICES = [["false", "not archived"], ["true", "archived"], ["all", "archived or not"]];
+
+/** `archived` from a page's URL query: one of ARCHIVED_CHOICES' values ("false" when absent or unknown). */
+export function archivedOf(query) {
+  const value = query.get("archived");
+  return ARCHIVED_CHOICES.some(([v]) => v === value) ? value : "false";
+}
+
+/** The archived filter's select (`id`), which calls `onChange(value)`. */
+export function archivedFilter(id, value, onChange) {
+  return el("select", { id, "aria-label": "Archived", onchange: (e) => onChange(e.target.value) },
+    ARCHIVED_CHOICES.map(([v, label]) => el("option", { value: v, selected: v === value }, label)));
+}
+
 export function queueText(run) {
   if (!run.queue) return "";
   const { position, reason, detail } = run.queue;
