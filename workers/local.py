@@ -18,7 +18,7 @@ from pathlib import Path
 
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
-from workers.loggers import with_loggers
+from workers.loggers import closed_at_end, with_loggers
 from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
 from workers.reporter import ConsoleReporter, MetricSink
 from workers.trainer import train
@@ -53,13 +53,16 @@ def train_local(spec: RunSpec, *, sink: MetricSink | None = None,
 
     In-process runs report every point to ``sink`` (default: ``ConsoleReporter``). DDP runs
     print progress from rank 0 through Ray's log forwarding, and only the final metrics reach
-    ``sink``.
+    ``sink``. Either way ``sink`` is closed at the end, and the spec's loggers (written by the
+    process that trains rank 0) end their runs with the outcome: MLflow's FINISHED, FAILED when
+    training raises, KILLED when interrupted (``workers.loggers.closed_at_end``).
     """
     parallelism = spec.parallelism
     if parallelism.strategy == "none" and parallelism.num_workers == 1:
         run = local_run_url(spec, checkpoint_dir) if checkpoint_dir else None
         sink = with_loggers(sink if sink is not None else ConsoleReporter(), spec, run, run_id=spec.name)
-        return train(spec, sink=sink, checkpoint_url=checkpoints_url(run) if run else None)
+        with closed_at_end(sink):
+            return train(spec, sink=sink, checkpoint_url=checkpoints_url(run) if run else None)
     return _train_with_local_ray(spec, sink, normalize_url(checkpoint_dir) if checkpoint_dir else None)
 
 

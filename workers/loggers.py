@@ -10,20 +10,33 @@ store is the record; the loggers are copies.
   they land under the run's storage prefix on ``file://`` and ``s3://`` alike.
 * ``MLflowSink`` logs to an MLflow tracking server: a run in the spec's experiment, tagged with
   the Tessera run id and the spec's tags, with the flattened spec as params, metrics batched
-  per flush, and ended with the run's outcome.
+  per flush, and ended with the attempt's outcome.
+
+How an attempt ended reaches the loggers in the process that trains rank 0, and only there:
+``closed_at_end(sink)`` wraps the attempt, both in ``tessera train``'s in-process run
+(``workers.local``) and in every rank 0 of ``workers.ray_train.train_rank`` (Ray Train workers,
+sweep trials), and ends the loggers' runs with ``ended_as`` its outcome (MLflow: FINISHED, FAILED,
+KILLED). The service hears the outcome from the process that started the ranks
+(``workers.outcome.RunOutcome``), which holds no loggers; so the loggers get the outcome as a
+status and the primary sink does not. An attempt whose rank 0 is killed (the service canceling
+the run stops its Ray job, which kills the Ray Train workers; a SIGKILL; a lost node) never
+reaches ``closed_at_end``: its MLflow run stays RUNNING.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from api.specs import RunSpec
 from api.views import RunStatus
 from workers.checkpoint.storage import join, storage_for
+from workers.errors import describe
 from workers.paths import tensorboard_url
 from workers.reporter import MetricSink
 
@@ -53,11 +66,7 @@ class FanoutSink:
 
     def _each(self, method: str, *args: Any, **kwargs: Any) -> None:
         getattr(self.primary, method)(*args, **kwargs)
-        for extra in self.extras:
-            try:
-                getattr(extra, method)(*args, **kwargs)
-            except Exception:
-                log.warning("logger %s failed in %s; the run goes on", type(extra).__name__, method, exc_info=True)
+        self._extras(method, *args, **kwargs)
 
     def add(self, step: int, key: str, value: float) -> None:
         self._each("add", step, key, value)
@@ -76,7 +85,76 @@ class FanoutSink:
         self._each("flush")
 
     def close(self) -> None:
-        self._each("close")
+        """Close every sink, the loggers also when the primary fails to close; the loggers' runs
+        stay open (``end``, ``closed_at_end`` end them)."""
+        try:
+            self.primary.close()
+        finally:
+            self._extras("close")
+
+    def end(self, exc: BaseException | None) -> None:
+        """``close`` at the end of an attempt that ended with ``exc`` (None: trained to its end):
+        the primary first; then each logger gets the outcome (``ended_as``) as a status and is
+        closed. If the primary cannot close after a clean end (its reports are undeliverable:
+        the run fails), the loggers end FAILED with that, and it is raised."""
+        try:
+            self.primary.close()
+        except BaseException as failure:
+            exc = exc if exc is not None else failure
+            raise
+        finally:
+            status, error = ended_as(exc)
+            self._extras("status", status, error=error)
+            self._extras("close")
+
+    def _extras(self, method: str, *args: Any, **kwargs: Any) -> None:
+        for extra in self.extras:
+            try:
+                getattr(extra, method)(*args, **kwargs)
+            except Exception:
+                log.warning("logger %s failed in %s; the run goes on", type(extra).__name__, method, exc_info=True)
+
+
+def ended_as(exc: BaseException | None) -> tuple[RunStatus, str | None]:
+    """How an attempt that ended with ``exc`` ends its loggers' runs, and the error:
+    COMPLETED (None: trained to its end), FAILED with the root cause as ``"Type: message"`` (an
+    ``Exception``), CANCELED (``KeyboardInterrupt``: ``tessera train`` interrupted), STOPPED (any
+    other ``BaseException``: Tune stopped a sweep trial with ``SystemExit`` or ``TrialStopped``)."""
+    if exc is None:
+        return RunStatus.COMPLETED, None
+    if isinstance(exc, KeyboardInterrupt):
+        return RunStatus.CANCELED, "interrupted"
+    if not isinstance(exc, Exception):
+        return RunStatus.STOPPED, None
+    return RunStatus.FAILED, describe(exc)
+
+
+@contextlib.contextmanager
+def closed_at_end(sink: MetricSink) -> Iterator[MetricSink]:
+    """Close rank 0's ``sink`` when the attempt in the block ends, and end its loggers' runs with
+    how the block ended (``ended_as``; see the module docstring). A sink without loggers is just
+    closed. After a block that raised an ``Exception``, a failure to close is raised as ever;
+    after a stop (any other ``BaseException``) it is logged, so that the stop stays what ends
+    the attempt (a stopped sweep trial is not trained again)."""
+    try:
+        yield sink
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            _end(sink, exc)
+            raise
+        try:
+            _end(sink, exc)
+        except Exception as failure:
+            log.warning("closing the reporter after a stop failed: %s", describe(failure))
+        raise
+    _end(sink, None)
+
+
+def _end(sink: MetricSink, exc: BaseException | None) -> None:
+    if isinstance(sink, FanoutSink):
+        sink.end(exc)
+    else:
+        sink.close()
 
 
 class TensorBoardSink:
@@ -111,8 +189,11 @@ class TensorBoardSink:
         self._upload()
 
     def close(self) -> None:
+        """Write the last events and copy them; then the local folder goes (kept if the copy
+        failed)."""
         self.writer.close()
         self._upload()
+        shutil.rmtree(self.local, ignore_errors=True)
 
     def _upload(self) -> None:
         """Copy the event files that grew since the last copy (scalar events are small: the
@@ -129,7 +210,12 @@ class TensorBoardSink:
 
 
 class MLflowSink:
-    """One MLflow run per Tessera run attempt: params, tags, batched metrics, the outcome."""
+    """One MLflow run per Tessera run attempt (per worker-group start under Ray Train): params,
+    tags, batched metrics, and the outcome: a terminal ``status`` ends the run (``closed_at_end``
+    sends it); ``close`` alone leaves it RUNNING, since it does not know how the attempt ended."""
+
+    ENDED = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED",
+             RunStatus.STOPPED: "KILLED"}
 
     def __init__(self, spec: RunSpec, tracking_uri: str, experiment: str, *, run_id: str | None = None):
         from mlflow.tracking import MlflowClient
@@ -152,10 +238,9 @@ class MLflowSink:
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
                step: int | None = None) -> None:
-        ended = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED"}
-        if status in ended:
+        if status in self.ENDED:
             self.flush()
-            self.client.set_terminated(self.run_id, ended[status])
+            self.client.set_terminated(self.run_id, self.ENDED[status])
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         """Checkpoints stay in Tessera's own store (MLflow would copy their bytes as artifacts)."""

@@ -6,7 +6,9 @@ called ``fit_with_ray`` reports the end: COMPLETED with a summary of the final e
 FAILED with the root cause as ``"Type: message"``. COMPLETED says whether the final state was
 checkpointed (``final_checkpoint``: a failed final save is recorded, not hidden). Reports retry
 for the run's patience (``TESSERA_REPORT_PATIENCE_S``) through service and database outages; one
-that still fails is logged, never raised, so the caller's own outcome stands.
+that still fails is logged, never raised, so the caller's own outcome stands. The spec's loggers
+(MLflow) live in the process that trains rank 0, not here: they end their runs there
+(``workers.loggers.closed_at_end``).
 """
 
 from __future__ import annotations

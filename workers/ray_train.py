@@ -161,7 +161,7 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     in its own Tune actor (``workers.tune.actor_ranks``)."""
     from api.views import RunStatus
     from workers.fault_injection import install_fault_injection
-    from workers.loggers import with_loggers
+    from workers.loggers import closed_at_end, with_loggers
     from workers.models.user_code import install_code
     from workers.reporter import NullSink
     from workers.surgery_notes import with_notes
@@ -174,8 +174,8 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     _record_rank_process(config.get("run_id"), rank)
     run = config.get("run_url")
     sink = with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id")) if rank == 0 else NullSink()
-    stopped = False
-    try:
+    # Closes the sink however the attempt ends; rank 0's loggers end their runs with that outcome.
+    with closed_at_end(sink):
         restarted = rank == 0 and run is not None and _is_restart(run, config.get("attempt", 1))
         if spec.code is not None:  # before the model is built: it imports from the package
             install_code(spec.code.digest, storage_url=config.get("storage_url"))
@@ -202,16 +202,10 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
                 # A failure may be this rank's alone, with peers inside a collective: whoever
                 # started the ranks drops their group. A stop (SystemExit, TrialStopped) came
                 # to every rank at one evaluation (workers.tune.actor_ranks): close as at the end.
-                stopped = not isinstance(exc, Exception)
-                if stopped:
+                if not isinstance(exc, Exception):
                     _close_after_stop(trainer, "trainer")
                 raise
             trainer.close()
-    finally:
-        if stopped:
-            _close_after_stop(sink, "reporter")
-        else:
-            sink.close()
     if rank == 0:
         phases = {"worker_entered": entered, "worker_imported": imported, "trainer_built": built}
         if first_step.done is not None:  # a run resumed at its end takes no step

@@ -23,7 +23,8 @@ class MetricSink(Protocol):
     evaluation, the end of an epoch): push what is buffered; it may return before delivery.
     ``note`` is something the run's owner must see that is not a status change (retention of
     old checkpoints failed): a run event on the service. ``close`` delivers everything and
-    releases resources."""
+    releases resources. Rank 0 reports no terminal status itself: the service hears the end from
+    ``workers.outcome``, and the spec's loggers from ``workers.loggers.closed_at_end``."""
 
     def add(self, step: int, key: str, value: float) -> None: ...
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.loggers import FanoutSink, flatten, with_loggers
+from api.views import RunStatus
+from workers.loggers import FanoutSink, closed_at_end, flatten, with_loggers
 from workers.paths import checkpoints_url, run_url, tensorboard_url
 from workers.reporter import MemorySink
 from workers.trainer import train
@@ -43,6 +44,27 @@ def test_a_logger_that_fails_is_skipped_and_the_primary_still_gets_everything():
     sink.flush()
     sink.close()
     assert memory.values("loss") == [(1, 2.0)]
+
+
+def test_the_loggers_end_failed_and_are_closed_when_the_primary_cannot_deliver_after_a_clean_end():
+    class Undeliverable(MemorySink):
+        def close(self):
+            raise RuntimeError("the service did not take reports")
+
+    logger = MemorySink()
+    with pytest.raises(RuntimeError, match="did not take reports"):
+        with closed_at_end(FanoutSink(Undeliverable(), [logger])):
+            pass  # trained to its end
+    assert [s["status"] for s in logger.statuses] == [RunStatus.FAILED] and logger.closed
+    assert logger.statuses[0]["error"] == "RuntimeError: the service did not take reports"
+
+
+def test_only_the_loggers_hear_how_the_attempt_ended():
+    primary, logger = MemorySink(), MemorySink()
+    with closed_at_end(FanoutSink(primary, [logger])):
+        pass
+    assert primary.statuses == [] and primary.closed  # the service hears it from workers.outcome
+    assert [s["status"] for s in logger.statuses] == [RunStatus.COMPLETED] and logger.closed
 
 
 def test_spec_flattens_to_dotted_params():

@@ -1,8 +1,13 @@
 """The mlflow logger against a real MLflow tracking server (SQLite backend, started here):
-params, tags and every metric read back with MLflow's own client."""
+params, tags and every metric read back with MLflow's own client. And how a run ends, read back
+from a real MLflow store (an SQLite file, no server): FINISHED when training ends, FAILED when
+it raises, KILLED when it is interrupted or stopped, both in ``tessera train``'s in-process run
+(``train_local``) and in rank 0 of a Ray run (``train_rank``, here called in this process as a
+sweep trial's actor does), through the one ``closed_at_end``."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -12,9 +17,13 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from api.views import RunStatus
+from workers.checkpoint import IncompatibleCheckpoint
+from workers.local import train_local
 from workers.loggers import flatten, with_loggers
+from workers.ray_train import train_rank, worker_config
 from workers.reporter import MemorySink
 from workers.trainer import train
 from tests.workers.helpers_specs import tiny_spec
@@ -65,3 +74,109 @@ def test_metrics_params_and_tags_reach_the_tracking_server(mlflow_server):
     for key in ("eval/accuracy", "eval/loss"):
         history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
         assert sorted(history) == memory.values(key)
+
+
+# --- how the MLflow run ends -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+    """An MLflow tracking store in an SQLite file (created once: its migrations take seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+def ended_spec(store: str, experiment: str, **overrides):
+    body = dict(name="ends", eval_interval="1ba",
+                loggers=[{"name": "mlflow", "tracking_uri": store, "experiment": experiment}])
+    return tiny_spec(**(body | overrides))
+
+
+def train_in_process(spec, storage, *, sink=None, on_eval=None):
+    """``tessera train`` of a one-worker spec: this process trains."""
+    assert on_eval is None
+    return train_local(spec, sink=sink or MemorySink(), checkpoint_dir=str(storage))
+
+
+ATTEMPTS = itertools.count(1)  # a new job attempt per call: not reported as a restart of the last
+
+
+def train_as_rank_0(spec, storage, *, sink=None, on_eval=None):
+    """Rank 0 of a run under Ray (a Ray Train worker, a sweep trial's actor), without a service."""
+    assert sink is None
+    config = worker_config(spec, run_id=spec.name, storage_url=f"file://{storage}", attempt=next(ATTEMPTS))
+    return train_rank(config, rank=0, world_size=1, device_for=lambda use_gpu: torch.device("cpu"),
+                      on_eval=on_eval, entered=time.time())
+
+
+PATHS = [pytest.param(train_in_process, id="tessera-train"), pytest.param(train_as_rank_0, id="ray-rank-0")]
+
+
+def mlflow_runs(store: str, experiment: str) -> list:
+    """The experiment's runs, oldest first."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment}"
+    return sorted(client.search_runs([found.experiment_id]), key=lambda run: run.info.start_time)
+
+
+@pytest.mark.parametrize("fit", PATHS)
+def test_the_mlflow_run_finishes_when_training_ends_and_fails_when_it_raises(fit, mlflow_store, tmp_path):
+    experiment = f"ends-{fit.__name__}"
+    spec = ended_spec(mlflow_store, experiment)
+    metrics = fit(spec, tmp_path)
+    [finished] = mlflow_runs(mlflow_store, experiment)
+    assert finished.info.status == "FINISHED"
+    assert finished.data.metrics["eval/accuracy"] == pytest.approx(metrics["eval/accuracy"])
+
+    # The same name with another model: its checkpoint is refused as training starts (fit raises).
+    other = ended_spec(mlflow_store, experiment, model={"name": "simple_cnn", "params": {"width": 16, "hidden": 16}})
+    with pytest.raises(IncompatibleCheckpoint):
+        fit(other, tmp_path)
+    [_, failed] = mlflow_runs(mlflow_store, experiment)
+    assert failed.info.status == "FAILED"
+
+
+class InterruptedAt(MemorySink):
+    """``tessera train``'s console, with Ctrl-C pressed as step ``step`` is reported."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def add(self, step: int, key: str, value: float) -> None:
+        if step == self.step:
+            raise KeyboardInterrupt
+        super().add(step, key, value)
+
+
+def test_the_mlflow_run_is_killed_when_tessera_train_is_interrupted(mlflow_store, tmp_path):
+    spec = ended_spec(mlflow_store, "interrupted", max_duration="4ba")
+    console = InterruptedAt(2)
+    with pytest.raises(KeyboardInterrupt):
+        train_in_process(spec, tmp_path, sink=console)
+    [run] = mlflow_runs(mlflow_store, "interrupted")
+    assert run.info.status == "KILLED" and console.closed
+    assert [step for step, _ in console.values("train/loss")] == [1]
+
+
+def test_the_mlflow_run_is_killed_when_a_sweep_stops_the_trial(mlflow_store, tmp_path):
+    def tune_stops_it(results):  # what ray.tune.report raises in a trial the scheduler stops
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        train_as_rank_0(ended_spec(mlflow_store, "stopped", max_duration="4ba"), tmp_path, on_eval=tune_stops_it)
+    [run] = mlflow_runs(mlflow_store, "stopped")
+    assert run.info.status == "KILLED"
+
+
+@pytest.mark.integration
+def test_rank_0_in_a_ray_train_worker_ends_the_mlflow_run(ray_client, mlflow_store, tmp_path):
+    """The same through real Ray Train workers: a DDP ``tessera train`` (``fit_with_ray``, as a
+    run's Ray job trains)."""
+    ddp = {"parallelism": {"strategy": "ddp", "num_workers": 2}}
+    train_local(ended_spec(mlflow_store, "ddp", **ddp), sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    other = ended_spec(mlflow_store, "ddp", model={"name": "simple_cnn", "params": {"width": 16, "hidden": 16}}, **ddp)
+    with pytest.raises(Exception, match="IncompatibleCheckpoint"):
+        train_local(other, sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    assert [run.info.status for run in mlflow_runs(mlflow_store, "ddp")] == ["FINISHED", "FAILED"]
