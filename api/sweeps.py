@@ -20,6 +20,7 @@ from api.algorithm_specs import ALGORITHM_SPECS
 from api.catalog import DATASETS
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
+from api.views import metric_mode
 from api.validation_errors import field_path
 
 
@@ -167,7 +168,7 @@ class SweepSpec(_Spec):
     @model_validator(mode="after")
     def _mode_of_the_metric(self) -> "SweepSpec":
         if "mode" not in self.model_fields_set:  # stored sweeps name their mode: they keep it
-            self.mode = METRIC_MODES[self.metric]
+            self.mode = metric_mode(self.metric)
         return self
 
     @model_validator(mode="after")
@@ -191,19 +192,15 @@ class SweepSpec(_Spec):
         return self
 
 
-# Which way each metric a sweep may decide on is better.
-METRIC_MODES = {"eval/accuracy": "max", "eval/loss": "min", "eval/perplexity": "min"}
-
-
 def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     """``(field, value, why)`` for a metric the sweep would decide on the wrong way, or that its
     trials never report. Checked when a sweep is submitted (``POST /sweeps``) only: one stored
     before this check keeps running as it was asked to."""
     problems = []
-    if sweep.mode != METRIC_MODES[sweep.metric]:
-        problems.append(("mode", sweep.mode, f"{sweep.metric} is better when "
-                         f"{'higher' if METRIC_MODES[sweep.metric] == 'max' else 'lower'}: set mode "
-                         f"{METRIC_MODES[sweep.metric]!r} or leave it out"))
+    better = metric_mode(sweep.metric)
+    if sweep.mode != better:
+        problems.append(("mode", sweep.mode, f"{sweep.metric} is better when {'higher' if better == 'max' else 'lower'}: "
+                         f"set mode {better!r} or leave it out"))
     domain = DATASETS[sweep.base.data.train.name].domain
     if sweep.metric == "eval/perplexity" and domain != "text":
         problems.append(("metric", sweep.metric, f"only text data reports eval/perplexity, and data set "
