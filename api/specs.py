@@ -332,7 +332,7 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
             problems.extend(f"algorithms[{index}] {problem}" for problem in _residual_block_problems(algorithm,
                                                                                                        spec.model))
         scale = getattr(algorithm, "scale_factor", 1.0) if algorithm.name == "selective_backprop" else 1.0
-        if scale < 1.0 and data_info.domain != "image":
+        if scale < 1.0 and data_info.domain != "vision":
             problems.append(f"algorithms[{index}].scale_factor {scale}: scoring on downscaled inputs needs image "
                             f"batches, and data set {spec.data.train.name!r} is {data_info.domain}; leave it 1.0")
         for other_index, other in enumerate(spec.algorithms):

@@ -21,7 +21,7 @@ from api.catalog import DATASETS
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
 from api.views import metric_mode
-from api.validation_errors import field_path
+from api.validation_errors import field_path, one_line
 
 
 class _Spec(BaseModel):
@@ -46,6 +46,8 @@ class ParamDomain(_Spec):
             bounds = getattr(self, kind)
             if bounds is not None:
                 low, high = bounds
+                if not (math.isfinite(low) and math.isfinite(high)):
+                    raise ValueError(f"{kind} bounds [{low}, {high}] must be finite numbers")
                 if not low < high:
                     raise ValueError(f"{kind} bounds [{low}, {high}] must satisfy low < high")
                 if kind == "loguniform" and low <= 0:
@@ -68,7 +70,7 @@ class ParamDomain(_Spec):
             return self.extremes()
         low, high = getattr(self, self.kind)
         inside = math.sqrt(low * high) if self.kind == "loguniform" else (low + high) / 2
-        return [low, high, inside if inside != int(inside) else inside + (high - inside) / 3]
+        return [low, high, inside if not inside.is_integer() else inside + (high - inside) / 3]
 
 
 class AlgorithmSearch(_Spec):
@@ -245,8 +247,7 @@ def algorithm_sets(sweep: SweepSpec) -> tuple[list[tuple[str, ...]], list[tuple[
         try:
             trial_spec(sweep.base, algorithm_set, {})
         except ValidationError as exc:
-            skipped.append((algorithm_set, "; ".join(e["msg"].removeprefix("Value error, ").replace("\n", "; ")
-                                                     for e in exc.errors())))
+            skipped.append((algorithm_set, one_line(exc.errors())))
         else:
             valid.append(algorithm_set)
     return valid, skipped
@@ -314,7 +315,7 @@ def _param_problem(sweep: SweepSpec, path: str, domain: ParamDomain, searched: s
             RunSpec.model_validate(body)
         except ValidationError as exc:
             drawn = " (one drawn from inside the range)" if value not in domain.extremes() else ""
-            why = "; ".join(f"{field_path(e['loc'], body)}: {e['msg'].removeprefix('Value error, ')}"
+            why = "; ".join(f"{path}: {one_line([e])}" if (path := field_path(e["loc"], body)) else one_line([e])
                             for e in exc.errors())
             hint = ("; a range draws fractions: search an integer field with grid or choice"
                     if any(e["type"] == "int_from_float" for e in exc.errors()) else "")

@@ -206,6 +206,12 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
     return field_error(field, loc, msg, value)
 
 
+def one_line(errors: list[dict[str, Any]]) -> str:
+    """Pydantic's messages as one line, for a 422 whose field is the request's, not pydantic's
+    (a resume's ``num_workers``, a searched value): each rule's own lines joined by ``; ``."""
+    return "; ".join(str(e["msg"]).removeprefix("Value error, ").replace("\n", "; ") for e in errors)
+
+
 def _one_per_line(error: dict[str, Any]) -> list[dict[str, Any]]:
     """A rule that found several problems reports one per line (``RunSpec``'s cross-field rules):
     each line becomes an error of its own, so that each names its own field."""

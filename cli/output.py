@@ -46,7 +46,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 ID_WIDTH = 12  # runs, sweeps and keys: 12 hex digits (service.db.session.new_id)
-STATUS_WIDTH = len("COMPLETED")
+STATUS_WIDTH = len("RESTARTING")  # the longest run status (a test holds it to api.views.RunStatus)
 
 
 def kept(header: str, width: int) -> Column:

@@ -12,7 +12,11 @@ runs, the active runs, the cluster's total resources and the projects' quotas:
   every later run waits behind it (reason ``priority``, or ``resources`` if it would not fit
   either): a small run never starves a big one of higher or equal rank;
 * a run bigger than the whole cluster (it shrank after the run was accepted) waits with
-  reason ``resources`` and a detail saying so, without holding up the rest.
+  reason ``resources`` and a detail saying so, without holding up the rest;
+* with an autoscaler (``TESSERA_AUTOSCALER``), the first run in order that does not fit is
+  admitted all the same, for Ray's autoscaler to add the nodes it asks for (it waits in
+  STARTING while they come up), and the runs behind it wait as behind any run that does not
+  fit: the cluster grows for one run at a time, in the queue's order.
 
 Sweeps wait in the same queue: a QUEUED sweep whose driver the service runs is a candidate
 with its base run's demand (one trial's workers: the least it needs to make progress), its
@@ -137,32 +141,39 @@ def queue_order(queued: Iterable[Candidate], active_per_project: Mapping[str, in
 
 
 def plan(queued: list[Candidate], active: list[Candidate], capacity: Capacity | None,
-         quotas: Mapping[str, Quota]) -> Plan:
+         quotas: Mapping[str, Quota], *, grow: bool = False) -> Plan:
     """Which of ``queued`` (oldest first) to admit now, and why each other one waits.
-    ``capacity`` None: the cluster's size is unknown, so only quotas and order apply."""
+    ``capacity`` None: the cluster's size is unknown, so only quotas and order apply. ``grow``:
+    the cluster autoscales, so the first run in order that does not fit it now is admitted all
+    the same (Ray's autoscaler adds nodes for what is asked of it; held back here, nothing would
+    be asked), and the runs behind it wait their turn, as behind any run that does not fit."""
     total, per_project = Usage(), defaultdict(Usage)
     for run in active:
         total.add(run.demand)
         per_project[run.project].add(run.demand)
     result = Plan()
+    # Runs admitted beyond the cluster's size: it is growing for one of them already.
+    growing = capacity is not None and (total.cpus > capacity.cpus or total.gpus > capacity.gpus)
     blocked = False
     ordered = queue_order(queued, {name: used.runs for name, used in per_project.items()})
     for run in ordered:
-        never = capacity.why_never(run.demand) if capacity is not None else None
+        never = capacity.why_never(run.demand) if capacity is not None and not grow else None
         problem = quota_problem(quotas.get(run.project, Quota()), per_project[run.project], run.demand)
         fits = capacity is None or Capacity(capacity.cpus - total.cpus, capacity.gpus - total.gpus).holds(run.demand)
         if never is not None:
             result.waiting[run.id] = QueueInfo(position=0, reason="resources", detail=f"{never}; waiting for it to grow")
         elif problem is not None:
             result.waiting[run.id] = QueueInfo(position=0, reason="quota", detail=problem)
-        elif blocked or not fits:
+        elif blocked or not (fits or (grow and not growing)):
             reason = "resources" if not fits else "priority"
-            detail = (f"needs {run.demand.cpus:g} CPUs and {run.demand.gpus:g} GPUs; free: "
+            detail = ("the cluster grows for a run ahead of it" if growing else
+                      f"needs {run.demand.cpus:g} CPUs and {run.demand.gpus:g} GPUs; free: "
                       f"{capacity.cpus - total.cpus:g} CPUs, {capacity.gpus - total.gpus:g} GPUs") if not fits \
                 else "runs ahead of it in the queue go first"
             result.waiting[run.id] = QueueInfo(position=0, reason=reason, detail=detail)
             blocked = True
         else:
+            growing = growing or not fits
             result.admit.append(run.id)
             total.add(run.demand)
             per_project[run.project].add(run.demand)
@@ -225,11 +236,7 @@ class Admission:
         candidates = sorted([(run.created_at, _candidate(run)) for run in queued]
                             + [(sweep.created_at, _sweep_candidate(sweep)) for sweep in sweeps],
                             key=lambda pair: pair[0])  # oldest first across both kinds
-        # An autoscaling cluster grows when Ray is asked for more than it has: hand Ray every run
-        # quotas and order allow, and each waits there (STARTING) until its nodes come up. Held
-        # back here, the autoscaler would see no demand and never add a node.
-        decided = plan([candidate for _, candidate in candidates], holding, None if self.autoscaler else capacity,
-                       quotas)
+        decided = plan([candidate for _, candidate in candidates], holding, capacity, quotas, grow=self.autoscaler)
         self.waiting = decided.waiting
         self._admitted_sweeps = {sweep.id for sweep in sweeps} & set(decided.admit)
         by_id = {run.id: run for run in queued}

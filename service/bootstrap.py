@@ -6,6 +6,7 @@ the service makes an admin key for every project and writes it to ``$TESSERA_HOM
 from __future__ import annotations
 
 import logging
+import re
 
 from api.credentials import credentials_path, write_credentials
 from service.access import EVERY_PROJECT, KEY_PREFIX, MAX_KEY_CHARS, AccessStore, Role
@@ -19,10 +20,11 @@ def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
     then, else None (the keys already made stay as they are)."""
     if access.has_keys():
         return None
-    secret = settings.bootstrap_api_key
-    if secret is not None and (not secret.startswith(KEY_PREFIX) or len(secret) > MAX_KEY_CHARS):
-        raise ValueError(f"TESSERA_BOOTSTRAP_API_KEY must start with {KEY_PREFIX!r} and hold at most {MAX_KEY_CHARS} "
-                         f"characters (got {len(secret)} characters)")
+    # Stripped: a Secret made from a file usually ends in a newline, which no request could send.
+    secret = settings.bootstrap_api_key.strip() if settings.bootstrap_api_key is not None else None
+    if secret is not None and not re.fullmatch(rf"{KEY_PREFIX}[A-Za-z0-9_\-]{{1,{MAX_KEY_CHARS - len(KEY_PREFIX)}}}", secret):
+        raise ValueError(f"TESSERA_BOOTSTRAP_API_KEY must be {KEY_PREFIX!r} and then letters, digits, '_' or '-', at "
+                         f"most {MAX_KEY_CHARS} characters in all (got {len(secret)} characters)")
     _record, secret = access.create_key(name="first admin", roles={EVERY_PROJECT: Role.ADMIN}, secret=secret)
     path = credentials_path(settings.home)
     write_credentials(path, secret, url=settings.public_url)

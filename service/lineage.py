@@ -25,7 +25,7 @@ from api.lineage import (ForkInfo, ForkRequest, ForkStep, loads_optimizer, longe
                          unloadable_changes)
 from api.specs import RunSpec
 from api.time import Time
-from api.validation_errors import field_error, format_validation_errors
+from api.validation_errors import field_error, format_validation_errors, one_line
 from api.views import CheckpointView, RunStatus
 from service.db.models import Checkpoint, Run
 from service.repository import Repository, RunNotFound, RunRecord
@@ -134,8 +134,7 @@ def continue_run(repo: Repository, run_id: str, max_duration: Time) -> RunRecord
         try:
             run.spec = RunSpec.model_validate(spec).model_dump(mode="json")
         except ValidationError as exc:  # a rule that spans fields and no longer holds
-            message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-            raise LineageRefused([field_error("max_duration", ["body", "max_duration"], message,
+            raise LineageRefused([field_error("max_duration", ["body", "max_duration"], one_line(exc.errors()),
                                               str(max_duration))]) from exc
         apply_run_status(session, run, RunStatus.QUEUED, error=None,
                          message=f"continued by user: max_duration {before} → {max_duration}")

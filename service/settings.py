@@ -115,8 +115,9 @@ class Settings(BaseSettings):
         if self.public_url is None:
             self.public_url = f"http://{self.host}:{self.port}"
         if self.ray_num_cpus is None:
-            # Ray Train workers and their controller each hold a CPU for their whole life, so on a
-            # 2-core machine a 2-worker run would never get its workers scheduled: advertise at least 4.
+            # Ray places by logical CPUs: advertising at least 4 lets two 2-worker runs (or a run and
+            # a sweep's trials) share a 2-core machine instead of queueing. (Ray Train's controller
+            # holds none in Ray 2.60: num_cpus=0 in ray/train/v2/api/data_parallel_trainer.py.)
             self.ray_num_cpus = max(4, os.cpu_count() or 1)
 
         scheme = self.database_url.split(":", 1)[0]

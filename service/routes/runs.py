@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from api.data_roots import data_root_problems
 from api.run_edits import order_by_key
 from api.specs import RunSpec, ignored_field_problems
-from api.validation_errors import field_error
+from api.validation_errors import field_error, one_line
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import project_code_store
 from service.access import KEY_PREFIX, Caller, Role
@@ -270,8 +270,8 @@ def resume_run(run_id: str, repo: RepoDep, caller: CallerDep,
     try:
         return repo.resume_run(run_id, num_workers=num_workers).to_view()
     except ValidationError as exc:
-        message = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        return validation_response([field_error("num_workers", ["body", "num_workers"], message, num_workers)])
+        return validation_response([field_error("num_workers", ["body", "num_workers"], one_line(exc.errors()),
+                                                 num_workers)])
 
 
 @router.get("/{run_id}/checkpoints", response_model=CheckpointsPage, operation_id="list_run_checkpoints",

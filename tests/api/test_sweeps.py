@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,20 @@ def test_a_range_over_an_integer_field_is_refused_before_any_trial_fails(path, d
 def test_a_searched_value_that_breaks_a_nested_field_names_that_field():
     message = error_text(sweep(search={"params": {"optimizer.name": {"choice": ["sgd", "adam"]}}}))
     assert "value 'adam' is not allowed: optimizer.momentum: Extra inputs are not permitted" in message
+
+
+def test_a_range_needs_finite_bounds():
+    assert "must be finite numbers" in error_text(sweep(search={"params": {"optimizer.lr": {"uniform": [0.1, math.inf]}}}))
+
+
+def test_a_searched_value_that_breaks_two_cross_field_rules_is_one_item_naming_the_searched_field():
+    from api.validation_errors import format_validation_errors
+
+    base = {**copy.deepcopy(BASE), "microbatch_size": 32}
+    body = sweep(base=base, search={"params": {"parallelism.num_workers": {"grid": [3]}}})
+    with pytest.raises(ValidationError) as info:
+        SweepSpec.model_validate(body)
+    [item] = format_validation_errors(info.value.errors(), body, SweepSpec.model_json_schema())
+    assert item["field"] == "search.params['parallelism.num_workers']" and "\n" not in item["msg"]
+    assert "value 3 is not allowed: data.batch_size 64 must be divisible" in item["msg"]
+    assert "microbatch_size 32 exceeds" in item["msg"]

@@ -127,3 +127,9 @@ def test_ema_smoothing_alone_replaces_the_default_half_life():
     assert ema.half_life is None and ema.smoothing == 0.999
     again = RunSpec.model_validate(spec_with({"name": "ema", "smoothing": 0.999}).model_dump(mode="json"))
     assert again.algorithms[0] == ema
+
+
+def test_selective_backprop_scores_downscaled_images():
+    # The rule against it holds for text only (tests/service/test_algorithm_rules_api.py).
+    spec = spec_with({"name": "selective_backprop", "scale_factor": 0.5})
+    assert spec.algorithms[0].scale_factor == 0.5

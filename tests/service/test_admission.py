@@ -192,6 +192,26 @@ def test_a_run_that_can_never_fit_is_refused_at_submit_unless_an_autoscaler_is_c
     assert client.get(f"{API}/runs/{grows.json()['id']}").json()["status"] == "STARTING"
 
 
+def test_an_autoscaling_cluster_grows_for_one_run_at_a_time_in_the_queues_order_within_quotas():
+    big, small = Demand(cpus=8, gpus=1, workers=1), Demand(cpus=1, gpus=0, workers=1)
+    queued = [Candidate("big", "a", "normal", big), Candidate("big-2", "a", "normal", big),
+              Candidate("small", "a", "normal", small), Candidate("capped", "b", "high", big)]
+    decided = plan(queued, [], Capacity(cpus=4, gpus=0), {"b": Quota(max_gpus=0)}, grow=True)
+    assert decided.admit == ["big"]  # asked of Ray although it does not fit: the autoscaler adds its node
+    assert {run_id: info.reason for run_id, info in decided.waiting.items()} == {
+        "big-2": "resources", "small": "resources", "capped": "quota"}
+    assert decided.waiting["small"].detail == "the cluster grows for a run ahead of it"
+    # The next tick, "big" is active and still waits for its node: nothing more is asked of Ray.
+    later = plan(queued[1:], [queued[0]], Capacity(cpus=4, gpus=0), {"b": Quota(max_gpus=0)}, grow=True)
+    assert later.admit == [] and later.waiting["big-2"].detail == "the cluster grows for a run ahead of it"
+    # Once its node is up the cluster holds it, and the next one grows it again.
+    grown = plan(queued[1:], [queued[0]], Capacity(cpus=12, gpus=1), {"b": Quota(max_gpus=0)}, grow=True)
+    assert grown.admit == ["big-2"]
+    # Without an autoscaler the big ones wait for a cluster that cannot hold them, and block no one.
+    fixed = plan(queued, [], Capacity(cpus=4, gpus=0), {"b": Quota(max_gpus=0)})
+    assert fixed.admit == ["small"] and fixed.waiting["big"].reason == "resources"
+
+
 def test_a_project_quota_set_by_its_admin_holds_its_runs_back(sized, example_body):
     client, _jobs = sized
     assert client.put(f"{API}/projects/default/quota", json={"max_running_runs": 1}).status_code == 200

@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from api.errors import ApiError
+from api.views import RunStatus
 from cli.main import app
 from cli.output import EXIT_NOT_FOUND, EXIT_SERVICE_ERROR, EXIT_UNREACHABLE, EXIT_USAGE, EXIT_USER_ERROR, call
 from tests.conftest import REPO_ROOT, free_port
@@ -86,6 +87,7 @@ def test_on_an_80_column_terminal_the_runs_table_keeps_ids_and_statuses_whole(ur
     monkeypatch.setattr(output.console, "_width", 80)  # the other columns give way: the id is copied, not read
     listed = tessera("runs", "--url", url)
     assert submitted["id"] in listed.stdout and "QUEUED" in listed.stdout, listed.stdout
+    assert output.STATUS_WIDTH == max(len(status.value) for status in RunStatus)  # RESTARTING is whole too
 
 
 def test_a_usage_error_exits_2(url):

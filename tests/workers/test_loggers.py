@@ -44,6 +44,11 @@ def test_a_logger_that_fails_is_skipped_and_the_primary_still_gets_everything():
     sink.flush()
     sink.close()
     assert memory.values("loss") == [(1, 2.0)]
+    # Nor does a logger that cannot end its run (MLflow unreachable at the end) fail the attempt.
+    primary = MemorySink()
+    with closed_at_end(FanoutSink(primary, [Broken()])):
+        pass
+    assert primary.closed
 
 
 def test_the_loggers_end_failed_and_are_closed_when_the_primary_cannot_deliver_after_a_clean_end():

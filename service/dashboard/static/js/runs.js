@@ -49,7 +49,7 @@ export function mount(root, ctx) {
     el("label", { for: "sweep-filter" }, "Sweep "), sweepFilter);
   const sweepNote = el("p", { id: "sweep-note", hidden: !sweepId },
     "Trials of sweep ", el("a", { href: `#/sweeps/${encodeURIComponent(sweepId)}` }, sweepId),
-    " · ", el("a", { href: runsHash({ status }) }, "show all runs"));
+    " · ", el("a", { href: runsHash({ status, archived }) }, "show all runs"));
   const count = el("p", { class: "muted", id: "runs-count", "aria-live": "polite" });
   const tbody = el("tbody");
   const table = el("table", { class: "runs-table", id: "runs-table" },
@@ -94,7 +94,7 @@ export function mount(root, ctx) {
     sweepsLoaded = true;
     sweepFilterBox.hidden = false;
     try {
-      const sweeps = (await getJSON("/sweeps?limit=100")).data;
+      const sweeps = (await getJSON("/sweeps?limit=100&archived=all")).data;  // an archived sweep's trials too
       if (!alive) return;
       const known = sweeps.find((s) => s.id === sweepId);
       if (known) setText(sweepNote.querySelector("a"), known.name);

@@ -40,7 +40,6 @@ export const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELED", "STOPPED"]);
 /** Statuses from which POST /runs/{id}/resume starts a new attempt. */
 export const RESUMABLE = new Set(["FAILED", "CANCELED", "STOPPED"]);
 
-/** Where a QUEUED run waits: "#2 in the queue · waiting for resources (detail)"; "" otherwise. */
 /** The lists' archived filter, as the API's `archived` query takes it: hidden, only, or both. */
 export const ARCHIVED_CHOICES = [["false", "not archived"], ["true", "archived"], ["all", "archived or not"]];
 
@@ -56,6 +55,7 @@ export function archivedFilter(id, value, onChange) {
     ARCHIVED_CHOICES.map(([v, label]) => el("option", { value: v, selected: v === value }, label)));
 }
 
+/** Where a QUEUED run waits: "#2 in the queue · waiting for resources (detail)"; "" otherwise. */
 export function queueText(run) {
   if (!run.queue) return "";
   const { position, reason, detail } = run.queue;
