@@ -4,7 +4,6 @@ written, the bad value and what is allowed, the same through the service's 422 a
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,18 +13,13 @@ from api.errors import format_detail
 from api.specs import RunSpec
 from api.validation_errors import format_validation_errors
 from cli.specfile import SpecFileError, load_spec
+from tests.api.test_specs import EXAMPLE, patched
 
-EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
 
 
 def items_of(changes: dict) -> list[dict]:
-    body = copy.deepcopy(EXAMPLE)
-    for dotted, value in changes.items():
-        node = body
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node[key]
-        node[leaf] = value
+    """The 422 items of the example spec with ``changes`` (``patched``'s ``a__b`` keys)."""
+    body = patched(**changes)
     with pytest.raises(ValidationError) as info:
         RunSpec.model_validate(body)
     return format_validation_errors(info.value.errors(), body, RunSpec.model_json_schema())
@@ -33,7 +27,7 @@ def items_of(changes: dict) -> list[dict]:
 
 @pytest.mark.parametrize("changes, field, value, allowed", [
     ({"parallelism": {"strategy": "none", "num_workers": 2}}, "parallelism.num_workers", 2, "exactly one worker"),
-    ({"data.eval": {"name": "fashion_mnist"}}, "data.eval.name", "fashion_mnist", "must come from the same data set"),
+    ({"data__eval": {"name": "fashion_mnist"}}, "data.eval.name", "fashion_mnist", "must come from the same data set"),
     ({"max_wall_time": "12hours"}, "max_wall_time", "12hours", "hours or days: '90s', '90m', '12h', '2d'"),
     ({"name": "-bad"}, "name", "-bad", "starting with a letter or digit"),
     ({"checkpoint": {"keep_last": 1}}, "checkpoint.keep_last", 1, "greater than or equal to 2"),
