@@ -34,7 +34,9 @@ def format_detail(detail: Any) -> str:
             if isinstance(item, dict):
                 field = item.get("field") or ".".join(str(p) for p in item.get("loc", []))
                 got = f" (got {item['input']!r})" if "input" in item else ""
-                lines.append(f"{field}: {item.get('msg')}{got}")
+                msg = str(item.get("msg"))
+                # A message that starts with its field ("algorithms[0] 'alibi' needs ...") names it once.
+                lines.append(f"{msg}{got}" if field and msg.startswith(field) else f"{field}: {msg}{got}")
             else:
                 lines.append(str(item))
         return "\n".join(lines)

@@ -53,8 +53,8 @@ def test_the_cli_prints_the_services_lines_for_a_spec_file(tmp_path):
     service_lines = format_detail(format_validation_errors(raw.value.errors(), body, RunSpec.model_json_schema()))
     assert str(info.value).splitlines()[1:] == [f"  {line}" for line in service_lines.splitlines()]
     assert str(info.value).splitlines()[1:] == [
-        "  parallelism.num_workers: parallelism.num_workers 2: strategy 'none' runs exactly one worker; use strategy "
-        "'ddp' or 'fsdp' for more (got 2)",
+        "  parallelism.num_workers 2: strategy 'none' runs exactly one worker; use strategy 'ddp' or 'fsdp' for more "
+        "(got 2)",
         "  max_wall_time: should be a whole number of seconds, minutes, hours or days: '90s', '90m', '12h', '2d' "
         "(pattern ^[1-9][0-9]{0,8}(s|m|h|d)$) (got '12hours')"]
 
