@@ -171,7 +171,8 @@ def test_a_data_root_outside_the_data_dirs_is_a_422(limited, example_body, tmp_p
     sweep = client.post(f"{API}/sweeps", json=_sweep(example_body, {"seed": {"grid": [1, 2]}}))
     assert sweep.status_code == 422 and sweep.json()["detail"][0]["field"] == "base.data.train.root"
     external = client.post(f"{API}/sweeps", params={"driver": "external"},
-                           json=_sweep(dict(example_body, data={"train": {"name": "digits"}, "batch_size": 8}),
+                           json=_sweep(dict(example_body, data={"train": {"name": "digits"}, "batch_size": 8,
+                                                                "eval": {"name": "digits", "split": "test"}}),
                                        {"seed": {"grid": [1, 2]}})).json()
     trial = client.post(f"{API}/sweeps/{external['id']}/trials", json={"trial_id": "t1", "spec": example_body},
                         headers={"Authorization": f"Bearer {external['driver_token']}"})
