@@ -20,8 +20,8 @@ from api.algorithm_specs import ALGORITHM_SPECS
 from api.catalog import DATASETS
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
-from api.views import metric_mode
 from api.validation_errors import field_path, one_line
+from api.views import metric_mode
 
 
 class _Spec(BaseModel):

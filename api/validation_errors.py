@@ -3,9 +3,9 @@
 ``field`` is the dotted path the user wrote (``optimizer.lr``, not pydantic's
 ``optimizer.sgd.lr``; without the body, for a model the SDK built, pydantic's location as it
 stands), ``input`` the bad value and ``msg`` what is allowed; for unknown fields the allowed names
-are appended. The service answers its 422s with these items
-(``service.errors``) and the CLI prints the same ones for a spec file or an SDK call that does
-not validate, so a user reads one wording whichever way the input came.
+are appended. The service answers its 422s with these items (``service.errors``) and the CLI
+prints the same ones for a spec file or an SDK call that does not validate, so a user reads one
+wording whichever way the input came.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import re
 from typing import Any
 
 
-
 def field_error(field: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
     return {"field": field, "loc": loc, "msg": msg, "input": value}
-
 
 
 def _schema_node(schema: dict[str, Any], loc: list[Any]) -> dict[str, Any] | None:
