@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cli.output import ID_WIDTH, JsonOption, emit, kept
+from cli.output import ID_WIDTH, JsonOption, emit, kept, listing
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (shown once), list, revoke.")
 projects_app = typer.Typer(no_args_is_help=True, help="Projects: create, list, set quotas.")
@@ -46,7 +46,7 @@ def create_key(
 def list_keys(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
     """Keys you administer (never their secrets)."""
     main = _main()
-    table = Table(kept("id", ID_WIDTH), "name", "prefix", "roles", "created", "revoked")
+    table = listing(kept("id", ID_WIDTH), "name", "prefix", "roles", "created", "revoked")
     keys = main._call(main._client(url).list_keys)
     for key in keys:
         roles = ", ".join(f"{p}:{r}" for p, r in sorted(key["roles"].items()))

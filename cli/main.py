@@ -20,7 +20,7 @@ from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
 from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, err_console, fail,
-                        kept, needs_extra)
+                        kept, listing, needs_extra)
 
 if TYPE_CHECKING:
     from api.client import Client
@@ -143,8 +143,8 @@ def runs(
                  archived=archived)
     best_key = order_by.removeprefix("best:") if order_by else None
     columns = [kept("id", ID_WIDTH), "name", kept("status", STATUS_WIDTH), "attempt", "created", "tags",
-               "eval/accuracy", "train/loss"]
-    table = Table(*columns, *([f"best {best_key}"] if best_key else []))
+               kept("eval/accuracy", METRIC_WIDTH, wrap_header=True), kept("train/loss", METRIC_WIDTH, wrap_header=True)]
+    table = listing(*columns, *([kept(f"best {best_key}", METRIC_WIDTH, wrap_header=True)] if best_key else []))
     for run in page.data:
         best = [_metric(run.best, best_key)] if best_key else []
         table.add_row(run.id, run.name, _status(run), str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
@@ -280,6 +280,9 @@ def _status(run) -> str:
     if run.queue is None:
         return run.status.value
     return f"{run.status.value} #{run.queue.position} {run.queue.reason}"
+
+
+METRIC_WIDTH = len("0.1234")  # _metric's figures below 10: a narrow terminal cuts other columns first
 
 
 def _metric(summary: dict[str, float], key: str) -> str:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Callable, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Column
+from rich.table import Column, Table
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1  # a run that did not complete, the service refused the request (4xx), a bad file
@@ -49,10 +49,17 @@ ID_WIDTH = 12  # runs, sweeps and keys: 12 hex digits (service.db.session.new_id
 STATUS_WIDTH = len("RESTARTING")  # the longest run status (a test holds it to api.views.RunStatus)
 
 
-def kept(header: str, width: int) -> Column:
+def kept(header: str, width: int, *, wrap_header: bool = False) -> Column:
     """A table column that a narrow terminal does not cut below ``width`` characters: an id a
-    user copies into the next command, a status they read. The other columns give way."""
-    return Column(header, no_wrap=True, min_width=width)
+    user copies into the next command, a status or figure they read. The other columns give way.
+    ``wrap_header``: the header may be cut (a long metric key over short figures)."""
+    return Column(header, min_width=width) if wrap_header else Column(header, no_wrap=True, min_width=width)
+
+
+def listing(*columns: Column | str) -> Table:
+    """A list's table: one space between columns, none at the edges, so that 80 columns hold a
+    run's id, status and figures whole."""
+    return Table(*columns, padding=(0, 1), collapse_padding=True, pad_edge=False)
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
-from cli.output import ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, fail, kept
+from cli.output import ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, fail, kept, listing
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -53,7 +53,7 @@ def list_sweeps(limit: Annotated[int, typer.Option(help="how many (newest first)
 
 
 def _sweeps_table(sweeps) -> Table:
-    table = Table(kept("id", ID_WIDTH), "name", kept("status", STATUS_WIDTH), "trials", "best", "metric")
+    table = listing(kept("id", ID_WIDTH), "name", kept("status", STATUS_WIDTH), "trials", "best", "metric")
     for sweep in sweeps:
         done = sum(n for status, n in sweep.counts.items() if status in ("COMPLETED", "FAILED", "STOPPED", "CANCELED"))
         best = next((t.metric for t in sweep.trials if t.run_id == sweep.best_run_id), None)
@@ -74,8 +74,8 @@ def _print_sweep(sweep) -> None:
                        f"project {sweep.project}", highlight=False)
     if sweep.error:
         console.print(f"error: {sweep.error}", highlight=False)
-    table = Table(kept("run", ID_WIDTH), kept("status", STATUS_WIDTH), "algorithms", "params", sweep.metric, "wall s",
-                  "pareto")
+    table = listing(kept("run", ID_WIDTH), kept("status", STATUS_WIDTH), "algorithms", "params", sweep.metric, "wall s",
+                    "pareto")
     descending = sweep.mode == "max"
     ordered = sorted(sweep.trials, key=lambda t: (t.metric is None,
                                                   -(t.metric or 0) if descending else (t.metric or 0)))
