@@ -49,7 +49,7 @@ def find_api_key(home: str | os.PathLike[str] | None = None) -> str | None:
     except OSError:  # the current folder was deleted
         return None
     for folder in (here, *here.parents):
-        path = folder / ".tessera" / "credentials"
+        path = credentials_path(folder / ".tessera")
         try:
             owned = path.stat().st_uid == os.getuid()
         except OSError:

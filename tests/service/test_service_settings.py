@@ -67,8 +67,9 @@ def test_several_api_processes_need_postgresql():
         load_settings(workers=0)
 
 
-@pytest.mark.parametrize("secret", ["not-a-key", "tsk_" + "x" * 253, "tsk_with space"])
-def test_a_bootstrap_key_the_service_could_never_accept_stops_the_first_start(tmp_path, monkeypatch, secret):
+def first_start(tmp_path, monkeypatch, secret: str):
+    """A service's first start on an empty SQLite database with ``TESSERA_BOOTSTRAP_API_KEY``;
+    returns its key store."""
     from service.access import AccessStore
     from service.bootstrap import ensure_admin_key
     from service.db.engine import make_engine, migrate
@@ -79,22 +80,18 @@ def test_a_bootstrap_key_the_service_could_never_accept_stops_the_first_start(tm
     settings = Settings()
     engine = make_engine(settings.database_url)
     migrate(engine)
+    access = AccessStore(Database(engine))
+    ensure_admin_key(access, settings)
+    return access
+
+
+@pytest.mark.parametrize("secret", ["not-a-key", "tsk_" + "x" * 253, "tsk_with space"])
+def test_a_bootstrap_key_the_service_could_never_accept_stops_the_first_start(tmp_path, monkeypatch, secret):
     with pytest.raises(ValueError, match=r"must be 'tsk_' and then letters, digits, '_' or '-', at most 256"):
-        ensure_admin_key(AccessStore(Database(engine)), settings)
+        first_start(tmp_path, monkeypatch, secret)
 
 
 def test_a_bootstrap_key_of_256_characters_from_a_file_with_its_newline_is_the_first_admin_key(tmp_path, monkeypatch):
-    from service.access import AccessStore
-    from service.bootstrap import ensure_admin_key
-    from service.db.engine import make_engine, migrate
-    from service.db.session import Database
-
     secret = "tsk_" + "k" * 252
-    monkeypatch.setenv("TESSERA_HOME", str(tmp_path))
-    monkeypatch.setenv("TESSERA_BOOTSTRAP_API_KEY", secret + "\n")
-    settings = Settings()
-    engine = make_engine(settings.database_url)
-    migrate(engine)
-    access = AccessStore(Database(engine))
-    ensure_admin_key(access, settings)
+    access = first_start(tmp_path, monkeypatch, secret + "\n")
     assert access.authenticate(secret) is not None

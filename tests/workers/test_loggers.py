@@ -46,8 +46,8 @@ def test_a_logger_that_fails_is_skipped_and_the_primary_still_gets_everything():
     assert memory.values("loss") == [(1, 2.0)]
     # Nor does a logger that cannot end its run (MLflow unreachable at the end) fail the attempt.
     primary = MemorySink()
-    with closed_at_end(FanoutSink(primary, [Broken()])):
-        pass
+    with closed_at_end(FanoutSink(primary, [Broken()])) as sink:
+        sink.add(1, "loss", 2.0)  # the attempt reports, and ends
     assert primary.closed
 
 
@@ -58,16 +58,16 @@ def test_the_loggers_end_failed_and_are_closed_when_the_primary_cannot_deliver_a
 
     logger = MemorySink()
     with pytest.raises(RuntimeError, match="did not take reports"):
-        with closed_at_end(FanoutSink(Undeliverable(), [logger])):
-            pass  # trained to its end
+        with closed_at_end(FanoutSink(Undeliverable(), [logger])) as sink:
+            sink.add(1, "loss", 2.0)  # the attempt reports, and trains to its end
     assert [s["status"] for s in logger.statuses] == [RunStatus.FAILED] and logger.closed
     assert logger.statuses[0]["error"] == "RuntimeError: the service did not take reports"
 
 
 def test_only_the_loggers_hear_how_the_attempt_ended():
     primary, logger = MemorySink(), MemorySink()
-    with closed_at_end(FanoutSink(primary, [logger])):
-        pass
+    with closed_at_end(FanoutSink(primary, [logger])) as sink:
+        sink.add(1, "loss", 2.0)  # the attempt reports, and trains to its end
     assert primary.statuses == [] and primary.closed  # the service hears it from workers.outcome
     assert [s["status"] for s in logger.statuses] == [RunStatus.COMPLETED] and logger.closed
 
