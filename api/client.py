@@ -316,13 +316,20 @@ class Client:
             time.sleep(poll_interval)
 
     # --- sweeps --------------------------------------------------------------------------
-    def create_sweep(self, spec: Any, *, driver: str = "service", project: str | None = None) -> SweepView:
+    def create_sweep(self, spec: Any, *, driver: str = "service", project: str | None = None,
+                     idempotency_key: str | None = None) -> SweepView:
         """Store a sweep (a ``SweepSpec`` or its dict). ``driver="service"``: the service runs
         its Ray Tune driver as a Ray job. ``driver="external"``: the caller drives it (see
-        ``workers.tune.run_sweep``); the answer then carries ``driver_token``."""
+        ``workers.tune.run_sweep``); the answer then carries ``driver_token``.
+
+        Retried with its ``Idempotency-Key`` (default a fresh one per call) when the answer is
+        lost, as ``create_run`` is: a retry never makes two sweeps (an external sweep's retry
+        gets a new ``driver_token``, and the lost answer's stops working)."""
         body = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else spec
         params = {"driver": driver, **({"project": project} if project is not None else {})}
-        return SweepView.model_validate(self._request("POST", f"{API}/sweeps", json=body, params=params))
+        headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
+        return SweepView.model_validate(self._post_with_retries(f"{API}/sweeps", json=body, params=params,
+                                                                headers=headers))
 
     def get_sweep(self, sweep_id: str) -> SweepView:
         return SweepView.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}"))

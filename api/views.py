@@ -306,7 +306,8 @@ class SweepView(BaseModel):
                                           "fastest first")
     best_run_id: str | None = None
     counts: dict[str, int] = Field(default_factory=dict, description="trials per status")
-    driver_token: str | None = Field(None, description="only in the answer to creating an external-driver sweep")
+    driver_token: str | None = Field(None, description="only in the answer to creating an external-driver sweep "
+                                                        "(a replay of its Idempotency-Key gets a new one)")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
     archived_at: datetime | None = Field(None, description="when the sweep was archived (hidden from default lists)")
 

@@ -27,6 +27,9 @@ def submit_sweep(
     wait: Annotated[bool, typer.Option("--wait", help="poll until the sweep ends (exit 1 unless COMPLETED)")] = False,
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
+    idempotency_key: Annotated[Optional[str], typer.Option(
+        "--idempotency-key", help="submitting again with the same key (in the project) returns the first sweep "
+        "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Submit a sweep for the service to drive; its trials are runs (`tessera sweeps show ID` lists them)."""
@@ -36,7 +39,7 @@ def submit_sweep(
         body = load_spec_dict(file)
     except SpecFileError as exc:
         fail(str(exc))
-    sweep = call(_client(url).create_sweep, body, project=project)
+    sweep = call(_client(url).create_sweep, body, project=project, idempotency_key=idempotency_key)
     console.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
     if wait:
         _wait(sweep.id, url)

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, or_, select, text
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
@@ -25,6 +24,7 @@ from service.db.models import DEFAULT_PROJECT, Checkpoint, Metric, Run, RunEvent
 from service.run_bests import upsert_bests
 from service.run_listing import InvalidCursor, RunFilter, best_first, filtered, newest_first, next_cursor
 from service.db.session import Database, clean_text, is_possible_id
+from service.idempotency import created_once
 from service.metric_limits import MetricLimits, non_finite_note
 from service.metric_writes import insert_points, is_replayed_batch, remember_batch
 from service.run_writes import add_run_event, apply_run_status, first_line, insert_run
@@ -187,20 +187,13 @@ class Repository(AttemptStore):
 
     def create_run_once(self, spec: RunSpec, *, project: str, idempotency_key: str) -> tuple[RunRecord, bool]:
         """``create_run`` once per ``(project, idempotency_key)``: the run and True when this call
-        made it; the run an earlier call with the key made and False otherwise. Two concurrent
-        calls make one run: the unique index refuses the loser's insert, which reads the winner's."""
-        existing = self.run_by_idempotency_key(project, idempotency_key)
-        if existing is not None:
-            return existing, False
-        try:
+        made it; the run an earlier call with the key made and False otherwise
+        (``service.idempotency.created_once``: two concurrent calls make one run)."""
+        def create() -> RunRecord:
             with self.db.write() as session:
                 return RunRecord.from_row(insert_run(session, spec, message="created", project=project,
-                                                     idempotency_key=idempotency_key)), True
-        except IntegrityError:
-            winner = self.run_by_idempotency_key(project, idempotency_key)
-            if winner is None:
-                raise
-            return winner, False
+                                                     idempotency_key=idempotency_key))
+        return created_once(lambda: self.run_by_idempotency_key(project, idempotency_key), create)
 
     def run_by_idempotency_key(self, project: str, idempotency_key: str) -> RunRecord | None:
         query = select(Run).where(Run.project == project, Run.idempotency_key == idempotency_key)

@@ -23,6 +23,7 @@ from api.views import RunStatus, SweepStatus, SweepView
 from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import DEFAULT_PROJECT, Run, Sweep, utcnow
 from service.db.session import is_possible_id, new_id
+from service.idempotency import created_once
 from service.repository import Repository, RunRecord
 from service.run_writes import apply_run_status, insert_run
 from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
@@ -107,7 +108,8 @@ class SweepRepository(AttemptStore):
 
     # --- sweeps --------------------------------------------------------------------------
     def create_sweep(self, spec: SweepSpec, *, driver: Literal["service", "external"] = "service",
-                     token: str | None = None, project: str = DEFAULT_PROJECT) -> SweepRecord:
+                     token: str | None = None, project: str = DEFAULT_PROJECT,
+                     idempotency_key: str | None = None) -> SweepRecord:
         """Store a validated sweep with its skipped algorithm sets: QUEUED for the dispatcher, or
         RUNNING at once for an ``external`` driver, which reports with ``token`` (hash kept)."""
         external = driver == "external"
@@ -122,10 +124,35 @@ class SweepRepository(AttemptStore):
                           skipped=[{"algorithms": list(s), "reason": why} for s, why in skipped],
                           token_hash=hash_token(token) if token else None,
                           message="driven outside the service" if external else "queued",
-                          created_at=now, started_at=now if external else None, updated_at=now)
+                          created_at=now, started_at=now if external else None, updated_at=now,
+                          idempotency_key=idempotency_key)
             session.add(sweep)
             session.flush()
             return SweepRecord.from_row(sweep)
+
+    def create_sweep_once(self, spec: SweepSpec, *, driver: Literal["service", "external"], token: str | None,
+                          project: str, idempotency_key: str) -> tuple[SweepRecord, bool]:
+        """``create_sweep`` once per ``(project, idempotency_key)``: the sweep and True when this
+        call made it; the sweep an earlier call with the key made and False otherwise."""
+        return created_once(lambda: self.sweep_by_idempotency_key(project, idempotency_key),
+                            lambda: self.create_sweep(spec, driver=driver, token=token, project=project,
+                                                      idempotency_key=idempotency_key))
+
+    def sweep_by_idempotency_key(self, project: str, idempotency_key: str) -> SweepRecord | None:
+        query = select(Sweep).where(Sweep.project == project, Sweep.idempotency_key == idempotency_key)
+        with self.db.read() as session:
+            row = session.execute(query).scalars().first()
+            return SweepRecord.from_row(row) if row is not None else None
+
+    def replace_driver_token(self, sweep_id: str, token: str) -> bool:
+        """Make ``token`` the running external sweep's driver token (the earlier one stops
+        working); False, and nothing changed, when the sweep no longer runs."""
+        with self.db.write() as session:
+            sweep = session.get(Sweep, sweep_id, with_for_update=True)
+            if sweep is None or sweep.driver != "external" or sweep.status != SweepStatus.RUNNING.value:
+                return False
+            sweep.token_hash, sweep.updated_at = hash_token(token), utcnow()
+            return True
 
     def get_sweep(self, sweep_id: str) -> SweepRecord:
         return self.get(sweep_id)

@@ -134,8 +134,11 @@ class Sweep(AttemptedRow, Base):
     skipped: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The client's Idempotency-Key of the submit that made this sweep (unique per project).
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
-    __table_args__ = (Index("ix_sweeps_created_at_id", "created_at", "id"),)
+    __table_args__ = (Index("ix_sweeps_created_at_id", "created_at", "id"),
+                      Index("uq_sweeps_project_idempotency_key", "project", "idempotency_key", unique=True))
 
 
 class RunEvent(Base):

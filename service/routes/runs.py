@@ -81,7 +81,8 @@ def view_json(view: BaseModel, status_code: int) -> Response:
 
 IDEMPOTENCY_HEADER = Header(alias=idempotency.HEADER, description=(
     "a key (1-128 printable ASCII characters) that makes retries of this submit safe: a request "
-    "with a key already used in the project returns that run (200), or 422 if its spec differs"))
+    "with a key already used in the project returns what that request made (200), or 422 if it "
+    "asked for something else"))
 
 
 @router.post("", status_code=201, response_model=RunView, operation_id="create_run",

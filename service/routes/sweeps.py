@@ -10,7 +10,7 @@ import functools
 import secrets
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
 
 from api.specs import RunSpec
@@ -25,7 +25,9 @@ from service.tokens import bearer_token
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.spec_caps import searched_duration_problems
-from service.routes.runs import NOT_MODIFIED, PROJECT_QUERY, conditional_json, ignored_field_errors, submit_problems
+from service import idempotency
+from service.routes.runs import (IDEMPOTENCY_HEADER, NOT_MODIFIED, PROJECT_QUERY, conditional_json,
+                                 ignored_field_errors, submit_problems, view_json)
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES,
                    route_class=ParsedBodyRoute)
@@ -46,16 +48,27 @@ def queued_sweep(request: Request, view: SweepView) -> SweepView:
     return view.model_copy(update={"queue": info}) if info is not None else view
 
 
-@router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep")
+@router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep",
+             responses={200: {"model": SweepView,
+                              "description": "the sweep an earlier request with this Idempotency-Key made"}})
 def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: CallerDep, access: AccessDep,
                  settings: SettingsDep,
                  driver: Literal["service", "external"] = "service",
-                 project: Annotated[str | None, PROJECT_QUERY] = None) -> SweepView:
+                 project: Annotated[str | None, PROJECT_QUERY] = None,
+                 idempotency_key: Annotated[str | None, IDEMPOTENCY_HEADER] = None) -> Response:
     """Validate a sweep and store it: ``service`` queues it for the dispatcher, which runs its
     Ray Tune driver as a Ray job; ``external`` stores it RUNNING for a driver the caller runs,
     and the answer carries that driver's ``driver_token`` (shown only here). Needs a ``member``
-    role in ``project``, so only a member is ever given a driver token."""
+    role in ``project``, so only a member is ever given a driver token. With an
+    ``Idempotency-Key``, a retry returns the first request's sweep (``_replayed``)."""
     name = project_for_create(caller, access, project)
+    if idempotency_key is not None:
+        problem = idempotency.key_problem(idempotency_key)
+        if problem is not None:
+            return validation_response([problem])
+        earlier = sweeps.sweep_by_idempotency_key(name, idempotency_key)
+        if earlier is not None:
+            return _replayed(request, sweeps, earlier, spec, driver, idempotency_key)
     too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
@@ -69,8 +82,31 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
     if refused:
         return validation_response(refused)
     token = secrets.token_urlsafe(32) if driver == "external" else None
-    record = sweeps.create_sweep(spec, driver=driver, token=token, project=name)
-    return sweeps.sweep_view(record.id).model_copy(update={"driver_token": token})
+    if idempotency_key is None:
+        record = sweeps.create_sweep(spec, driver=driver, token=token, project=name)
+    else:
+        record, created = sweeps.create_sweep_once(spec, driver=driver, token=token, project=name,
+                                                   idempotency_key=idempotency_key)
+        if not created:  # a concurrent request with the key won the race
+            return _replayed(request, sweeps, record, spec, driver, idempotency_key)
+    return view_json(sweeps.sweep_view(record.id).model_copy(update={"driver_token": token}), 201)
+
+
+def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spec: SweepSpec,
+              driver: str, key: str) -> Response:
+    """The answer to a request whose key made ``sweep`` earlier: its view (200), or a 422 when
+    the request asks for another spec or driver. A client repeats a key because it lost the
+    first answer, the only one that carried an external sweep's driver token: a replay of a
+    running external sweep carries a new token, and the earlier one stops working."""
+    differs = None if sweep.driver == driver else f"driver ({sweep.driver})"
+    problem = idempotency.replay_problem(key, sweep.spec, spec, what="sweep", differs=differs)
+    if problem is not None:
+        return validation_response([problem])
+    token = secrets.token_urlsafe(32) if sweep.driver == "external" else None
+    if token is not None and not sweeps.replace_driver_token(sweep.id, token):
+        token = None  # it has ended: there is nothing left to drive
+    view = queued_sweep(request, sweeps.sweep_view(sweep.id)).model_copy(update={"driver_token": token})
+    return view_json(view, 200)
 
 
 @router.get("", response_model=SweepsPage, operation_id="list_sweeps", responses=NOT_MODIFIED)

@@ -71,3 +71,30 @@ def test_tessera_submit_sends_the_given_key(tmp_path, monkeypatch):
     result = CliRunner().invoke(cli.main.app, ["submit", str(spec), "--idempotency-key", "nightly-2026-12-01"])
     assert result.exit_code == 0, result.output
     assert [request.headers["Idempotency-Key"] for request in seen] == ["nightly-2026-12-01"]
+
+
+SWEEP = {"id": "s1", "name": "n", "status": "QUEUED", "attempt": 1, "driver": "service", "spec": {},
+         "metric": "eval/accuracy", "mode": "max", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
+
+
+def test_a_sweeps_lost_answer_is_retried_with_the_same_key():
+    client, seen = _client([httpx.ConnectError("down"), httpx.Response(502, json={"detail": "proxy"}),
+                            httpx.Response(200, json=SWEEP)])
+    assert client.create_sweep({"name": "n"}).id == "s1"
+    keys = {request.headers["Idempotency-Key"] for request in seen}
+    assert len(seen) == 3 and len(keys) == 1 and next(iter(keys)).startswith("sdk-")
+
+
+def test_tessera_sweeps_submit_sends_the_given_key(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import cli.main
+    import cli.sweeps
+
+    client, seen = _client([httpx.Response(201, json=SWEEP)])
+    monkeypatch.setattr(cli.sweeps, "_client", lambda url: client)
+    spec = tmp_path / "sweep.json"
+    spec.write_text('{"name": "n"}')
+    result = CliRunner().invoke(cli.main.app, ["sweeps", "submit", str(spec), "--idempotency-key", "grid-1"])
+    assert result.exit_code == 0, result.output
+    assert [request.headers["Idempotency-Key"] for request in seen] == ["grid-1"]

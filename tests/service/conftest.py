@@ -44,6 +44,14 @@ def example_spec(example_body) -> RunSpec:
     return RunSpec.model_validate(example_body)
 
 
+@pytest.fixture
+def sweep_body(example_body) -> dict[str, Any]:
+    """A sweep of the example spec over three algorithm sets and two learning rates."""
+    return {"name": "digits-sweep", "base": example_body,
+            "search": {"algorithms": {"sets": [[], ["channels_last"], ["ema", "swa"]]},
+                       "params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}
+
+
 @pytest.fixture(scope="session")
 def _postgres_engine(postgres_url):
     engine = make_engine(postgres_url)

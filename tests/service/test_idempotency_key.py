@@ -88,3 +88,62 @@ def test_the_loser_of_an_insert_race_reads_the_winners_run(repo, example_spec, m
     loser, loser_created = repo.create_run_once(RunSpec.model_validate(example_spec.model_dump()),
                                                 project="default", idempotency_key="k")
     assert (created, loser_created, loser.id) == (True, False, winner.id) and len(calls) == 2
+
+
+# --- sweeps --------------------------------------------------------------------------------
+
+def _sweeps(client) -> list[dict]:
+    return client.get(f"{API}/sweeps", params={"limit": 100}).json()["data"]
+
+
+def _sweep(client, body, key, driver="service"):
+    return client.post(f"{API}/sweeps", json=body, params={"driver": driver}, headers={"Idempotency-Key": key})
+
+
+def test_a_retried_sweep_submit_returns_the_first_sweep(any_client, sweep_body):
+    first, again = _sweep(any_client, sweep_body, "sweep-1"), _sweep(any_client, sweep_body, "sweep-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"] and again.json()["status"] == "QUEUED"
+    assert [sweep["id"] for sweep in _sweeps(any_client)] == [first.json()["id"]]
+    other = _sweep(any_client, sweep_body, "sweep-2")
+    assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
+
+
+def test_a_sweep_key_reused_for_another_spec_or_driver_is_refused_naming_the_header(any_client, sweep_body):
+    assert _sweep(any_client, sweep_body, "k").status_code == 201
+    for answer, differs in ((_sweep(any_client, {**sweep_body, "num_samples": 2}, "k"), "different spec"),
+                            (_sweep(any_client, sweep_body, "k", driver="external"), "different driver (service)")):
+        assert answer.status_code == 422
+        [error] = answer.json()["detail"]
+        assert error["field"] == "Idempotency-Key" and differs in error["msg"] and "sweep" in error["msg"], error
+    assert len(_sweeps(any_client)) == 1
+    bad = _sweep(any_client, sweep_body, "caf\u00e9".encode("latin-1"))
+    assert bad.status_code == 422 and bad.json()["detail"][0]["field"] == "Idempotency-Key"
+
+
+def test_a_replayed_external_sweep_gets_a_new_driver_token_and_the_lost_one_stops_working(any_client, sweep_body):
+    first = _sweep(any_client, sweep_body, "ext", driver="external")
+    again = _sweep(any_client, sweep_body, "ext", driver="external")
+    assert (first.status_code, again.status_code) == (201, 200) and again.json()["id"] == first.json()["id"]
+    lost, kept = first.json()["driver_token"], again.json()["driver_token"]
+    assert kept and kept != lost
+    report = f"{API}/sweeps/{first.json()['id']}/report/status"
+    assert any_client.post(report, headers={"Authorization": f"Bearer {lost}"},
+                           json={"status": "RUNNING"}).status_code == 401
+    assert any_client.post(report, headers={"Authorization": f"Bearer {kept}"},
+                           json={"status": "COMPLETED"}).status_code == 200
+    ended = _sweep(any_client, sweep_body, "ext", driver="external")  # nothing left to drive: no token
+    assert ended.status_code == 200 and ended.json()["status"] == "COMPLETED" and ended.json()["driver_token"] is None
+
+
+def test_concurrent_sweep_submits_with_one_key_make_one_sweep_on_postgresql(pg_client, sweep_body):
+    start = threading.Barrier(4)
+
+    def submit(_):
+        start.wait()
+        return _sweep(pg_client, sweep_body, "race")
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(submit, range(4)))
+    assert sorted(a.status_code for a in answers) == [200] * 3 + [201]
+    assert len({a.json()["id"] for a in answers}) == 1 and len(_sweeps(pg_client)) == 1

@@ -15,13 +15,6 @@ from service.sweep_repository import TRIAL_OUTLIVED_SWEEP
 API = "/api/v1"
 
 
-@pytest.fixture
-def sweep_body(example_body):
-    return {"name": "digits-sweep", "base": example_body,
-            "search": {"algorithms": {"sets": [[], ["channels_last"], ["ema", "swa"]]},
-                       "params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}
-
-
 def _auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 

@@ -149,6 +149,22 @@ def test_gpu_process_groups_or_searched_resources_start_a_worker_group(paralleli
         run_sweep(spec, in_actor=True)
 
 
+def test_run_sweep_creates_the_external_sweep_in_the_project_it_is_given():
+    asked = []
+
+    class Refusing:
+        def create_sweep(self, spec, **options):
+            asked.append(options)
+            raise RuntimeError("stop before Ray")
+
+    spec = sweep(base=BASE, search={})
+    with pytest.raises(RuntimeError, match="stop before Ray"):
+        run_sweep(spec, client=Refusing(), project="vision")
+    assert asked == [{"driver": "external", "project": "vision"}]
+    with pytest.raises(ValueError, match="pass client= as well"):
+        run_sweep(spec, project="vision")
+
+
 def test_ray_asha_keeps_its_rungs_where_the_driver_edits_them():
     """Pins the Ray behaviour ``workers.tune.space._drop_rung_at_max_t`` depends on: ASHA keeps
     its rungs as ``_brackets[i]._rungs``, ``(milestone, recorded)`` pairs highest first, and

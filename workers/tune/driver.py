@@ -115,19 +115,22 @@ def drive_sweep(sweep_id: str, *, client: Client, token: str, storage_url: str |
     return outcome
 
 
-def run_sweep(spec: SweepSpec | dict[str, Any], *, client: Client | None = None, storage_url: str | None = None,
-              verbose: int = 1, in_actor: bool | None = None) -> SweepOutcome:
+def run_sweep(spec: SweepSpec | dict[str, Any], *, client: Client | None = None, project: str | None = None,
+              storage_url: str | None = None, verbose: int = 1, in_actor: bool | None = None) -> SweepOutcome:
     """Run a sweep in this process (connects to Ray with ``ray.init()`` unless already connected).
 
-    With ``client``: creates an ``external`` sweep in the service and drives it, so its trials
-    show up as runs there (``outcome.sweep_id``, ``trial.run_id``). Without: just Tune.
+    With ``client``: creates an ``external`` sweep in the service (in ``project``; default: the
+    key's only project, else ``default``) and drives it, so its trials show up as runs there
+    (``outcome.sweep_id``, ``trial.run_id``). Without: just Tune.
     ``storage_url`` (``file://``/``s3://``): where checkpoints and the Tune experiment go.
     ``verbose``: Tune's progress output (0 silent, 1 status tables). ``in_actor``: whether
     trials train in their (reused) Tune actors; by default when they can
     (``trains_in_trial_actor``); ``False`` starts a Ray Train worker group per trial."""
     spec = spec if isinstance(spec, SweepSpec) else SweepSpec.model_validate(spec)
+    if project is not None and client is None:
+        raise ValueError("run_sweep: project names where the service keeps the sweep; pass client= as well")
     if client is not None:
-        view = client.create_sweep(spec, driver="external")
+        view = client.create_sweep(spec, driver="external", project=project)
         return drive_sweep(view.id, client=client, token=view.driver_token, storage_url=storage_url,
                            verbose=verbose, in_actor=in_actor)
     session = _DriverSession(key=f"local-{spec.name}-{uuid.uuid4().hex[:8]}")
