@@ -20,7 +20,7 @@ from api.algorithm_specs import ALGORITHM_SPECS
 from api.catalog import DATASETS
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
-from api.validation_errors import field_path, one_line
+from api.validation_errors import field_path, join_field, one_line
 from api.views import metric_mode
 
 
@@ -190,7 +190,8 @@ class SweepSpec(_Spec):
         for path, domain in self.search.params.items():
             problem = _param_problem(self, path, domain, searched)
             if problem:
-                raise ValueError(f"search.params[{path!r}]: {problem}")
+                # Named as a 422's field names it: search.params['optimizer.lr'], search.params.seed.
+                raise ValueError(f"{join_field(('search', 'params', path))}: {problem}")
         return self
 
 

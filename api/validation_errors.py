@@ -2,20 +2,33 @@
 
 ``field`` is the dotted path the user wrote (``optimizer.lr``, not pydantic's
 ``optimizer.sgd.lr``; without the body, for a model the SDK built, pydantic's location as it
-stands), ``input`` the bad value and ``msg`` what is allowed; for unknown fields the allowed names
-are appended. The service answers its 422s with these items (``service.errors``) and the CLI
-prints the same ones for a spec file or an SDK call that does not validate, so a user reads one
-wording whichever way the input came.
+stands; a dict key that is not a plain name in brackets, ``search.params['optimizer.lr']``:
+``join_field``), ``input`` the bad value and ``msg`` what is allowed; for unknown fields the
+allowed names are appended. The service answers its 422s with these items (``service.errors``)
+and the CLI prints the same ones for a spec file or an SDK call that does not validate, so a user
+reads one wording whichever way the input came.
 """
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Iterable
 from typing import Any
 
 
 def field_error(field: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
     return {"field": field, "loc": loc, "msg": msg, "input": value}
+
+
+def body_error(field: str, msg: str, value: Any, *, within: tuple[str, ...] = ("body",)) -> dict[str, Any]:
+    """``field_error`` for ``field`` of the request body (``within``: where in the request),
+    named as ``join_field`` names it; its ``loc`` splits it as ``split_field`` does."""
+    try:
+        parts = split_field(field)
+    except ValueError:  # not a name join_field writes: keep it whole rather than guess
+        parts = [field]
+    return field_error(field, [*within, *parts], msg, value)
 
 
 def _schema_node(schema: dict[str, Any], loc: list[Any]) -> dict[str, Any] | None:
@@ -78,27 +91,50 @@ def _trim_loc(loc: list[Any], body: Any) -> list[Any]:
     return loc
 
 
+# A field, or a dict key, written after a dot; any other key is written in brackets, quoted.
+_PLAIN_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def join_field(parts: Iterable[str | int]) -> str:
+    """The field name of a path: names joined by dots, list indices as ``[0]``, and a dict key
+    that is not a plain name (a dot, a space, a leading digit) quoted in brackets, so that a
+    sweep's ``("search", "params", "optimizer.lr", "grid")`` reads ``search.params['optimizer.lr'].grid``
+    and not as a nested ``optimizer`` object. ``split_field`` reads it back."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int) and not isinstance(part, bool):
+            text += f"[{part}]"
+        elif _PLAIN_NAME.fullmatch(part := str(part)):
+            text += f".{part}" if text else part
+        else:
+            text += f"[{part!r}]"
+    return text
+
+
 def field_path(loc: tuple[Any, ...] | list[Any], body: Any) -> str:
-    """Dotted path of a pydantic error location, without the union tags pydantic inserts.
+    """Path of a pydantic error location as ``join_field`` writes it, without the union tags
+    pydantic inserts.
 
     pydantic reports ``('optimizer', 'sgd', 'lr')`` for a discriminated union; users wrote
     ``optimizer.lr``. Walk the submitted body and keep only the segments that exist in it.
     """
-    parts: list[str] = []
+    loc = list(loc)
+    key_error = bool(loc) and loc[-1] == "[key]"  # pydantic's mark of a bad dict key, after the key
+    parts: list[str | int] = []
     node = body
-    for segment in loc:
+    for segment in loc[:-1] if key_error else loc:
         if isinstance(node, dict) and segment in node:
             node = node[segment]
-            parts.append(str(segment))
+            parts.append(str(segment))  # a key, even one YAML read as a number
         elif isinstance(node, list) and isinstance(segment, int) and 0 <= segment < len(node):
             node = node[segment]
-            parts.append(f"[{segment}]")
+            parts.append(segment)
         elif isinstance(node, dict) and node.get("name") == segment:
             continue  # a discriminated-union tag, not a field
         else:
-            parts.append(f"[{segment}]" if isinstance(segment, int) else str(segment))
+            parts.append(segment)
             node = None
-    return ".".join(parts).replace(".[", "[")
+    return join_field(parts) + ("[key]" if key_error else "")
 
 
 # The specs' string patterns in words (``worded_pattern``): pydantic's message quotes only the regex.
@@ -113,32 +149,38 @@ def worded_pattern(pattern: str, words: str) -> str:
     return pattern
 
 
-# A message of a whole-object rule that starts with the path it is about:
-# "scheduler.grace_period 2ep must ...", "search.params['optimizer.lr']: value ...".
-_LEADING_PATH = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\['[^']*'\]|\[\d+\])+(?=[:\s])")
-_PATH_PART = re.compile(r"\.?([A-Za-z_]\w*)|\['([^']*)'\]|\[(\d+)\]")
+# A message of a whole-object rule that starts with the path it is about, as ``join_field``
+# writes it: "scheduler.grace_period 2ep must ...", "search.params['optimizer.lr']: value ...".
+_QUOTED = r"'(?:[^'\\\n]|\\.)*'" + "|" + r'"(?:[^"\\\n]|\\.)*"'  # a key as repr() quotes it
+_LEADING_PATH = re.compile(rf"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[(?:{_QUOTED})\]|\[\d+\])+(?=[:\s])")
+_PATH_PART = re.compile(rf"\.?([A-Za-z_]\w*)|\[({_QUOTED})\]|\[(\d+)\]|(\[key\])")
 
 
-def _path_parts(path: str) -> list[tuple[str, int | None]]:
-    """``a.b['c.d'][0]`` as ``[("a", None), ("b", None), ("c.d", None), ("", 0)]``."""
-    return [(name or key, int(index) if index else None) for name, key, index in _PATH_PART.findall(path)]
+def split_field(field: str) -> list[str | int]:
+    """``join_field``'s parts back: ``a.b['c.d'][0]`` as ``["a", "b", "c.d", 0]``, a loc for a
+    field name that does not split a key at its dots (``field_path``'s ``[key]``, for a bad dict
+    key, stays ``"[key]"`` as in pydantic's loc). ValueError for text that is no such name."""
+    parts: list[str | int] = []
+    position = 0
+    while position < len(field):
+        match = _PATH_PART.match(field, position)
+        if match is None or (match[1] is not None and (position == 0) == match[0].startswith(".")):
+            raise ValueError(f"not a field name: {field!r} (at {position})")
+        name, key, index, key_mark = match.groups()
+        parts.append(name or key_mark or (ast.literal_eval(key) if key else int(index)))
+        position = match.end()
+    return parts
 
 
-def _end_of_parts(path: str, count: int) -> int:
-    """Where the first ``count`` parts of ``path`` end."""
-    matches = list(_PATH_PART.finditer(path))
-    return matches[count - 1].end() if count else 0
-
-
-def _walk(parts: list[tuple[str, int | None]], body: Any) -> tuple[bool, Any]:
+def _walk(parts: list[str | int], body: Any) -> tuple[bool, Any]:
     """(found, value) at ``parts`` in ``body``; a last key the body leaves out is found as None."""
     node = body
-    for position, (key, index) in enumerate(parts):
+    for position, part in enumerate(parts):
         last = position == len(parts) - 1
-        if index is not None and isinstance(node, list) and index < len(node):
-            node = node[index]
-        elif index is None and isinstance(node, dict) and (key in node or last):
-            node = node.get(key)
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and isinstance(node, dict) and (part in node or last):
+            node = node.get(part)
         else:
             return False, None
     return True, node
@@ -153,10 +195,12 @@ def _field_named_in(msg: str, body: Any, field: str) -> tuple[str, Any] | None:
     match = _LEADING_PATH.match(msg)
     if match is None:
         return None
-    named, within = _path_parts(match[0]), _path_parts(field)
+    try:
+        named, within = split_field(match[0]), split_field(field)
+    except ValueError:  # not a name join_field wrote: the message names no field of this body
+        return None
     for cut in range(len(within), -1, -1):
-        prefix = field[:_end_of_parts(field, cut)]
-        full = f"{prefix}.{match[0]}" if prefix else match[0]
+        full = join_field(within[:cut] + named)
         if field and not full.startswith(f"{field}.") and not full.startswith(f"{field}["):
             continue
         found, value = _walk(within[:cut] + named, body)

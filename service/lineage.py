@@ -25,7 +25,7 @@ from api.lineage import (ForkInfo, ForkRequest, ForkStep, loads_optimizer, longe
                          unloadable_changes)
 from api.specs import RunSpec
 from api.time import Time
-from api.validation_errors import field_error, format_validation_errors, one_line
+from api.validation_errors import body_error, field_error, format_validation_errors, one_line
 from api.views import CheckpointView, RunStatus
 from service.db.models import Checkpoint, Run
 from service.repository import Repository, RunNotFound, RunRecord
@@ -42,7 +42,7 @@ class LineageRefused(ValueError):
 
 
 def _patch_error(field: str, msg: str, value: Any) -> dict[str, Any]:
-    return field_error(field, ["body", "patch", *field.split(".")], msg, value)
+    return body_error(field, msg, value, within=("body", "patch"))
 
 
 def forked_spec(parent: RunRecord, request: ForkRequest) -> RunSpec:
@@ -53,8 +53,8 @@ def forked_spec(parent: RunRecord, request: ForkRequest) -> RunSpec:
         spec = RunSpec.model_validate(merged)
     except ValidationError as exc:
         items = format_validation_errors(list(exc.errors()), merged, RunSpec.model_json_schema())
-        raise LineageRefused([{**item, "loc": ["body", "patch", *item["field"].split(".")]} if item["field"] else item
-                              for item in items]) from exc
+        raise LineageRefused([body_error(item["field"], item["msg"], item["input"], within=("body", "patch"))
+                              if item["field"] else item for item in items]) from exc
     if request.from_ != "scratch":
         child = spec.model_dump(mode="json")
         problems = unloadable_changes(parent.spec, child)

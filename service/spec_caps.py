@@ -13,7 +13,7 @@ from typing import Any
 
 from api.specs import RunSpec, wall_time_seconds
 from api.time import Time, TimeUnit
-from api.validation_errors import field_error
+from api.validation_errors import body_error
 
 # The service's default bounds per unit: generous for real work, small enough that a typo
 # ("1000000ep") is caught at submit instead of holding workers for a year.
@@ -76,4 +76,4 @@ def searched_duration_problems(settings: Any, project: Any, values: list[Any], *
 
 
 def _item(field: str, message: str, value: Any) -> dict[str, Any]:
-    return field_error(field, ["body", *field.split(".")], message, value)
+    return body_error(field, message, value)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from api.data_roots import data_root_problems
 from api.run_edits import order_by_key
 from api.specs import RunSpec, ignored_field_problems
-from api.validation_errors import field_error, one_line
+from api.validation_errors import body_error, field_error, one_line
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import project_code_store
 from service.access import KEY_PREFIX, Caller, Role
@@ -138,28 +138,23 @@ def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "
     settings = request.app.state.settings
     refused = data_root_errors(spec, settings, prefix=prefix)
     if spec.code is not None and not project_code_store(request, project.name).exists(spec.code.digest):
-        refused.append(_item(prefix + "code.digest", f"no code package with this digest in project {project.name}; "
+        refused.append(body_error(prefix + "code.digest", f"no code package with this digest in project {project.name}; "
                              "upload it first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest))
     never = request.app.state.dispatcher.admission.never_fits(spec.model_dump(mode="json"))
     if never is not None:
-        refused.append(_item(prefix + "parallelism.num_workers", f"this run can never start: it {never}, and no "
+        refused.append(body_error(prefix + "parallelism.num_workers", f"this run can never start: it {never}, and no "
                              "autoscaler is configured (TESSERA_AUTOSCALER)", spec.parallelism.num_workers))
     return refused + spec_cap_problems(settings, project, spec, prefix=prefix)
 
 
-def _item(field: str, message: str, value) -> dict:
-    return field_error(field, ["body", *field.split(".")], message, value)
-
-
 def ignored_field_errors(spec: RunSpec, *, prefix: str = "") -> list[dict]:
     """422 items for fields a new submission sets to no effect (``api.specs.ignored_field_problems``)."""
-    return [_item(prefix + field, why, value) for field, value, why in ignored_field_problems(spec)]
+    return [body_error(prefix + field, why, value) for field, value, why in ignored_field_problems(spec)]
 
 
 def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> list[dict]:
     """422 items for each data set root of ``spec`` outside the configured data directories."""
-    return [field_error(field, ["body", *field.split(".")], why, root)
-            for field, root, why in data_root_problems(spec, settings.data_dirs, prefix=prefix)]
+    return [body_error(field, why, root) for field, root, why in data_root_problems(spec, settings.data_dirs, prefix=prefix)]
 
 
 @router.get("", response_model=RunsPage, operation_id="list_runs", responses=NOT_MODIFIED)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from api.specs import RunSpec
 from api.sweeps import SweepSpec, metric_problems, trial_count_problem
-from api.validation_errors import field_error, format_validation_errors
+from api.validation_errors import body_error, field_error, format_validation_errors
 from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
                        TrialTicket)
 from service.access import KEY_PREFIX, Caller, Role
@@ -72,7 +72,7 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
     too_many = trial_count_problem(spec.search, spec.num_samples, settings.max_sweep_trials)
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
-    refused = ([field_error(field, ["body", *field.split(".")], why, value) for field, value, why in metric_problems(spec)]
+    refused = ([body_error(field, why, value) for field, value, why in metric_problems(spec)]
                + ignored_field_errors(spec.base, prefix="base.")
                + submit_problems(request, spec.base, project=access.get_project(name), prefix="base."))
     searched = spec.search.params.get("max_duration")

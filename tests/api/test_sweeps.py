@@ -175,3 +175,77 @@ def test_a_searched_value_that_breaks_two_cross_field_rules_is_one_item_naming_t
     assert item["field"] == "search.params['parallelism.num_workers']" and "\n" not in item["msg"]
     assert "value 3 is not allowed: data.batch_size 64 must be divisible" in item["msg"]
     assert "microbatch_size 32 exceeds" in item["msg"]
+
+
+# --- how a refused parameter is named ----------------------------------------------------
+# A params key is a dotted path into the base, one key: every refusal names it the same way,
+# in brackets when it has a dot (search.params['optimizer.lr']), dotted when it is a plain name,
+# whether the domain's own validation or the sweep's check of the base refused it.
+
+REFUSED_PARAMS = {
+    "a_grid_value_the_base_refuses": ({"optimizer.lr": {"grid": [-0.1]}}, "search.params['optimizer.lr']",
+                                      {"grid": [-0.1]},
+                                      "value -0.1 is not allowed: optimizer.lr: Input should be greater than 0"),
+    "a_grid_that_is_no_list": ({"optimizer.lr": {"grid": "0.1"}}, "search.params['optimizer.lr'].grid", "0.1",
+                               "Input should be a valid list"),
+    "an_empty_grid": ({"optimizer.lr": {"grid": []}}, "search.params['optimizer.lr'].grid", [], "at least 1 item"),
+    "two_domains": ({"optimizer.lr": {"grid": [0.1], "choice": [0.2]}}, "search.params['optimizer.lr']",
+                    {"grid": [0.1], "choice": [0.2]}, "give exactly one of grid, choice"),
+    "a_path_the_base_lacks": ({"optimizer.nope": {"grid": [1]}}, "search.params['optimizer.nope']", {"grid": [1]},
+                              "'optimizer.nope' is not a field of the base RunSpec"),
+    "an_algorithm_field_the_method_lacks": ({"algorithms.cutmix.nope": {"grid": [1]}},
+                                            "search.params['algorithms.cutmix.nope']", {"grid": [1]},
+                                            "'cutmix' has no hyperparameter 'nope'"),
+    "a_plain_key_the_base_refuses": ({"max_duration": {"grid": ["soon"]}}, "search.params.max_duration",
+                                     {"grid": ["soon"]}, "value 'soon' is not allowed"),
+    "a_plain_key_s_empty_grid": ({"max_duration": {"grid": []}}, "search.params.max_duration.grid", [],
+                                 "at least 1 item"),
+}
+
+
+def _refused_items(params: dict) -> tuple[dict, list[dict]]:
+    from api.validation_errors import format_validation_errors
+
+    body = sweep(search={"params": params})
+    with pytest.raises(ValidationError) as info:
+        SweepSpec.model_validate(body)
+    return body, format_validation_errors(info.value.errors(), body, SweepSpec.model_json_schema())
+
+
+@pytest.mark.parametrize("case", REFUSED_PARAMS)
+def test_a_refused_param_is_named_by_its_key_whichever_rule_refused_it(case):
+    from api.errors import format_detail
+
+    params, field, value, words = REFUSED_PARAMS[case]
+    _, [item] = _refused_items(params)
+    assert (item["field"], item["input"]) == (field, value) and words in item["msg"], item
+    assert not item["msg"].startswith("search.params"), item  # the field is named once, as the field
+    assert format_detail([item]) == f"{field}: {item['msg']} (got {value!r})"
+
+
+def test_the_sweep_s_own_rule_and_the_domain_s_validation_name_a_dotted_key_alike():
+    _, [by_the_sweep] = _refused_items({"optimizer.lr": {"grid": [-0.1]}})
+    _, [by_the_domain] = _refused_items({"optimizer.lr": {"uniform": [0.1, "x"]}})
+    assert by_the_sweep["field"] == "search.params['optimizer.lr']"
+    assert by_the_domain["field"] == "search.params['optimizer.lr'].uniform[1]"
+    assert by_the_domain["field"].startswith(by_the_sweep["field"])
+
+
+def test_the_422_of_post_sweeps_names_the_refused_params_by_their_keys(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+    from tests.conftest import ADMIN_HEADERS
+    from tests.service.conftest import FakeJobs
+
+    settings = Settings(home=tmp_path / "home", public_url="http://tessera.test:8000")
+    with TestClient(create_app(settings, jobs=FakeJobs(), run_dispatcher=False), headers=ADMIN_HEADERS) as client:
+        for case in ("a_grid_value_the_base_refuses", "a_grid_that_is_no_list", "a_path_the_base_lacks",
+                     "a_plain_key_the_base_refuses"):
+            params, field, value, words = REFUSED_PARAMS[case]
+            response = client.post("/api/v1/sweeps", json=sweep(search={"params": params}))
+            assert response.status_code == 422, response.text
+            [item] = response.json()["detail"]
+            assert (item["field"], item["input"]) == (field, value) and words in item["msg"], item
+        assert client.get("/api/v1/sweeps").json() == {"data": []}

@@ -76,3 +76,68 @@ def test_several_broken_rules_are_one_item_each_naming_its_algorithm():
         ("algorithms[0]", "alibi"), ("algorithms[0]", "alibi"), ("algorithms[1]", "ema")]
     assert "is for text data" in items[0]["msg"] and "needs a transformer" in items[1]["msg"]
     assert "'swa' do not compose" in items[2]["msg"]
+
+
+@pytest.mark.parametrize("parts, field", [
+    (["optimizer", "lr"], "optimizer.lr"),
+    (["algorithms", 0, "alpha"], "algorithms[0].alpha"),
+    (["search", "params", "optimizer.lr", "grid", 0], "search.params['optimizer.lr'].grid[0]"),
+    (["search", "params", "seed"], "search.params.seed"),
+    (["model", "params", "drop rate"], "model.params['drop rate']"),
+    (["x", "1"], "x['1']"),
+    (["x", "it's"], "x[\"it's\"]"),
+    (["x", "a\\b'\"c"], "x['a\\\\b\\'\"c']"),
+])
+def test_a_key_that_is_not_a_plain_name_is_written_in_brackets_and_read_back(parts, field):
+    from api.validation_errors import join_field, split_field
+
+    assert join_field(parts) == field
+    assert split_field(field) == parts
+
+
+@pytest.mark.parametrize("text", ["a..b", ".a", "a b", "a[0]b", "a['b"])
+def test_split_field_refuses_what_is_no_field_name(text):
+    from api.validation_errors import split_field
+
+    with pytest.raises(ValueError, match="not a field name"):
+        split_field(text)
+
+
+def test_a_body_error_s_loc_keeps_a_dotted_key_whole_and_a_name_it_cannot_read_whole():
+    from api.validation_errors import body_error
+
+    item = body_error("base.search.params['optimizer.lr'].grid", "bad", [1], within=("body", "patch"))
+    assert item["loc"] == ["body", "patch", "base", "search", "params", "optimizer.lr", "grid"]
+    assert body_error("algorithms[1].alpha", "bad", 2)["loc"] == ["body", "algorithms", 1, "alpha"]
+    assert body_error("a..b", "bad", None)["loc"] == ["body", "a..b"]
+
+
+def test_field_path_keeps_a_dotted_key_whole_with_or_without_the_body():
+    from api.validation_errors import field_path
+
+    loc = ("search", "params", "optimizer.lr", "grid")
+    body = {"search": {"params": {"optimizer.lr": {"grid": "0.1"}}}}
+    assert field_path(loc, body) == field_path(loc, None) == "search.params['optimizer.lr'].grid"
+    assert field_path(("search", "params", 1, "[key]"), {"search": {"params": {1: {}}}}) == "search.params['1'][key]"
+
+
+def test_a_rule_s_message_naming_a_dotted_key_moves_the_key_into_the_field():
+    body = {"search": {"params": {"optimizer.lr": {"grid": [-0.1]}, "seed": {"grid": [-1]}}}}
+    errors = [{"type": "value_error", "loc": (), "msg": "Value error, search.params['optimizer.lr']: value -0.1 is bad",
+               "input": body},
+              {"type": "value_error", "loc": ("search",), "msg": "Value error, params.seed: value -1 is bad",
+               "input": body["search"]}]
+    items = format_validation_errors(errors, body, None)
+    assert [(i["field"], i["input"], i["msg"]) for i in items] == [
+        ("search.params['optimizer.lr']", {"grid": [-0.1]}, "value -0.1 is bad"),
+        ("search.params.seed", {"grid": [-1]}, "value -1 is bad")]
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"model__params": {"drop.rate": 0.1}}, "model.params['drop.rate']"),  # a named model's params
+    ({"model__bad key": 1}, "model['bad key']"),
+    ({"model__params": {"depth": 1}}, "model.params.depth"),  # a plain key stays dotted
+])
+def test_an_unknown_key_with_a_dot_or_a_space_is_named_whole(changes, field):
+    [item] = items_of(changes)
+    assert item["field"] == field and "Extra inputs are not permitted" in item["msg"], item
