@@ -29,7 +29,8 @@ def _main():
 
 @keys_app.command("create")
 def create_key(
-    project: Annotated[str, typer.Option(help="the project the key acts in")],
+    project: Annotated[str, typer.Option(help="the project the key acts in; '*': every project (for an admin of "
+                                              "every project only)")],
     role: Annotated[str, typer.Option(help="viewer (read), member (submit, cancel, resume), admin (keys, quotas)")]
     = "member",
     name: Annotated[str, typer.Option(help="a label to tell keys apart")] = "key",

@@ -79,6 +79,16 @@ class KeyNotFound(LookupError):
         super().__init__(self.detail)
 
 
+class LastAdminKey(ValueError):
+    """Revoking it would leave no active key that is admin of every project (HTTP 409)."""
+
+    def __init__(self, key_id: str):
+        self.detail = (f"API key {key_id} is the last active admin key of every project ('*'): without one, no "
+                       "project can be created and no cap raised; create another first (tessera keys create "
+                       "--project '*' --role admin), then revoke this one")
+        super().__init__(self.detail)
+
+
 class ProjectExists(ValueError):
     """A project of that name exists already (HTTP 409)."""
 
@@ -265,6 +275,10 @@ class AccessStore:
             row = session.get(ApiKey, key_id) if 0 < len(key_id) <= 32 else None
             if row is None or not (row.id == caller.key_id or _administers(caller, row)):
                 raise KeyNotFound(key_id)
+            if row.revoked_at is None and _is_every_project_admin(row) and not any(
+                    _is_every_project_admin(other) for other in session.execute(
+                        select(ApiKey).where(ApiKey.revoked_at.is_(None), ApiKey.id != row.id)).scalars()):
+                raise LastAdminKey(key_id)
             if row.revoked_at is None:
                 row.revoked_at = utcnow()
             session.flush()
@@ -322,9 +336,13 @@ def _require_project(session: Session, name: str) -> Project:
     return row
 
 
+def _is_every_project_admin(row: ApiKey) -> bool:
+    return (row.roles or {}).get(EVERY_PROJECT) == Role.ADMIN.value
+
+
 def _administers(caller: Caller, row: ApiKey) -> bool:
     roles = row.roles or {}
-    if caller.sees_every_project:
+    if caller.roles.get(EVERY_PROJECT) is Role.ADMIN:
         return True
     return bool(roles) and EVERY_PROJECT not in roles and all(
         (caller.role_in(project) or Role.VIEWER).allows(Role.ADMIN) for project in roles)

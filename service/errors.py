@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
 from api.validation_errors import field_error, format_validation_errors
-from service.access import Forbidden, KeyNotFound, ProjectExists, ProjectNotFound
+from service.access import Forbidden, KeyNotFound, LastAdminKey, ProjectExists, ProjectNotFound
 from service.repository import InvalidCursor, RunNotFound
 from service.sweep_repository import SweepNotFound
 from service.lifecycle import IllegalTransition
@@ -94,7 +94,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     # Typed errors whose answer is a fixed status and their short, stable ``detail``.
     for error, status in ((RunNotFound, 404), (SweepNotFound, 404), (ProjectNotFound, 404), (KeyNotFound, 404),
-                          (Forbidden, 403), (ProjectExists, 409), (IllegalTransition, 409)):
+                          (Forbidden, 403), (ProjectExists, 409), (LastAdminKey, 409), (IllegalTransition, 409)):
         app.add_exception_handler(error, _detail_handler(status))
 
     @app.exception_handler(StorageTimeout)

@@ -22,7 +22,9 @@ NOT_FOUND = {404: {"model": ErrorBody}}
 
 
 class KeyCreate(BaseModel):
-    project: str = Field(..., pattern=PROJECT_PATTERN, description="the project the key acts in")
+    project: str = Field(..., pattern=r"^(\*|[a-z0-9][a-z0-9_\-]{0,62})$",
+                         description="the project the key acts in; '*': every project (only an admin of every "
+                                     "project may make such a key)")
     role: Role = Role.MEMBER
     name: str = Field("key", min_length=1, max_length=128, description="a label to tell keys apart")
 
@@ -97,8 +99,10 @@ def whoami(caller: CallerDep, access: AccessDep) -> Me:
 
 @router.post("/keys", status_code=201, response_model=NewKey, operation_id="create_key", responses=NOT_FOUND)
 def create_key(body: KeyCreate, caller: CallerDep, access: AccessDep) -> NewKey:
-    """A new key with ``role`` in ``project`` (the caller must be its admin). The secret is in
-    this answer only."""
+    """A new key with ``role`` in ``project`` (the caller must be its admin; for ``*``, every
+    project, an admin of every project). The secret is in this answer only."""
+    if body.project == EVERY_PROJECT and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
+        raise Forbidden("only an admin of every project ('*') may create keys for every project")
     caller.require(body.project, Role.ADMIN, ProjectNotFound(body.project))
     record, secret = access.create_key(name=body.name, roles={body.project: body.role})
     return NewKey(**record.as_dict(), key=secret)
@@ -110,10 +114,12 @@ def list_keys(caller: CallerDep, access: AccessDep) -> KeysPage:
     return KeysPage(data=[KeyView(**k.as_dict()) for k in access.list_keys(caller)])
 
 
-@router.delete("/keys/{key_id}", response_model=KeyView, operation_id="revoke_key", responses=NOT_FOUND)
+@router.delete("/keys/{key_id}", response_model=KeyView, operation_id="revoke_key",
+                responses={**NOT_FOUND, 409: {"model": ErrorBody}})
 def revoke_key(key_id: Annotated[str, Path(max_length=32)], caller: CallerDep, access: AccessDep) -> KeyView:
     """Revoke a key at once (its next request to this service gets 401; to a second service
-    process on the same database, within 5 s). Idempotent."""
+    process on the same database, within 5 s). Idempotent. The last active admin key of every
+    project is not revoked (409): make another one first."""
     return KeyView(**access.revoke_key(caller, key_id).as_dict())
 
 

@@ -153,6 +153,27 @@ def test_no_key_a_wrong_key_and_a_revoked_key_get_401(admin, two_projects):
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
 
 
+def test_the_first_admin_key_is_rotated_through_a_new_every_project_key_never_revoked_last(client):
+    """On SQLite only: it revokes the admin key that PostgreSQL's tests share across the session."""
+    admin = client
+    first = admin.get(f"{API}/me").json()["key_id"]
+    refused = admin.delete(f"{API}/keys/{first}")
+    assert refused.status_code == 409 and "last active admin key of every project" in refused.json()["detail"]
+    project_admin = _key(admin, _project(admin), "admin")
+    assert admin.post(f"{API}/keys", json={"project": "*"}, headers=project_admin).status_code == 403
+    viewer = _key(admin, "*", "viewer")  # reads every project, administers no key
+    assert [k["id"] for k in admin.get(f"{API}/keys", headers=viewer).json()["data"]] == [
+        admin.get(f"{API}/me", headers=viewer).json()["key_id"]]
+    assert admin.delete(f"{API}/keys/{first}", headers=viewer).status_code == 404
+    assert admin.post(f"{API}/keys", json={"project": "*", "role": "admin"}, headers=viewer).status_code == 403
+    second = _key(admin, "*", "admin")
+    assert admin.delete(f"{API}/keys/{first}", headers=second).status_code == 200
+    assert admin.get(f"{API}/runs").status_code == 401  # the first key
+    assert admin.post(f"{API}/projects", json={"name": f"p-{uuid.uuid4().hex[:8]}"}, headers=second).status_code == 201
+    second_id = admin.get(f"{API}/me", headers=second).json()["key_id"]
+    assert admin.delete(f"{API}/keys/{second_id}", headers=second).status_code == 409
+
+
 def test_a_key_with_one_project_creates_there_by_default(admin, two_projects, example_body):
     t = two_projects
     run = admin.post(f"{API}/runs", json=example_body, headers=t["key_b"]).json()
