@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
 import uuid
@@ -48,6 +49,7 @@ from api.views import (
 )
 
 API = "/api/v1"
+DEFAULT_URL = "http://127.0.0.1:8000"  # the embedded service (make serve); TESSERA_URL overrides it
 RETRIED_STATUSES = frozenset({502, 503, 504})  # a proxy or the service is briefly away
 SUBMIT_RETRY_DELAYS_S = (0.5, 1.0, 2.0)
 
@@ -63,13 +65,14 @@ def _raise_for_status(response: httpx.Response) -> None:
 
 
 class Client:
-    """``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
+    """``base_url``: the service; default ``TESSERA_URL``, else ``http://127.0.0.1:8000`` (as the
+    CLI). ``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
     ``$TESSERA_HOME/credentials`` (written by the embedded service on its first start). Worker
     and driver reports carry their own per-attempt token instead."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout: float = 30.0,
+    def __init__(self, base_url: str | None = None, *, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None, api_key: str | None = None):
-        self.base_url = base_url.rstrip("/")
+        self.base_url = (base_url or os.environ.get("TESSERA_URL") or DEFAULT_URL).rstrip("/")
         api_key = api_key or find_api_key()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)

@@ -39,3 +39,13 @@ def test_a_credentials_file_another_user_owns_is_passed_over(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("os.getuid", lambda: 4242)  # as another user than the file's owner
     assert find_api_key() is None
+
+
+def test_the_client_finds_the_service_where_the_cli_does(monkeypatch):
+    from api.client import DEFAULT_URL, Client
+
+    monkeypatch.delenv("TESSERA_URL", raising=False)
+    assert Client(api_key="tsk_x").base_url == DEFAULT_URL
+    monkeypatch.setenv("TESSERA_URL", "http://tessera.lab:9000/")
+    assert Client(api_key="tsk_x").base_url == "http://tessera.lab:9000"
+    assert Client("http://other:1", api_key="tsk_x").base_url == "http://other:1"
