@@ -66,6 +66,9 @@ class TorchvisionModelSpec(_Spec):
     @field_validator("params")
     @classmethod
     def _no_reserved_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        if "small_input_stem" in params:  # the builders take no such argument: it failed on the worker
+            raise ValueError("small_input_stem is a field of the model, not an argument of the torchvision "
+                             "builder: model: {name: torchvision, arch: ..., small_input_stem: true}")
         return _check_params(params, forbidden=_RESERVED_PARAMS | _WEIGHT_PARAMS,
                              what="Tessera sets the classes and channels from the data and always starts from "
                                   "random weights")

@@ -130,6 +130,8 @@ MODEL_ERRORS = {
                      "close names: resnet50, resnet152"),
     "weights": ({"name": "torchvision", "arch": "resnet50", "params": {"weights": "IMAGENET1K_V2"}}, "model.params",
                 {"weights": "IMAGENET1K_V2"}, "random weights"),
+    "stem_in_params": ({"name": "torchvision", "arch": "resnet50", "params": {"small_input_stem": True}},
+                       "model.params", {"small_input_stem": True}, "a field of the model, not an argument"),
     "bad_import": ({"import": "my-project/nets.py"}, "model.import", "my-project/nets.py",
                    "'package.module:callable'"),
     "reserved_param": ({"import": "my_project.nets:build", "params": {"num_classes": 3}}, "model.params",
