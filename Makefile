@@ -3,8 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# `HOST=0.0.0.0 make serve`, or the service's own TESSERA_HOST / TESSERA_PORT.
+HOST ?= $(or $(TESSERA_HOST),127.0.0.1)
+PORT ?= $(or $(TESSERA_PORT),8000)
 
 .PHONY: venv serve test data browser clean requirements lock composer-venv bench-algorithms bench-composer-compat bench-recipes
 

@@ -2,7 +2,7 @@
 
 import sys
 
-CLI_MODULES = ("typer", "click", "rich", "yaml")  # what `pip install 'tessera[cli]'` adds to the SDK
+CLI_MODULES = ("typer", "click", "rich", "yaml")  # what the [cli] extra adds to the SDK
 
 
 def main() -> None:
@@ -13,5 +13,6 @@ def main() -> None:
     except ModuleNotFoundError as exc:
         if exc.name not in CLI_MODULES:
             raise
-        sys.exit(f"tessera: the command line needs its extra: pip install 'tessera[cli]' ({exc.name} is not installed)")
+        sys.exit(f"tessera: the command line needs its [cli] extra ({exc.name} is not installed): "
+                 "from a clone, pip install '.[cli]'")
     run()

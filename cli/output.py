@@ -126,5 +126,5 @@ def emit(data: Any, *, as_json: bool, render: Callable[[], None]) -> None:
 
 def needs_extra(extra: str, exc: ModuleNotFoundError) -> NoReturn:
     """A command whose optional dependencies are not installed: say which extra brings them."""
-    fail(f"this command needs the {extra} dependencies ({exc.name} is not installed): "
-         f"pip install 'tessera[{extra}]'")
+    fail(f"this command needs the {extra} dependencies ({exc.name} is not installed): install Tessera with "
+         f"its [{extra}] extra (from a clone: pip install '.[{extra}]')")

@@ -1,6 +1,9 @@
 # Ray node image (head and workers): Ray + torch + Tessera's worker runtime (`api`, `workers`,
 # `algorithms`), nothing else of the project. Jobs the service submits run
-# `python -m workers.launch` in it; a run's own code arrives through Ray's runtime_env.
+# `python -m workers.launch` in it; a run's own code (`model.import`) is a code package that the
+# workers fetch from storage when the run starts (workers/models/user_code.py), not part of the image.
+# The built-in fashion_mnist set reads Debian's dataset-fashion-mnist, which this image lacks:
+# pack it to storage with `tessera data pack` and train on it as `webdataset` (README).
 #
 # CPU (default):  docker build -f deploy/worker.Dockerfile -t tessera/worker:0.1.0 .
 # CUDA:           docker build -f deploy/worker.Dockerfile -t tessera/worker-cuda:0.1.0 \

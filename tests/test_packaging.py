@@ -135,7 +135,7 @@ def test_the_bare_wheel_is_the_sdk_and_its_tessera_command_names_the_cli_extra(w
     assert probe.returncode == 0, probe.stderr
     assert json.loads(probe.stdout) == {"importable": [], "loaded": []}
     command = run([str(bin_dir / "tessera"), "--help"], env, tmp_path)
-    assert command.returncode == 1 and "pip install 'tessera[cli]'" in command.stderr
+    assert command.returncode == 1 and "[cli] extra" in command.stderr and "pip install '.[cli]'" in command.stderr
 
 
 def test_the_cli_wheel_gives_a_working_tessera_command_without_the_service(wheelhouse, tmp_path):
@@ -148,4 +148,4 @@ def test_the_cli_wheel_gives_a_working_tessera_command_without_the_service(wheel
     nowhere = run([str(bin_dir / "tessera"), "runs", "--url", f"http://127.0.0.1:{free_port()}"], env, tmp_path)
     assert nowhere.returncode == 4 and "cannot reach the service" in nowhere.stderr
     serve = run([str(bin_dir / "tessera"), "serve"], env, tmp_path)
-    assert serve.returncode == 1 and "pip install 'tessera[service]'" in serve.stderr
+    assert serve.returncode == 1 and "pip install '.[service]'" in serve.stderr

@@ -249,3 +249,16 @@ def test_the_422_of_post_sweeps_names_the_refused_params_by_their_keys(tmp_path)
             [item] = response.json()["detail"]
             assert (item["field"], item["input"]) == (field, value) and words in item["msg"], item
         assert client.get("/api/v1/sweeps").json() == {"data": []}
+
+
+def test_the_example_sweep_validates_and_its_metric_is_reported():
+    from pathlib import Path
+
+    import yaml
+
+    from api.sweeps import SweepSpec, metric_problems, trial_count
+
+    body = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_sweep.yaml").read_text())
+    spec = SweepSpec.model_validate(body)
+    assert metric_problems(spec) == [] and spec.mode == "max"
+    assert trial_count(spec.search, spec.num_samples) == 8
