@@ -197,16 +197,18 @@ class Client:
     def list_runs(self, *, status: RunStatus | str | None = None, sweep_id: str | None = None, limit: int = 50,
                   cursor: str | None = None, tag: str | None = None, name: str | None = None,
                   created_after: datetime | str | None = None, created_before: datetime | str | None = None,
-                  archived: bool | str = False, order_by: str | None = None) -> RunsPage:
+                  archived: bool | str = False, order_by: str | None = None, project: str | None = None) -> RunsPage:
         """Runs newest first (``order_by="best:eval/accuracy"``: that metric's best value first);
         ``sweep_id`` keeps only that sweep's trials, ``tag`` runs with that tag, ``name`` runs
-        whose name contains it; ``archived``: False (default) hides archived runs, True shows only
-        them, ``"all"`` both. Pass ``next_cursor`` back as ``cursor`` with the same filters."""
+        whose name contains it, ``project`` that project's runs (default: every project of the
+        key; a project the key has no role in lists none); ``archived``: False (default) hides
+        archived runs, True shows only them, ``"all"`` both. Pass ``next_cursor`` back as
+        ``cursor`` with the same filters."""
         params: dict[str, Any] = {"limit": limit, "archived": str(archived).lower()}
         if status is not None:
             params["status"] = RunStatus.of(status).value
         for key, value in (("sweep_id", sweep_id), ("cursor", cursor), ("tag", tag), ("name", name),
-                           ("order_by", order_by)):
+                           ("order_by", order_by), ("project", project)):
             if value is not None:
                 params[key] = value
         for key, when in (("created_after", created_after), ("created_before", created_before)):
@@ -337,10 +339,13 @@ class Client:
     def get_sweep(self, sweep_id: str) -> SweepView:
         return SweepView.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}"))
 
-    def list_sweeps(self, *, limit: int = 50, archived: bool | str = False) -> SweepsPage:
-        """The newest ``limit`` sweeps; ``archived``: False (default) hides archived sweeps, True
-        shows only them, ``"all"`` both."""
-        params = {"limit": limit, "archived": str(archived).lower()}
+    def list_sweeps(self, *, limit: int = 50, archived: bool | str = False, project: str | None = None) -> SweepsPage:
+        """The newest ``limit`` sweeps; ``project``: that project's only (default: every project
+        of the key; a project the key has no role in lists none); ``archived``: False (default)
+        hides archived sweeps, True shows only them, ``"all"`` both."""
+        params: dict[str, Any] = {"limit": limit, "archived": str(archived).lower()}
+        if project is not None:
+            params["project"] = project
         return SweepsPage.model_validate(self._request("GET", f"{API}/sweeps", params=params))
 
     def cancel_sweep(self, sweep_id: str) -> SweepView:

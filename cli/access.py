@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cli.output import ID_WIDTH, JsonOption, emit, kept, listing
+from cli.output import ID_WIDTH, JsonOption, emit, err_console, kept, listing
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (shown once), list, revoke.")
 projects_app = typer.Typer(no_args_is_help=True, help="Projects: create, list, set quotas.")
@@ -35,12 +35,17 @@ def create_key(
     = "member",
     name: Annotated[str, typer.Option(help="a label to tell keys apart")] = "key",
     url: UrlOption = DEFAULT_URL,
+    as_json: JsonOption = False,
 ) -> None:
-    """Create a key; its secret is printed once and never stored by the service."""
+    """Create a key; its secret is printed once and never stored by the service.
+
+    With --json, stdout is the created key as JSON as the API returns it, the secret in "key"
+    (the message goes to stderr)."""
     main = _main()
     key = main._call(main._client(url).create_key, project, role, name)
-    main.console.print(f"key {key['id']} ({role} of {project}); the secret is shown only now:", highlight=False)
-    print(key["key"])
+    out = err_console if as_json else main.console  # with --json, stdout carries only the JSON
+    out.print(f"key {key['id']} ({role} of {project}); the secret is shown only now:", highlight=False)
+    emit(key, as_json=as_json, render=lambda: print(key["key"]))
 
 
 @keys_app.command("list")

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 import yaml
 
-from cli.output import EXIT_USAGE, fail
+from cli.output import EXIT_USAGE, JsonOption, emit, err_console, fail
 
 
 class BadAssignment(ValueError):
@@ -58,8 +58,10 @@ def register(app: typer.Typer, url_option, default_url: str, call, console) -> N
              source: Annotated[str, typer.Option(
                  "--from", help="latest (the parent's newest committed checkpoint), scratch (fresh weights) "
                                 "or a checkpoint's batch number")] = "latest",
-             url: url_option = default_url) -> None:
-        """Fork a run: a new run with the parent's spec plus your changes, starting from its checkpoint."""
+             url: url_option = default_url, as_json: JsonOption = False) -> None:
+        """Fork a run: a new run with the parent's spec plus your changes, starting from its checkpoint.
+
+        With --json, stdout is the new run's RunView as JSON (the message goes to stderr)."""
         from api.client import Client  # the SDK, imported when a command runs: --help stays fast
 
         try:
@@ -70,17 +72,23 @@ def register(app: typer.Typer, url_option, default_url: str, call, console) -> N
             child = call(client.fork, run_id, patch, from_=start)
         loaded = f"its checkpoint at batch {child.fork.step}" if child.fork and child.fork.step is not None else \
             "fresh weights"
-        console.print(f"forked run [bold]{child.id}[/bold] from {run_id} ({loaded}), status {child.status.value}")
+        out = err_console if as_json else console  # with --json, stdout carries only the JSON
+        out.print(f"forked run [bold]{child.id}[/bold] from {run_id} ({loaded}), status {child.status.value}")
+        emit(child, as_json=as_json, render=lambda: None)
 
     @app.command("continue")
     def continue_(run_id: str,
                   max_duration: Annotated[str, typer.Option(
                       "--max-duration", help="the new, longer max_duration in the run's unit, e.g. 20ep")],
-                  url: url_option = default_url) -> None:
-        """Train a COMPLETED run on to a longer max_duration as its next attempt."""
+                  url: url_option = default_url, as_json: JsonOption = False) -> None:
+        """Train a COMPLETED run on to a longer max_duration as its next attempt.
+
+        With --json, stdout is the run's RunView as JSON (the message goes to stderr)."""
         from api.client import Client
 
         with Client(url) as client:
             run = call(client.continue_run, run_id, max_duration)
-        console.print(f"run [bold]{run.id}[/bold] continues to {run.spec['max_duration']} as attempt {run.attempt}, "
-                      f"status {run.status.value}")
+        out = err_console if as_json else console
+        out.print(f"run [bold]{run.id}[/bold] continues to {run.spec['max_duration']} as attempt {run.attempt}, "
+                  f"status {run.status.value}")
+        emit(run, as_json=as_json, render=lambda: None)

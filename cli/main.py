@@ -21,6 +21,7 @@ from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
 from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, err_console, fail,
                         kept, listing, needs_extra)
+from cli.run_info import register as register_run_info
 
 if TYPE_CHECKING:
     from api.client import Client
@@ -47,6 +48,7 @@ register_logs(app, UrlOption, DEFAULT_URL, _call)
 register_export(app, UrlOption, DEFAULT_URL)
 register_housekeeping(app, UrlOption, DEFAULT_URL, _call)
 register_lineage(app, UrlOption, DEFAULT_URL, _call, console)
+register_run_info(app, UrlOption, DEFAULT_URL, _call)
 
 
 @app.command()
@@ -130,6 +132,8 @@ def runs(
                                                   callback=lambda value: _run_status(value))] = None,
     tag: Annotated[Optional[str], typer.Option(help="only runs with this tag")] = None,
     name: Annotated[Optional[str], typer.Option(help="only runs whose name contains this")] = None,
+    project: Annotated[Optional[str], typer.Option(help="only this project's runs (default: every project of "
+                                                        "your key)")] = None,
     order_by: Annotated[Optional[str], typer.Option(help="best:<metric key>, e.g. best:eval/accuracy")] = None,
     archived: Annotated[str, typer.Option(help="false (hide archived runs), true (only them) or all")] = "false",
     limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
@@ -140,7 +144,7 @@ def runs(
     if action not in (None, "list"):
         _fail(f"unknown action {action!r}: `tessera runs` or `tessera runs list`", EXIT_USAGE)
     page = _call(_client(url).list_runs, status=status, limit=limit, tag=tag, name=name, order_by=order_by,
-                 archived=archived)
+                 archived=archived, project=project)
     best_key = order_by.removeprefix("best:") if order_by else None
     columns = [kept("id", ID_WIDTH), "name", kept("status", STATUS_WIDTH), "attempt", "created", "tags",
                kept("eval/accuracy", METRIC_WIDTH, wrap_header=True), kept("train/loss", METRIC_WIDTH, wrap_header=True)]
@@ -193,18 +197,24 @@ def resume(
         "--workers", help="resume on this many workers (the checkpoint reshards); default: as before")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
     url: UrlOption = DEFAULT_URL,
+    as_json: JsonOption = False,
 ) -> None:
-    """Resume a FAILED, CANCELED or STOPPED run as a new attempt from its newest committed checkpoint."""
-    client = _client(url)
-    run = _call(client.resume_run, run_id, num_workers=workers)
-    console.print(f"run {run.id} is {run.status.value} (attempt {run.attempt})", highlight=False)
-    if follow:
-        from cli.follow import follow_run
+    """Resume a FAILED, CANCELED or STOPPED run as a new attempt from its newest committed checkpoint.
 
-        final = _call(follow_run, client, run.id, console=console)
-        _print_summary(final)
-        if final.status.value != "COMPLETED":
-            raise typer.Exit(1)
+    With --json, stdout is the RunView as JSON (the final one with --follow; progress on stderr)."""
+    client = _client(url)
+    out = err_console if as_json else console  # with --json, stdout carries only the JSON
+    run = _call(client.resume_run, run_id, num_workers=workers)
+    out.print(f"run {run.id} is {run.status.value} (attempt {run.attempt})", highlight=False)
+    if not follow:
+        emit(run, as_json=as_json, render=lambda: None)
+        return
+    from cli.follow import follow_run
+
+    final = _call(follow_run, client, run.id, console=out)
+    emit(final, as_json=as_json, render=lambda: _print_summary(final))
+    if final.status.value != "COMPLETED":
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -35,7 +35,8 @@ EPILOG = (
     "Environment: TESSERA_URL is the service (default http://127.0.0.1:8000; --url overrides it); "
     "TESSERA_API_KEY is your key (default: the key in $TESSERA_HOME/credentials, which a local "
     "`tessera serve` writes).\n\n"
-    "Scripts: read commands take --json (one JSON document on stdout, errors on stderr).\n\n"
+    "Scripts: read commands, and those that create or re-queue something (their answer has its id), take --json "
+    "(one JSON document on stdout; messages and errors on stderr).\n\n"
     "Shell completion: tessera --install-completion (bash, zsh, fish, PowerShell); "
     "--show-completion prints the script instead."
 )

@@ -114,10 +114,16 @@ def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
                 limit: Annotated[int, Query(ge=1, le=500)] = 50,
                 archived: Annotated[Literal["true", "false", "all"],
                                     Query(description="archived sweeps: hidden (false), only (true) or both (all)")]
-                = "false") -> SweepsPage:
-    """The newest ``limit`` sweeps of the key's projects, newest first, with their trials.
+                = "false",
+                project: Annotated[str | None, Query(max_length=64, description="only this project's sweeps")] = None,
+                ) -> SweepsPage:
+    """The newest ``limit`` sweeps of the key's projects (or of ``project`` alone), newest first,
+    with their trials. A project the key has no role in lists nothing, as ``GET /runs`` does.
     ETag / If-None-Match → 304."""
-    views = sweeps.list_sweep_views(limit=limit, projects=caller.visible(), archived=archived)
+    projects = caller.visible()
+    if project is not None:
+        projects = [project] if caller.role_in(project) is not None else []
+    views = sweeps.list_sweep_views(limit=limit, projects=projects, archived=archived)
     return conditional_json(request, SweepsPage(data=[queued_sweep(request, view) for view in views]))
 
 

@@ -178,6 +178,41 @@ def test_archived_runs_and_sweeps_are_hidden_until_the_filter_asks_for_them(page
     expect(page.locator(f'tr[data-sweep-id="{archived_sweep.id}"]')).to_be_visible()
 
 
+def test_the_project_switcher_scopes_the_runs_and_sweeps_pages(page, local_service):
+    from api.sweeps import SweepSpec
+
+    project = f"switch-{time.monotonic_ns() % 10**8}"
+    local_service.app.state.access.create_project(project)
+    repo, sweeps = local_service.repo, local_service.app.state.sweeps
+    inside = repo.create_run(RunSpec.model_validate({**EXAMPLE, "name": "in-project"}), project=project)
+    outside = make_run(repo, "in-default")
+    spec = SweepSpec.model_validate({"name": "project-sweep", "base": EXAMPLE,
+                                     "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}})
+    mine = sweeps.create_sweep(spec, driver="external", token="t", project=project)
+    other = sweeps.create_sweep(spec, driver="external", token="t", project="default")
+    sweep_lists = api_requests(page, "/api/v1/sweeps?")
+
+    page.goto(dashboard_url(local_service.url, "sweeps"))
+    expect(page.locator(f'tr[data-sweep-id="{other.id}"]')).to_be_visible()  # all projects at first
+    expect(page.locator(f'tr[data-sweep-id="{mine.id}"]')).to_be_visible()
+    page.select_option("#project", project)
+    expect(page.locator(f'tr[data-sweep-id="{other.id}"]')).to_have_count(0)
+    expect(page.locator(f'tr[data-sweep-id="{mine.id}"]')).to_be_visible()
+    assert f"project={project}" in sweep_lists[-1], sweep_lists[-1]  # the list asked for the project
+    page.select_option("#project", "")  # back to a list seen before: its first answer is a 304, still shown
+    expect(page.locator(f'tr[data-sweep-id="{other.id}"]')).to_be_visible()
+
+    page.select_option("#project", project)
+    page.goto(dashboard_url(local_service.url, "runs"))  # the tab keeps the choice for the runs page too
+    expect(page.locator(f'tr[data-run-id="{inside.id}"]')).to_be_visible()
+    expect(page.locator(f'tr[data-run-id="{outside.id}"]')).to_have_count(0)
+    page.select_option("#project", "")
+    expect(page.locator(f'tr[data-run-id="{outside.id}"]')).to_be_visible()
+    page.select_option("#project", project)
+    expect(page.locator(f'tr[data-run-id="{inside.id}"]')).to_be_visible()
+    expect(page.locator(f'tr[data-run-id="{outside.id}"]')).to_have_count(0)
+
+
 def test_a_failing_api_turns_the_badge_stale_backs_off_and_recovers(page, local_service):
     run = make_run(local_service.repo, "outage")
     page.goto(dashboard_url(local_service.url, "runs"))

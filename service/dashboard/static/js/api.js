@@ -94,11 +94,11 @@ export function askForKey(error) {
   return pendingKey;
 }
 
-/** Runs are listed and created in the chosen project (the API's `project` parameter). */
+/** Runs and sweeps are listed and created in the chosen project (the API's `project` parameter). */
 function withProject(method, path) {
   const project = currentProject();
   const base = path.split("?")[0];
-  const scoped = (method === "GET" && base === "/runs") || (method === "POST" && (base === "/runs" || base === "/sweeps"));
+  const scoped = (method === "GET" || method === "POST") && (base === "/runs" || base === "/sweeps");
   if (!project || !scoped) return path;
   return `${path}${path.includes("?") ? "&" : "?"}project=${encodeURIComponent(project)}`;
 }

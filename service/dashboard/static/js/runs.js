@@ -107,7 +107,7 @@ export function mount(root, ctx) {
   }
 
   const rows = new Map(); // run id -> {tr, cells, run}
-  let latest = [];
+  let latest = null; // the runs shown; null until the first answer is rendered
 
   function render(runs) {
     latest = runs;
@@ -138,7 +138,8 @@ export function mount(root, ctx) {
     (name ? `&name=${encodeURIComponent(name)}` : "") + (archived !== "false" ? `&archived=${archived}` : "");
   const poller = new Poller(async () => {
     const { data, changed } = await getIfChanged(query);
-    if (changed) render(data.data);
+    // A 304 on the first poll (a list seen before this page was mounted, e.g. before a project switch) still renders.
+    if (changed || !latest) render(data.data);
     else tickClocks();
   }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();
 

@@ -73,7 +73,7 @@ export function mount(root, ctx) {
   );
 
   const rows = new Map(); // sweep id -> {tr, cells}
-  let latest = [];
+  let latest = null; // the sweeps shown; null until the first answer is rendered
 
   function render(sweeps) {
     latest = sweeps;
@@ -96,7 +96,8 @@ export function mount(root, ctx) {
 
   const poller = new Poller(async () => {
     const { data, changed } = await getIfChanged(`/sweeps?limit=${PAGE_SIZE}&archived=${archived}`);
-    if (changed) render(data.data);
+    // A 304 on the first poll (a list seen before this page was mounted, e.g. before a project switch) still renders.
+    if (changed || !latest) render(data.data);
     else {
       const now = Date.now();
       for (const sweep of latest) {
