@@ -104,10 +104,16 @@ class Client:
         body = spec.model_dump(mode="json") if isinstance(spec, RunSpec) else dict(spec)
         params = {"project": project} if project is not None else None
         if code is not None:
-            body["code"] = {"digest": self.upload_code(code, project=project).digest}
+            body = self._with_code(body, code, project=project)
         headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
         return RunView.model_validate(self._post_with_retries(f"{API}/runs", json=body, params=params,
                                                               headers=headers))
+
+    def _with_code(self, run_body: dict[str, Any], code: str | Path | CodePackage, *,
+                   project: str | None) -> dict[str, Any]:
+        """A copy of ``run_body`` (a RunSpec's dict: a run's, a sweep's base) whose ``code.digest``
+        names ``code``, packed and uploaded to ``project`` unless the service has it already."""
+        return {**run_body, "code": {"digest": self.upload_code(code, project=project).digest}}
 
     def _post_with_retries(self, path: str, **kwargs: Any) -> Any:
         """POST that is safe to repeat (it carries an Idempotency-Key), retried on a lost answer."""
@@ -174,6 +180,36 @@ class Client:
         params = {"digest": package.digest, **({"project": project} if project is not None else {})}
         return CodeView.model_validate(self._request(
             "POST", f"{API}/code", params=params, content=package.data, headers={"Content-Type": "application/zip"}))
+
+    def download_code(self, digest: str, out: str | Path, *, project: str | None = None) -> int:
+        """Stream the package ``digest`` of ``project`` (default: the key's only project, else
+        ``default``) to ``out``, written whole or not at all: its sha256 is checked before it
+        takes ``out``'s name (``CodePackageError`` if it differs); returns its size in bytes."""
+        import hashlib
+
+        from api.code_package import CodePackageError
+
+        out = Path(out)
+        partial = out.with_name(f"{out.name}.{uuid.uuid4().hex[:8]}.partial")
+        params = {"project": project} if project is not None else None
+        try:
+            with self._http.stream("GET", f"{API}/code/{digest}/package", params=params, timeout=300) as answer:
+                if answer.status_code >= 400:
+                    answer.read()
+                    _raise_for_status(answer)
+                sha256, size = hashlib.sha256(), 0
+                with open(partial, "wb") as file:
+                    for chunk in answer.iter_bytes():
+                        file.write(chunk)
+                        sha256.update(chunk)
+                        size += len(chunk)
+            if sha256.hexdigest() != digest:
+                raise CodePackageError(f"code package {digest}: the service sent {size} bytes whose sha256 is "
+                                       f"{sha256.hexdigest()} (cut short or changed); nothing written to {out}")
+            partial.replace(out)
+            return size
+        finally:
+            partial.unlink(missing_ok=True)
 
     def has_code(self, digest: str, *, project: str | None = None) -> bool:
         """Whether ``project`` stores a package with this digest (a HEAD request: no body)."""
@@ -321,16 +357,28 @@ class Client:
             time.sleep(poll_interval)
 
     # --- sweeps --------------------------------------------------------------------------
-    def create_sweep(self, spec: Any, *, driver: str = "service", project: str | None = None,
-                     idempotency_key: str | None = None) -> SweepView:
+    def create_sweep(self, spec: Any, *, code: str | Path | CodePackage | None = None, driver: str = "service",
+                     project: str | None = None, idempotency_key: str | None = None) -> SweepView:
         """Store a sweep (a ``SweepSpec`` or its dict). ``driver="service"``: the service runs
         its Ray Tune driver as a Ray job. ``driver="external"``: the caller drives it (see
-        ``workers.tune.run_sweep``); the answer then carries ``driver_token``.
+        ``workers.tune.run_sweep``); the answer then carries ``driver_token``. ``code``: a folder
+        (or a ``CodePackage``) with the code the base's ``model.import`` names; it is packed,
+        uploaded to the project unless the service has it, and recorded as ``base.code.digest``,
+        which every trial's spec inherits, as ``create_run`` does for a run.
 
         Retried with its ``Idempotency-Key`` (default a fresh one per call) when the answer is
         lost, as ``create_run`` is: a retry never makes two sweeps (an external sweep's retry
         gets a new ``driver_token``, and the lost answer's stops working)."""
         body = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else spec
+        if code is not None:
+            base = body.get("base") if isinstance(body, dict) else None
+            if not isinstance(base, dict):
+                from api.validation_errors import field_error
+
+                raise InvalidInput([field_error("base", ["body", "base"], "code= records the package as "
+                                                "base.code.digest: the sweep needs its base RunSpec, a mapping",
+                                                base)])
+            body = {**body, "base": self._with_code(base, code, project=project)}
         params = {"driver": driver, **({"project": project} if project is not None else {})}
         headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
         return SweepView.model_validate(self._post_with_retries(f"{API}/sweeps", json=body, params=params,

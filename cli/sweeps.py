@@ -25,33 +25,59 @@ def _client(url: str):
 def submit_sweep(
     file: Annotated[str, typer.Argument(help="SweepSpec as YAML or JSON")],
     wait: Annotated[bool, typer.Option("--wait", help="poll until the sweep ends (exit 1 unless COMPLETED)")] = False,
+    code: Annotated[Optional[str], typer.Option(
+        "--code", help="a folder with the code the base's model.import names: packed (respecting its .gitignore), "
+        "uploaded once, recorded as base.code.digest (every trial's code.digest)")] = None,
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
     idempotency_key: Annotated[Optional[str], typer.Option(
         "--idempotency-key", help="submitting again with the same key (in the project) returns the first sweep "
         "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
     url: UrlOption = DEFAULT_URL,
+    as_json: JsonOption = False,
 ) -> None:
-    """Submit a sweep for the service to drive; its trials are runs (`tessera sweeps show ID` lists them)."""
+    """Submit a sweep for the service to drive; its trials are runs (`tessera sweeps show ID` lists them).
+
+    With --json, stdout is the SweepView as JSON (the final one with --wait; messages on stderr)."""
+    from cli.main import _upload_code
+    from cli.output import err_console
     from cli.specfile import SpecFileError, load_spec_dict
 
     try:
         body = load_spec_dict(file)
     except SpecFileError as exc:
         fail(str(exc))
-    sweep = call(_client(url).create_sweep, body, project=project, idempotency_key=idempotency_key)
-    console.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
-    if wait:
+    client = _client(url)
+    out = err_console if as_json else console  # with --json, stdout carries only the JSON
+    if code is not None:
+        base = body.get("base")
+        if not isinstance(base, dict):
+            fail(f"--code {code}: {file} has no base run spec to record code.digest in: base must be a mapping "
+                 f"(a RunSpec), got {'nothing' if base is None else type(base).__name__}")
+        body["base"] = {**base, "code": {"digest": _upload_code(client, code, project=project, out=out)}}
+    sweep = call(client.create_sweep, body, project=project, idempotency_key=idempotency_key)
+    out.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
+    if not wait:
+        emit(sweep, as_json=as_json, render=lambda: None)
+    elif not as_json:
         _wait(sweep.id, url)
+    else:
+        final = call(client.wait_sweep, sweep.id, timeout=7 * 86400)
+        out.print(f"sweep {final.id}: {final.status.value}, best run {final.best_run_id or '-'}", highlight=False)
+        emit(final, as_json=True, render=lambda: None)
+        if final.status.value != "COMPLETED":
+            raise typer.Exit(1)
 
 
 @sweeps_app.command("list")
 def list_sweeps(limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
                 archived: Annotated[str, typer.Option(help="false (hide archived sweeps), true (only them) or all")]
                 = "false",
+                project: Annotated[Optional[str], typer.Option(help="only this project's sweeps (default: every "
+                                                                    "project of your key)")] = None,
                 as_json: JsonOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Sweeps of your projects, newest first: status, trials done, best value."""
-    page = call(_client(url).list_sweeps, limit=limit, archived=archived)
+    page = call(_client(url).list_sweeps, limit=limit, archived=archived, project=project)
     emit(page.data, as_json=as_json, render=lambda: console.print(_sweeps_table(page.data)))
 
 

@@ -8,6 +8,7 @@ imports or runs them (``api.code_package.inspect_package`` reads the zip's direc
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 
 from fastapi import Request
 from fsspec.core import url_to_fs
@@ -15,6 +16,8 @@ from fsspec.core import url_to_fs
 from api.code_package import CodeView, inspect_package
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.storage_paths import code_url, project_storage_url
+
+CHUNK_BYTES = 1 << 20  # what one storage read hands a download
 
 
 def write_whole(fs, path: str, data: bytes) -> None:
@@ -59,6 +62,27 @@ class CodeStore:
             return None
         path = self._path(digest)
         return inspect_package(bounded(f"reading {path}", self.timeout_s, self.fs.cat_file, path))
+
+    def size(self, digest: str) -> int | None:
+        """The stored package's size in bytes, or None if there is none."""
+        path = self._path(digest)
+        self.fs.invalidate_cache(path)
+        try:
+            return bounded(f"reading the size of {path}", self.timeout_s, self.fs.size, path)
+        except FileNotFoundError:
+            return None
+
+    def chunks(self, digest: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """The stored package's bytes, as uploaded, in chunks of at most ``chunk_bytes``; every
+        storage call bounded, so a store that hangs mid-download cuts the answer short (the client
+        checks the sha256 and keeps nothing) instead of holding it open. Opened on the first chunk."""
+        path = self._path(digest)
+        file = bounded(f"opening {path}", self.timeout_s, self.fs.open, path, "rb")
+        try:
+            while data := bounded(f"reading {path}", self.timeout_s, file.read, chunk_bytes):
+                yield data
+        finally:
+            file.close()
 
 
 def project_code_store(request: Request, project: str) -> CodeStore:

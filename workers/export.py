@@ -8,13 +8,18 @@ model: the run spec (model spec and the algorithm list, whose surgery algorithms
 on a fresh model), the classes, input channels and image size, and the final eval metrics.
 
 ``load_model(source)`` takes a run id (fetched from the service), a URL or a local path, and
-returns the ``nn.Module`` in eval mode with the surgery replayed and the weights loaded.
+returns the ``nn.Module`` in eval mode with the surgery replayed and the weights loaded. A model
+built from your own code (the spec's ``code.digest``) gets its code package installed first, as
+workers install it (``install_export_code``).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +27,7 @@ import torch
 from api.catalog import DATASETS
 from api.specs import RunSpec
 from workers.checkpoint.storage import storage_for
-from workers.paths import export_url
+from workers.paths import code_package_url, export_url
 
 FORMATS = ("safetensors", "torch")
 
@@ -106,36 +111,124 @@ def rebuild_model(metadata: dict[str, str]) -> torch.nn.Module:
 
 
 def load_model(source: str, *, step: int | None = None, service_url: str | None = None,
-               fmt: str = "safetensors") -> torch.nn.Module:
+               fmt: str = "safetensors", project: str | None = None) -> torch.nn.Module:
     """The trained model of ``source`` ready for inference (eval mode, on CPU).
 
     ``source``: a run id (its export fetched from the service at ``service_url``, default
-    ``$TESSERA_URL``), or an fsspec URL / local path of an exported file.
+    ``$TESSERA_URL``), or an fsspec URL / local path of an exported file. A model built from
+    your own code is rebuilt from the run's code package (``install_export_code``; ``project``:
+    the project it was uploaded to, where the run id does not say).
     """
     data = _fetch(source, step=step, service_url=service_url, fmt=fmt)
     state, metadata = read_export(data)
+    install_export_code(metadata, source, service_url=service_url, project=project)
     model = rebuild_model(metadata)
     model.load_state_dict(state)
     return model.eval()
 
 
-def _fetch(source: str, *, step: int | None, service_url: str | None, fmt: str) -> bytes:
-    import os
+def _service_url(service_url: str | None) -> str:
+    return service_url or os.environ.get("TESSERA_URL", "http://127.0.0.1:8000")
 
+
+def _as_url(source: str) -> str | None:
+    """``source`` as an fsspec URL (a local path becomes ``file://``), or None for a run id."""
     if os.path.exists(source):
-        source = "file://" + os.path.abspath(source)
-    if "://" in source:
-        return storage_for(source).read_bytes(source)
+        return "file://" + os.path.abspath(source)
+    return source if "://" in source else None
+
+
+def _fetch(source: str, *, step: int | None, service_url: str | None, fmt: str) -> bytes:
+    url = _as_url(source)
+    if url is not None:
+        return storage_for(url).read_bytes(url)
     import tempfile
 
     from api.client import Client
 
-    with Client(service_url or os.environ.get("TESSERA_URL", "http://127.0.0.1:8000")) as client, \
-            tempfile.TemporaryDirectory() as folder:
+    with Client(_service_url(service_url)) as client, tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model")
         client.download_model(source, path, fmt=fmt, step=step)
         with open(path, "rb") as file:
             return file.read()
+
+
+# ``workers.paths.export_url`` under a storage root: ``{storage}/runs/{id}/exports/step-{N}.{suffix}``.
+_EXPORT_IN_STORAGE = re.compile(r"^(?P<storage>.+)/runs/[^/]+/exports/step-\d+\.(?:safetensors|pt)$")
+
+
+def install_export_code(metadata: dict[str, str], source: str, *, service_url: str | None = None,
+                        project: str | None = None) -> Path | None:
+    """Make the code package an export's model was built from importable, through the workers'
+    ``install_code`` (checked against ``code.digest``, unpacked once under ``$TESSERA_CODE_CACHE``,
+    first on ``sys.path``); its folder, or None for a model that needs no package.
+
+    Only a package the cache lacks is fetched: from the storage the export lies in when
+    ``source`` is an export's URL or path there and the package is stored beside it, else
+    from the service at ``service_url`` (default ``$TESSERA_URL``; ``GET /api/v1/code/{digest}/package``
+    with your API key) in ``project`` (default: the run's project for a run id, else the key's
+    only project, else ``default``). It runs in your process, as your model's code does.
+
+    A package that cannot be had, while ``model.import``'s package is importable here anyway
+    (installed, on ``sys.path``), leaves that one to be imported, with a warning: as before
+    ``load_model`` installed packages."""
+    spec = RunSpec.model_validate_json(metadata["tessera.spec"])
+    if spec.code is None:
+        return None
+    import importlib.util
+    import warnings
+
+    from workers.models.user_code import UserCodeError, install_code
+
+    digest = spec.code.digest
+    try:
+        return install_code(digest, storage_url=None,
+                            fetch=lambda: _fetch_code(digest, source, service_url=service_url, project=project))
+    except UserCodeError as exc:
+        top_level = spec.model.module_name.split(".")[0]
+        found = importlib.util.find_spec(top_level)
+        if found is None:
+            raise
+        warnings.warn(f"{exc}; importing {top_level!r} from {found.origin or found.submodule_search_locations} "
+                      "instead, which may differ from the code the run trained", stacklevel=3)
+        return None
+
+
+def _fetch_code(digest: str, source: str, *, service_url: str | None, project: str | None) -> tuple[bytes, str]:
+    """The package's bytes and where they came from (``install_code``'s ``fetch``)."""
+    import tempfile
+
+    from api.client import Client
+    from api.errors import ApiError
+    from workers.models.user_code import UserCodeError, read_package
+
+    url = _as_url(source)
+    stored = _EXPORT_IN_STORAGE.match(url) if url is not None else None
+    if stored is not None:
+        package_url = code_package_url(stored["storage"], digest)
+        if storage_for(package_url).isfile(package_url):
+            return read_package(digest, package_url)
+    base = _service_url(service_url)
+    where = f"the service at {base}"
+    with Client(base) as client, tempfile.TemporaryDirectory() as folder:
+        try:
+            if project is None and url is None:  # a run id: its package is in the run's project
+                project = client.get_run(source).project
+            path = Path(folder) / f"{digest}.zip"
+            client.download_code(digest, path, project=project)
+            return path.read_bytes(), where
+        except ApiError as exc:
+            if exc.status_code != 404:
+                raise UserCodeError(f"code.digest {digest}: cannot download the package from {where}: {exc}") from None
+            in_project = f"project {project}" if project else "the API key's default project"
+            raise UserCodeError(
+                f"code.digest {digest}: {where} has no such package in {in_project} ({exc}); pass project= "
+                "(the run's project), service_url= (the service that ran the run), or upload the package again "
+                "(Client.upload_code, `tessera submit --code DIR`)") from None
+        except Exception as exc:  # unreachable, a package cut short, ...
+            raise UserCodeError(f"code.digest {digest}: cannot download the package from {where}: "
+                                f"{type(exc).__name__}: {exc}; set service_url= (or $TESSERA_URL) to the service "
+                                "that ran the run") from None
 
 
 # --- an earlier step, on request ---------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Code packages: upload once (``POST /code?digest=``), then check by digest (``HEAD|GET /code/{digest}``).
+"""Code packages: upload once (``POST /code?digest=``), then check by digest (``HEAD|GET /code/{digest}``)
+and download the zip back (``GET /code/{digest}/package``: what ``workers.export.load_model`` installs).
 
 A run names its package in ``spec.code.digest``; ``POST /runs`` refuses a digest the service
 does not have. The body of ``POST`` is the zip itself (``application/zip``), as
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from api.code_package import MAX_PACKAGE_BYTES, CodePackageError, CodeView, inspect_package, sha256_hex
 from api.model_specs import SHA256_PATTERN
@@ -89,3 +90,21 @@ def get_code(digest: Digest, request: Request, caller: CallerDep, access: Access
     if view is None:
         return JSONResponse(status_code=404, content={"detail": f"no code package {digest}"})
     return JSONResponse(content=view.model_dump(mode="json"))
+
+
+@router.get("/{digest}/package", operation_id="download_code",
+            responses={200: {"content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}},
+                             "description": "the package's zip, byte for byte as uploaded (its sha256 is digest)"},
+                       404: {"model": ErrorBody}})
+def download_code(digest: Digest, request: Request, caller: CallerDep, access: AccessDep,
+                  project: ProjectQuery = None) -> Response:
+    """The stored package's zip, streamed as it was uploaded, to a key with at least a ``viewer``
+    role in ``project`` (``load_model`` installs it to rebuild a model trained from it); 404 if
+    the project has none. The service only streams the bytes: it never unpacks or imports them."""
+    store = _store(request, caller, access, project, Role.VIEWER)
+    size = store.size(digest)
+    if size is None:
+        return JSONResponse(status_code=404, content={"detail": f"no code package {digest}"})
+    return StreamingResponse(store.chunks(digest), media_type="application/zip",
+                             headers={"Content-Disposition": f'attachment; filename="{digest}.zip"',
+                                      "Content-Length": str(size)})

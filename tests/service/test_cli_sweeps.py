@@ -48,3 +48,54 @@ def test_a_sweep_from_the_cli_submit_list_show_json_cancel_and_a_capped_one_refu
         assert runner.invoke(app, ["sweeps", "submit", str(capped), *url]).exit_code == 0
         bad = runner.invoke(app, ["projects", "quota", "default", "--max-duration-cap", "epochs", *url])
         assert bad.exit_code == 2 and "UNIT=N" in bad.output
+
+
+def test_a_sweep_over_your_own_model_from_the_cli_with_code_and_json(tmp_path, example_body, monkeypatch):
+    """``tessera sweeps submit --code DIR`` uploads the package once (saying so, as ``tessera
+    submit --code`` does) and records it as ``base.code.digest``; with ``--json`` stdout is the
+    SweepView alone and the messages go to stderr."""
+    from api.code_package import pack_directory
+
+    root = tmp_path / "my_project"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("def build(num_classes, in_channels, width=8):\n    raise NotImplementedError\n")
+    digest = pack_directory(root).digest
+    base = {**example_body, "model": {"import": "my_project.nets:build", "params": {"width": 8}}, "algorithms": []}
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"name": "byo-sweep", "base": base,
+                                    "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}))
+    runner = CliRunner()
+    with LocalService(tmp_path) as service:
+        url = ["--url", service.url]
+        first = runner.invoke(app, ["sweeps", "submit", str(spec), "--code", str(root), "--json", *url])
+        assert first.exit_code == 0, first.output
+        sweep = json.loads(first.stdout)  # the SweepView, nothing else
+        assert sweep["spec"]["base"]["code"] == {"digest": digest} and sweep["status"] == "QUEUED"
+        assert f"code package {digest[:12]} (2 files" in first.stderr and "KiB) uploaded" in first.stderr
+        assert f"submitted sweep {sweep['id']}" in first.stderr
+
+        again = runner.invoke(app, ["sweeps", "submit", str(spec), "--code", str(root), *url])
+        assert again.exit_code == 0, again.output
+        assert f"code package {digest[:12]}" in again.stdout and "already on the service" in again.stdout
+        second_id = again.stdout.split("submitted sweep ")[1].split()[0]
+        shown = json.loads(runner.invoke(app, ["sweeps", "show", second_id, "--json", *url]).stdout)
+        assert shown["spec"]["base"]["code"] == {"digest": digest}
+
+        from api.client import Client
+
+        # No Ray here, so no sweep ends: "waiting" cancels it, and --wait --json prints the final view alone.
+        monkeypatch.setattr(Client, "wait_sweep", lambda self, sweep_id, **_: self.cancel_sweep(sweep_id))
+        waited = runner.invoke(app, ["sweeps", "submit", str(spec), "--code", str(root), "--wait", "--json", *url])
+        assert waited.exit_code == 1, waited.output  # not COMPLETED
+        final = json.loads(waited.stdout)
+        assert final["status"] in ("CANCELING", "CANCELED") and final["spec"]["base"]["code"] == {"digest": digest}
+        assert f"sweep {final['id']}: {final['status']}" in waited.stderr and "submitted sweep" in waited.stderr
+
+        not_a_folder = runner.invoke(app, ["sweeps", "submit", str(spec), "--code", str(tmp_path / "nope"), "--json",
+                                           *url])
+        assert not_a_folder.exit_code == 1 and "not a folder" in not_a_folder.stderr and not_a_folder.stdout == ""
+        no_base = tmp_path / "no-base.yaml"
+        no_base.write_text(yaml.safe_dump({"name": "no-base", "search": {}}))
+        refused = runner.invoke(app, ["sweeps", "submit", str(no_base), "--code", str(root), *url])
+        assert refused.exit_code == 1 and "base must be a mapping" in refused.stderr and "got nothing" in refused.stderr

@@ -4,6 +4,7 @@ SQLite and PostgreSQL, with packages stored in a local storage folder."""
 from __future__ import annotations
 
 import io
+import uuid
 import zipfile
 
 import pytest
@@ -182,3 +183,121 @@ def test_the_sdk_uploads_a_folder_once_and_records_its_digest(code_client, examp
     assert sdk.get_code("f" * 64) is None
     stored = list((tmp_path / "storage" / "code").iterdir())
     assert [p.name for p in stored] == [f"{digest}.zip"]
+
+
+# --- downloading a package back (GET /code/{digest}/package, Client.download_code) ----------
+
+def test_a_stored_package_downloads_byte_for_byte_and_an_unknown_one_is_a_404(code_client, package):
+    missing = code_client.get(f"{API}/code/{package.digest}/package")
+    assert missing.status_code == 404 and missing.json() == {"detail": f"no code package {package.digest}"}
+    assert upload(code_client, package.data).status_code == 201
+    answer = code_client.get(f"{API}/code/{package.digest}/package")
+    assert answer.status_code == 200
+    assert answer.content == package.data and sha256_hex(answer.content) == package.digest
+    assert answer.headers["content-type"] == "application/zip"
+    assert answer.headers["content-length"] == str(len(package.data))
+    assert answer.headers["content-disposition"] == f'attachment; filename="{package.digest}.zip"'
+    malformed = code_client.get(f"{API}/code/not-a-sha/package")
+    assert malformed.status_code == 422 and malformed.json()["detail"]
+
+
+def test_only_keys_with_a_role_in_the_packages_project_download_it_as_the_other_code_routes_answer(
+        code_client, package):
+    def project(name: str) -> str:
+        assert code_client.post(f"{API}/projects", json={"name": name}).status_code == 201
+        return name
+
+    def key(project_name: str, role: str) -> dict[str, str]:
+        made = code_client.post(f"{API}/keys", json={"project": project_name, "role": role, "name": role})
+        assert made.status_code == 201, made.text
+        return {"Authorization": f"Bearer {made.json()['key']}"}
+
+    a, b = project(f"code-a-{uuid.uuid4().hex[:8]}"), project(f"code-b-{uuid.uuid4().hex[:8]}")
+    viewer_a, member_b = key(a, "viewer"), key(b, "member")
+    assert upload_to(code_client, package.data, a).status_code == 201
+    path = f"{API}/code/{package.digest}"
+    for headers, params, expected in [(viewer_a, {}, 200),              # a viewer's only project: A
+                                      (viewer_a, {"project": a}, 200),
+                                      (member_b, {"project": a}, 404),  # no role in A: as if A did not exist
+                                      (member_b, {}, 404)]:             # B holds no such package
+        answer = code_client.get(f"{path}/package", params=params, headers=headers)
+        assert answer.status_code == expected, (headers, params, answer.text)
+        assert code_client.get(path, params=params, headers=headers).status_code == expected  # as GET /code/{digest}
+        assert code_client.head(path, params=params, headers=headers).status_code == expected
+        if expected == 200:
+            assert answer.content == package.data
+        else:
+            assert answer.json()["detail"] and package.data not in answer.content
+    assert code_client.get(f"{path}/package", params={"project": a}).content == package.data  # the admin's
+
+
+def upload_to(client, data: bytes, project: str):
+    return client.post(f"{API}/code", params={"digest": sha256_hex(data), "project": project}, content=data,
+                       headers={"Content-Type": "application/zip"})
+
+
+@pytest.fixture
+def sdk(code_client):
+    from api.client import Client
+
+    client = Client("http://testserver")
+    client._http = code_client  # the TestClient is an httpx.Client on the app
+    return client
+
+
+def test_download_code_writes_the_package_whole_or_not_at_all(code_client, sdk, package, tmp_path, monkeypatch):
+    from api.code_package import CodePackageError
+    from api.errors import ApiError
+    from service.code_store import CodeStore
+
+    out = tmp_path / "out" / "pkg.zip"
+    out.parent.mkdir()
+    with pytest.raises(ApiError) as missing:
+        sdk.download_code(package.digest, out)
+    assert missing.value.status_code == 404 and list(out.parent.iterdir()) == []
+    upload(code_client, package.data)
+    assert sdk.download_code(package.digest, out) == len(package.data) and out.read_bytes() == package.data
+
+    out.write_bytes(b"the previous file")
+    original = CodeStore.chunks
+    monkeypatch.setattr(CodeStore, "chunks",  # the store's answer ends halfway (a connection cut short)
+                        lambda self, digest, *a: iter([b"".join(original(self, digest))[:len(package.data) // 2]]))
+    with pytest.raises(CodePackageError, match=f"sha256 is [0-9a-f]{{64}} .cut short or changed.; nothing written"):
+        sdk.download_code(package.digest, out)
+    assert out.read_bytes() == b"the previous file"  # untouched, and no partial file left beside it
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pkg.zip"]
+
+
+# --- sweeps over your own model -------------------------------------------------------------
+
+def test_a_sweep_with_code_records_it_in_the_base_and_every_trial_inherits_it(code_client, sdk, example_body,
+                                                                               tmp_path):
+    from api.errors import InvalidInput
+    from api.sweeps import SweepSpec, trial_spec
+
+    root = tmp_path / "my_project"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "nets.py").write_text("def build(num_classes, in_channels, width=8):\n    raise NotImplementedError\n")
+    digest = pack_directory(root).digest
+    base = {**example_body, "model": {"import": "my_project.nets:build", "params": {"width": 8}}, "algorithms": []}
+    body = {"name": "byo-sweep", "base": base, "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}
+
+    refused = code_client.post(f"{API}/sweeps", json={**body, "base": {**base, "code": {"digest": digest}}})
+    assert refused.status_code == 422  # POST /sweeps checks the base's package as POST /runs does
+    [item] = refused.json()["detail"]
+    assert item["field"] == "base.code.digest" and item["input"] == digest and "upload it first" in item["msg"]
+
+    sweep = sdk.create_sweep(body, code=root)
+    assert sweep.spec["base"]["code"] == {"digest": digest}
+    assert "code" not in body["base"]  # the caller's dict is left as it was
+    assert (tmp_path / "storage" / "code" / f"{digest}.zip").is_file()
+    spec = SweepSpec.model_validate(sweep.spec)
+    trials = [trial_spec(spec.base, (), {"optimizer.lr": lr}, name=f"t{lr}") for lr in (0.05, 0.1)]
+    assert [t.code.digest for t in trials] == [digest, digest]  # what workers.tune.trial trains and installs
+    assert sdk.create_sweep(body, code=str(root)).spec["base"]["code"] == {"digest": digest}  # not uploaded again
+
+    with pytest.raises(InvalidInput) as no_base:
+        sdk.create_sweep({"name": "no-base"}, code=root)
+    [item] = no_base.value.detail
+    assert item["field"] == "base" and item["input"] is None and "base RunSpec, a mapping" in item["msg"]

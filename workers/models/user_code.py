@@ -62,25 +62,38 @@ def code_cache_dir() -> Path:
     return Path(os.environ.get("TESSERA_CODE_CACHE") or Path(tempfile.gettempdir()) / "tessera-code")
 
 
-def install_code(digest: str, *, storage_url: str | None) -> Path:
-    """Make the package ``digest`` importable in this process; returns its folder."""
+def install_code(digest: str, *, storage_url: str | None,
+                 fetch: Callable[[], tuple[bytes, str]] | None = None) -> Path:
+    """Make the package ``digest`` importable in this process; returns its folder.
+
+    Fetched only when this machine's cache lacks it: from ``{storage_url}/code/{digest}.zip``,
+    or by ``fetch()`` when given (``workers.export.load_model``: from the service), which returns
+    the bytes and where they came from (for messages) and raises ``UserCodeError`` when it cannot.
+    Either way the bytes are checked against ``digest`` before they are unpacked."""
     target = code_cache_dir() / digest
     if not target.is_dir():
-        if not storage_url:
-            raise UserCodeError(f"code.digest {digest}: the run has a code package but no storage URL to fetch it "
-                                "from (TESSERA_STORAGE_URL)")
-        url = code_package_url(storage_url, digest)
-        try:
-            fs, path = url_to_fs(url)
-            data = fs.cat_file(path)
-        except Exception as exc:  # FileNotFoundError, a storage outage, missing credentials, ...
-            raise UserCodeError(f"code.digest {digest}: cannot fetch {url}: {type(exc).__name__}: {exc}") from None
+        if fetch is None:
+            if not storage_url:
+                raise UserCodeError(f"code.digest {digest}: the run has a code package but no storage URL to fetch it "
+                                    "from (TESSERA_STORAGE_URL)")
+            data, source = read_package(digest, code_package_url(storage_url, digest))
+        else:
+            data, source = fetch()
         if sha256_hex(data) != digest:
-            raise UserCodeError(f"code.digest {digest}: {url} holds other bytes (sha256 {sha256_hex(data)}); "
+            raise UserCodeError(f"code.digest {digest}: {source} holds other bytes (sha256 {sha256_hex(data)}); "
                                 "upload the package again")
         _unpack(data, target)
     _put_first_on_path(target)
     return target
+
+
+def read_package(digest: str, url: str) -> tuple[bytes, str]:
+    """The bytes at ``url`` (fsspec), and ``url``; ``UserCodeError`` when they cannot be read."""
+    try:
+        fs, path = url_to_fs(url)
+        return fs.cat_file(path), url
+    except Exception as exc:  # FileNotFoundError, a storage outage, missing credentials, ...
+        raise UserCodeError(f"code.digest {digest}: cannot fetch {url}: {type(exc).__name__}: {exc}") from None
 
 
 def _unpack(data: bytes, target: Path) -> None:
