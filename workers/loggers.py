@@ -20,7 +20,10 @@ KILLED). The service hears the outcome from the process that started the ranks
 (``workers.outcome.RunOutcome``), which holds no loggers; so the loggers get the outcome as a
 status and the primary sink does not. An attempt whose rank 0 is killed (the service canceling
 the run stops its Ray job, which kills the Ray Train workers; a SIGKILL; a lost node) never
-reaches ``closed_at_end``: its MLflow run stays RUNNING.
+reaches ``closed_at_end``. For the first of those, the process that started the ranks ends the
+run's MLflow runs that are still RUNNING as KILLED when its Ray job is stopped
+(``end_interrupted_mlflow_runs``, called by ``workers.launch``); after a SIGKILL of the job or a
+lost node nothing does, and they stay RUNNING.
 """
 
 from __future__ import annotations
@@ -30,17 +33,21 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from typing import Any, Iterator
 
 from api.specs import RunSpec
 from api.views import RunStatus
-from workers.checkpoint.storage import join, storage_for
 from workers.errors import describe
 from workers.paths import tensorboard_url
 from workers.reporter import MetricSink
 
 log = logging.getLogger(__name__)
+
+# The tag that names the Tessera run an MLflow run belongs to (``MLflowSink``), by which
+# ``end_interrupted_mlflow_runs`` finds them.
+RUN_ID_TAG = "tessera.run_id"
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -198,6 +205,10 @@ class TensorBoardSink:
     def _upload(self) -> None:
         """Copy the event files that grew since the last copy (scalar events are small: the
         trainer flushes at epoch ends and evaluations, not per step)."""
+        # Here, not at the top: the job driver imports this module (end_interrupted_mlflow_runs)
+        # and must not load the checkpointing package (test_errors_and_launch).
+        from workers.checkpoint.storage import join, storage_for
+
         storage = storage_for(self.target)
         for name in sorted(os.listdir(self.local)):
             path = os.path.join(self.local, name)
@@ -223,7 +234,7 @@ class MLflowSink:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-        tags = {"tessera.run_id": run_id or "", "mlflow.runName": spec.name} | {f"tag.{t}": "true" for t in spec.tags}
+        tags = {RUN_ID_TAG: run_id or "", "mlflow.runName": spec.name} | {f"tag.{t}": "true" for t in spec.tags}
         self.run_id = self.client.create_run(experiment_id, tags=tags, run_name=spec.name).info.run_id
         from mlflow.entities import Metric, Param
 
@@ -273,3 +284,115 @@ def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: st
         except Exception:
             log.warning("logger %s could not start; the run goes on without it", logger.name, exc_info=True)
     return FanoutSink(sink, extras) if extras else sink
+
+
+def mlflow_targets(spec: RunSpec) -> list[tuple[str, str]]:
+    """``(tracking_uri, experiment)`` of each of ``spec``'s MLflow loggers."""
+    return [(logger.tracking_uri, logger.experiment) for logger in spec.loggers if logger.name == "mlflow"]
+
+
+def prepare_mlflow_end(spec: RunSpec) -> threading.Thread | None:
+    """Get ready, in a daemon thread, for ``end_interrupted_mlflow_runs``: import MLflow, make a
+    client for each of ``spec``'s tracking servers and ask each for its experiment (the HTTP
+    session's first connection). For the job driver as an attempt starts: a stop then spends its
+    seconds on the runs themselves (unprepared, a stopped driver on a busy 2-core node did not get
+    through the import and its first requests in its 2 s; prepared, ending took 0.1-0.4 s there).
+    Failures are logged at debug level (the stop tries again); nothing is raised. The thread, or
+    None without an MLflow logger."""
+    targets = mlflow_targets(spec)
+    if not targets:
+        return None
+
+    def prepare() -> None:
+        for tracking_uri, experiment in targets:
+            try:
+                _mlflow_client(tracking_uri).get_experiment_by_name(experiment)
+            except Exception as exc:
+                log.debug("preparing to end MLflow runs at %s failed: %s", tracking_uri, describe(exc))
+
+    thread = threading.Thread(target=prepare, name="prepare-mlflow-end", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError as exc:  # no new threads: the stop does it all, if it can
+        log.debug("could not prepare to end MLflow runs: %s", describe(exc))
+        return None
+    return thread
+
+
+def end_interrupted_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float = 2.0) -> list[str] | None:
+    """End as KILLED the MLflow runs of Tessera run ``run_id`` (tag ``RUN_ID_TAG``) that are still
+    RUNNING, in the experiment of each of ``spec``'s MLflow loggers; the ids of those it ended.
+
+    For the process that started the ranks, when it is stopped (``workers.launch``: the service
+    canceled the run and Ray stops its job): the ranks are killed after it, so rank 0 never ends
+    its MLflow run (``closed_at_end``). Every RUNNING one of the run goes, also one an earlier
+    attempt's killed ranks left. Runs that ended (FINISHED, FAILED, KILLED) are left as they are.
+
+    Bounded and quiet, as a stop needs: the work runs in a daemon thread that gets ``timeout_s``
+    (an unreachable tracking server would otherwise have MLflow's client retry for minutes), and
+    the runs it ended by then are returned; None if it did not finish in time (the thread is
+    left to the process's exit). A failure is logged, never raised. ``[]`` at once for a spec
+    without an MLflow logger. ``prepare_mlflow_end`` at the start makes it faster."""
+    targets = mlflow_targets(spec)
+    if not targets:
+        return []
+    ended: list[str] = []
+    done = threading.Event()
+
+    def end_all() -> None:
+        try:
+            for tracking_uri, experiment in targets:
+                try:
+                    ended.extend(_end_running_mlflow_runs(tracking_uri, experiment, run_id))
+                except Exception as exc:
+                    log.warning("could not end the MLflow runs of run %s in experiment %s at %s: %s",
+                                run_id, experiment, tracking_uri, describe(exc))
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    try:
+        threading.Thread(target=end_all, name="end-mlflow-runs", daemon=True).start()
+    except RuntimeError as exc:  # no new threads (the interpreter is shutting down)
+        log.warning("could not end the MLflow runs of run %s: %s", run_id, describe(exc))
+        return None
+    if not done.wait(timeout_s):
+        log.warning("ending the MLflow runs of run %s did not finish within %gs (ended so far: %s); "
+                    "the others stay RUNNING", run_id, timeout_s, ", ".join(ended) or "none")
+        return None
+    log.info("ended %d MLflow run(s) of run %s as KILLED in %.2fs%s", len(ended), run_id,
+             time.monotonic() - started, f": {', '.join(ended)}" if ended else "")
+    return list(ended)
+
+
+_clients: dict[str, Any] = {}  # MlflowClient by tracking URI, for the driver's preparation and stop
+_clients_lock = threading.Lock()
+
+
+def _mlflow_client(tracking_uri: str) -> Any:
+    """One ``MlflowClient`` per tracking URI in this process (a stop waits here for the one its
+    preparation is making rather than making another)."""
+    with _clients_lock:
+        client = _clients.get(tracking_uri)
+        if client is None:
+            from mlflow.tracking import MlflowClient
+
+            client = _clients[tracking_uri] = MlflowClient(tracking_uri=tracking_uri)
+        return client
+
+
+def _end_running_mlflow_runs(tracking_uri: str, experiment: str, run_id: str) -> list[str]:
+    """``end_interrupted_mlflow_runs`` on one tracking server and experiment."""
+    if "'" in run_id:  # not a Tessera run id (hex) nor a spec name; it cannot go into a filter
+        raise ValueError(f"run id {run_id!r} cannot be searched for")
+    client = _mlflow_client(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:  # rank 0 never created a run there
+        return []
+    running = client.search_runs([found.experiment_id],
+                                 filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}' and attributes.status = 'RUNNING'")
+    ended = []
+    for run in running:
+        client.set_terminated(run.info.run_id, "KILLED")
+        ended.append(run.info.run_id)
+    return ended

@@ -3,7 +3,9 @@ params, tags and every metric read back with MLflow's own client. And how a run 
 from a real MLflow store (an SQLite file, no server): FINISHED when training ends, FAILED when
 it raises, KILLED when it is interrupted or stopped, both in ``tessera train``'s in-process run
 (``train_local``) and in rank 0 of a Ray run (``train_rank``, here called in this process as a
-sweep trial's actor does), through the one ``closed_at_end``."""
+sweep trial's actor does), through the one ``closed_at_end``. And what the job driver does when
+its Ray job is stopped (the service canceled the run): the run's MLflow runs still RUNNING end
+KILLED (``end_interrupted_mlflow_runs``), in bounded time."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import torch
 from api.views import RunStatus
 from workers.checkpoint import IncompatibleCheckpoint
 from workers.local import train_local
-from workers.loggers import flatten, with_loggers
+from workers.launch import mlflow_end_budget_s
+from workers.loggers import MLflowSink, end_interrupted_mlflow_runs, flatten, prepare_mlflow_end, with_loggers
 from workers.ray_train import train_rank, worker_config
 from workers.reporter import MemorySink
 from workers.trainer import train
@@ -180,3 +183,70 @@ def test_rank_0_in_a_ray_train_worker_ends_the_mlflow_run(ray_client, mlflow_sto
     with pytest.raises(Exception, match="IncompatibleCheckpoint"):
         train_local(other, sink=MemorySink(), checkpoint_dir=str(tmp_path))
     assert [run.info.status for run in mlflow_runs(mlflow_store, "ddp")] == ["FINISHED", "FAILED"]
+
+
+# --- a stopped job's driver ends the MLflow runs its killed rank 0 left RUNNING ---------------------
+
+def stopped_spec(store: str, experiment: str):
+    return tiny_spec(name="stopped-job", loggers=[{"name": "mlflow", "tracking_uri": store, "experiment": experiment}])
+
+
+def status_of(store: str, mlflow_run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=store).get_run(mlflow_run_id).info.status
+
+
+def test_a_stopped_driver_ends_its_runs_running_mlflow_runs_as_killed(mlflow_store):
+    spec = stopped_spec(mlflow_store, "driver-stopped")
+    # What rank 0 leaves when it is killed mid-attempt: its MLflowSink's run, never ended; and one
+    # an earlier attempt's killed worker group left. Another Tessera run's live MLflow run too.
+    killed_rank_0 = MLflowSink(spec, mlflow_store, "driver-stopped", run_id="run-stop")
+    earlier_group = MLflowSink(spec, mlflow_store, "driver-stopped", run_id="run-stop")
+    other_run = MLflowSink(spec, mlflow_store, "driver-stopped", run_id="run-other")
+    assert status_of(mlflow_store, killed_rank_0.run_id) == "RUNNING"
+
+    prepared = prepare_mlflow_end(spec)  # as the driver does when the attempt starts
+    prepared.join(60)
+    assert not prepared.is_alive() and status_of(mlflow_store, killed_rank_0.run_id) == "RUNNING"
+    ended = end_interrupted_mlflow_runs(spec, "run-stop", timeout_s=60)
+    assert sorted(ended) == sorted([killed_rank_0.run_id, earlier_group.run_id])
+    assert status_of(mlflow_store, killed_rank_0.run_id) == "KILLED"
+    assert status_of(mlflow_store, earlier_group.run_id) == "KILLED"
+    assert status_of(mlflow_store, other_run.run_id) == "RUNNING"
+
+
+def test_a_stopped_driver_leaves_mlflow_runs_that_ended_as_they_ended(mlflow_store):
+    spec = stopped_spec(mlflow_store, "driver-ended")
+    finished = MLflowSink(spec, mlflow_store, "driver-ended", run_id="run-ended")
+    finished.status(RunStatus.COMPLETED)  # what closed_at_end sends when rank 0 trained to its end
+    failed = MLflowSink(spec, mlflow_store, "driver-ended", run_id="run-ended")
+    failed.status(RunStatus.FAILED, error="ValueError: boom")
+
+    assert end_interrupted_mlflow_runs(spec, "run-ended", timeout_s=60) == []
+    assert status_of(mlflow_store, finished.run_id) == "FINISHED"
+    assert status_of(mlflow_store, failed.run_id) == "FAILED"
+
+
+def test_a_stopped_driver_gives_up_on_an_unreachable_tracking_server_in_time_without_raising():
+    with socket.socket() as probe:  # a port nothing listens on: MLflow's client retries for minutes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spec = stopped_spec(f"http://127.0.0.1:{port}", "unreachable")
+    started = time.monotonic()
+    assert prepare_mlflow_end(spec).daemon  # retries in the background, never in the driver's way
+    assert end_interrupted_mlflow_runs(spec, "run-x", timeout_s=0.5) is None
+    assert time.monotonic() - started < 3
+    # Without an MLflow logger there is nothing to prepare or end, and no time is spent.
+    tensorboard_only = tiny_spec(loggers=[{"name": "tensorboard"}])
+    assert prepare_mlflow_end(tensorboard_only) is None
+    assert end_interrupted_mlflow_runs(tensorboard_only, "run-x", timeout_s=0.5) == []
+
+
+def test_the_driver_spends_rays_stop_grace_less_a_second_on_mlflow(monkeypatch):
+    monkeypatch.delenv("RAY_JOB_STOP_WAIT_TIME_S", raising=False)
+    assert mlflow_end_budget_s() == 2.0  # Ray's default grace: 3 s
+    monkeypatch.setenv("RAY_JOB_STOP_WAIT_TIME_S", "30")
+    assert mlflow_end_budget_s() == 10.0
+    monkeypatch.setenv("RAY_JOB_STOP_WAIT_TIME_S", "1")
+    assert mlflow_end_budget_s() == 0.5
