@@ -113,8 +113,17 @@ class Caller:
     def sees_every_project(self) -> bool:
         return EVERY_PROJECT in self.roles
 
-    def visible(self) -> list[str] | None:
-        """The projects whose objects the key may read; None means every project."""
+    @property
+    def is_every_project_admin(self) -> bool:
+        """Admin of every project (``*``), as the first key is: may create projects and keys for
+        every project, and change the caps a project admin may not."""
+        return self.roles.get(EVERY_PROJECT) is Role.ADMIN
+
+    def visible(self, project: str | None = None) -> list[str] | None:
+        """The projects whose objects the key may read; None means every project. With
+        ``project``: that one alone, or none when the key has no role there (a list filter)."""
+        if project is not None:
+            return [project] if self.role_in(project) is not None else []
         return None if self.sees_every_project else sorted(self.roles)
 
     def require(self, project: str, needed: Role, not_found: Exception) -> None:
@@ -272,12 +281,16 @@ class AccessStore:
 
     def revoke_key(self, caller: Caller, key_id: str) -> KeyRecord:
         with self.db.write() as session:
+            # Every active key, locked in one order first: two revokes of the last two admin keys
+            # at once must not both see the other still active. On PostgreSQL the second waits
+            # here, then reads the first's revoke (its WHERE is checked again after the wait);
+            # SQLite runs one write transaction at a time anyway.
+            active = select(ApiKey).where(ApiKey.revoked_at.is_(None)).order_by(ApiKey.id).with_for_update()
+            active_admins = [key.id for key in session.execute(active).scalars() if _is_every_project_admin(key)]
             row = session.get(ApiKey, key_id) if 0 < len(key_id) <= 32 else None
             if row is None or not (row.id == caller.key_id or _administers(caller, row)):
                 raise KeyNotFound(key_id)
-            if row.revoked_at is None and _is_every_project_admin(row) and not any(
-                    _is_every_project_admin(other) for other in session.execute(
-                        select(ApiKey).where(ApiKey.revoked_at.is_(None), ApiKey.id != row.id)).scalars()):
+            if active_admins == [row.id]:
                 raise LastAdminKey(key_id)
             if row.revoked_at is None:
                 row.revoked_at = utcnow()
@@ -342,7 +355,7 @@ def _is_every_project_admin(row: ApiKey) -> bool:
 
 def _administers(caller: Caller, row: ApiKey) -> bool:
     roles = row.roles or {}
-    if caller.roles.get(EVERY_PROJECT) is Role.ADMIN:
+    if caller.is_every_project_admin:
         return True
     return bool(roles) and EVERY_PROJECT not in roles and all(
         (caller.role_in(project) or Role.VIEWER).allows(Role.ADMIN) for project in roles)

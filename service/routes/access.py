@@ -101,7 +101,7 @@ def whoami(caller: CallerDep, access: AccessDep) -> Me:
 def create_key(body: KeyCreate, caller: CallerDep, access: AccessDep) -> NewKey:
     """A new key with ``role`` in ``project`` (the caller must be its admin; for ``*``, every
     project, an admin of every project). The secret is in this answer only."""
-    if body.project == EVERY_PROJECT and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
+    if body.project == EVERY_PROJECT and not caller.is_every_project_admin:
         raise Forbidden("only an admin of every project ('*') may create keys for every project")
     caller.require(body.project, Role.ADMIN, ProjectNotFound(body.project))
     record, secret = access.create_key(name=body.name, roles={body.project: body.role})
@@ -127,7 +127,7 @@ def revoke_key(key_id: Annotated[str, Path(max_length=32)], caller: CallerDep, a
              responses={409: {"model": ErrorBody}})
 def create_project(body: ProjectCreate, caller: CallerDep, access: AccessDep) -> ProjectView:
     """A new project; only a key that is admin of every project (the first key) may make one."""
-    if caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
+    if not caller.is_every_project_admin:
         raise Forbidden("only an admin of every project ('*') may create projects")
     return _project_view(access.create_project(body.name), caller)
 
@@ -171,5 +171,5 @@ def _refuse_raising(changes: dict, current: ProjectRecord, caller: Caller) -> No
     """403 for a change of a bound that replaces the service's (``RAISING_FIELDS``, to another
     value or to null) unless the caller administers every project."""
     raising = [field for field in RAISING_FIELDS if field in changes and changes[field] != getattr(current, field)]
-    if raising and caller.roles.get(EVERY_PROJECT) is not Role.ADMIN:
+    if raising and not caller.is_every_project_admin:
         raise Forbidden(f"only an admin of every project ('*') may set {', '.join(raising)}")

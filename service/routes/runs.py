@@ -178,9 +178,7 @@ def list_runs(request: Request, repo: RepoDep, caller: CallerDep, status: RunSta
     """Runs of the API key's projects, newest first (or by a metric's best value), filtered by
     tag, name, status, sweep, creation time and archive state; pass ``next_cursor`` back as
     ``cursor`` for the next page (with the same filters and order). ETag / If-None-Match → 304."""
-    projects = caller.visible()
-    if project is not None:
-        projects = [project] if caller.role_in(project) is not None else []
+    projects = caller.visible(project)
     problems, after, before, best_key = list_query_values(created_after, created_before, order_by)
     if problems:
         return validation_response(problems)

@@ -120,10 +120,7 @@ def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
     """The newest ``limit`` sweeps of the key's projects (or of ``project`` alone), newest first,
     with their trials. A project the key has no role in lists nothing, as ``GET /runs`` does.
     ETag / If-None-Match → 304."""
-    projects = caller.visible()
-    if project is not None:
-        projects = [project] if caller.role_in(project) is not None else []
-    views = sweeps.list_sweep_views(limit=limit, projects=projects, archived=archived)
+    views = sweeps.list_sweep_views(limit=limit, projects=caller.visible(project), archived=archived)
     return conditional_json(request, SweepsPage(data=[queued_sweep(request, view) for view in views]))
 
 

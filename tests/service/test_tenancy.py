@@ -266,3 +266,45 @@ def test_a_key_read_just_before_its_revoke_is_not_remembered_after_it(sqlite_rep
     assert access.authenticate(secret) is not None  # valid when it was read
     monkeypatch.setattr(access.db, "read", real_read)
     assert access.authenticate(secret) is None
+
+
+def test_two_revokes_at_once_never_leave_postgresql_without_an_every_project_admin():
+    """Each round, two revokes race for the last two admin keys of every project: one wins, the
+    other gets LastAdminKey (the rows are locked; unlocked, both won in 20 of 30 rounds)."""
+    import threading
+
+    from service.access import AccessStore, Caller, LastAdminKey, Role
+    from service.db.engine import make_engine, migrate
+    from service.db.session import Database
+    from tests.conftest import fresh_postgres_database
+
+    admin = Caller(key_id="outside", roles={"*": Role.ADMIN})
+    with fresh_postgres_database("tessera_keys") as url:
+        engine = make_engine(url)
+        try:
+            migrate(engine)
+            access = AccessStore(Database(engine))
+            survivor, _ = access.create_key(name="first", roles={"*": Role.ADMIN})
+            for round_ in range(8):
+                newer, _ = access.create_key(name=f"admin {round_}", roles={"*": Role.ADMIN})
+                start, outcomes = threading.Barrier(2), {}
+
+                def revoke(key_id: str) -> None:
+                    start.wait()
+                    try:
+                        access.revoke_key(admin, key_id)
+                        outcomes[key_id] = "revoked"
+                    except LastAdminKey:
+                        outcomes[key_id] = "refused"
+
+                threads = [threading.Thread(target=revoke, args=(k.id,)) for k in (survivor, newer)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                assert sorted(outcomes.values()) == ["refused", "revoked"], outcomes
+                survivor = survivor if outcomes[survivor.id] == "refused" else newer
+            active = [k for k in access.list_keys(admin) if k.as_dict()["revoked_at"] is None]
+            assert [k.id for k in active] == [survivor.id]
+        finally:
+            engine.dispose()
