@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -25,11 +26,14 @@ from typing import Any
 import torch
 
 from api.catalog import DATASETS
+from api.model_specs import ImportedModelSpec
 from api.specs import RunSpec
 from workers.checkpoint.storage import storage_for
 from workers.paths import code_package_url, export_url
 
 FORMATS = ("safetensors", "torch")
+
+log = logging.getLogger(__name__)
 
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -128,7 +132,10 @@ def load_model(source: str, *, step: int | None = None, service_url: str | None 
 
 
 def _service_url(service_url: str | None) -> str:
-    return service_url or os.environ.get("TESSERA_URL", "http://127.0.0.1:8000")
+    """``service_url``, else where the SDK's ``Client`` finds the service (``TESSERA_URL``)."""
+    from api.client import DEFAULT_URL
+
+    return service_url or os.environ.get("TESSERA_URL") or DEFAULT_URL
 
 
 def _as_url(source: str) -> str | None:
@@ -173,7 +180,7 @@ def install_export_code(metadata: dict[str, str], source: str, *, service_url: s
     (installed, on ``sys.path``), leaves that one to be imported, with a warning: as before
     ``load_model`` installed packages."""
     spec = RunSpec.model_validate_json(metadata["tessera.spec"])
-    if spec.code is None:
+    if spec.code is None or not isinstance(spec.model, ImportedModelSpec):  # a built-in model needs no package
         return None
     import importlib.util
     import warnings
@@ -206,8 +213,11 @@ def _fetch_code(digest: str, source: str, *, service_url: str | None, project: s
     stored = _EXPORT_IN_STORAGE.match(url) if url is not None else None
     if stored is not None:
         package_url = code_package_url(stored["storage"], digest)
-        if storage_for(package_url).isfile(package_url):
-            return read_package(digest, package_url)
+        try:
+            if storage_for(package_url).isfile(package_url):
+                return read_package(digest, package_url)
+        except Exception as exc:  # a storage we cannot read here: the service may still serve it
+            log.info("reading the code package at %s failed (%s); asking the service", package_url, exc)
     base = _service_url(service_url)
     where = f"the service at {base}"
     with Client(base) as client, tempfile.TemporaryDirectory() as folder:

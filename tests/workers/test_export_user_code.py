@@ -132,3 +132,17 @@ def test_an_export_in_storage_takes_its_package_from_beside_it_without_a_service
         model = load_model(urls["safetensors"], service_url=no_service)
     assert Path(sys.modules["my_project.nets"].__file__) == folder / "nets.py"
     assert all(torch.equal(model.state_dict()[key], value) for key, value in state.items())
+
+
+def test_a_built_in_model_with_a_code_package_needs_no_package_to_load(tmp_path, monkeypatch):
+    """Its spec may name a package (the workers install it), but the model is built without it:
+    nothing is fetched, so an unreachable service changes nothing."""
+    from tests.service.conftest import EXAMPLE_SPEC_YAML
+    import yaml
+
+    from workers.export import install_export_code
+
+    monkeypatch.setenv("TESSERA_URL", f"http://127.0.0.1:{free_port()}")  # nobody listens there
+    spec = RunSpec.model_validate({**yaml.safe_load(EXAMPLE_SPEC_YAML), "code": {"digest": "a" * 64}})
+    metadata = {"tessera.spec": spec.model_dump_json()}
+    assert install_export_code(metadata, str(tmp_path / "model.safetensors")) is None

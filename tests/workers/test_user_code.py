@@ -62,6 +62,40 @@ def test_a_package_whose_bytes_differ_from_its_digest_is_refused(tmp_path, fresh
         install_code("0" * 64, storage_url=storage_url)
 
 
+def test_a_folder_in_the_cache_counts_only_if_this_process_unpacked_and_checked_it(tmp_path, fresh_imports):
+    """Someone's folder under a digest's name (a planted one, an older cache's) is unpacked again
+    from checked bytes, never imported as it is."""
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    planted = tmp_path / "cache" / package.digest / "my_project"
+    planted.mkdir(parents=True)
+    (planted / "__init__.py").write_text("raise RuntimeError('planted code ran')\n")
+    fetched = []
+
+    def fetch():
+        fetched.append(1)
+        return package.data, "the test"
+
+    folder = install_code(package.digest, storage_url=None, fetch=fetch)
+    assert fetched == [1] and (folder / "my_project" / "nets.py").is_file()
+    import my_project.nets  # noqa: F401  (the package's own code, not the planted __init__)
+
+    assert install_code(package.digest, storage_url=None, fetch=fetch) == folder and fetched == [1]
+
+
+def test_a_code_cache_of_another_user_is_refused(tmp_path, fresh_imports, monkeypatch):
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(user_code.os, "getuid", lambda: (tmp_path / "cache").stat().st_uid + 1)
+    with pytest.raises(UserCodeError, match="belongs to another user .*TESSERA_CODE_CACHE"):
+        install_code("0" * 64, storage_url="file:///nowhere")
+
+
+def test_the_default_code_cache_is_this_users_and_private(tmp_path, monkeypatch):
+    monkeypatch.delenv("TESSERA_CODE_CACHE", raising=False)
+    monkeypatch.setattr(user_code.tempfile, "gettempdir", lambda: str(tmp_path))
+    root = user_code._own_cache(user_code.code_cache_dir())
+    assert root == tmp_path / f"tessera-code-{user_code.os.getuid()}" and root.stat().st_mode & 0o077 == 0
+
+
 def test_an_import_error_names_the_module_the_error_and_the_users_line(tmp_path, fresh_imports):
     package = pack_directory(write_user_package(tmp_path / "src", broken=True))
     install_code(package.digest, storage_url=store(tmp_path, package))

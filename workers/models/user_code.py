@@ -17,7 +17,11 @@ The contract (small, like Composer's ``ComposerModel``):
 How the code gets to the workers: the service stores the package at
 ``{storage}/code/{sha256}.zip``; before building, each worker fetches it with fsspec, checks
 its sha256, unpacks it once per machine under ``$TESSERA_CODE_CACHE`` (default
-``/tmp/tessera-code``) and puts it first on ``sys.path``.
+``/tmp/tessera-code-{uid}``) and puts it first on ``sys.path``. The cache is trusted only as far
+as this user owns it: a cache folder of another user is refused (a shared ``/tmp`` lets anyone
+make a folder first), the default one is made private (0700), and a package's folder counts
+only with the marker that its unpacking wrote after the bytes matched the digest; one without
+it is unpacked again.
 
 Why the worker fetches it rather than Ray's ``runtime_env`` (``py_modules``): Ray 2.60 takes
 a local directory, ``.py`` or ``.whl`` there, but a zip only as a remote URI (``s3://``,
@@ -58,8 +62,36 @@ class UserCodeError(RuntimeError):
     ends with the traceback's tail. One string, so it pickles across Ray."""
 
 
+VERIFIED_MARKER = ".tessera-sha256"  # in a package's cache folder: the digest its bytes matched
+
+
 def code_cache_dir() -> Path:
-    return Path(os.environ.get("TESSERA_CODE_CACHE") or Path(tempfile.gettempdir()) / "tessera-code")
+    """``$TESSERA_CODE_CACHE``, else a folder of this user's in the temporary directory."""
+    default = Path(tempfile.gettempdir()) / f"tessera-code-{os.getuid()}"
+    return Path(os.environ.get("TESSERA_CODE_CACHE") or default)
+
+
+def _own_cache(root: Path) -> Path:
+    """``root``, made (private) if missing; ``UserCodeError`` if another user owns it, whose
+    folders could hold any code under a digest's name."""
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owner = root.stat().st_uid
+    except OSError as exc:
+        raise UserCodeError(f"the code cache {root} cannot be used: {exc}; set TESSERA_CODE_CACHE to a folder "
+                            "of your own") from None
+    if owner != os.getuid():
+        raise UserCodeError(f"the code cache {root} belongs to another user (uid {owner}), whose files this "
+                            "process would import; set TESSERA_CODE_CACHE to a folder of your own")
+    return root
+
+
+def _verified(target: Path) -> bool:
+    """Whether ``target`` is a package folder unpacked here from bytes that matched its digest."""
+    try:
+        return (target / VERIFIED_MARKER).read_text() == target.name
+    except OSError:
+        return False
 
 
 def install_code(digest: str, *, storage_url: str | None,
@@ -70,8 +102,8 @@ def install_code(digest: str, *, storage_url: str | None,
     or by ``fetch()`` when given (``workers.export.load_model``: from the service), which returns
     the bytes and where they came from (for messages) and raises ``UserCodeError`` when it cannot.
     Either way the bytes are checked against ``digest`` before they are unpacked."""
-    target = code_cache_dir() / digest
-    if not target.is_dir():
+    target = _own_cache(code_cache_dir()) / digest
+    if not _verified(target):
         if fetch is None:
             if not storage_url:
                 raise UserCodeError(f"code.digest {digest}: the run has a code package but no storage URL to fetch it "
@@ -97,18 +129,24 @@ def read_package(digest: str, url: str) -> tuple[bytes, str]:
 
 
 def _unpack(data: bytes, target: Path) -> None:
-    """Unpack into a private folder, then rename: workers on one machine may race here."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Unpack verified bytes into a private folder with the marker, then rename it into place:
+    workers on one machine may race here. A folder there without the marker (an older cache's,
+    one cut short) is replaced."""
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}-", dir=target.parent))
     try:
         safe_extract(data, staging)
+        (staging / VERIFIED_MARKER).write_text(target.name)
+        if target.exists() and not _verified(target):
+            shutil.rmtree(target, ignore_errors=True)
         try:
             staging.rename(target)
         except OSError:
-            if not target.is_dir():  # someone else's rename won the race: theirs is the same bytes
+            if not _verified(target):  # someone else's rename won the race: theirs is the same bytes
                 raise
     except CodePackageError as exc:
         raise UserCodeError(f"code package {target.name}: {exc}") from None
+    except OSError as exc:
+        raise UserCodeError(f"code package {target.name}: cannot unpack it into {target.parent}: {exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
