@@ -144,15 +144,20 @@ class SweepRepository(AttemptStore):
             row = session.execute(query).scalars().first()
             return SweepRecord.from_row(row) if row is not None else None
 
-    def replace_driver_token(self, sweep_id: str, token: str) -> bool:
-        """Make ``token`` the running external sweep's driver token (the earlier one stops
-        working); False, and nothing changed, when the sweep no longer runs."""
+    def replace_driver_token(self, sweep: SweepRecord, token: str) -> Literal["replaced", "ended", "driven"]:
+        """Make ``token`` the driver token of the external ``sweep`` (the earlier one stops
+        working), only while nobody drives it yet: it runs, has no trial, and has not changed
+        since ``sweep`` was read (a concurrent replay, a driver's report). ``ended``: it no
+        longer runs, nothing changed; ``driven``: it changed or has trials, nothing changed."""
         with self.db.write() as session:
-            sweep = session.get(Sweep, sweep_id, with_for_update=True)
-            if sweep is None or sweep.driver != "external" or sweep.status != SweepStatus.RUNNING.value:
-                return False
-            sweep.token_hash, sweep.updated_at = hash_token(token), utcnow()
-            return True
+            row = session.get(Sweep, sweep.id, with_for_update=True)
+            if row is None or row.driver != "external" or row.status != SweepStatus.RUNNING.value:
+                return "ended"
+            has_trials = session.execute(select(Run.id).where(Run.sweep_id == sweep.id).limit(1)).first()
+            if has_trials is not None or row.updated_at != sweep.updated_at:
+                return "driven"
+            row.token_hash, row.updated_at = hash_token(token), utcnow()
+            return "replaced"
 
     def get_sweep(self, sweep_id: str) -> SweepRecord:
         return self.get(sweep_id)

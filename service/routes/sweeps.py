@@ -11,6 +11,7 @@ import secrets
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from api.specs import RunSpec
@@ -27,7 +28,7 @@ from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.spec_caps import searched_duration_problems
 from service import idempotency
 from service.routes.runs import (IDEMPOTENCY_HEADER, NOT_MODIFIED, PROJECT_QUERY, conditional_json,
-                                 ignored_field_errors, submit_problems, view_json)
+                                 ignored_field_errors, searched_value_errors, submit_problems, view_json)
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES,
                    route_class=ParsedBodyRoute)
@@ -50,7 +51,8 @@ def queued_sweep(request: Request, view: SweepView) -> SweepView:
 
 @router.post("", status_code=201, response_model=SweepView, operation_id="create_sweep",
              responses={200: {"model": SweepView,
-                              "description": "the sweep an earlier request with this Idempotency-Key made"}})
+                              "description": "the sweep an earlier request with this Idempotency-Key made"},
+                        **CONFLICT})
 def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: CallerDep, access: AccessDep,
                  settings: SettingsDep,
                  driver: Literal["service", "external"] = "service",
@@ -73,7 +75,7 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
     refused = ([body_error(field, why, value) for field, value, why in metric_problems(spec)]
-               + ignored_field_errors(spec.base, prefix="base.")
+               + ignored_field_errors(spec.base, prefix="base.") + searched_value_errors(spec)
                + submit_problems(request, spec.base, project=access.get_project(name), prefix="base."))
     searched = spec.search.params.get("max_duration")
     if searched is not None and searched.kind in ("grid", "choice"):
@@ -97,14 +99,22 @@ def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spe
     """The answer to a request whose key made ``sweep`` earlier: its view (200), or a 422 when
     the request asks for another spec or driver. A client repeats a key because it lost the
     first answer, the only one that carried an external sweep's driver token: a replay of a
-    running external sweep carries a new token, and the earlier one stops working."""
+    running external sweep that nobody drives yet (no trial, no report) carries a new token, and
+    the earlier one stops working; once it is driven, a replay is a 409."""
     differs = None if sweep.driver == driver else f"driver ({sweep.driver})"
     problem = idempotency.replay_problem(key, sweep.spec, spec, what="sweep", differs=differs)
     if problem is not None:
         return validation_response([problem])
     token = secrets.token_urlsafe(32) if sweep.driver == "external" else None
-    if token is not None and not sweeps.replace_driver_token(sweep.id, token):
-        token = None  # it has ended: there is nothing left to drive
+    if token is not None:
+        replaced = sweeps.replace_driver_token(sweep, token)
+        if replaced == "driven":  # its driver holds the token: a replay must not take the sweep over
+            return JSONResponse(status_code=409, content={"detail": (
+                f"sweep {sweep.id}, which this Idempotency-Key made, is being driven already (it has trials, or "
+                "it changed while this request was answered); its driver token is not given again: use a new "
+                "key for a new sweep")})
+        if replaced == "ended":
+            token = None  # there is nothing left to drive
     view = queued_sweep(request, sweeps.sweep_view(sweep.id)).model_copy(update={"driver_token": token})
     return view_json(view, 200)
 

@@ -147,3 +147,53 @@ def test_concurrent_sweep_submits_with_one_key_make_one_sweep_on_postgresql(pg_c
         answers = list(pool.map(submit, range(4)))
     assert sorted(a.status_code for a in answers) == [200] * 3 + [201]
     assert len({a.json()["id"] for a in answers}) == 1 and len(_sweeps(pg_client)) == 1
+
+
+def test_a_driven_external_sweep_is_not_handed_a_new_token_by_a_replay(any_client, sweep_body, example_body):
+    first = _sweep(any_client, sweep_body, "driven", driver="external").json()
+    spec = {**example_body, "name": "t1"}
+    registered = any_client.post(f"{API}/sweeps/{first['id']}/trials", json={"trial_id": "t1", "spec": spec},
+                                 headers={"Authorization": f"Bearer {first['driver_token']}"})
+    assert registered.status_code == 200, registered.text
+    replay = _sweep(any_client, sweep_body, "driven", driver="external")
+    assert replay.status_code == 409 and "being driven already" in replay.json()["detail"]
+    still = any_client.post(f"{API}/sweeps/{first['id']}/report/status", json={"status": "COMPLETED"},
+                            headers={"Authorization": f"Bearer {first['driver_token']}"})
+    assert still.status_code == 200  # the driver's token still works
+
+
+def test_a_token_replacement_from_a_stale_read_changes_nothing(repo, sweep_body):
+    """Two replays at once: the one that read the sweep before the other replaced the token does
+    not replace it again (the client holds the answer it got last)."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    from api.sweeps import SweepSpec
+    from service.sweep_repository import SweepRepository
+
+    sweeps = SweepRepository(repo)
+    sweep = sweeps.create_sweep(SweepSpec.model_validate(sweep_body), driver="external", token="t0", project="default")
+    assert sweeps.replace_driver_token(sweep, "t1") == "replaced" and sweeps.check_token(sweep.id, "t1")
+    assert sweeps.replace_driver_token(sweep, "t2") == "driven"  # read before t1's replacement
+    assert sweeps.check_token(sweep.id, "t1") and not sweeps.check_token(sweep.id, "t2")
+    stale = replace(sweep, updated_at=sweep.updated_at - timedelta(seconds=1))
+    assert sweeps.replace_driver_token(stale, "t3") == "driven"
+
+
+def test_the_loser_of_a_sweep_insert_race_reads_the_winners_sweep(repo, sweep_body, monkeypatch):
+    from api.sweeps import SweepSpec
+    from service.sweep_repository import SweepRepository
+
+    sweeps, spec = SweepRepository(repo), SweepSpec.model_validate(sweep_body)
+    winner, created = sweeps.create_sweep_once(spec, driver="service", token=None, project="default",
+                                               idempotency_key="k")
+    real_lookup, calls = sweeps.sweep_by_idempotency_key, []
+
+    def stale_first_lookup(project, key):
+        calls.append(key)
+        return None if len(calls) == 1 else real_lookup(project, key)
+
+    monkeypatch.setattr(sweeps, "sweep_by_idempotency_key", stale_first_lookup)
+    loser, loser_created = sweeps.create_sweep_once(spec, driver="service", token=None, project="default",
+                                                    idempotency_key="k")
+    assert (created, loser_created, loser.id) == (True, False, winner.id) and len(calls) == 2
