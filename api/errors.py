@@ -6,7 +6,10 @@ from typing import Any
 
 
 class ApiError(Exception):
-    """An HTTP error from the Tessera API: ``status_code`` and the body's ``detail``."""
+    """An HTTP error from the Tessera API: ``status_code`` (the HTTP status: 404 no such object
+    in the key's projects, 409 its state refuses it, 422 invalid input, ...) and the body's
+    ``detail``: a string, or for a 422 a list of ``{"field", "loc", "msg", "input"}`` items, one
+    per field (``format_detail`` renders them, as ``str(error)`` does)."""
 
     def __init__(self, status_code: int, detail: Any):
         self.status_code = status_code

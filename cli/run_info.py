@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.output import ID_WIDTH, STATUS_WIDTH, JsonOption, console, emit, kept, listing
+from cli.output import ID_WIDTH, STATUS_WIDTH, JsonOption, console, emit, err_console, kept, listing
 
 METRICS_PAGE = 10_000  # points per GET /runs/{id}/metrics (the dashboard's page); the route allows up to 100,000
 STEP_WIDTH = len("100000")  # a batch number a user copies into `fork --from` or `export --step`
@@ -26,16 +26,9 @@ def Client(url: str):  # noqa: N802  (the SDK, imported when a command runs: --h
 
 def all_metric_points(client, run_id: str, *, key: str | None = None, page_size: int | None = None) -> list:
     """Every point of the run (the surviving one per step, as the API lists them by default),
-    oldest first, paged by ``seq`` (``page_size`` points a request, default ``METRICS_PAGE``);
-    with ``key``, only that key's."""
-    page_size = page_size or METRICS_PAGE
-    points, after = [], 0
-    while True:
-        page = client.metrics(run_id, after=after, limit=page_size)
-        points += [point for point in page.data if key is None or point.key == key]
-        if len(page.data) < page_size:
-            return points
-        after = page.last_seq
+    oldest first, as ``Client.iter_metrics`` pages them (``page_size`` points a request, default
+    ``METRICS_PAGE``); with ``key``, only that key's."""
+    return list(client.iter_metrics(run_id, key=key, page_size=page_size or METRICS_PAGE))
 
 
 def latest_by_key(points: list) -> dict[str, tuple[Any, int]]:
@@ -125,12 +118,17 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
 
     @app.command()
     def children(run_id: str, url: url_option = default_url, as_json: JsonOption = False) -> None:
-        """List the runs forked from a run, oldest first (--json: a list of RunViews).
+        """List the runs forked from a run, oldest first (--json: a list of RunViews); the first 500.
 
         The table says where each started (the parent's batch, or scratch) and what it changed, as
         --set assignments. A continued run is the same run's next attempt, not a child."""
+        from api.client import MAX_CHILDREN
+
         with Client(url) as client:
             forks = call(client.run_children, run_id)
+        if len(forks) == MAX_CHILDREN:
+            err_console.print(f"the first {MAX_CHILDREN} forks of run {run_id}, oldest first: it may have more",
+                              highlight=False)
 
         def render() -> None:
             if not forks:
