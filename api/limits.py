@@ -73,11 +73,3 @@ def db_value_problems(data: Any, loc: tuple[Any, ...] = (), *,
         problem = value_problem(data, text=text)
         if problem:
             yield loc, problem, _show(data)
-
-
-def dotted(loc: tuple[Any, ...]) -> str:
-    """``("points", 3, "key")`` → ``points[3].key``, the way users write a path."""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text

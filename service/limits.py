@@ -20,7 +20,8 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.limits import INT64_MAX, INT64_MIN, MAX_DEPTH, db_value_problems, dotted, value_problem
+from api.limits import INT64_MAX, INT64_MIN, MAX_DEPTH, db_value_problems, value_problem
+from api.validation_errors import join_field
 from service.json_body import PARSED, parse_json
 
 MiB = 1024 * 1024
@@ -173,7 +174,7 @@ def _json_problems(scope: Scope, body: bytes) -> list[dict[str, Any]]:
     scope[PARSED] = data
     if not _may_have_problems(data):
         return []
-    return [{"field": dotted(loc), "loc": ["body", *loc], "msg": msg, "input": value}
+    return [{"field": join_field(loc), "loc": ["body", *loc], "msg": msg, "input": value}
             for loc, msg, value in db_value_problems(data, text=False)][:20]
 
 

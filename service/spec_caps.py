@@ -52,10 +52,10 @@ def spec_cap_problems(settings: Any, project: Any, spec: RunSpec, *, prefix: str
     problems = []
     too_long = duration_problem(settings, project, spec.max_duration)
     if too_long:
-        problems.append(_item(prefix + "max_duration", too_long, str(spec.max_duration)))
+        problems.append(body_error(prefix + "max_duration", too_long, str(spec.max_duration)))
     cap = wall_time_cap(settings, project)
     if spec.max_wall_time is not None and cap is not None and wall_time_seconds(spec.max_wall_time) > cap:
-        problems.append(_item(prefix + "max_wall_time",
+        problems.append(body_error(prefix + "max_wall_time",
                               f"max_wall_time {spec.max_wall_time} is more than project {project.name} may ask "
                               f"for: at most {cap}s ({RAISE_HINT}: max_wall_time_cap_s)", spec.max_wall_time))
     return problems
@@ -71,9 +71,5 @@ def searched_duration_problems(settings: Any, project: Any, values: list[Any], *
             continue  # the sweep's own validation has already refused it
         why = duration_problem(settings, project, duration)
         if why:
-            problems.append(_item(field, why, value))
+            problems.append(body_error(field, why, value))
     return problems
-
-
-def _item(field: str, message: str, value: Any) -> dict[str, Any]:
-    return body_error(field, message, value)

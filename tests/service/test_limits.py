@@ -159,6 +159,15 @@ def test_integers_a_column_cannot_hold_are_a_422_on_postgresql(pg_client, fake_j
     assert response.status_code == 422 and response.json()["detail"][0]["field"] == "points[0].step"
 
 
+def test_a_too_large_integer_under_a_dotted_key_is_named_with_the_key_whole(client, sweep_body):
+    sweep_body["search"]["params"]["optimizer.lr"] = {"grid": [2**70]}
+    response = client.post(f"{API}/sweeps", json=sweep_body)
+    assert response.status_code == 422
+    [item] = response.json()["detail"]
+    assert item["field"] == "search.params['optimizer.lr'].grid[0]", item
+    assert item["loc"] == ["body", "search", "params", "optimizer.lr", "grid", 0]
+
+
 def test_a_data_root_outside_the_data_dirs_is_a_422(limited, example_body, tmp_path):
     client = limited(data_dirs=[tmp_path / "sets"])
     example_body["data"] = {"train": {"name": "fashion_mnist", "root": "/etc"},
