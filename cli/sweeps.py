@@ -59,14 +59,8 @@ def submit_sweep(
     out.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
     if not wait:
         emit(sweep, as_json=as_json, render=lambda: None)
-    elif not as_json:
-        _wait(sweep.id, url)
     else:
-        final = call(client.wait_sweep, sweep.id, timeout=7 * 86400)
-        out.print(f"sweep {final.id}: {final.status.value}, best run {final.best_run_id or '-'}", highlight=False)
-        emit(final, as_json=True, render=lambda: None)
-        if final.status.value != "COMPLETED":
-            raise typer.Exit(1)
+        _wait(sweep.id, url, as_json=as_json)
 
 
 @sweeps_app.command("list")
@@ -149,9 +143,15 @@ def wait_sweep(sweep_id: str, url: UrlOption = DEFAULT_URL) -> None:
     _wait(sweep_id, url)
 
 
-def _wait(sweep_id: str, url: str) -> None:
+def _wait(sweep_id: str, url: str, *, as_json: bool = False) -> None:
+    """Poll until the sweep ends and say how (stdout: the final SweepView with ``as_json``; the
+    line on stderr then); exit 1 unless it COMPLETED."""
+    from cli.output import err_console
+
     sweep = call(_client(url).wait_sweep, sweep_id, timeout=7 * 86400)
-    console.print(f"sweep {sweep.id}: {sweep.status.value}, best run {sweep.best_run_id or '-'}", highlight=False)
+    (err_console if as_json else console).print(
+        f"sweep {sweep.id}: {sweep.status.value}, best run {sweep.best_run_id or '-'}", highlight=False)
+    emit(sweep, as_json=as_json, render=lambda: None)
     if sweep.status.value != "COMPLETED":
         raise typer.Exit(1)
 
