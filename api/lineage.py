@@ -7,7 +7,9 @@ fork at submit and the SDK or CLI can preview the merged spec.
 The merge is JSON Merge Patch (RFC 7386) with one rule added for tagged objects: objects merge
 key by key, ``null`` deletes a key, lists and scalars replace; an object whose ``name`` changes
 (``optimizer: {name: adamw, lr: 1e-3}`` over an SGD optimizer) replaces the parent's object
-instead of merging into it, since the other kind's fields would not validate.
+instead of merging into it, since the other kind's fields would not validate (a field the new
+object needs is then named with the reason: ``replaced_objects``). The spec's own ``name``
+changes only the run's name.
 
 Which changes a checkpoint survives (``unloadable_changes``), for a fork that starts from one:
 
@@ -81,18 +83,52 @@ class ContinueRequest(BaseModel):
 
 
 def merge_patch(base: Any, patch: Any) -> Any:
-    """``patch`` merged into ``base`` (see the module docstring); neither is changed."""
+    """``patch`` merged into ``base`` (see the module docstring); neither is changed. The spec's
+    own ``name`` (the run's) is a field like any other: only a nested object is replaced when its
+    ``name`` changes."""
+    return _merged(base, patch, nested=False)
+
+
+def _merged(base: Any, patch: Any, *, nested: bool) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
-    if not isinstance(base, dict) or ("name" in patch and patch["name"] != base.get("name")):
+    if not isinstance(base, dict) or (nested and _renamed(base, patch)):
         base = {}
     merged = copy.deepcopy(base)
     for key, value in patch.items():
         if value is None:
             merged.pop(key, None)
         else:
-            merged[key] = merge_patch(merged.get(key), value)
+            merged[key] = _merged(merged.get(key), value, nested=True)
     return merged
+
+
+def _renamed(base: dict[str, Any], patch: dict[str, Any]) -> bool:
+    return "name" in patch and patch["name"] != base.get("name")
+
+
+def replaced_objects(base: Any, patch: Any, path: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """``(field, old name, new name)`` for each object of ``base`` that ``merge_patch`` replaced
+    instead of merging into, because the patch changed its ``name``: its other fields are gone
+    and the patch must give them (``optimizer: {name: adamw}`` over SGD needs ``lr`` again)."""
+    if not isinstance(base, dict) or not isinstance(patch, dict):
+        return []
+    if path and "name" in base and _renamed(base, patch):
+        return [(".".join(path), base["name"], patch["name"])]
+    found = []
+    for key, value in patch.items():
+        if value is not None:
+            found.extend(replaced_objects(base.get(key), value, (*path, str(key))))
+    return found
+
+
+def replaced_object_hint(field: str, replaced: list[tuple[str, Any, Any]]) -> str | None:
+    """What to add to a "Field required" error at ``field`` that lies in a replaced object, or None."""
+    for path, old, new in replaced:
+        if field.startswith(f"{path}.") or field.startswith(f"{path}["):
+            return (f"{path} was replaced because its name changed ({old} to {new}): give its other fields too, "
+                    f"e.g. {field}")
+    return None
 
 
 def _surgery(spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -175,6 +175,122 @@ def ignored_field_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
     return problems
 
 
+# Characters of each split of the shakespeare plays (``workers.data.shakespeare``): a split of
+# ``seq_len``-character windows holds ``(characters - 1) // seq_len`` of them (the targets are
+# shifted by one). tests/workers/test_submit_data_rules.py holds these to the data.
+SHAKESPEARE_CHARACTERS = {"train": 4_551_459, "test": 505_739}
+
+
+def dataset_size(dataset: Any) -> int | None:
+    """Examples in a built-in data set spec's split, as its builder loads them (``limit`` and
+    ``num_samples`` applied); None for image_folder and webdataset, whose size only their files know."""
+    info = DATASETS[dataset.name]
+    if info.num_train == 0:  # brought by the user: counted by the loader, from the files
+        return None
+    if dataset.name == "synthetic":
+        return dataset.num_samples
+    if dataset.name == "shakespeare":
+        size = (SHAKESPEARE_CHARACTERS[dataset.split] - 1) // dataset.seq_len
+    else:
+        size = info.num_train if dataset.split == "train" else info.num_test
+    limit = getattr(dataset, "limit", None)
+    return size if limit is None else min(size, limit)
+
+
+def loader_batches(num_examples: int, batch_size: int, world_size: int, *, drop_last: bool, pad: bool) -> int:
+    """Batches an epoch of the rank with the fewest, as ``workers.data.loader.TensorLoader``
+    counts them (its ``__len__``): ``batch_size`` is global, each of ``world_size`` ranks takes
+    every ``world_size``-th example of the epoch's order. The loader refuses 0."""
+    per_rank = batch_size // world_size
+    if drop_last:
+        length = num_examples // batch_size * batch_size
+    elif pad:
+        length = -(-num_examples // world_size) * world_size
+    else:
+        length = num_examples
+    shard = len(range(world_size - 1, length, world_size))  # the last rank's share is the smallest
+    return shard // per_rank if drop_last else -(-shard // per_rank)
+
+
+def _described(dataset: Any, where: str) -> str:
+    """``data.train (digits, split train, limit 10)``: what a size message is about."""
+    details = [repr(dataset.name), f"split {dataset.split}"]
+    for field in ("num_samples", "seq_len", "limit"):
+        value = getattr(dataset, field, None)
+        if value is not None:
+            details.append(f"{field} {value}")
+    return f"{where} ({', '.join(details)})"
+
+
+def data_size_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
+    """``(field, value, why)`` for a built-in data set that the loaders would refuse on every
+    worker: a training batch larger than the training examples (with ``drop_last`` an epoch has
+    no full batch), or fewer evaluation examples than workers (a worker would evaluate none).
+    Computed as the loaders do (``loader_batches``); image_folder and webdataset are counted only
+    on the worker."""
+    problems: list[tuple[str, Any, str]] = []
+    data, workers = spec.data, spec.parallelism.num_workers
+    if data.batch_size % workers:
+        return problems  # a cross-field rule refuses it already
+    train = dataset_size(data.train)
+    if train is not None and not loader_batches(train, data.batch_size, workers, drop_last=data.drop_last, pad=True):
+        largest = train // workers * workers
+        fits = f"a data.batch_size of at most {largest}" + (f" (a multiple of parallelism.num_workers {workers})"
+                                                             if workers > 1 else "")
+        problems.append(("data.batch_size", data.batch_size,
+                         f"more than the {train} examples of {_described(data.train, 'data.train')}: with "
+                         f"data.drop_last true an epoch trains on full batches only, and there would be none; use "
+                         f"{fits if largest else 'fewer workers'}, or set data.drop_last: false to train on one "
+                         f"partial batch an epoch"))
+    evaluated = dataset_size(data.eval) if data.eval is not None else None
+    if evaluated is not None:
+        batch = -(-(data.eval_batch_size or data.batch_size) // workers) * workers
+        if not loader_batches(evaluated, batch, workers, drop_last=False, pad=False):
+            field, value = "parallelism.num_workers", workers
+            if getattr(data.eval, "limit", None) is not None:
+                field, value = "data.eval.limit", data.eval.limit
+            elif data.eval.name == "synthetic":
+                field, value = "data.eval.num_samples", data.eval.num_samples
+            examples = f"{evaluated} example" + ("s" if evaluated != 1 else "")
+            problems.append((field, value, f"{_described(data.eval, 'data.eval')} has {examples}, fewer than the "
+                             f"{workers} workers, which each evaluate a share of them: a worker would have none; use "
+                             f"at most {evaluated} parallelism.num_workers or more evaluation examples"))
+    return problems
+
+
+# Where a RunSpec holds a time, with the units each may use instead of tokens.
+TIME_FIELDS = (("max_duration", "ep, ba or sp (e.g. '5ep')"),
+               ("eval_interval", "ep, ba, sp or a fraction of max_duration (e.g. '1ep', '0.25dur')"),
+               ("checkpoint.interval", "ep, ba, sp or a fraction of max_duration (e.g. '1ep', '0.25dur')"),
+               ("scheduler.warmup", "ep, ba, sp or a fraction of max_duration (e.g. '100ba', '0.1dur')"))
+
+
+def token_unit_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
+    """``(field, value, why)`` for each time in ``tok`` when the train data set is not text: only
+    text data counts tokens, and the worker could not convert it to batches."""
+    name = spec.data.train.name
+    domain = DATASETS[name].domain
+    if domain == "text":
+        return []
+    problems = []
+    for field, allowed in TIME_FIELDS:
+        value: Any = spec
+        for part in field.split("."):
+            value = getattr(value, part)
+        if value is not None and value.unit is TimeUnit.TOKEN:
+            problems.append((field, str(value), f"counts tokens, and data set {name!r} is {domain} data, which has "
+                                                f"none (only text data counts tokens); use {allowed}"))
+    return problems
+
+
+def unrunnable_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
+    """``(field, value, why)`` for what a new run, sweep base, sweep trial or fork asks that every
+    worker would refuse at its start (``data_size_problems``, ``token_unit_problems``). Checked
+    at submit only, as ``ignored_field_problems`` is: a spec stored before these checks must still
+    load to resume, continue, export or run its sweep's trials."""
+    return data_size_problems(spec) + token_unit_problems(spec)
+
+
 # --- optimization -----------------------------------------------------------------------
 
 class SGDSpec(Spec):

@@ -12,6 +12,7 @@ reads one wording whichever way the input came.
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -53,12 +54,18 @@ def _schema_node(schema: dict[str, Any], loc: list[Any]) -> dict[str, Any] | Non
         if isinstance(segment, str) and segment in mapping:  # a union tag: pick that member
             node = resolve({"$ref": mapping[segment]})
             continue
+        if isinstance(segment, str) and any(c is defs.get(segment) for c in candidates):
+            node = defs[segment]  # pydantic's label of a plain union's member: ('from', 'ForkStep')
+            continue
         for candidate in candidates:
             if isinstance(segment, int) and "items" in candidate:
                 node = resolve(candidate["items"])
                 break
             if isinstance(segment, str) and segment in candidate.get("properties", {}):
                 node = resolve(candidate["properties"][segment])
+                break
+            if isinstance(segment, str) and isinstance(candidate.get("additionalProperties"), dict):
+                node = resolve(candidate["additionalProperties"])  # a dict's value: search.params['optimizer.lr']
                 break
         else:
             return None
@@ -209,6 +216,88 @@ def _field_named_in(msg: str, body: Any, field: str) -> tuple[str, Any] | None:
     return None
 
 
+# Objects a message names by what they accept, not by pydantic's class name ("a valid dictionary
+# or instance of ParamDomain"); any other object is named by its fields (``_object_form``).
+OBJECT_FORMS: dict[str, str] = {
+    "ParamDomain": "an object with exactly one of grid, choice, uniform, loguniform: {grid: [v1, v2, ...]} (every "
+                   "value), {choice: [v1, v2, ...]} (sampled), {uniform: [low, high]} or {loguniform: [low, high]} "
+                   "(sampled, low > 0)",
+    "ForkStep": "an object {step: N}, N the batch of one of the parent's committed checkpoints",
+}
+# pydantic's labels of a plain union's members in a location: ('from', "literal['latest','scratch']").
+# A model member is labelled by its class's name (CamelCase: no field of the specs is).
+_MEMBER_LABEL = re.compile(r"^(?:literal|function-\w+|list|dict|tuple|set|union|nullable|definition-ref)\[.*\]$|"
+                           r"^(?:int|float|str|bool|none|bytes)$|^[A-Z][A-Za-z0-9]*$")
+# What a discriminated union's members are, by the field that holds one (the last name of its path).
+_UNION_NOUNS = {"algorithms": "algorithm", "loggers": "logger", "train": "data set", "eval": "data set"}
+_OWN_MODEL = " (or your own code: {import: 'package.module:callable'})"
+
+
+def _without_member_labels(inner: list[Any], body: Any, schema: dict[str, Any] | None) -> list[Any]:
+    """``inner`` less the labels pydantic gives a plain union's members (``from.ForkStep.step`` is
+    ``from.step`` as the user wrote it): a segment the body does not hold there that is a schema
+    class's name or one of pydantic's type labels."""
+    defs = (schema or {}).get("$defs", {})
+    kept: list[Any] = []
+    node = body
+    for segment in inner:
+        if isinstance(node, dict) and segment not in node and node.get("name") != segment and isinstance(
+                segment, str) and (segment in defs or _MEMBER_LABEL.match(segment)):
+            continue
+        kept.append(segment)
+        if isinstance(node, dict):
+            node = node.get(segment) if segment in node else (node if node.get("name") == segment else None)
+        elif isinstance(node, list) and isinstance(segment, int) and 0 <= segment < len(node):
+            node = node[segment]
+        else:
+            node = None
+    return kept
+
+
+def _object_form(error: dict[str, Any], inner: list[Any], schema: dict[str, Any] | None) -> str | None:
+    """What the object at ``inner`` accepts, for an input that is not an object at all."""
+    ctx = error.get("ctx") or {}
+    node = None
+    if schema:
+        defs = schema.get("$defs", {})
+        node = defs.get(ctx.get("class_name")) or (defs.get(inner[-1]) if inner and isinstance(inner[-1], str)
+                                                   else None) or _schema_node(schema, inner)
+    label = inner[-1] if inner and isinstance(inner[-1], str) else None  # ('from', 'ForkStep'), even without a schema
+    title = ctx.get("class_name") or (node or {}).get("title") or (label if label in OBJECT_FORMS else None)
+    if title in OBJECT_FORMS:
+        return OBJECT_FORMS[title]
+    fields = list((node or {}).get("properties", {}))
+    return f"an object with the fields {', '.join(fields)}" if fields else None
+
+
+def _unknown_tag(field: str, tag: Any, known: list[str]) -> str:
+    """``unknown algorithm 'label_smothing'; did you mean 'label_smoothing'? known: ...``"""
+    try:
+        names = [part for part in split_field(field) if isinstance(part, str)]
+    except ValueError:  # not a name join_field writes
+        names = []
+    last = names[-1] if names else "name"
+    noun = _UNION_NOUNS.get(last, last)
+    by_case = {name.lower(): name for name in known}  # 'adamW' is 'adamw' first
+    close = [by_case[c] for c in difflib.get_close_matches(str(tag).lower(), list(by_case), n=3, cutoff=0.6)]
+    guess = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ";"
+    own = ""
+    if last == "model":  # a torchvision architecture's name is given as arch
+        from api.torchvision_archs import TORCHVISION_ARCHS
+
+        archs = difflib.get_close_matches(str(tag), TORCHVISION_ARCHS, n=1, cutoff=0.8)
+        if archs:
+            guess = f"; did you mean {{name: torchvision, arch: {archs[0]}}}?"
+        own = _OWN_MODEL
+    return f"unknown {noun} {tag!r}{guess} known: {', '.join(sorted(known))}{own}"
+
+
+def _expected_tags(ctx: dict[str, Any], schema: dict[str, Any] | None, inner: list[Any]) -> list[str]:
+    node = _schema_node(schema, inner) if schema else None
+    tags = list((node or {}).get("discriminator", {}).get("mapping", {}))
+    return tags or re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+
+
 def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None) -> dict[str, Any]:
     loc = list(error.get("loc", ()))
     source, inner = (loc[0], loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else ("body", loc)
@@ -218,7 +307,8 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
     value = error.get("input")
     if source == "body":
         # Without the body (an SDK model the CLI built), the location is the path as it stands.
-        field = field_path(inner if body is None else _trim_loc(inner, body), body)
+        written = _without_member_labels(inner, body, schema) if body is not None else inner
+        field = field_path(written if body is None else _trim_loc(written, body), body)
     else:
         field = ".".join(str(part) for part in inner)
 
@@ -232,13 +322,17 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
     elif kind in ("union_tag_invalid", "union_tag_not_found"):
         # The problem is the discriminator field itself (`model.name`), and its value the tag.
         tag = str(ctx.get("discriminator", "'name'")).strip("'")
-        field = f"{field}.{tag}" if field else tag
+        holder, field = field, f"{field}.{tag}" if field else tag
         value = ctx.get("tag", value.get(tag) if isinstance(value, dict) else value)
         if kind == "union_tag_not_found":
             node = _schema_node(schema, inner) if schema else None
             tags = list((node or {}).get("discriminator", {}).get("mapping", {}))
             if tags:
                 msg = f"Field required: {tag!r} must be one of " + ", ".join(repr(t) for t in tags)
+        elif tags := _expected_tags(ctx, schema, inner):
+            msg = _unknown_tag(holder, value, tags)
+    elif kind in ("model_type", "model_attributes_type") and (form := _object_form(error, inner, schema)):
+        msg = f"Input should be {form}"
     elif kind == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_WORDS:
         msg = f"should be {PATTERN_WORDS[ctx['pattern']]} (pattern {ctx['pattern']})"
     elif kind == "extra_forbidden" and source == "body":

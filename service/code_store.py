@@ -7,17 +7,25 @@ imports or runs them (``api.code_package.inspect_package`` reads the zip's direc
 
 from __future__ import annotations
 
+import io
+import re
 import secrets
+import threading
+import zipfile
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from fastapi import Request
 from fsspec.core import url_to_fs
 
-from api.code_package import CodeView, inspect_package
+from api.code_package import CodePackageError, CodeView, inspect_package
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.storage_paths import code_url, project_storage_url
 
 CHUNK_BYTES = 1 << 20  # what one storage read hands a download
+NAMES_CACHED = 256  # packages whose importable names a store remembers (a digest's never change)
+# A top-level extension module: name.so, name.pyd, name.cpython-312-x86_64-linux-gnu.so.
+_EXTENSION = re.compile(r"^([A-Za-z_]\w*)(?:\.[^/]*)?\.(?:so|pyd)$")
 
 
 def write_whole(fs, path: str, data: bytes) -> None:
@@ -39,6 +47,8 @@ class CodeStore:
         self.storage_url = storage_url.rstrip("/")
         self.fs, self.root = url_to_fs(self.storage_url)
         self.timeout_s = timeout_s  # each storage call gives up after this (StorageTimeout)
+        self._names: OrderedDict[str, frozenset[str]] = OrderedDict()  # importable_names, newest last
+        self._names_lock = threading.Lock()
 
     def _path(self, digest: str) -> str:
         return url_to_fs(code_url(self.storage_url, digest))[1]
@@ -62,6 +72,38 @@ class CodeStore:
             return None
         path = self._path(digest)
         return inspect_package(bounded(f"reading {path}", self.timeout_s, self.fs.cat_file, path))
+
+    def importable_names(self, digest: str) -> frozenset[str] | None:
+        """The top-level names ``import`` finds in the stored package once the workers put it
+        first on ``sys.path``: its packages and modules (``CodeView.top_level``), its folders of
+        Python files without ``__init__.py`` (namespace packages) and its extension modules; None
+        if there is no such package or it cannot be read as one (the worker then says why). Read
+        once per digest (its content never changes)."""
+        with self._names_lock:
+            if digest in self._names:
+                self._names.move_to_end(digest)
+                return self._names[digest]
+        if not self.exists(digest):
+            return None
+        path = self._path(digest)
+        data = bounded(f"reading {path}", self.timeout_s, self.fs.cat_file, path)
+        try:
+            names = set(inspect_package(data).top_level)
+            files = zipfile.ZipFile(io.BytesIO(data)).namelist()
+        except (CodePackageError, zipfile.BadZipFile):
+            return None
+        for name in files:
+            top, _, rest = name.partition("/")
+            if rest.endswith(".py") and top.isidentifier():
+                names.add(top)  # a package, or a namespace package (no __init__.py)
+            elif not rest and (match := _EXTENSION.match(top)):
+                names.add(match[1])
+        found = frozenset(names)
+        with self._names_lock:
+            self._names[digest] = found
+            while len(self._names) > NAMES_CACHED:
+                self._names.popitem(last=False)
+        return found
 
     def size(self, digest: str) -> int | None:
         """The stored package's size in bytes, or None if there is none."""

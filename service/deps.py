@@ -13,7 +13,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from service.access import AccessStore, Caller, ProjectNotFound, Role
+from api.validation_errors import field_error
+from service.access import EVERY_PROJECT, AccessStore, Caller, ProjectNotFound, Role
 from service.ray_client import JobsClient
 from service.repository import Repository
 from service.settings import Settings
@@ -106,7 +107,15 @@ def project_for_create(caller: Caller, access: AccessStore, project: str | None,
     against the key's role there (404 for a project the key has no role in, 403 below ``needed``).
 
     Routes that create project-owned objects (runs, sweeps, code packages) call this with the
-    request's ``project`` field, and then read objects back through their ``project``."""
+    request's ``project`` field, and then read objects back through their ``project``. A create
+    without ``project`` by a key with roles in several projects, none of them ``default``, is a
+    422 naming ``project`` and those projects: there is no one project to choose."""
     name = project or caller.default_project()
+    if project is None and caller.role_in(name) is None and needed.allows(Role.MEMBER):
+        named = sorted(p for p in caller.roles if p != EVERY_PROJECT)
+        if len(named) > 1:
+            raise HTTPException(status_code=422, detail=[field_error(
+                "project", ["query", "project"], f"this API key has roles in several projects ({', '.join(named)}) "
+                f"and none in {name}: pass project=P (tessera submit --project P; the SDK's project=)", None)])
     caller.require(name, needed, ProjectNotFound(name))
     return access.get_project(name).name  # 404 for a name no project has

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from api.lineage import (ForkInfo, ForkRequest, ForkStep, loads_optimizer, longer_duration_problem, merge_patch,
-                         unloadable_changes)
-from api.specs import RunSpec
+                         replaced_object_hint, replaced_objects, unloadable_changes)
+from api.specs import RunSpec, unrunnable_problems
 from api.time import Time
 from api.validation_errors import body_error, field_error, format_validation_errors, one_line
 from api.views import CheckpointView, RunStatus
@@ -47,14 +47,24 @@ def _patch_error(field: str, msg: str, value: Any) -> dict[str, Any]:
 
 def forked_spec(parent: RunRecord, request: ForkRequest) -> RunSpec:
     """The child's validated spec: the parent's with the patch merged in; ``LineageRefused`` names
-    each field that does not validate (under ``patch``) or that makes the checkpoint unloadable."""
+    each field that does not validate (under ``patch``; a field an object replaced for its new
+    ``name`` lacks says so), that every worker would refuse (``api.specs.unrunnable_problems``),
+    or that makes the checkpoint unloadable."""
     merged = merge_patch(parent.spec, request.patch)
     try:
         spec = RunSpec.model_validate(merged)
     except ValidationError as exc:
         items = format_validation_errors(list(exc.errors()), merged, RunSpec.model_json_schema())
+        replaced = replaced_objects(parent.spec, request.patch)
+        for item in items:
+            hint = replaced_object_hint(item["field"], replaced) if item["msg"].startswith("Field required") else None
+            if hint is not None:
+                item["msg"] = f"{item['msg']}; {hint}"
         raise LineageRefused([body_error(item["field"], item["msg"], item["input"], within=("body", "patch"))
                               if item["field"] else item for item in items]) from exc
+    unrunnable = unrunnable_problems(spec)  # a new run: what every worker would refuse, as POST /runs refuses it
+    if unrunnable:
+        raise LineageRefused([_patch_error(field, why, value) for field, value, why in unrunnable])
     if request.from_ != "scratch":
         child = spec.model_dump(mode="json")
         problems = unloadable_changes(parent.spec, child)

@@ -279,9 +279,14 @@ class Repository(AttemptStore):
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             current = RunStatus(run.status)
             if current not in (RunStatus.FAILED, RunStatus.CANCELED, RunStatus.STOPPED):
+                way_forward = ""
+                if current is RunStatus.COMPLETED:  # it trained to the end: what a user wants is elsewhere
+                    way_forward = (f"; to train it longer, continue it: tessera continue {run_id} --max-duration N "
+                                   f"(POST /api/v1/runs/{run_id}/continue); to change it, fork it: tessera fork "
+                                   f"{run_id} --set FIELD=VALUE (POST /api/v1/runs/{run_id}/fork)")
                 raise RUN_TRANSITIONS.refusal(run_id, current, RunStatus.QUEUED,
                                               f"run {run_id} is {current.value}; only FAILED, CANCELED or STOPPED "
-                                              f"runs can be resumed")
+                                              f"runs can be resumed{way_forward}")
             message = "resumed by user"
             if num_workers is not None and num_workers != run.spec["parallelism"]["num_workers"]:
                 spec = dict(run.spec)

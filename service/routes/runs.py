@@ -12,7 +12,8 @@ from pydantic import BaseModel, ValidationError
 
 from api.data_roots import data_root_problems
 from api.run_edits import order_by_key
-from api.specs import RunSpec, ignored_field_problems
+from api.model_specs import ImportedModelSpec
+from api.specs import RunSpec, ignored_field_problems, unrunnable_problems
 from api.validation_errors import body_error, field_error, one_line
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
 from service.code_store import project_code_store
@@ -133,13 +134,12 @@ def _replayed(request: Request, run: RunRecord) -> Response:
 def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "") -> list[dict]:
     """422 items for what only the service can check about a run about to be queued in
     ``project`` (a run, a sweep's base with ``prefix="base."``): data roots outside the data
-    directories, a code package the project does not hold, a size the cluster can never hold,
-    and the project's caps."""
+    directories, a code package the project does not hold (or a ``model.import`` it does not
+    hold), a size the cluster can never hold, and the project's caps."""
     settings = request.app.state.settings
     refused = data_root_errors(spec, settings, prefix=prefix)
-    if spec.code is not None and not project_code_store(request, project.name).exists(spec.code.digest):
-        refused.append(body_error(prefix + "code.digest", f"no code package with this digest in project {project.name}; "
-                             "upload it first (POST /api/v1/code, or `tessera submit --code DIR`)", spec.code.digest))
+    if spec.code is not None:
+        refused.extend(code_package_errors(request, spec, project=project, prefix=prefix))
     never = request.app.state.dispatcher.admission.never_fits(spec.model_dump(mode="json"))
     if never is not None:
         refused.append(body_error(prefix + "parallelism.num_workers", f"this run can never start: it {never}, and no "
@@ -147,9 +147,35 @@ def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "
     return refused + spec_cap_problems(settings, project, spec, prefix=prefix)
 
 
+def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str = "") -> list[dict]:
+    """422 items for a ``code.digest`` the project does not hold, and for a ``model.import`` whose
+    top-level package the held package lacks (the worker's import would fail: ModuleNotFoundError)."""
+    store = project_code_store(request, project.name)
+    digest = spec.code.digest
+    if not store.exists(digest):
+        return [body_error(prefix + "code.digest", f"no code package with this digest in project {project.name}; "
+                           "upload it first (POST /api/v1/code, or `tessera submit --code DIR`)", digest)]
+    if not isinstance(spec.model, ImportedModelSpec):
+        return []
+    names = store.importable_names(digest)
+    top = spec.model.module_name.split(".")[0]
+    if names is None or top in names:
+        return []
+    held = sorted(names)
+    example = f" (e.g. '{held[0]}.module:callable')" if held else ""
+    return [body_error(prefix + "model.import", f"the code package {digest[:12]} (code.digest) holds no top-level "
+                       f"package or module {top!r}; it holds: {', '.join(held) or 'none'}. Import from one of "
+                       f"those{example}, or pack the folder that holds {top} (tessera submit --code DIR)",
+                       spec.model.import_path)]
+
+
 def ignored_field_errors(spec: RunSpec, *, prefix: str = "") -> list[dict]:
-    """422 items for fields a new submission sets to no effect (``api.specs.ignored_field_problems``)."""
-    return [body_error(prefix + field, why, value) for field, value, why in ignored_field_problems(spec)]
+    """422 items for what a new submission (a run, a sweep's base) may not ask though a stored
+    spec may hold it: fields set to no effect (``api.specs.ignored_field_problems``), and what
+    every worker would refuse at its start (``api.specs.unrunnable_problems``: a batch larger
+    than the data, tokens on data without them)."""
+    return [body_error(prefix + field, why, value)
+            for field, value, why in ignored_field_problems(spec) + unrunnable_problems(spec)]
 
 
 def data_root_errors(spec: RunSpec, settings: Settings, *, prefix: str = "") -> list[dict]:

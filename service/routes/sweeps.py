@@ -28,7 +28,7 @@ from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.spec_caps import searched_duration_problems
 from service import idempotency
 from service.routes.runs import (IDEMPOTENCY_HEADER, NOT_MODIFIED, PROJECT_QUERY, conditional_json,
-                                 ignored_field_errors, searched_value_errors, submit_problems, view_json)
+                                 ignored_field_errors, submit_problems, view_json)
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES,
                    route_class=ParsedBodyRoute)
@@ -75,7 +75,7 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
     refused = ([body_error(field, why, value) for field, value, why in metric_problems(spec)]
-               + ignored_field_errors(spec.base, prefix="base.") + searched_value_errors(spec)
+               + ignored_field_errors(spec.base, prefix="base.")
                + submit_problems(request, spec.base, project=access.get_project(name), prefix="base."))
     searched = spec.search.params.get("max_duration")
     if searched is not None and searched.kind in ("grid", "choice"):

@@ -55,3 +55,17 @@ def test_a_parent_stored_before_a_surgery_field_existed_forks_and_init_alone_may
     assert unloadable_changes(parent, svd.model_dump(mode="json")) == []  # a resume under another init
     ranks = RunSpec.model_validate(merge_patch(child, {"algorithms": [{**factorize, "latent_features": 8}]}))
     assert [f for f, _ in unloadable_changes(parent, ranks.model_dump(mode="json"))] == ["algorithms"]
+
+
+def test_the_spec_s_own_name_is_a_field_and_a_renamed_object_is_reported():
+    from api.lineage import replaced_object_hint, replaced_objects
+
+    base = {"name": "parent", "optimizer": {"name": "sgd", "lr": 0.1}, "data": {"train": {"name": "digits"}}}
+    assert merge_patch(base, {"name": "child"}) == {**base, "name": "child"}  # not a whole new spec
+    patch = {"name": "child", "optimizer": {"name": "adamw"}, "data": {"train": {"name": "synthetic"}}}
+    replaced = replaced_objects(base, patch)
+    assert replaced == [("optimizer", "sgd", "adamw"), ("data.train", "digits", "synthetic")]
+    assert replaced_objects(base, {"optimizer": {"lr": 0.2}, "name": "child"}) == []
+    assert replaced_object_hint("optimizer.lr", replaced) == ("optimizer was replaced because its name changed (sgd "
+                                                              "to adamw): give its other fields too, e.g. optimizer.lr")
+    assert replaced_object_hint("seed", replaced) is None

@@ -181,3 +181,15 @@ def test_a_stored_spec_that_sets_a_field_refused_at_submit_still_loads():
                    data__eval=None)
     spec = RunSpec.model_validate(body)
     assert [field for field, _, _ in ignored_field_problems(spec)] == ["data.num_loader_workers", "data.drop_last"]
+
+
+def test_a_stored_spec_that_no_worker_could_run_still_loads_and_the_submit_check_names_it():
+    """Runs stored before api.specs.unrunnable_problems (a batch larger than the data, tokens on
+    images) must still load to resume, continue and export; the check is the routes' alone."""
+    from api.specs import unrunnable_problems
+
+    spec = RunSpec.model_validate(patched(data__batch_size=4000, max_duration="1000tok",
+                                          checkpoint={"interval": "100tok"}))
+    assert [(field, value) for field, value, _ in unrunnable_problems(spec)] == [
+        ("data.batch_size", 4000), ("max_duration", "1000tok"), ("checkpoint.interval", "100tok")]
+    assert unrunnable_problems(RunSpec.model_validate(patched(data__batch_size=4000, data__drop_last=False))) == []

@@ -141,3 +141,29 @@ def test_a_rule_s_message_naming_a_dotted_key_moves_the_key_into_the_field():
 def test_an_unknown_key_with_a_dot_or_a_space_is_named_whole(changes, field):
     [item] = items_of(changes)
     assert item["field"] == field and "Extra inputs are not permitted" in item["msg"], item
+
+
+def test_an_unknown_name_in_a_spec_file_reads_as_in_the_service():
+    [item] = items_of({"algorithms": [{"name": "cutmx"}]})
+    assert item["field"] == "algorithms[0].name" and item["input"] == "cutmx"
+    assert item["msg"].startswith("unknown algorithm 'cutmx'; did you mean 'cutmix'? known: alibi, ")
+    [item] = items_of({"data__train": {"name": "mnist"}, "data__eval": None})
+    assert item["field"] == "data.train.name" and item["msg"].startswith("unknown data set 'mnist'; known: digits")
+
+
+def test_a_sweep_file_s_domain_and_a_fork_step_are_named_by_their_forms():
+    """Validated from Python (a spec file, the SDK), pydantic says "instance of ParamDomain"."""
+    from api.lineage import ForkRequest
+    from api.sweeps import SweepSpec
+
+    body = {"name": "s", "base": copy.deepcopy(EXAMPLE), "search": {"params": {"optimizer.lr": [0.1, 0.2]}}}
+    with pytest.raises(ValidationError) as info:
+        SweepSpec.model_validate(body)
+    [item] = format_validation_errors(info.value.errors(), body, SweepSpec.model_json_schema())
+    assert item["field"] == "search.params['optimizer.lr']" and "instance of" not in item["msg"]
+    assert "exactly one of grid, choice, uniform, loguniform" in item["msg"]
+    with pytest.raises(ValidationError) as info:
+        ForkRequest.model_validate({"from": 3})
+    [item] = format_validation_errors(info.value.errors(), {"from": 3}, ForkRequest.model_json_schema())
+    assert item["msg"] == ("Input should be 'latest' or 'scratch'; or Input should be an object {step: N}, N the "
+                           "batch of one of the parent's committed checkpoints")

@@ -47,10 +47,13 @@ def test_example_spec_is_accepted_and_queued(client, example_body):
 
 INVALID_SPECS = {
     "unknown_algorithm": (lambda b: b["algorithms"].append({"name": "warp_drive"}),
-                          "algorithms[3].name", "warp_drive", "'channels_last', 'label_smoothing', 'cutmix'"),
+                          "algorithms[3].name", "warp_drive",
+                          "unknown algorithm 'warp_drive'; known: alibi, augmix, blurpool, channels_last"),
     "negative_lr": (lambda b: b["optimizer"].update(lr=-0.1), "optimizer.lr", -0.1, "greater than 0"),
     "duration_in_words": (lambda b: b.update(max_duration="3 epochs"), "max_duration", "3 epochs", "'3ep'"),
-    "unknown_model": (lambda b: b.update(model={"name": "vit_b16"}), "model.name", "vit_b16", "'cifar_resnet20'"),
+    "unknown_model": (lambda b: b.update(model={"name": "vit_b16"}), "model.name", "vit_b16",
+                      "unknown model 'vit_b16'; did you mean {name: torchvision, arch: vit_b_16}? known: cifar_resnet20, "
+                      "gpt_small, resnet18, simple_cnn, torchvision"),
     "zero_workers": (lambda b: b["parallelism"].update(num_workers=0), "parallelism.num_workers", 0,
                      "greater than or equal to 1"),
     "unknown_top_level_field": (lambda b: b.update(colour="red"), "colour", "red",

@@ -126,6 +126,46 @@ def test_a_run_may_name_only_a_stored_package(code_client, example_body, package
     assert run.json()["spec"]["code"] == {"digest": package.digest}
 
 
+def zip_of(*names: str) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in names:
+            archive.writestr(name, b"def build(num_classes, in_channels):\n    raise NotImplementedError\n")
+    return buffer.getvalue()
+
+
+def test_a_model_import_the_package_does_not_hold_is_refused_naming_what_it_holds(code_client, example_body,
+                                                                                   package, sweep_body):
+    upload(code_client, package.data)
+    body = {**imported_run(example_body, package.digest), "model": {"import": "nets_pkg.nets:build"}}
+    response = code_client.post(f"{API}/runs", json=body)
+    assert response.status_code == 422
+    [item] = response.json()["detail"]
+    assert (item["field"], item["loc"], item["input"]) == ("model.import", ["body", "model", "import"],
+                                                           "nets_pkg.nets:build")
+    assert item["msg"] == (f"the code package {package.digest[:12]} (code.digest) holds no top-level package or module "
+                           "'nets_pkg'; it holds: my_project. Import from one of those (e.g. "
+                           "'my_project.module:callable'), or pack the folder that holds nets_pkg (tessera submit "
+                           "--code DIR)")
+    sweep = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": body, "search": {}})
+    assert sweep.status_code == 422
+    assert [(i["field"], i["input"]) for i in sweep.json()["detail"]] == [("base.model.import", "nets_pkg.nets:build")]
+    assert code_client.get(f"{API}/runs").json()["data"] == [] and code_client.get(f"{API}/sweeps").json()["data"] == []
+
+
+@pytest.mark.parametrize(("files", "target"), [
+    (["my_project/__init__.py", "my_project/nets.py"], "my_project.nets:build"),
+    (["single.py"], "single:build"),
+    (["helpers.py", "src/models/net.py"], "src.models.net:build"),  # src: a namespace package (no __init__.py)
+])
+def test_a_model_import_the_package_holds_is_accepted(code_client, example_body, files, target):
+    data = zip_of(*files)
+    assert upload(code_client, data).status_code == 201
+    body = {**imported_run(example_body, sha256_hex(data)), "model": {"import": target}}
+    response = code_client.post(f"{API}/runs", json=body)
+    assert response.status_code == 201, response.text
+
+
 MODEL_ERRORS = {
     "unknown_arch": ({"name": "torchvision", "arch": "resnet5"}, "model.arch", "resnet5",
                      "close names: resnet50, resnet152"),
