@@ -107,6 +107,10 @@ class Trainer:
                             image_size=getattr(self.train_loader, "image_size", None),
                             domain=DATASETS[spec.data.train.name].domain)
         self.batches_per_epoch = len(self.train_loader)
+        # Text counts tokens (``tok`` times): seq_len characters an example; images count none.
+        self.counts_tokens = DATASETS[spec.data.train.name].domain == "text"
+        seq_len = getattr(spec.data.train, "seq_len", None) if self.counts_tokens else None
+        self.tokens_per_batch = spec.data.batch_size * seq_len if seq_len else None
         max_batches = self._batches(spec.max_duration)
         algorithms = build_algorithms(spec.algorithms)
         self.state = State(model=model, num_classes=num_classes, max_batches=max_batches,
@@ -173,7 +177,8 @@ class Trainer:
     def _batches(self, duration: Time | str, max_batches: int | None = None) -> int:
         """``duration`` in batches of this run (``dur`` fractions need ``max_batches``)."""
         return to_batches(duration, batches_per_epoch=self.batches_per_epoch,
-                          samples_per_batch=self.spec.data.batch_size, max_batches=max_batches)
+                          samples_per_batch=self.spec.data.batch_size, max_batches=max_batches,
+                          tokens_per_batch=self.tokens_per_batch)
 
     def _interval(self, duration: Time | str | None) -> int | None:
         """An interval (evaluation, checkpoints) in batches, at least 1; None: never."""
@@ -301,7 +306,9 @@ class Trainer:
         else:  # a disabled scaler's step and update only pass through: four calls a step saved
             state.optimizer.step()
         state.scheduler.step()
-        state.timestamp = state.timestamp.after_batch(samples=batch_size * self.world_size)
+        state.timestamp = state.timestamp.after_batch(
+            samples=batch_size * self.world_size,
+            tokens=batch_inputs.numel() * self.world_size if self.counts_tokens else 0)
         engine.run_event(Event.BATCH_END, state)
         self.metrics.add_step(state.timestamp.batch, batch_loss, lr)
 

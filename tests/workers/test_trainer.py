@@ -117,6 +117,25 @@ def test_a_duration_in_samples_rounds_up_to_whole_batches():
     assert trainer.state.max_batches == 3
 
 
+def test_text_counts_tokens_and_a_duration_in_tokens_converts_to_batches():
+    """8 rows of 32 characters a batch are 256 tokens: 1000 tokens take 4 batches (rounded up),
+    and the timestamp counts every token trained on. Images count none."""
+    from api.specs import RunSpec
+
+    spec = RunSpec.model_validate({
+        "name": "tokens", "model": {"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16,
+                                                                  "max_seq_len": 32}},
+        "data": {"train": {"name": "shakespeare", "seq_len": 32, "limit": 64}, "batch_size": 8},
+        "optimizer": {"name": "adamw", "lr": 0.003}, "max_duration": "1000tok", "seed": 0})
+    trainer = Trainer(spec)
+    assert trainer.state.max_batches == 4
+    trainer.fit()
+    assert trainer.state.timestamp.token == 4 * 256 and trainer.state.timestamp.batch == 4
+    images = Trainer(tiny_spec(max_duration="2ba"))
+    images.fit()
+    assert images.state.timestamp.token == 0
+
+
 def test_train_local_runs_a_single_worker_spec_in_process():
     from workers.local import train_local
 
