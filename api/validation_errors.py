@@ -314,6 +314,7 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
 
     if kind == "value_error" and source == "body" and (named := _field_named_in(msg, body, field)):
         field, value = named  # a rule over an object that says which of its fields it is about
+        loc = [source, *split_field(field)]  # and where: the loc splits as the field does
         msg = msg.removeprefix(f"{_LEADING_PATH.match(msg)[0]}: ")  # the field is named once, not twice
     elif kind == "missing" or (kind == "value_error" and source == "body" and not inner and value == body):
         value = None  # pydantic echoes the enclosing object here, which is not the bad value

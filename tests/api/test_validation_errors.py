@@ -131,6 +131,8 @@ def test_a_rule_s_message_naming_a_dotted_key_moves_the_key_into_the_field():
     assert [(i["field"], i["input"], i["msg"]) for i in items] == [
         ("search.params['optimizer.lr']", {"grid": [-0.1]}, "value -0.1 is bad"),
         ("search.params.seed", {"grid": [-1]}, "value -1 is bad")]
+    assert [i["loc"] for i in items] == [["body", "search", "params", "optimizer.lr"],
+                                         ["body", "search", "params", "seed"]]
 
 
 @pytest.mark.parametrize("changes, field", [
