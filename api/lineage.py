@@ -4,8 +4,13 @@ which changes a parent's checkpoint survives.
 Pure functions over JSON specs (no service, no torch), so the service refuses an unloadable
 fork at submit and the SDK or CLI can preview the merged spec.
 
-The merge is JSON Merge Patch (RFC 7386) with one rule added for tagged objects: objects merge
-key by key, ``null`` deletes a key, lists and scalars replace; an object whose ``name`` changes
+The merge is JSON Merge Patch (RFC 7386) with two rules added for tagged objects: objects merge
+key by key, ``null`` deletes a key, lists and scalars replace, except that a list of tagged
+objects (``algorithms``, ``loggers``) may be patched by an object keyed by their names, which
+changes, removes (``null``) or appends those items and keeps the rest
+(``algorithms: {label_smoothing: {smoothing: 0.2}}``, what ``--set
+algorithms.label_smoothing.smoothing=0.2`` makes, as a sweep's ``search.params`` names them);
+an object whose ``name`` changes
 (``optimizer: {name: adamw, lr: 1e-3}`` over an SGD optimizer) replaces the parent's object
 instead of merging into it, since the other kind's fields would not validate (a field the new
 object needs is then named with the reason: ``replaced_objects``). The spec's own ``name``
@@ -92,6 +97,8 @@ def merge_patch(base: Any, patch: Any) -> Any:
 def _merged(base: Any, patch: Any, *, nested: bool) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
+    if _is_named_list(base):
+        return _merged_by_name(base, patch)
     if not isinstance(base, dict) or (nested and _renamed(base, patch)):
         base = {}
     merged = copy.deepcopy(base)
@@ -100,6 +107,29 @@ def _merged(base: Any, patch: Any, *, nested: bool) -> Any:
             merged.pop(key, None)
         else:
             merged[key] = _merged(merged.get(key), value, nested=True)
+    return merged
+
+
+def _is_named_list(value: Any) -> bool:
+    """A list of tagged objects (``algorithms``, ``loggers``): each a dict with a ``name``."""
+    return isinstance(value, list) and all(isinstance(v, dict) and "name" in v for v in value)
+
+
+def _merged_by_name(base: list[dict[str, Any]], patch: dict[str, Any]) -> list[dict[str, Any]]:
+    """A list of tagged objects patched by an object keyed by their names (``--set
+    algorithms.label_smoothing.smoothing=0.2``): a named item merges its patch, ``null`` removes
+    it, a name the list lacks is appended (``{cutmix: {alpha: 1.0}}``); the order is kept."""
+    merged = [copy.deepcopy(item) for item in base]
+    for name, value in patch.items():
+        at = next((i for i, item in enumerate(merged) if isinstance(item, dict) and item.get("name") == name), None)
+        if value is None:
+            if at is not None:
+                merged.pop(at)
+        elif at is None:
+            merged.append(_merged({"name": name}, value, nested=False))
+        else:
+            merged[at] = _merged(merged[at], {**value, "name": name} if isinstance(value, dict) else value,
+                                 nested=False)
     return merged
 
 

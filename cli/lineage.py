@@ -54,7 +54,8 @@ def register(app: typer.Typer, url_option, default_url: str, call, console) -> N
     def fork(run_id: str,
              assignments: Annotated[Optional[list[str]], typer.Option(
                  "--set", help="a change to the parent's spec, dotted.key=value (repeatable), e.g. "
-                               "optimizer.lr=0.05, max_duration=4ep; value null removes the key")] = None,
+                               "optimizer.lr=0.05, max_duration=4ep, algorithms.label_smoothing.smoothing=0.2 "
+                               "(a method by its name); value null removes the key")] = None,
              source: Annotated[str, typer.Option(
                  "--from", help="latest (the parent's newest committed checkpoint), scratch (fresh weights) "
                                 "or a checkpoint's batch number")] = "latest",

@@ -19,6 +19,27 @@ def test_a_patch_merges_objects_deletes_nulls_replaces_lists_and_replaces_a_rena
     assert base["optimizer"]["lr"] == 0.1  # the parent's spec is not changed
 
 
+def test_a_list_of_named_objects_is_patched_by_name_as_a_sweep_names_them():
+    base = {"algorithms": [{"name": "label_smoothing", "smoothing": 0.1}, {"name": "cutmix", "alpha": 1.0}],
+            "loggers": []}
+    assert merge_patch(base, {"algorithms": {"label_smoothing": {"smoothing": 0.2}}})["algorithms"] == [
+        {"name": "label_smoothing", "smoothing": 0.2}, {"name": "cutmix", "alpha": 1.0}]
+    assert merge_patch(base, {"algorithms": {"cutmix": None, "ema": {"half_life": "10ba"}}})["algorithms"] == [
+        {"name": "label_smoothing", "smoothing": 0.1}, {"name": "ema", "half_life": "10ba"}]
+    assert merge_patch(base, {"loggers": {"tensorboard": {}}})["loggers"] == [{"name": "tensorboard"}]
+    assert merge_patch(base, {"algorithms": [{"name": "ema"}]})["algorithms"] == [{"name": "ema"}]  # a list replaces
+    assert base["algorithms"][0]["smoothing"] == 0.1
+
+
+def test_fork_set_reaches_one_algorithm_s_field_by_its_name():
+    from cli.lineage import patch_from_assignments
+
+    parent = tiny_spec(algorithms=[{"name": "label_smoothing", "smoothing": 0.1}]).model_dump(mode="json")
+    patch = patch_from_assignments(["algorithms.label_smoothing.smoothing=0.2"])
+    child = RunSpec.model_validate(merge_patch(parent, patch))
+    assert [a.model_dump() for a in child.algorithms] == [{"name": "label_smoothing", "smoothing": 0.2}]
+
+
 def test_only_shape_bearing_changes_make_a_checkpoint_unloadable():
     parent = tiny_spec(algorithms=[{"name": "channels_last"}]).model_dump(mode="json")
 
