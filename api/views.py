@@ -65,6 +65,8 @@ class RunView(BaseModel):
     error: str | None = None
     tags: list[str] = Field(default_factory=list)
     sweep_id: str | None = Field(None, description="the sweep this run is a trial of")
+    driven_by_sweep: bool = Field(False, description="a trial whose attempts its sweep's driver owns: it is canceled "
+                                                     "with its sweep (a trial resumed by hand is a run of its own)")
     trial_id: str | None = Field(None, description="the trial's id within its sweep (Ray Tune's)")
     project: str = Field("default", description="the project the run belongs to")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")

@@ -88,7 +88,8 @@ class RunRecord:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
                        created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
-                       sweep_id=self.sweep_id, trial_id=self.trial_id, project=self.project,
+                       sweep_id=self.sweep_id, driven_by_sweep=self.driven_by_sweep, trial_id=self.trial_id,
+                       project=self.project,
                        notes=self.notes, archived_at=self.archived_at, final_checkpoint=self.final_checkpoint,
                        parent_id=self.parent_id, fork=self.fork)
 

@@ -61,6 +61,22 @@ def page(browser):
     assert errors == [], f"uncaught errors in the page: {errors}"
 
 
+@contextlib.contextmanager
+def page_with_key(browser, key: str):
+    """A page like the ``page`` fixture's, whose tab uses API key ``key`` (a viewer's, say)."""
+    context = browser.new_context(viewport={"width": WIDE, "height": 900})
+    context.add_init_script(f"sessionStorage.setItem('tessera.apiKey', {key!r})")
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.set_default_timeout(30_000)
+    try:
+        yield page
+    finally:
+        context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
 def dashboard_url(base_url: str, route: str) -> str:
     return f"{base_url}/?poll_ms={POLL_MS}#/{route}"
 

@@ -27,6 +27,7 @@ def test_log_pane_follows_a_live_run_then_shows_the_traceback_of_its_failure(pag
     log = page.locator("#run-log")
     expect(log).to_contain_text("batch 29 loss")
     expect(page.locator("#run-log-note")).to_contain_text("following the live attempt")
+    expect(page.locator("#run-log-attempt")).to_be_hidden()  # one attempt: nothing to choose
 
     jobs.logs[job_id] += TRACEBACK
     local_service.repo.transition(run.id, RunStatus.FAILED, error="RuntimeError: CUDA out of memory")
@@ -41,6 +42,48 @@ def test_log_pane_follows_a_live_run_then_shows_the_traceback_of_its_failure(pag
     assert len(log_requests) == asked
     page.locator("#run-log").scroll_into_view_if_needed()
     save_screenshot(page, "run-logs-1280", full_page=False)
+
+
+def test_an_earlier_attempts_traceback_is_read_after_a_resume_and_the_choice_stays(page, local_service):
+    repo, jobs = local_service.repo, local_service.app.state.jobs
+    run = make_run(repo, "logs-attempts")
+
+    def next_attempt(log: str) -> None:
+        repo.resume_run(run.id)
+        repo.begin_attempt(run.id, token=f"token-{log[:8]}")
+        repo.transition(run.id, RunStatus.RUNNING)
+        jobs.logs[f"run-{run.id}-attempt-{repo.get_run(run.id).attempt}"] = log
+
+    jobs.logs[f"run-{run.id}-attempt-1"] = "attempt one trains\n" + TRACEBACK
+    repo.transition(run.id, RunStatus.FAILED, error="RuntimeError: CUDA out of memory")
+    next_attempt("attempt two resumes from its checkpoint\n")
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    log, note, picker = page.locator("#run-log"), page.locator("#run-log-note"), page.locator("#run-log-attempt")
+    expect(log).to_contain_text("attempt two resumes")
+    expect(picker).to_be_visible()
+    expect(picker.locator("option")).to_have_text(["attempt 2 (newest)", "attempt 1"])
+    expect(page.get_by_label("Log of")).to_have_value("")  # labelled, and following the newest
+
+    picker.select_option("1")
+    expect(log).to_contain_text("RuntimeError: CUDA out of memory")
+    expect(log).not_to_contain_text("attempt two")
+    expect(note).to_contain_text("Attempt 1 of 2")
+    expect(note).to_contain_text("ended")
+    page.locator("#run-log").scroll_into_view_if_needed()
+    save_screenshot(page, "run-logs-attempt-1280", full_page=False)
+
+    # A third attempt starts: the reader stays on the attempt chosen, and can follow the newest again.
+    repo.transition(run.id, RunStatus.FAILED, error="again")
+    next_attempt("attempt three resumes\n")
+    expect(picker.locator("option")).to_have_text(["attempt 3 (newest)", "attempt 2", "attempt 1"])
+    expect(picker).to_have_value("1")
+    expect(log).not_to_contain_text("attempt three")
+    assert log.inner_text().count("attempt one trains") == 1
+    picker.select_option("")
+    expect(log).to_contain_text("attempt three resumes")
+    expect(log).not_to_contain_text("RuntimeError")
+    expect(note).to_contain_text("Attempt 3 of 3")
+    expect(note).to_contain_text("following the live attempt")
 
 
 def test_sweep_page_shows_its_driver_log_and_stops_asking_once_the_sweep_ended(page, local_service):

@@ -25,10 +25,10 @@ from tests.dashboard.conftest import NARROW, POLL_MS, WIDE, assert_fits_width, d
 EXAMPLE = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits_resnet.yaml").read_text())
 
 
-def make_run(repo, name: str, *, status: RunStatus = RunStatus.RUNNING, **spec_changes):
+def make_run(repo, name: str, *, status: RunStatus = RunStatus.RUNNING, project: str = "default", **spec_changes):
     spec = copy.deepcopy(EXAMPLE)
     spec.update(name=name, **spec_changes)
-    run = repo.create_run(RunSpec.model_validate(spec))
+    run = repo.create_run(RunSpec.model_validate(spec), project=project)
     if status is not RunStatus.QUEUED:
         repo.begin_attempt(run.id, token="test-token")
         if status is not RunStatus.STARTING:

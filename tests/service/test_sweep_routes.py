@@ -151,6 +151,8 @@ def test_registering_a_trial_creates_a_starting_run_of_the_sweep(client, sweep_b
     run = client.get(f"{API}/runs/{ticket['run_id']}").json()
     assert (run["status"], run["sweep_id"], run["trial_id"], run["name"]) == (
         "STARTING", sweep["id"], "trial_00001", "trial_00001")
+    assert run["driven_by_sweep"] is True  # canceled with its sweep: the dashboard links there
+    assert client.post(f"{API}/runs", json=example_body).json()["driven_by_sweep"] is False
     events = client.get(f"{API}/runs/{ticket['run_id']}/events").json()["data"]
     assert [(e["from_status"], e["to_status"]) for e in events] == [(None, "QUEUED"), ("QUEUED", "STARTING")]
     _report(client, ticket["run_id"], ticket["token"], "RUNNING")  # the trial reports like any run

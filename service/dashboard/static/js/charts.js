@@ -5,14 +5,18 @@
 import uPlot from "../vendor/uPlot.esm.js";
 import { el, formatNumber, setText } from "./ui.js";
 
-/** The run page's panels: which metric keys each one plots. Unmatched keys are not charted. */
+/** The run page's panels: which metric keys each one plots. Unmatched keys are not charted.
+ *  `never(spec)`: why a run with this spec never reports the panel's metrics (null: it may). */
 export const PANELS = [
   { id: "loss", title: "Loss", match: (key) => /(^|\/)loss$/.test(key) },
-  { id: "quality", title: "Accuracy / perplexity", match: (key) => /(accuracy|perplexity)$/.test(key) },
+  { id: "quality", title: "Accuracy / perplexity", match: (key) => /(accuracy|perplexity)$/.test(key),
+    never: (spec) => (spec?.data && !spec.data.eval
+      ? "No eval data set: this run's spec has no data.eval, so it reports no accuracy or perplexity." : null) },
   { id: "throughput", title: "Throughput (samples/s)", match: (key) => key.startsWith("throughput/") },
   { id: "lr", title: "Learning rate", match: (key) => key === "lr" || key.startsWith("lr/") },
 ];
 
+const NO_POINTS = "No points yet.";
 const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"];
 const HEIGHT = 220;
 
@@ -25,7 +29,7 @@ export class MetricChart {
     this.plot = null;
     this.plotKeys = "";
     this.plotBox = el("div", { class: "chart-plot" });
-    this.emptyNote = el("p", { class: "muted chart-empty" }, "No points yet.");
+    this.emptyNote = el("p", { class: "muted chart-empty" }, NO_POINTS);
     this.latest = el("p", { class: "chart-latest small" });
     this.figure = el("figure", { class: "chart", id: `chart-${id}`, dataset: { points: "0" } },
       el("figcaption", {}, title), this.emptyNote, this.plotBox, this.latest);
@@ -40,6 +44,12 @@ export class MetricChart {
     points.set(step, value); // a re-reported step (after a restart) replaces the old value
     if (!(this.lastStep.get(key) >= step)) this.lastStep.set(key, step);
     this.dirty = true;
+  }
+
+  /** What the chart says while it has no points: `why` it never will, or (null) that none came yet. */
+  explainEmpty(why) {
+    setText(this.emptyNote, why || NO_POINTS);
+    this.figure.dataset.never = why ? "true" : "false";
   }
 
   /** Redraw if points were added since the last call. */
@@ -114,6 +124,11 @@ export class ChartGrid {
   constructor() {
     this.charts = PANELS.map((panel) => ({ panel, chart: new MetricChart(panel) }));
     this.element = el("div", { class: "chart-grid" }, this.charts.map((c) => c.chart.figure));
+  }
+
+  /** Tell each panel the run's spec: a panel whose metrics it never reports says why. */
+  describe(spec) {
+    for (const { panel, chart } of this.charts) chart.explainEmpty(panel.never ? panel.never(spec) : null);
   }
 
   add(points) {

@@ -1,5 +1,7 @@
-// Run: status, progress, live charts, the events timeline, the spec, cancel and resume;
-// lineage (parent, forks) with fork and continue (./lineage.js). A sweep trial links to its sweep.
+// Run: status, progress, live charts, the events timeline, the spec; cancel and resume
+// (./run_actions.js); archive and delete (./housekeeping.js); lineage (parent, forks) with fork
+// and continue (./lineage.js). A sweep trial links to its sweep. The actions are shown by the
+// key's role in the run's own project (access.js scopeRole).
 //
 // Per poll: one conditional GET /runs/{id} (ETag) and one GET /runs/{id}/metrics?after=CURSOR
 // (only new points; more pages only while catching up). Events change only with the status,
@@ -7,10 +9,13 @@
 // RUNNING -> RESTARTING -> RUNNING blip can fall between two polls); checkpoints likewise.
 
 import { dump } from "../vendor/js-yaml.mjs";
+import { scopeRole } from "./access.js";
 import { ApiError, downloadFile, errorText, getIfChanged, getJSON, postJSON, Poller } from "./api.js";
 import { ChartGrid } from "./charts.js";
+import { Housekeeping } from "./housekeeping.js";
 import { continueDialog, forkDialog, parentFact, renderChildren } from "./lineage.js";
 import { LogPane } from "./logs.js";
+import { cancelDialog, cancelViaSweep, resumeDialog } from "./run_actions.js";
 import { RunNotes } from "./run_notes.js";
 import {
   algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, RESUMABLE,
@@ -40,31 +45,23 @@ export function mount(root, ctx) {
   const progress = progressBar(undefined);
   const facts = el("dl", { class: "facts" });
   const errorSlot = el("div");
+  const housekeeping = new Housekeeping({
+    kind: "run", path,
+    onChanged: (run) => { render(run); poller.poke(); },
+    onDeleted: () => { poller.stop(); window.location.hash = "#/runs"; },
+  });
+  const cancel = cancelDialog(path, (run) => {
+    render(run);
+    eventsDue = true; // the CANCELING event, even if the next poll still reads CANCELING
+    poller.poke();
+  }, (message) => housekeeping.showProblem(message));
   const cancelButton = el("button", { type: "button", class: "danger", id: "cancel-run", hidden: true, "data-needs": "member",
-                                      onclick: () => dialog.showModal() }, "Cancel run…");
+                                      onclick: () => cancel.open(cancelMessage(lastRun)) }, "Cancel run…");
+  const viaSweep = cancelViaSweep(); // for a trial its sweep drives, instead of the cancel button
   const resubmit = el("button", { type: "button", id: "edit-resubmit", hidden: true, "data-needs": "member", onclick: () => {
     sessionStorage.setItem(DRAFT_KEY, dump(lastRun.spec));
     window.location.hash = "#/submit";
   } }, "Edit & resubmit");
-  const dialogMessage = el("p");
-  const dialogError = el("p", { class: "field-error", hidden: true });
-  const dialog = el("dialog", { id: "cancel-dialog", "aria-labelledby": "cancel-dialog-title" },
-    el("h2", { id: "cancel-dialog-title" }, "Cancel this run?"), dialogMessage, dialogError,
-    el("form", { method: "dialog", class: "actions" },
-      el("button", { value: "keep", autofocus: true }, "Keep running"),
-      el("button", { value: "cancel", class: "danger", id: "confirm-cancel" }, "Cancel run")));
-  dialog.addEventListener("close", async () => {
-    if (dialog.returnValue !== "cancel") return;
-    try {
-      render(await postJSON(`${path}/cancel`, undefined));
-      eventsDue = true; // the CANCELING event, even if the next poll still reads CANCELING
-      poller.poke();
-    } catch (error) {
-      dialogError.textContent = `Could not cancel: ${error.message}`;
-      dialogError.hidden = false;
-      errorSlot.replaceChildren(errorBox(`Could not cancel: ${error.message}`));
-    }
-  });
   const resume = resumeDialog(path, (run) => {
     render(run);
     eventsDue = true; // the new attempt's QUEUED event
@@ -94,7 +91,9 @@ export function mount(root, ctx) {
   root.append(
     crumbs,
     el("div", { class: "page-head" }, title, badgeSlot,
-      el("div", { class: "actions" }, resubmit, forkButton, continueButton, resumeButton, cancelButton)),
+      el("div", { class: "actions" }, resubmit, forkButton, continueButton, resumeButton, ...housekeeping.buttons,
+        cancelButton, viaSweep)),
+    housekeeping.problem,
     el("section", { class: "run-overview", "aria-label": "overview" }, progress, facts),
     errorSlot,
     notes.element,
@@ -113,7 +112,8 @@ export function mount(root, ctx) {
     el("section", { "aria-labelledby": "logs-h" }, el("h2", { id: "logs-h" }, "Logs"), logPane.element),
     el("section", { "aria-labelledby": "spec-h" },
       el("details", { open: true }, el("summary", {}, el("h2", { id: "spec-h" }, "Spec")), specBlock)),
-    dialog,
+    cancel.dialog,
+    housekeeping.dialog,
     resume.dialog,
     fork.dialog,
     continuation.dialog,
@@ -123,6 +123,7 @@ export function mount(root, ctx) {
   function render(run) {
     const first = lastRun === null;
     lastRun = run;
+    scopeRole(root, run.project);
     document.title = `${run.name} · Tessera`;
     title.replaceChildren(run.name, " ", el("span", { class: "muted mono small" }, run.id));
     badgeSlot.hidden = false;
@@ -140,11 +141,12 @@ export function mount(root, ctx) {
       ["Algorithms", algorithmChips(run.spec)],
       run.sweep_id ? ["Sweep", sweepLink(run)] : null,
       parentFact(run),
+      housekeeping.fact(run),
     ].filter(Boolean).flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase() } }, v)]));
     errorSlot.replaceChildren(run.error ? el("details", { class: "error-box", open: true },
       el("summary", {}, `Error: ${run.error.split("\n")[0].slice(0, 200)}`), el("pre", {}, run.error)) : "");
-    const active = !TERMINAL.has(run.status);
-    cancelButton.hidden = !active || run.status === "CANCELING";
+    renderCancel();
+    housekeeping.render(run);
     resumeButton.hidden = !RESUMABLE.has(run.status);
     forkButton.hidden = false;
     continueButton.hidden = run.status !== "COMPLETED";
@@ -153,12 +155,21 @@ export function mount(root, ctx) {
         "← its sweep"));
     }
     resubmit.hidden = false;
-    dialogMessage.textContent = `“${run.name}” is ${run.status}. Its Ray job is stopped and the run ends as CANCELED. ` +
-      "This cannot be undone.";
     summaryTable.replaceChildren(...Object.keys(run.summary).sort().map((key) =>
       el("tr", {}, el("td", { class: "mono" }, key), el("td", { class: "num" }, formatNumber(run.summary[key])))));
     if (first) specBlock.textContent = dump(run.spec);
+    charts.describe(run.spec);
     notes.render(run);
+  }
+
+  // Cancel: while the run is live, unless its sweep's driver drives it (then a link to the sweep).
+  function renderCancel() {
+    const run = lastRun;
+    const cancelable = !TERMINAL.has(run.status) && run.status !== "CANCELING";
+    const driven = cancelable && run.driven_by_sweep;
+    cancelButton.hidden = !cancelable || driven;
+    if (driven) viaSweep.querySelector("a").setAttribute("href", `#/sweeps/${encodeURIComponent(run.sweep_id)}`);
+    viaSweep.hidden = !driven;
   }
 
   function renderEvents(list) {
@@ -277,66 +288,20 @@ export function mount(root, ctx) {
   return () => {
     poller.stop();
     charts.destroy();
-    if (dialog.open) dialog.close();
+    delete root.dataset.projectRole;
+    cancel.close();
+    housekeeping.close();
     resume.close();
     fork.close();
     continuation.close();
   };
 }
 
+function cancelMessage(run) {
+  return `“${run.name}” is ${run.status}. Its Ray job is stopped and the run ends as CANCELED. This cannot be undone.`;
+}
+
 function sweepLink(run) {
   return el("span", {}, el("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}`, class: "sweep-link" },
     `sweep ${run.sweep_id}`), el("span", { class: "muted" }, ` · trial ${run.trial_id || "?"}`));
-}
-
-/**
- * The "Resume this run?" dialog: an optional number of workers, then POST /runs/{id}/resume.
- * It stays open and shows the API's answer when the API refuses (409, 422).
- */
-function resumeDialog(path, onResumed) {
-  const message = el("p");
-  const workers = el("input", { type: "number", id: "resume-workers", name: "num_workers", min: "1", max: "1024",
-                                step: "1", inputmode: "numeric", "aria-describedby": "resume-workers-help" });
-  const help = el("p", { id: "resume-workers-help", class: "muted small" });
-  const problem = el("p", { class: "field-error", id: "resume-error", role: "alert", hidden: true });
-  const confirm = el("button", { type: "submit", class: "primary", id: "confirm-resume" }, "Resume run");
-  const form = el("form", { id: "resume-form" },
-    el("label", { for: "resume-workers" }, "Workers (optional)"), " ", workers, help, problem,
-    el("div", { class: "actions" },
-      el("button", { type: "button", autofocus: true, onclick: () => dialog.close() }, "Keep as is"), confirm));
-  const dialog = el("dialog", { id: "resume-dialog", "aria-labelledby": "resume-dialog-title" },
-    el("h2", { id: "resume-dialog-title" }, "Resume this run?"), message, form);
-
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    const body = workers.value.trim() ? { num_workers: Number(workers.value) } : {};
-    problem.hidden = true;
-    confirm.disabled = true;
-    try {
-      const run = await postJSON(`${path}/resume`, body);
-      dialog.close();
-      onResumed(run);
-    } catch (error) {
-      problem.textContent = `Could not resume: ${errorText(error)}`;
-      problem.hidden = false;
-    } finally {
-      confirm.disabled = false;
-    }
-  });
-
-  return {
-    dialog,
-    open(run) {
-      const current = run.spec?.parallelism?.num_workers;
-      message.textContent = `“${run.name}” is ${run.status}. Attempt ${run.attempt + 1} starts from its newest ` +
-        "committed checkpoint (from the beginning if it has none)" +
-        (run.sweep_id ? " and continues as a standalone run to its full duration." : ".");
-      help.textContent = `Empty: keep ${current ?? "the spec's"} worker${current === 1 ? "" : "s"}. ` +
-        "Another number reshards the checkpoint.";
-      workers.value = "";
-      problem.hidden = true;
-      dialog.showModal();
-    },
-    close() { if (dialog.open) dialog.close(); },
-  };
 }

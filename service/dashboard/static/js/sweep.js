@@ -1,10 +1,15 @@
 // Sweep: status, metric and counts, the Pareto scatter of its trials, a sortable trials
-// table, the algorithm sets it skipped (with why), its driver's log, its spec, and cancel.
+// table, the algorithm sets it skipped (with why), its driver's log, its spec; cancel
+// (./confirm.js), archive and delete (./housekeeping.js), shown by the key's role in the
+// sweep's own project (access.js scopeRole).
 // One conditional GET /sweeps/{id} per poll (ETag), and the log's new bytes; a finished sweep
 // polls slower.
 
 import { dump } from "../vendor/js-yaml.mjs";
-import { ApiError, errorText, getIfChanged, postJSON, Poller } from "./api.js";
+import { scopeRole } from "./access.js";
+import { ApiError, getIfChanged, postJSON, Poller } from "./api.js";
+import { confirmDialog } from "./confirm.js";
+import { Housekeeping } from "./housekeeping.js";
 import { LogPane } from "./logs.js";
 import { ParetoChart } from "./pareto.js";
 import { bestTrial, trialCounts } from "./sweeps.js";
@@ -65,23 +70,20 @@ export function mount(root, ctx) {
   badgeSlot.hidden = true;
   const facts = el("dl", { class: "sweep-facts" });
   const errorSlot = el("div");
-  const cancelButton = el("button", { type: "button", class: "danger", id: "cancel-sweep", hidden: true,
-                                      onclick: () => dialog.showModal() }, "Cancel sweep…");
-  const dialogMessage = el("p");
-  const dialog = el("dialog", { id: "cancel-sweep-dialog", "aria-labelledby": "cancel-sweep-title" },
-    el("h2", { id: "cancel-sweep-title" }, "Cancel this sweep?"), dialogMessage,
-    el("form", { method: "dialog", class: "actions" },
-      el("button", { value: "keep", autofocus: true }, "Keep running"),
-      el("button", { value: "cancel", class: "danger", id: "confirm-cancel-sweep" }, "Cancel sweep")));
-  dialog.addEventListener("close", async () => {
-    if (dialog.returnValue !== "cancel") return;
-    try {
-      render(await postJSON(`${path}/cancel`, undefined));
-      poller.poke();
-    } catch (error) {
-      errorSlot.replaceChildren(errorBox(`Could not cancel the sweep: ${errorText(error)}`));
-    }
+  const housekeeping = new Housekeeping({
+    kind: "sweep", path,
+    onChanged: (sweep) => { render(sweep); poller.poke(); },
+    onDeleted: () => { poller.stop(); window.location.hash = "#/sweeps"; },
   });
+  const cancel = confirmDialog({
+    id: "cancel-sweep-dialog", title: "Cancel this sweep?", keep: "Keep running", confirm: "Cancel sweep",
+    confirmId: "confirm-cancel-sweep",
+    onConfirm: async () => { render(await postJSON(`${path}/cancel`, undefined)); poller.poke(); },
+    onError: (message) => housekeeping.showProblem(`Could not cancel the sweep: ${message}`),
+  });
+  const cancelButton = el("button", { type: "button", class: "danger", id: "cancel-sweep", hidden: true,
+                                      "data-needs": "member", onclick: () => cancel.open(cancelMessage(lastSweep)) },
+  "Cancel sweep…");
 
   const sortButtons = new Map();
   const headerCells = COLUMNS.map((column) => {
@@ -95,7 +97,7 @@ export function mount(root, ctx) {
   const trialsTable = el("table", { class: "runs-table trials-table", id: "trials-table" },
     el("caption", { class: "visually-hidden" }, "Trials; the column buttons sort the table"),
     el("thead", {}, el("tr", {}, headerCells)), trialsBody);
-  const trialsEmpty = el("p", { class: "empty" }, "No trials yet: the driver registers each one as it starts.");
+  const trialsEmpty = el("p", { class: "empty", id: "trials-empty" });
   const trialsHeading = el("h2", { id: "trials-h" }, "Trials");
   const skipped = el("div", { id: "skipped" });
   const specBlock = el("pre", { class: "spec mono" });
@@ -104,7 +106,9 @@ export function mount(root, ctx) {
 
   root.append(
     el("p", { class: "crumbs" }, el("a", { href: "#/sweeps" }, "← Sweeps")),
-    el("div", { class: "page-head" }, title, badgeSlot, el("div", { class: "actions" }, runsLink, cancelButton)),
+    el("div", { class: "page-head" }, title, badgeSlot,
+      el("div", { class: "actions" }, runsLink, ...housekeeping.buttons, cancelButton)),
+    housekeeping.problem,
     el("section", { class: "run-overview", "aria-label": "overview" }, facts),
     errorSlot,
     el("section", { "aria-labelledby": "pareto-h" }, el("h2", { id: "pareto-h" }, "Metric vs wall time"), pareto.element),
@@ -116,20 +120,21 @@ export function mount(root, ctx) {
       el("p", { class: "muted" }, "The Ray Tune driver's output, with every trial's."), logPane.element),
     el("section", { "aria-labelledby": "sweep-spec-h" },
       el("details", {}, el("summary", {}, el("h2", { id: "sweep-spec-h" }, "Spec")), specBlock)),
-    dialog,
+    cancel.dialog,
+    housekeeping.dialog,
   );
 
   // --- rendering ----------------------------------------------------------------------
   function render(sweep) {
     const first = lastSweep === null;
     lastSweep = sweep;
+    scopeRole(root, sweep.project);
     document.title = `${sweep.name} · sweep · Tessera`;
     title.replaceChildren(sweep.name, " ", el("span", { class: "muted mono small" }, sweep.id));
     badgeSlot.hidden = false;
     updateStatusBadge(badgeSlot.firstChild, sweep.status);
     cancelButton.hidden = TERMINAL.has(sweep.status) || sweep.status === "CANCELING";
-    dialogMessage.textContent = `“${sweep.name}” is ${sweep.status}. Its driver stops and every trial still ` +
-      "running ends as CANCELED. This cannot be undone.";
+    housekeeping.render(sweep);
     renderFacts(sweep);
     errorSlot.replaceChildren(...[
       sweep.error ? el("details", { class: "error-box", open: true },
@@ -161,7 +166,8 @@ export function mount(root, ctx) {
       ["Started", formatTime(sweep.started_at)],
       ["Finished", formatTime(sweep.finished_at)],
       ["Duration", runDuration(sweep)],
-    ].map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase().replace(" ", "-") } }, v))));
+      housekeeping.fact(sweep),
+    ].filter(Boolean).map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase().replace(" ", "-") } }, v))));
   }
 
   function sortBy(column) {
@@ -184,6 +190,7 @@ export function mount(root, ctx) {
     }
     setText(trialsHeading, `Trials (${sweep.trials.length})`);
     trialsEmpty.hidden = trials.length > 0;
+    if (!trials.length) trialsEmpty.replaceChildren(...noTrialsText(sweep));
     trialsTable.hidden = trials.length === 0;
     const frontier = new Set(sweep.pareto);
     trialsBody.replaceChildren(...trials.map((t) => trialRow(t, sweep, frontier)));
@@ -226,8 +233,27 @@ export function mount(root, ctx) {
   return () => {
     poller.stop();
     pareto.destroy();
-    if (dialog.open) dialog.close();
+    delete root.dataset.projectRole;
+    cancel.close();
+    housekeeping.close();
   };
+}
+
+function cancelMessage(sweep) {
+  return `“${sweep.name}” is ${sweep.status}. Its driver stops and every trial still running ends as CANCELED. ` +
+    "This cannot be undone.";
+}
+
+/** Why the trials table is empty: none started yet, or the sweep ended (or is ending) without one, and its error. */
+function noTrialsText(sweep) {
+  if (!TERMINAL.has(sweep.status) && sweep.status !== "CANCELING") {
+    return ["No trials yet: the driver registers each one as it starts."];
+  }
+  const error = sweep.error ? sweep.error.trim().split("\n").pop().slice(0, 300) : "";
+  return [sweep.status === "CANCELING" ? "This sweep is being canceled; no trial started."
+    : `This sweep ended ${sweep.status} with no trial: none started.`,
+    error ? el("span", { class: "trials-empty-error" }, " Its error: ", el("code", {}, error), " (in full above).") : null,
+  ].filter(Boolean);
 }
 
 function trialRow(trial, sweep, frontier) {

@@ -58,8 +58,11 @@ export function mount(root, ctx) {
     el("thead", {}, el("tr", {}, ["Sweep", "Status", "Trials done", "Best", "Started", "Duration"]
       .map((h) => el("th", { scope: "col", class: `col-${h.split(" ")[0].toLowerCase()}` }, h)))),
     tbody);
-  const empty = el("p", { class: "empty", hidden: true }, "No sweeps yet. Start one with ",
-    el("code", {}, "POST /api/v1/sweeps"), " or ", el("code", {}, "workers.tune.run_sweep"), " (see docs/sweeps.md).");
+  const empty = el("p", { class: "empty", id: "sweeps-empty", hidden: true }, "No sweeps yet. Submit one with ",
+    el("code", {}, "tessera sweeps submit examples/digits_sweep.yaml"), " (an example SweepSpec to start from), " +
+    "or from code with ",
+    el("code", {}, "POST /api/v1/sweeps"), " or ", el("code", {}, "workers.tune.run_sweep"), "; see ",
+    el("code", {}, "docs/sweeps.md"), " in the repository.");
   const archived = archivedOf(ctx.query);
   if (archived !== "false") empty.replaceChildren("No sweeps match this filter.");
   const archivedSelect = archivedFilter("sweeps-archived-filter", archived, (value) => {
