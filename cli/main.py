@@ -97,6 +97,12 @@ def submit(
         body["code"] = {"digest": _upload_code(client, code, project=project, out=out)}
     run = _call(client.create_run, body, project=project, idempotency_key=idempotency_key)
     out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
+    _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
+
+
+def _emit_or_follow(client: "Client", run, *, follow: bool, as_json: bool, out) -> None:
+    """Print ``run`` (JSON with ``as_json``), or with ``follow`` watch it to its end on ``out``,
+    then print the final view; exit 1 unless it COMPLETED."""
     if not follow:
         emit(run, as_json=as_json, render=lambda: None)
         return
@@ -206,15 +212,7 @@ def resume(
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     run = _call(client.resume_run, run_id, num_workers=workers)
     out.print(f"run {run.id} is {run.status.value} (attempt {run.attempt})", highlight=False)
-    if not follow:
-        emit(run, as_json=as_json, render=lambda: None)
-        return
-    from cli.follow import follow_run
-
-    final = _call(follow_run, client, run.id, console=out)
-    emit(final, as_json=as_json, render=lambda: _print_summary(final))
-    if final.status.value != "COMPLETED":
-        raise typer.Exit(1)
+    _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
 
 
 @app.command()

@@ -48,22 +48,16 @@ def browser():  # per module: Playwright's sync API keeps an event loop while it
 
 @pytest.fixture
 def page(browser):
-    """A fresh browser page at 1280x900 that fails the test on any uncaught script error."""
-    context = browser.new_context(viewport={"width": WIDE, "height": 900})
-    # The dashboard keeps its API key in sessionStorage; give every tab the suite's admin key.
-    context.add_init_script(f"sessionStorage.setItem('tessera.apiKey', {TEST_ADMIN_KEY!r})")
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.set_default_timeout(30_000)
-    yield page
-    context.close()
-    assert errors == [], f"uncaught errors in the page: {errors}"
+    """A fresh browser page at 1280x900 that fails the test on any uncaught script error; its
+    tab uses the suite's admin key."""
+    with page_with_key(browser, TEST_ADMIN_KEY) as fresh:
+        yield fresh
 
 
 @contextlib.contextmanager
 def page_with_key(browser, key: str):
-    """A page like the ``page`` fixture's, whose tab uses API key ``key`` (a viewer's, say)."""
+    """A fresh browser page at 1280x900 whose tab uses API key ``key`` (the dashboard keeps it in
+    sessionStorage), failing the test on any uncaught script error."""
     context = browser.new_context(viewport={"width": WIDE, "height": 900})
     context.add_init_script(f"sessionStorage.setItem('tessera.apiKey', {key!r})")
     page = context.new_page()

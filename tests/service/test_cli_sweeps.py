@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from tests.dashboard.conftest import LocalService
+from tests.service.test_code_routes import stub_project
 
 
 def test_a_sweep_from_the_cli_submit_list_show_json_cancel_and_a_capped_one_refused(tmp_path, monkeypatch,
@@ -56,10 +57,7 @@ def test_a_sweep_over_your_own_model_from_the_cli_with_code_and_json(tmp_path, e
     SweepView alone and the messages go to stderr."""
     from api.code_package import pack_directory
 
-    root = tmp_path / "my_project"
-    root.mkdir()
-    (root / "__init__.py").write_text("")
-    (root / "nets.py").write_text("def build(num_classes, in_channels, width=8):\n    raise NotImplementedError\n")
+    root = stub_project(tmp_path)
     digest = pack_directory(root).digest
     base = {**example_body, "model": {"import": "my_project.nets:build", "params": {"width": 8}}, "algorithms": []}
     spec = tmp_path / "sweep.yaml"

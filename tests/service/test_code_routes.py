@@ -38,13 +38,18 @@ def code_client(request, tmp_path, fake_jobs):
         yield client
 
 
-@pytest.fixture
-def package(tmp_path):
-    root = tmp_path / "my_project"
+def stub_project(folder):
+    """``folder/my_project``, a package whose ``nets.build`` only has to be importable; returns it."""
+    root = folder / "my_project"
     root.mkdir()
     (root / "__init__.py").write_text("")
-    (root / "nets.py").write_text("def build(num_classes, in_channels):\n    raise NotImplementedError\n")
-    return pack_directory(root)
+    (root / "nets.py").write_text("def build(num_classes, in_channels, width=8):\n    raise NotImplementedError\n")
+    return root
+
+
+@pytest.fixture
+def package(tmp_path):
+    return pack_directory(stub_project(tmp_path))
 
 
 def upload(client, data: bytes, digest: str | None = None):
@@ -200,10 +205,7 @@ def test_a_torchvision_arch_is_accepted_and_listed_in_the_catalog(code_client, e
 def test_the_sdk_uploads_a_folder_once_and_records_its_digest(code_client, example_body, tmp_path, monkeypatch):
     from api.client import Client
 
-    root = tmp_path / "my_project"
-    root.mkdir()
-    (root / "__init__.py").write_text("")
-    (root / "nets.py").write_text("def build(num_classes, in_channels):\n    raise NotImplementedError\n")
+    root = stub_project(tmp_path)
     sdk = Client("http://testserver")
     sdk._http = code_client  # the TestClient is an httpx.Client on the app
     calls = []
@@ -315,10 +317,7 @@ def test_a_sweep_with_code_records_it_in_the_base_and_every_trial_inherits_it(co
     from api.errors import InvalidInput
     from api.sweeps import SweepSpec, trial_spec
 
-    root = tmp_path / "my_project"
-    root.mkdir()
-    (root / "__init__.py").write_text("")
-    (root / "nets.py").write_text("def build(num_classes, in_channels, width=8):\n    raise NotImplementedError\n")
+    root = stub_project(tmp_path)
     digest = pack_directory(root).digest
     base = {**example_body, "model": {"import": "my_project.nets:build", "params": {"width": 8}}, "algorithms": []}
     body = {"name": "byo-sweep", "base": base, "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}
