@@ -82,6 +82,24 @@ def test_a_folder_in_the_cache_counts_only_if_this_process_unpacked_and_checked_
     assert install_code(package.digest, storage_url=None, fetch=fetch) == folder and fetched == [1]
 
 
+def test_a_cache_others_can_write_to_is_refused_and_a_loose_package_folder_unpacked_again(tmp_path, fresh_imports):
+    """The marker alone proves nothing where others can write: a package folder counts only if it
+    is this user's and private, and so must the cache be."""
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    cache = tmp_path / "cache"
+    planted = cache / package.digest
+    (planted / "evil").mkdir(parents=True)
+    (planted / "evil" / "__init__.py").write_text("PLANTED = True\n")
+    (planted / user_code.VERIFIED_MARKER).write_text(package.digest)
+    planted.chmod(0o777)
+    fetched = []
+    folder = install_code(package.digest, storage_url=None, fetch=lambda: fetched.append(1) or (package.data, "t"))
+    assert fetched == [1] and not (folder / "evil").exists() and (folder / "my_project" / "nets.py").is_file()
+    cache.chmod(0o777)
+    with pytest.raises(UserCodeError, match="can be written by other users .*chmod 700"):
+        install_code(package.digest, storage_url=None, fetch=lambda: (package.data, "t"))
+
+
 def test_a_code_cache_of_another_user_is_refused(tmp_path, fresh_imports, monkeypatch):
     (tmp_path / "cache").mkdir()
     monkeypatch.setattr(user_code.os, "getuid", lambda: (tmp_path / "cache").stat().st_uid + 1)

@@ -18,10 +18,10 @@ How the code gets to the workers: the service stores the package at
 ``{storage}/code/{sha256}.zip``; before building, each worker fetches it with fsspec, checks
 its sha256, unpacks it once per machine under ``$TESSERA_CODE_CACHE`` (default
 ``/tmp/tessera-code-{uid}``) and puts it first on ``sys.path``. The cache is trusted only as far
-as this user owns it: a cache folder of another user is refused (a shared ``/tmp`` lets anyone
-make a folder first), the default one is made private (0700), and a package's folder counts
-only with the marker that its unpacking wrote after the bytes matched the digest; one without
-it is unpacked again.
+as this user alone can change it: a cache folder another user owns or can write to is refused (a
+shared ``/tmp`` lets anyone make a folder first), a missing one is made private (0700), and a
+package's folder counts only if it is private and holds the marker its unpacking wrote after the
+bytes matched the digest; any other is unpacked again.
 
 Why the worker fetches it rather than Ray's ``runtime_env`` (``py_modules``): Ray 2.60 takes
 a local directory, ``.py`` or ``.whl`` there, but a zip only as a remote URI (``s3://``,
@@ -41,8 +41,10 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import stat
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -71,25 +73,39 @@ def code_cache_dir() -> Path:
     return Path(os.environ.get("TESSERA_CODE_CACHE") or default)
 
 
+def _private(path: Path) -> str | None:
+    """Why ``path`` is no folder only this user can change (``lstat``: a link does not count),
+    or None when it is one."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return "is not a folder (a link, or a file)"
+    if info.st_uid != os.getuid():
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"can be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 def _own_cache(root: Path) -> Path:
-    """``root``, made (private) if missing; ``UserCodeError`` if another user owns it, whose
-    folders could hold any code under a digest's name."""
+    """``root``, made private (0700) if missing; ``UserCodeError`` unless only this user can
+    change it: anyone who could would choose what this process imports under a digest's name."""
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        owner = root.stat().st_uid
+        problem = _private(root)
     except OSError as exc:
         raise UserCodeError(f"the code cache {root} cannot be used: {exc}; set TESSERA_CODE_CACHE to a folder "
                             "of your own") from None
-    if owner != os.getuid():
-        raise UserCodeError(f"the code cache {root} belongs to another user (uid {owner}), whose files this "
-                            "process would import; set TESSERA_CODE_CACHE to a folder of your own")
+    if problem is not None:
+        raise UserCodeError(f"the code cache {root} {problem}, so this process would import what others put "
+                            "there; chmod 700 it, or set TESSERA_CODE_CACHE to a private folder of your own")
     return root
 
 
 def _verified(target: Path) -> bool:
-    """Whether ``target`` is a package folder unpacked here from bytes that matched its digest."""
+    """Whether ``target`` is a package folder unpacked by this user from bytes that matched its
+    digest: a private folder (inside a private cache) holding the marker the unpacking wrote."""
     try:
-        return (target / VERIFIED_MARKER).read_text() == target.name
+        return _private(target) is None and (target / VERIFIED_MARKER).read_text() == target.name
     except OSError:
         return False
 
@@ -136,8 +152,19 @@ def _unpack(data: bytes, target: Path) -> None:
     try:
         safe_extract(data, staging)
         (staging / VERIFIED_MARKER).write_text(target.name)
-        if target.exists() and not _verified(target):
-            shutil.rmtree(target, ignore_errors=True)
+        if os.path.lexists(target) and not _verified(target):
+            # Moved aside in one step, then removed: a worker racing here renames its own
+            # verified copy into place and never has it removed under it.
+            stale = target.with_name(f".stale-{target.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
+            try:
+                target.rename(stale)
+            except OSError:
+                stale = None  # gone already, or replaced by someone's verified copy
+            if stale is not None:
+                if stale.is_symlink() or not stale.is_dir():
+                    stale.unlink(missing_ok=True)
+                else:
+                    shutil.rmtree(stale, ignore_errors=True)
         try:
             staging.rename(target)
         except OSError:
