@@ -146,17 +146,20 @@ class SweepRepository(AttemptStore):
 
     def replace_driver_token(self, sweep: SweepRecord, token: str) -> Literal["replaced", "ended", "driven"]:
         """Make ``token`` the driver token of the external ``sweep`` (the earlier one stops
-        working), only while nobody drives it yet: it runs, has no trial, and has not changed
-        since ``sweep`` was read (a concurrent replay, a driver's report). ``ended``: it no
-        longer runs, nothing changed; ``driven``: it changed or has trials, nothing changed."""
+        working), only while nobody drives it yet: it runs, has no trial, no driver has reported
+        since its token was issued (a report moves ``updated_at`` past ``started_at``, which
+        issuing a token sets to the same time), and it has not changed since ``sweep`` was read
+        (a concurrent replay). ``ended``: it no longer runs; ``driven``: it is driven or changed;
+        either way nothing changed."""
         with self.db.write() as session:
             row = session.get(Sweep, sweep.id, with_for_update=True)
             if row is None or row.driver != "external" or row.status != SweepStatus.RUNNING.value:
                 return "ended"
             has_trials = session.execute(select(Run.id).where(Run.sweep_id == sweep.id).limit(1)).first()
-            if has_trials is not None or row.updated_at != sweep.updated_at:
+            if has_trials is not None or row.updated_at != sweep.updated_at or row.updated_at != row.started_at:
                 return "driven"
-            row.token_hash, row.updated_at = hash_token(token), utcnow()
+            now = utcnow()
+            row.token_hash, row.started_at, row.updated_at = hash_token(token), now, now
             return "replaced"
 
     def get_sweep(self, sweep_id: str) -> SweepRecord:
@@ -205,6 +208,9 @@ class SweepRepository(AttemptStore):
             canceled = current in (SweepStatus.CANCELING, SweepStatus.CANCELED)
             if not canceled and not (current.is_terminal and current is status):
                 apply_sweep_status(session, sweep, status, message=message, error=error)
+                # Even a repeated RUNNING says a driver holds the token: a replay of the sweep's
+                # Idempotency-Key must then keep it (``replace_driver_token`` sees the change).
+                sweep.updated_at = utcnow()
                 session.flush()
             return SweepRecord.from_row(sweep)
 

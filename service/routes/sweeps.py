@@ -99,7 +99,7 @@ def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spe
     """The answer to a request whose key made ``sweep`` earlier: its view (200), or a 422 when
     the request asks for another spec or driver. A client repeats a key because it lost the
     first answer, the only one that carried an external sweep's driver token: a replay of a
-    running external sweep that nobody drives yet (no trial, no report) carries a new token, and
+    running external sweep that nobody drives yet (no report, no trial) carries a new token, and
     the earlier one stops working; once it is driven, a replay is a 409."""
     differs = None if sweep.driver == driver else f"driver ({sweep.driver})"
     problem = idempotency.replay_problem(key, sweep.spec, spec, what="sweep", differs=differs)

@@ -162,6 +162,15 @@ def test_a_driven_external_sweep_is_not_handed_a_new_token_by_a_replay(any_clien
     assert still.status_code == 200  # the driver's token still works
 
 
+def test_a_driver_that_reported_keeps_its_token_through_a_replay(any_client, sweep_body):
+    first = _sweep(any_client, sweep_body, "started", driver="external").json()
+    auth = {"Authorization": f"Bearer {first['driver_token']}"}
+    report = f"{API}/sweeps/{first['id']}/report/status"
+    assert any_client.post(report, json={"status": "RUNNING"}, headers=auth).status_code == 200  # Tune starting
+    assert _sweep(any_client, sweep_body, "started", driver="external").status_code == 409
+    assert any_client.post(report, json={"status": "COMPLETED"}, headers=auth).status_code == 200
+
+
 def test_a_token_replacement_from_a_stale_read_changes_nothing(repo, sweep_body):
     """Two replays at once: the one that read the sweep before the other replaced the token does
     not replace it again (the client holds the answer it got last)."""
