@@ -75,7 +75,7 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
     if too_many:
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
     refused = ([body_error(field, why, value) for field, value, why in metric_problems(spec)]
-               + ignored_field_errors(spec.base, prefix="base.")
+               + unsearched(ignored_field_errors(spec.base, prefix="base."), spec)
                + submit_problems(request, spec.base, project=access.get_project(name), prefix="base."))
     searched = spec.search.params.get("max_duration")
     if searched is not None and searched.kind in ("grid", "choice"):
@@ -92,6 +92,22 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
         if not created:  # a concurrent request with the key won the race
             return _replayed(request, sweeps, record, spec, driver, idempotency_key)
     return view_json(sweeps.sweep_view(record.id).model_copy(update={"driver_token": token}), 201)
+
+
+# Spec fields whose problems depend on each other (a batch against the data's size and the workers).
+_RELATED_ROOTS = {"data": "data", "parallelism": "data"}
+
+
+def unsearched(items: list[dict[str, Any]], spec: SweepSpec) -> list[dict[str, Any]]:
+    """The base's problems that no searched parameter can change: every trial takes a searched
+    value in the base's place, so a base ``data.batch_size`` too large for the data is no problem
+    when ``data.batch_size`` (or another ``data``/``parallelism`` field) is searched."""
+    def root(path: str) -> str:
+        first = path.split(".")[0].split("[")[0]
+        return _RELATED_ROOTS.get(first, first)
+
+    searched = {root(path) for path in spec.search.params}
+    return [item for item in items if root(item["field"].removeprefix("base.")) not in searched]
 
 
 def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spec: SweepSpec,

@@ -293,3 +293,13 @@ def test_a_fork_source_that_is_no_form_names_the_forms(client, fake_jobs, exampl
                            "batch of one of the parent's committed checkpoints")
     items = client.post(f"{API}/runs/{parent['id']}/fork", json={"from": {"stp": 10}}).json()["detail"]
     assert [i["field"] for i in items] == ["from", "from.step", "from.stp"]  # not from.ForkStep.step
+
+
+def test_a_sweep_whose_search_replaces_the_base_s_batch_is_not_refused_for_it(client, sweep_body):
+    """Every trial takes a searched value in the base's place: the base's own too-large batch is
+    refused only while nothing searched can change it."""
+    sweep_body["base"]["data"]["batch_size"] = 4000
+    refused = client.post("/api/v1/sweeps", json=sweep_body)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "base.data.batch_size"
+    sweep_body["search"]["params"]["data.batch_size"] = {"grid": [32, 64]}
+    assert client.post("/api/v1/sweeps", json=sweep_body).status_code == 201
