@@ -94,19 +94,22 @@ def merge_patch(base: Any, patch: Any) -> Any:
     return _merged(base, patch, nested=False)
 
 
-def _merged(base: Any, patch: Any, *, nested: bool) -> Any:
+NAMED_LISTS = ("algorithms", "loggers")  # lists of tagged objects a patch may address by name
+
+
+def _merged(base: Any, patch: Any, *, nested: bool, key: str | None = None) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
-    if _is_named_list(base):
+    if key in NAMED_LISTS and _is_named_list(base):
         return _merged_by_name(base, patch)
     if not isinstance(base, dict) or (nested and _renamed(base, patch)):
         base = {}
     merged = copy.deepcopy(base)
-    for key, value in patch.items():
+    for field, value in patch.items():
         if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = _merged(merged.get(key), value, nested=True)
+            merged.pop(field, None)
+        else:  # the spec's own lists of tagged objects may be patched by name
+            merged[field] = _merged(merged.get(field), value, nested=True, key=None if nested else field)
     return merged
 
 
@@ -117,10 +120,13 @@ def _is_named_list(value: Any) -> bool:
 
 def _merged_by_name(base: list[dict[str, Any]], patch: dict[str, Any]) -> list[dict[str, Any]]:
     """A list of tagged objects patched by an object keyed by their names (``--set
-    algorithms.label_smoothing.smoothing=0.2``): a named item merges its patch, ``null`` removes
-    it, a name the list lacks is appended (``{cutmix: {alpha: 1.0}}``); the order is kept."""
+    algorithms.label_smoothing.smoothing=0.2``) or positions (``algorithms.0.smoothing``, as
+    ``tessera diff`` prints them): a named item merges its patch, ``null`` removes it, a name the
+    list lacks is appended (``{cutmix: {alpha: 1.0}}``); the order is kept."""
     merged = [copy.deepcopy(item) for item in base]
     for name, value in patch.items():
+        if isinstance(name, str) and name.isdigit() and int(name) < len(base):
+            name = base[int(name)]["name"]  # a position in the parent's list, as spec_diff names it
         at = next((i for i, item in enumerate(merged) if isinstance(item, dict) and item.get("name") == name), None)
         if value is None:
             if at is not None:

@@ -28,6 +28,8 @@ def test_a_list_of_named_objects_is_patched_by_name_as_a_sweep_names_them():
         {"name": "label_smoothing", "smoothing": 0.1}, {"name": "ema", "half_life": "10ba"}]
     assert merge_patch(base, {"loggers": {"tensorboard": {}}})["loggers"] == [{"name": "tensorboard"}]
     assert merge_patch(base, {"algorithms": [{"name": "ema"}]})["algorithms"] == [{"name": "ema"}]  # a list replaces
+    assert merge_patch(base, {"algorithms": {"1": {"alpha": 0.5}}})["algorithms"][1] == {"name": "cutmix", "alpha": 0.5}
+    assert merge_patch({"tags": []}, {"tags": {"a": 1}}) == {"tags": {"a": 1}}  # only algorithms and loggers
     assert base["algorithms"][0]["smoothing"] == 0.1
 
 
