@@ -286,8 +286,10 @@ def _unknown_tag(field: str, tag: Any, known: list[str]) -> str:
         from api.torchvision_archs import TORCHVISION_ARCHS
 
         archs = difflib.get_close_matches(str(tag), TORCHVISION_ARCHS, n=1, cutoff=0.8)
-        if archs:
-            guess = f"; did you mean {{name: torchvision, arch: {archs[0]}}}?"
+        if archs:  # after the built-in names, which are what a close name most likely meant
+            torchvision = f"{{name: torchvision, arch: {archs[0]}}}"
+            guess = (f"; did you mean {' or '.join(repr(c) for c in close)}, or {torchvision}?" if close
+                     else f"; did you mean {torchvision}?")
         own = _OWN_MODEL
     return f"unknown {noun} {tag!r}{guess} known: {', '.join(sorted(known))}{own}"
 

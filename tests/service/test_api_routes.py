@@ -54,6 +54,8 @@ INVALID_SPECS = {
     "unknown_model": (lambda b: b.update(model={"name": "vit_b16"}), "model.name", "vit_b16",
                       "unknown model 'vit_b16'; did you mean {name: torchvision, arch: vit_b_16}? known: cifar_resnet20, "
                       "gpt_small, resnet18, simple_cnn, torchvision"),
+    "model_close_to_a_built_in_one": (lambda b: b.update(model={"name": "resnet19"}), "model.name", "resnet19",
+                                      "did you mean 'resnet18', or {name: torchvision, arch: resnet18}?"),
     "zero_workers": (lambda b: b["parallelism"].update(num_workers=0), "parallelism.num_workers", 0,
                      "greater than or equal to 1"),
     "unknown_top_level_field": (lambda b: b.update(colour="red"), "colour", "red",
