@@ -187,6 +187,9 @@ def dataset_size(dataset: Any) -> int | None:
     info = DATASETS[dataset.name]
     if info.num_train == 0:  # brought by the user: counted by the loader, from the files
         return None
+    root = type(dataset).model_fields.get("root")
+    if root is not None and dataset.root != root.default:  # other files in the set's format: counted there
+        return None
     if dataset.name == "synthetic":
         return dataset.num_samples
     if dataset.name == "shakespeare":

@@ -12,7 +12,9 @@ import typer
 
 from cli.output import ID_WIDTH, STATUS_WIDTH, JsonOption, console, emit, err_console, kept, listing
 
-METRICS_PAGE = 10_000  # points per GET /runs/{id}/metrics (the dashboard's page); the route allows up to 100,000
+# Points per GET /runs/{id}/metrics: the SDK's METRICS_PAGE_SIZE, which a test here makes smaller;
+# not imported from api.client, which `tessera --help` must not load.
+METRICS_PAGE = 10_000
 STEP_WIDTH = len("100000")  # a batch number a user copies into `fork --from` or `export --step`
 VALUE_WIDTH = len("2.51734e-05")  # a value as f"{v:.6g}" writes it
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"

@@ -281,17 +281,18 @@ class AccessStore:
 
     def revoke_key(self, caller: Caller, key_id: str) -> KeyRecord:
         with self.db.write() as session:
-            # Every active key, locked in one order first: two revokes of the last two admin keys
-            # at once must not both see the other still active. On PostgreSQL the second waits
-            # here, then reads the first's revoke (its WHERE is checked again after the wait);
-            # SQLite runs one write transaction at a time anyway.
-            active = select(ApiKey).where(ApiKey.revoked_at.is_(None)).order_by(ApiKey.id).with_for_update()
-            active_admins = [key.id for key in session.execute(active).scalars() if _is_every_project_admin(key)]
             row = session.get(ApiKey, key_id) if 0 < len(key_id) <= 32 else None
             if row is None or not (row.id == caller.key_id or _administers(caller, row)):
                 raise KeyNotFound(key_id)
-            if active_admins == [row.id]:
-                raise LastAdminKey(key_id)
+            if row.revoked_at is None and _is_every_project_admin(row):
+                # Every active key, locked in one order: two revokes of the last two admin keys at
+                # once must not both see the other still active. On PostgreSQL the second waits
+                # here, then reads the first's revoke (its WHERE is checked again after the wait);
+                # SQLite runs one write transaction at a time anyway.
+                active = select(ApiKey).where(ApiKey.revoked_at.is_(None)).order_by(ApiKey.id).with_for_update()
+                admins = [key.id for key in session.execute(active).scalars() if _is_every_project_admin(key)]
+                if admins == [row.id]:
+                    raise LastAdminKey(key_id)
             if row.revoked_at is None:
                 row.revoked_at = utcnow()
             session.flush()

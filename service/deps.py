@@ -116,6 +116,7 @@ def project_for_create(caller: Caller, access: AccessStore, project: str | None,
         if len(named) > 1:
             raise HTTPException(status_code=422, detail=[field_error(
                 "project", ["query", "project"], f"this API key has roles in several projects ({', '.join(named)}) "
-                f"and none in {name}: pass project=P (tessera submit --project P; the SDK's project=)", None)])
+                f"and none in {name}: pass project=P (tessera submit --project P; the SDK's project=; in the "
+                "dashboard, pick a project in the header)", None)])
     caller.require(name, needed, ProjectNotFound(name))
     return access.get_project(name).name  # 404 for a name no project has

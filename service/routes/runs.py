@@ -162,7 +162,7 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
     if names is None or top in names:
         return []
     held = sorted(names)
-    example = f" (e.g. '{held[0]}.module:callable')" if held else ""
+    example = f" (e.g. '{held[0]}.module:callable' for a package, '{held[0]}:callable' for a module)" if held else ""
     return [body_error(prefix + "model.import", f"the code package {digest[:12]} (code.digest) holds no top-level "
                        f"package or module {top!r}; it holds: {', '.join(held) or 'none'}. Import from one of "
                        f"those{example}, or pack the folder that holds {top} (tessera submit --code DIR)",

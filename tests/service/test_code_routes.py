@@ -150,8 +150,8 @@ def test_a_model_import_the_package_does_not_hold_is_refused_naming_what_it_hold
                                                            "nets_pkg.nets:build")
     assert item["msg"] == (f"the code package {package.digest[:12]} (code.digest) holds no top-level package or module "
                            "'nets_pkg'; it holds: my_project. Import from one of those (e.g. "
-                           "'my_project.module:callable'), or pack the folder that holds nets_pkg (tessera submit "
-                           "--code DIR)")
+                           "'my_project.module:callable' for a package, 'my_project:callable' for a module), or pack "
+                           "the folder that holds nets_pkg (tessera submit --code DIR)")
     sweep = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": body, "search": {}})
     assert sweep.status_code == 422
     assert [(i["field"], i["input"]) for i in sweep.json()["detail"]] == [("base.model.import", "nets_pkg.nets:build")]

