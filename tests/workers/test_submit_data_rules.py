@@ -78,6 +78,15 @@ def test_loader_batches_counts_the_emptiest_rank_as_the_loader_does(n, world):
                 assert counted == min(lengths)
 
 
+def test_padding_gives_every_rank_full_batches_even_with_fewer_examples_than_ranks():
+    """3 examples over 8 ranks are repeated until each rank has its share: no rank trains on an
+    empty batch (the wrap-around went round once, and ranks 6 and 7 got none)."""
+    images, labels = torch.zeros(3, 1, 2, 2), torch.arange(3)
+    for rank in range(8):
+        loader = TensorLoader(images, labels, batch_size=8, rank=rank, world_size=8, drop_last=False, pad=True)
+        assert [len(y) for _, y in loader] == [1], rank
+
+
 def _run_spec(**data) -> RunSpec:
     workers = data.pop("workers", 1)
     return RunSpec.model_validate({

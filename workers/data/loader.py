@@ -78,8 +78,9 @@ class TensorLoader(BatchPosition):
         order = self._order(epoch)
         length = self._ordered_length()
         if length > len(order):
-            # Wrap around so every rank gets the same number of examples (and of steps).
-            order = torch.cat([order, order[: length - len(order)]])
+            # Wrap around so every rank gets the same number of examples (and of steps), as many
+            # times as it takes: 3 examples over 8 ranks repeat them to 8.
+            order = order.repeat(math.ceil(length / len(order)))
         return order[:length][self.rank::self.world_size]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
