@@ -14,8 +14,8 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from api.specs import RunSpec
-from api.sweeps import SweepSpec, metric_problems, trial_count_problem
+from api.specs import RunSpec, ignored_field_problems, unrunnable_problems
+from api.sweeps import SweepSpec, metric_problems, trial_count_problem, trial_spec
 from api.validation_errors import body_error, field_error, format_validation_errors
 from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
                        TrialTicket)
@@ -94,20 +94,42 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
     return view_json(sweeps.sweep_view(record.id).model_copy(update={"driver_token": token}), 201)
 
 
-# Spec fields whose problems depend on each other (a batch against the data's size and the workers).
-_RELATED_ROOTS = {"data": "data", "parallelism": "data"}
+def _sizes_the_data(path: str) -> bool:
+    """Whether ``path`` takes part in a batch's fit to the data (``api.specs.data_size_problems``)."""
+    return path in ("data.batch_size", "data.drop_last", "parallelism.num_workers") or path.startswith(
+        ("data.train.", "data.eval."))
 
 
 def unsearched(items: list[dict[str, Any]], spec: SweepSpec) -> list[dict[str, Any]]:
-    """The base's problems that no searched parameter can change: every trial takes a searched
-    value in the base's place, so a base ``data.batch_size`` too large for the data is no problem
-    when ``data.batch_size`` (or another ``data``/``parallelism`` field) is searched."""
-    def root(path: str) -> str:
-        first = path.split(".")[0].split("[")[0]
-        return _RELATED_ROOTS.get(first, first)
+    """The base's problems (``ignored_field_errors``) that its search cannot cure: every trial
+    takes a searched value in the base's place, so a base ``data.batch_size`` too large for the
+    data is no problem when ``data.batch_size`` (or another field the fit depends on) is searched,
+    unless every value of that grid or choice has the problem too (a range: given the benefit)."""
+    kept = []
+    for item in items:
+        field = item["field"].removeprefix("base.")
+        paths = [path for path, domain in spec.search.params.items()
+                 if path == field or (_sizes_the_data(path) and _sizes_the_data(field))]
+        if all(_every_value_keeps(spec, path, field) for path in paths):
+            kept.append(item)
+    return kept
 
-    searched = {root(path) for path in spec.search.params}
-    return [item for item in items if root(item["field"].removeprefix("base.")) not in searched]
+
+def _every_value_keeps(spec: SweepSpec, path: str, field: str) -> bool:
+    """Whether every value of the searched ``path`` leaves the trial with a problem at ``field``."""
+    domain = spec.search.params[path]
+    if domain.kind not in ("grid", "choice"):
+        return False
+    base_set = [algorithm.name for algorithm in spec.base.algorithms]
+    for value in domain.grid if domain.kind == "grid" else domain.choice:
+        try:
+            trial = trial_spec(spec.base, base_set, {path: value})
+            problems = ignored_field_problems(trial) + unrunnable_problems(trial)
+        except ValidationError:  # this value breaks another rule: the sweep's own checks say so
+            continue
+        if all(problem_field != field for problem_field, _, _ in problems):
+            return False
+    return True
 
 
 def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spec: SweepSpec,
@@ -126,9 +148,9 @@ def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spe
         replaced = sweeps.replace_driver_token(sweep, token)
         if replaced == "driven":  # its driver holds the token: a replay must not take the sweep over
             return JSONResponse(status_code=409, content={"detail": (
-                f"sweep {sweep.id}, which this Idempotency-Key made, is being driven already (it has trials, or "
-                "it changed while this request was answered); its driver token is not given again: use a new "
-                "key for a new sweep")})
+                f"sweep {sweep.id}, which this Idempotency-Key made, is being driven already (its driver has "
+                "reported or registered a trial, or another request with this key was answered meanwhile); its "
+                "driver token is not given again: use a new key for a new sweep")})
         if replaced == "ended":
             token = None  # there is nothing left to drive
     view = queued_sweep(request, sweeps.sweep_view(sweep.id)).model_copy(update={"driver_token": token})

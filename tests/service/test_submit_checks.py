@@ -303,3 +303,10 @@ def test_a_sweep_whose_search_replaces_the_base_s_batch_is_not_refused_for_it(cl
     assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "base.data.batch_size"
     sweep_body["search"]["params"]["data.batch_size"] = {"grid": [32, 64]}
     assert client.post("/api/v1/sweeps", json=sweep_body).status_code == 201
+    sweep_body["search"]["params"]["data.batch_size"] = {"grid": [4000, 8000]}  # no trial could run
+    still = client.post("/api/v1/sweeps", json=sweep_body)
+    assert still.status_code == 422 and still.json()["detail"][0]["field"] == "base.data.batch_size"
+    sweep_body["search"]["params"] = {"data.batch_size": {"grid": [32, 64]}}
+    sweep_body["base"]["data"]["batch_size"], sweep_body["base"]["data"]["num_loader_workers"] = 64, 2
+    ignored = client.post("/api/v1/sweeps", json=sweep_body)  # a search of the batch cannot change this field
+    assert ignored.status_code == 422 and ignored.json()["detail"][0]["field"] == "base.data.num_loader_workers"
