@@ -36,6 +36,7 @@ Which changes a checkpoint survives (``unloadable_changes``), for a fork that st
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,7 +102,7 @@ def _merged(base: Any, patch: Any, *, nested: bool, key: str | None = None) -> A
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     if key in NAMED_LISTS and _is_named_list(base):
-        return _merged_by_name(base, patch)
+        return _merged_by_name(key, base, patch)
     if not isinstance(base, dict) or (nested and _renamed(base, patch)):
         base = {}
     merged = copy.deepcopy(base)
@@ -118,25 +119,44 @@ def _is_named_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, dict) and "name" in v for v in value)
 
 
-def _merged_by_name(base: list[dict[str, Any]], patch: dict[str, Any]) -> list[dict[str, Any]]:
-    """A list of tagged objects patched by an object keyed by their names (``--set
-    algorithms.label_smoothing.smoothing=0.2``) or positions (``algorithms.0.smoothing``, as
-    ``tessera diff`` prints them): a named item merges its patch, ``null`` removes it, a name the
-    list lacks is appended (``{cutmix: {alpha: 1.0}}``); the order is kept."""
-    merged = [copy.deepcopy(item) for item in base]
+class PatchError(ValueError):
+    """A patch that cannot be merged: ``field`` (under ``patch``), the bad ``value``, what is allowed."""
+
+    def __init__(self, field: str, msg: str, value: Any):
+        self.field, self.msg, self.value = field, msg, value
+        super().__init__(f"{field}: {msg}")
+
+
+_POSITION = re.compile(r"[0-9]+")
+
+
+def _merged_by_name(key: str, base: list[dict[str, Any]], patch: dict[str, Any]) -> list[Any]:
+    """The list ``key`` of tagged objects patched by an object keyed by their names (``--set
+    algorithms.label_smoothing.smoothing=0.2``) or positions in the parent's list
+    (``algorithms.0.smoothing``, as ``tessera diff`` prints them): an item merges its patch, or is
+    replaced whole when the patch renames it; ``null`` removes it; a name the list lacks is
+    appended (``{cutmix: {alpha: 1.0}}``). The order is kept. ``PatchError`` for a position past
+    the end of the list."""
+    items: list[Any] = [copy.deepcopy(item) for item in base]  # None: removed
+    appended: list[Any] = []
     for name, value in patch.items():
-        if isinstance(name, str) and name.isdigit() and int(name) < len(base):
-            name = base[int(name)]["name"]  # a position in the parent's list, as spec_diff names it
-        at = next((i for i, item in enumerate(merged) if isinstance(item, dict) and item.get("name") == name), None)
-        if value is None:
-            if at is not None:
-                merged.pop(at)
-        elif at is None:
-            merged.append(_merged({"name": name}, value, nested=False))
+        if _POSITION.fullmatch(str(name)):
+            at: int | None = int(name)
+            if at >= len(base):
+                raise PatchError(f"{key}.{name}", f"the parent's {key} has {len(base)} item(s), positions 0 to "
+                                 f"{len(base) - 1}; name a method instead (e.g. {key}.<name>.<field>)", value)
         else:
-            merged[at] = _merged(merged[at], {**value, "name": name} if isinstance(value, dict) else value,
-                                 nested=False)
-    return merged
+            at = next((i for i, item in enumerate(items) if isinstance(item, dict) and item.get("name") == name), None)
+        if at is None:
+            if value is not None:
+                appended.append(_merged({"name": name}, value, nested=False))
+        elif value is None:
+            items[at] = None
+        elif isinstance(value, dict) and "name" in value and value["name"] != (items[at] or {}).get("name"):
+            items[at] = copy.deepcopy(value)  # renamed: another method, with only the fields given
+        else:
+            items[at] = _merged(items[at], value, nested=False)
+    return [item for item in items if item is not None] + appended
 
 
 def _renamed(base: dict[str, Any], patch: dict[str, Any]) -> bool:

@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from api.lineage import (ForkInfo, ForkRequest, ForkStep, loads_optimizer, longer_duration_problem, merge_patch,
-                         replaced_object_hint, replaced_objects, unloadable_changes)
+from api.lineage import (ForkInfo, ForkRequest, ForkStep, PatchError, loads_optimizer, longer_duration_problem,
+                         merge_patch, replaced_object_hint, replaced_objects, unloadable_changes)
 from api.specs import RunSpec, unrunnable_problems
 from api.time import Time
 from api.validation_errors import body_error, field_error, format_validation_errors, one_line
@@ -50,7 +50,10 @@ def forked_spec(parent: RunRecord, request: ForkRequest) -> RunSpec:
     each field that does not validate (under ``patch``; a field an object replaced for its new
     ``name`` lacks says so), that every worker would refuse (``api.specs.unrunnable_problems``),
     or that makes the checkpoint unloadable."""
-    merged = merge_patch(parent.spec, request.patch)
+    try:
+        merged = merge_patch(parent.spec, request.patch)
+    except PatchError as exc:
+        raise LineageRefused([_patch_error(exc.field, exc.msg, exc.value)]) from None
     try:
         spec = RunSpec.model_validate(merged)
     except ValidationError as exc:

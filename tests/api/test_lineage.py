@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.lineage import ForkRequest, longer_duration_problem, merge_patch, unloadable_changes
+from api.lineage import ForkRequest, PatchError, longer_duration_problem, merge_patch, unloadable_changes
 from api.specs import RunSpec
 from api.time import Time
 from tests.workers.helpers_specs import tiny_spec
@@ -30,6 +30,18 @@ def test_a_list_of_named_objects_is_patched_by_name_as_a_sweep_names_them():
     assert merge_patch(base, {"algorithms": [{"name": "ema"}]})["algorithms"] == [{"name": "ema"}]  # a list replaces
     assert merge_patch(base, {"algorithms": {"1": {"alpha": 0.5}}})["algorithms"][1] == {"name": "cutmix", "alpha": 0.5}
     assert merge_patch({"tags": []}, {"tags": {"a": 1}}) == {"tags": {"a": 1}}  # only algorithms and loggers
+    assert merge_patch(base, {"algorithms": {"0": {"name": "ema"}}})["algorithms"][0] == {"name": "ema"}  # renamed
+    twice = {"loggers": [{"name": "mlflow", "experiment": "a"}, {"name": "mlflow", "experiment": "b"}]}
+    assert merge_patch(twice, {"loggers": {"1": {"experiment": "c"}}})["loggers"] == [
+        {"name": "mlflow", "experiment": "a"}, {"name": "mlflow", "experiment": "c"}]  # that position, not the name
+    assert merge_patch(twice, {"loggers": {"1": None}})["loggers"] == [{"name": "mlflow", "experiment": "a"}]
+    for key in ("7", "\u00b2"):  # past the end; a digit Python's isdigit takes but no position
+        try:
+            merged = merge_patch(base, {"algorithms": {key: {"alpha": 1}}})
+        except PatchError as exc:
+            assert key == "7" and exc.field == "algorithms.7" and "positions 0 to 1" in exc.msg
+        else:
+            assert key != "7" and merged["algorithms"][-1] == {"name": key, "alpha": 1}
     assert base["algorithms"][0]["smoothing"] == 0.1
 
 

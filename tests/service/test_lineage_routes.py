@@ -101,6 +101,9 @@ def test_a_patch_that_does_not_validate_and_a_missing_checkpoint_are_422s(api, f
     assert "it has: 10, 20" in no_step.json()["detail"][0]["msg"]
     bad_from = api.post(f"{API}/runs/{parent['id']}/fork", json={"from": "earliest"})
     assert bad_from.status_code == 422 and bad_from.json()["detail"][0]["field"].startswith("from")
+    past_end = api.post(f"{API}/runs/{parent['id']}/fork", json={"patch": {"algorithms": {"9": {"alpha": 1}}}})
+    assert past_end.status_code == 422
+    assert past_end.json()["detail"][0]["field"] == "algorithms.9" and "positions 0 to" in past_end.json()["detail"][0]["msg"]
     fresh = _finished_parent(api, fake_jobs, example_body, steps=())
     none_yet = api.post(f"{API}/runs/{fresh['id']}/fork", json={"from": "latest"})
     assert none_yet.status_code == 422 and "no committed checkpoint" in none_yet.json()["detail"][0]["msg"]
