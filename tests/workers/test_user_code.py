@@ -66,6 +66,7 @@ def test_a_folder_in_the_cache_counts_only_if_this_process_unpacked_and_checked_
     """Someone's folder under a digest's name (a planted one, an older cache's) is unpacked again
     from checked bytes, never imported as it is."""
     package = pack_directory(write_user_package(tmp_path / "src"))
+    (tmp_path / "cache").mkdir(mode=0o700)  # private whatever the umask: the cache must be
     planted = tmp_path / "cache" / package.digest / "my_project"
     planted.mkdir(parents=True)
     (planted / "__init__.py").write_text("raise RuntimeError('planted code ran')\n")
@@ -87,6 +88,7 @@ def test_a_cache_others_can_write_to_is_refused_and_a_loose_package_folder_unpac
     is this user's and private, and so must the cache be."""
     package = pack_directory(write_user_package(tmp_path / "src"))
     cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)  # private whatever the umask: the cache must be
     planted = cache / package.digest
     (planted / "evil").mkdir(parents=True)
     (planted / "evil" / "__init__.py").write_text("PLANTED = True\n")

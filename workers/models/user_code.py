@@ -38,6 +38,7 @@ verifies the bytes, keeps the package layout, and turns every failure into the r
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import os
 import shutil
@@ -145,31 +146,27 @@ def read_package(digest: str, url: str) -> tuple[bytes, str]:
 
 
 def _unpack(data: bytes, target: Path) -> None:
-    """Unpack verified bytes into a private folder with the marker, then rename it into place:
-    workers on one machine may race here. A folder there without the marker (an older cache's,
-    one cut short) is replaced."""
+    """Unpack verified bytes into a private folder with the marker, then, holding the package's
+    lock (workers on one machine race here), rename it into place unless another worker's
+    verified copy got there first. A folder there that is not verified (an older cache's, one cut
+    short, someone's) is moved aside and removed; a verified one is never touched, so a process
+    importing from it keeps it."""
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}-", dir=target.parent))
     try:
         safe_extract(data, staging)
         (staging / VERIFIED_MARKER).write_text(target.name)
-        if os.path.lexists(target) and not _verified(target):
-            # Moved aside in one step, then removed: a worker racing here renames its own
-            # verified copy into place and never has it removed under it.
-            stale = target.with_name(f".stale-{target.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
-            try:
+        with open(target.parent / f".{target.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if _verified(target):
+                return  # another worker's copy: the same bytes
+            if os.path.lexists(target):
+                stale = target.with_name(f".stale-{target.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
                 target.rename(stale)
-            except OSError:
-                stale = None  # gone already, or replaced by someone's verified copy
-            if stale is not None:
                 if stale.is_symlink() or not stale.is_dir():
-                    stale.unlink(missing_ok=True)
+                    stale.unlink()
                 else:
                     shutil.rmtree(stale, ignore_errors=True)
-        try:
             staging.rename(target)
-        except OSError:
-            if not _verified(target):  # someone else's rename won the race: theirs is the same bytes
-                raise
     except CodePackageError as exc:
         raise UserCodeError(f"code package {target.name}: {exc}") from None
     except OSError as exc:
