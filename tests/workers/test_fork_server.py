@@ -2,7 +2,7 @@
 
 Real processes throughout: each test runs ``python -m workers.fork_exec`` as Ray's job
 supervisor would (a shell command with its own stdout), against a fork server the first call
-starts in this test's own TMPDIR.
+starts in this test's own TMPDIR (a short folder: ``make_node``).
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,17 +47,22 @@ sys.exit(int(os.environ.get("TESSERA_PROBE_EXIT", "0")))
 """
 
 
-def make_node(tmp_path: Path):
-    """A cwd holding the probe module, and an environment whose fork servers live in tmp_path;
-    stops the servers it started."""
-    (tmp_path / "probe_driver.py").write_text(PROBE)
+def make_node():
+    """A cwd holding the probe module, and an environment whose fork servers live there (its
+    TMPDIR); stops the servers it started and removes the folder. A short folder of its own,
+    not pytest's tmp_path: a socket's path must stay under ``MAX_SOCKET_PATH`` bytes, which
+    ``/tmp/pytest-of-USER/pytest-NNN/<test name>/...`` passes once pytest's count reaches 100
+    (fork_exec then starts every driver cold, as it should)."""
+    folder = Path(tempfile.mkdtemp(prefix="tfs-", dir="/tmp"))
+    (folder / "probe_driver.py").write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TESSERA_", "RAY_ADDRESS"))}
-    env.update({"TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
-    yield tmp_path, env
-    for pid in server_pids(tmp_path):  # each logs its pid before it preloads
+    env.update({"TMPDIR": str(folder), "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"})
+    yield folder, env
+    for pid in server_pids(folder):  # each logs its pid before it preloads
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         wait_gone(pid, timeout_s=30)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def server_pids(tmp_path: Path) -> set[int]:
@@ -65,14 +72,14 @@ def server_pids(tmp_path: Path) -> set[int]:
 
 
 @pytest.fixture
-def node(tmp_path: Path):
-    yield from make_node(tmp_path)
+def node():
+    yield from make_node()
 
 
 @pytest.fixture(scope="module")
-def warm_node(tmp_path_factory):
+def warm_node():
     """One node whose fork server is up, shared by the tests that only need a warm server."""
-    nodes = make_node(tmp_path_factory.mktemp("warm"))
+    nodes = make_node()
     cwd, env = next(nodes)
     run_driver(cwd, env)
     wait_until_serving(cwd, env)
