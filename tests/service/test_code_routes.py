@@ -38,12 +38,17 @@ def code_client(request, tmp_path, fake_jobs):
         yield client
 
 
+# A builder the contract accepts; the service stores packages and never imports them.
+NETS = ("import torch.nn as nn\n\n\ndef build(num_classes, in_channels, width=8):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.LazyLinear(width), nn.ReLU(), nn.Linear(width, num_classes))\n")
+
+
 def stub_project(folder):
     """``folder/my_project``, a package whose ``nets.build`` only has to be importable; returns it."""
     root = folder / "my_project"
     root.mkdir()
     (root / "__init__.py").write_text("")
-    (root / "nets.py").write_text("def build(num_classes, in_channels, width=8):\n    raise NotImplementedError\n")
+    (root / "nets.py").write_text(NETS)
     return root
 
 
@@ -135,7 +140,7 @@ def zip_of(*names: str) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name in names:
-            archive.writestr(name, b"def build(num_classes, in_channels):\n    raise NotImplementedError\n")
+            archive.writestr(name, NETS)
     return buffer.getvalue()
 
 

