@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import httpx
 from pydantic import ValidationError
 
-from api.code_package import CodePackage, CodeView, inspect_package, pack_directory
+from api.code_package import CodePackage, CodeView, inspect_package, pack_directory, with_code_digest
 from api.credentials import find_api_key
 from api.errors import ApiError, ExportFailed, InvalidInput
 from api.logs import LogsPage, SweepLogsPage
@@ -134,8 +134,9 @@ class Client:
     def _with_code(self, run_body: dict[str, Any], code: str | Path | CodePackage, *,
                    project: str | None) -> dict[str, Any]:
         """A copy of ``run_body`` (a RunSpec's dict: a run's, a sweep's base) whose ``code.digest``
-        names ``code``, packed and uploaded to ``project`` unless the service has it already."""
-        return {**run_body, "code": {"digest": self.upload_code(code, project=project).digest}}
+        names ``code``, packed and uploaded to ``project`` unless the service has it already; its
+        ``code.requirements`` are kept."""
+        return with_code_digest(run_body, self.upload_code(code, project=project).digest)
 
     def _post_with_retries(self, path: str, **kwargs: Any) -> Any:
         """POST that is safe to repeat (it carries an Idempotency-Key), retried on a lost answer."""

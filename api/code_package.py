@@ -31,6 +31,7 @@ import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -70,6 +71,13 @@ def sha256_hex(data: bytes) -> str:
 
 
 # --- packing ---------------------------------------------------------------------------
+
+def with_code_digest(run_body: dict[str, Any], digest: str) -> dict[str, Any]:
+    """A copy of ``run_body`` (a RunSpec's dict) whose ``code.digest`` is ``digest``; the rest of
+    its ``code`` (``requirements``) is kept. What ``--code DIR`` and ``code=`` do to a spec."""
+    code = run_body.get("code")
+    return {**run_body, "code": {**(code if isinstance(code, dict) else {}), "digest": digest}}
+
 
 def pack_directory(folder: str | Path, *, max_bytes: int = MAX_PACKAGE_BYTES) -> CodePackage:
     """Zip ``folder`` (see the module docstring for layout, exclusions and links)."""

@@ -3,6 +3,7 @@
     model: {name: torchvision, arch: resnet50, params: {...}}        # random init, never downloads weights
     model: {import: "my_project.nets:build", params: {width: 64}}   # your callable, shipped with --code
     code: {digest: <sha256 of the package>}                          # set by `tessera submit --code DIR`
+    code: {requirements: ["einops==0.8.1"]}                          # pip packages the workers install too
 
 The imported callable is called on the workers as ``build(num_classes=..., in_channels=...,
 **params)`` (text data: ``build(vocab_size=..., **params)``) and returns an ``nn.Module``; if that
@@ -15,9 +16,9 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api.torchvision_archs import TORCHVISION_ARCHS
 from api.validation_errors import worded_pattern
@@ -123,10 +124,44 @@ class ImportedModelSpec(_Spec):
         return self.import_path.partition(":")[2]
 
 
+MAX_REQUIREMENTS = 64
+MAX_REQUIREMENT_CHARS = 300
+
+
+def _checked_requirement(text: str) -> str:
+    """``text`` stripped, or a ``ValueError`` naming it: one PEP 508 requirement (a name, extras,
+    a version range, markers, or ``name @ URL``), not a pip option or a file."""
+    from packaging.requirements import InvalidRequirement, Requirement  # only specs with requirements pay
+
+    shown = repr(text) if len(text) <= 80 else repr(text[:77] + "...")
+    text = text.strip()
+    if not text or len(text) > MAX_REQUIREMENT_CHARS:
+        raise ValueError(f"{shown} must be 1 to {MAX_REQUIREMENT_CHARS} characters")
+    if text.startswith("-"):
+        raise ValueError(f"{shown} is a pip option; only requirements are allowed, e.g. 'einops==0.8.1' "
+                         "(point pip at another index with PIP_INDEX_URL in the workers' environment)")
+    try:
+        Requirement(text)
+    except InvalidRequirement as exc:
+        first_line = str(exc).splitlines()[0]
+        raise ValueError(f"{shown} is not a PEP 508 requirement ({first_line}); write e.g. 'einops==0.8.1', "
+                         "'scipy>=1.11,<2' or 'name @ https://host/name.whl'") from None
+    return text
+
+
+PipRequirement = Annotated[str, AfterValidator(_checked_requirement)]
+
+
 class CodeRef(_Spec):
-    """A code package the service stores (``POST /api/v1/code``), by the sha256 of its zip."""
+    """A code package the service stores (``POST /api/v1/code``), by the sha256 of its zip, and
+    the pip requirements it needs beyond the workers' own packages. The service only parses the
+    requirements (PEP 508); each worker installs them (``workers.models.user_requirements``)."""
 
     digest: str = Field(..., pattern=SHA256_PATTERN, description="sha256 of the package zip, 64 lowercase hex digits")
+    requirements: list[PipRequirement] = Field(
+        default_factory=list, max_length=MAX_REQUIREMENTS, exclude_if=lambda requirements: not requirements,
+        description="pip requirements (PEP 508, e.g. 'einops==0.8.1') the workers install once per machine beside "
+                    "the package; packages the workers have already are never replaced")
 
 
 def route_model_spec(value: Any, handler: Any) -> Any:

@@ -94,7 +94,9 @@ def submit(
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is not None:
-        body["code"] = {"digest": _upload_code(client, code, project=project, out=out)}
+        from api.code_package import with_code_digest
+
+        body = with_code_digest(body, _upload_code(client, code, project=project, out=out))
     run = _call(client.create_run, body, project=project, idempotency_key=idempotency_key)
     out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
@@ -227,20 +229,22 @@ def train(
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
+    from api.code_package import CodePackageError, pack_directory
     from cli.specfile import SpecFileError, load_spec
 
     try:
-        spec = load_spec(file)
-    except SpecFileError as exc:
+        spec = load_spec(file, code_digest=None if code is None else pack_directory(code).digest)
+    except (SpecFileError, CodePackageError) as exc:
         _fail(str(exc))
-    if code is not None:
-        spec = spec.model_copy(update={"code": None})  # imported from the folder, not fetched from a service
-        _put_code_on_path(code)
     try:
         from workers.checkpoint import IncompatibleCheckpoint
         from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
     except ModuleNotFoundError as exc:
         needs_extra("workers", exc)
+    if code is not None:
+        _put_code_on_path(code)
+        _install_requirements(spec.code.requirements)
+        spec = spec.model_copy(update={"code": None})  # imported from the folder, not fetched from a service
 
     checkpoint_dir = None if no_checkpoints else checkpoint_dir or default_checkpoint_dir()
     if checkpoint_dir is not None:
@@ -255,6 +259,25 @@ def train(
     except IncompatibleCheckpoint as exc:
         _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
     console.print_json(json.dumps(result, default=float))
+
+
+def _install_requirements(requirements: list[str]) -> None:
+    """Install a local run's ``code.requirements`` as a worker does, and make them importable
+    here and in local Ray workers (after what is installed)."""
+    import os
+
+    from workers.models.code_cache import UserCodeError
+    from workers.models.user_requirements import install_requirements, site_dirs
+
+    if requirements:
+        console.print(f"installing code.requirements {requirements} (once per machine)", highlight=False)
+    try:
+        folder = install_requirements(requirements)
+    except UserCodeError as exc:
+        _fail(str(exc))
+    if folder is not None:
+        found = [str(p) for p in site_dirs(folder) if p.is_dir()]
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), *found]))
 
 
 def _put_code_on_path(folder: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from api.code_package import with_code_digest
 from api.errors import format_detail
 from api.specs import RunSpec
 from api.validation_errors import format_validation_errors
@@ -33,10 +34,13 @@ def load_spec_dict(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_spec(path: str | Path) -> RunSpec:
+def load_spec(path: str | Path, *, code_digest: str | None = None) -> RunSpec:
     """Load and validate; ``SpecFileError`` lists ``field: message (got value)`` per problem,
-    worded as the service's 422 for the same spec (``api.validation_errors``)."""
+    worded as the service's 422 for the same spec (``api.validation_errors``). ``code_digest``:
+    the spec's ``code.digest`` (``--code DIR``'s package), its ``code.requirements`` kept."""
     data = load_spec_dict(path)
+    if code_digest is not None:
+        data = with_code_digest(data, code_digest)
     try:
         return RunSpec.model_validate(data)
     except ValidationError as exc:

@@ -54,7 +54,9 @@ def submit_sweep(
         if not isinstance(base, dict):
             fail(f"--code {code}: {file} has no base run spec to record code.digest in: base must be a mapping "
                  f"(a RunSpec), got {'nothing' if base is None else type(base).__name__}")
-        body["base"] = {**base, "code": {"digest": _upload_code(client, code, project=project, out=out)}}
+        from api.code_package import with_code_digest
+
+        body["base"] = with_code_digest(base, _upload_code(client, code, project=project, out=out))
     sweep = call(client.create_sweep, body, project=project, idempotency_key=idempotency_key)
     out.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
     if not wait:

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 ALLOWED = {
-    "api": {"api", "pydantic", "pydantic_core", "httpx", "typing_extensions"},
+    # packaging: parses code.requirements (PEP 508) when a spec is validated.
+    "api": {"api", "pydantic", "pydantic_core", "httpx", "typing_extensions", "packaging"},
     # apex: an optional CUDA kernel library, imported inside FusedLayerNorm only when installed.
     "algorithms": {"algorithms", "api", "torch", "torchvision", "numpy", "PIL", "apex"},
 }

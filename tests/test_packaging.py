@@ -68,7 +68,7 @@ def test_each_install_provides_every_module_its_layers_import(extra):
 
 def test_the_sdk_install_brings_neither_the_cli_nor_the_heavy_layers():
     bare = {canonical(name) for name, _, _ in expand(PROJECT, None)}
-    assert bare == {"pydantic", "httpx"}
+    assert bare == {"pydantic", "httpx", "packaging"}
     assert not {"torch", "ray", "fastapi", "typer"} & closure(bare)
 
 

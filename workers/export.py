@@ -189,7 +189,7 @@ def install_export_code(metadata: dict[str, str], source: str, *, service_url: s
 
     digest = spec.code.digest
     try:
-        return install_code(digest, storage_url=None,
+        return install_code(spec.code, storage_url=None,
                             fetch=lambda: _fetch_code(digest, source, service_url=service_url, project=project))
     except UserCodeError as exc:
         top_level = spec.model.module_name.split(".")[0]
@@ -264,7 +264,7 @@ def export_checkpoint(checkpoint_url: str, *, spec: RunSpec, metrics: dict[str, 
     if spec.code is not None:  # the run's own model code, as its workers installed it
         from workers.models.user_code import install_code
 
-        install_code(spec.code.digest, storage_url=storage_url)
+        install_code(spec.code, storage_url=storage_url)
     surgery = [s for s, a in zip(spec.algorithms, build_algorithms(spec.algorithms)) if a.changes_model]
     metadata = export_metadata(spec, surgery=surgery, step=int(marker["step"]),
                                num_classes=int(fingerprint["num_classes"]),

@@ -178,7 +178,7 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     with closed_at_end(sink):
         restarted = rank == 0 and run is not None and _is_restart(run, config.get("attempt", 1))
         if spec.code is not None:  # before the model is built: it imports from the package
-            install_code(spec.code.digest, storage_url=config.get("storage_url"))
+            install_code(spec.code, storage_url=config.get("storage_url"))
         with process_settings(spec):
             fork = ForkInfo.model_validate(config["fork"]) if config.get("fork") else None
             trainer = Trainer(spec, sink=sink, device=device, checkpoint_url=checkpoints_url(run) if run else None,

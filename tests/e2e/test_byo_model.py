@@ -14,7 +14,7 @@ import yaml
 
 from api.views import RunStatus
 from tests.e2e.conftest import wait_for_status
-from tests.workers.byo_helpers import user_spec, write_user_package
+from tests.workers.byo_helpers import user_spec, write_user_package, write_wheel
 
 pytestmark = pytest.mark.integration
 TESSERA = str(Path(sys.executable).with_name("tessera"))
@@ -36,14 +36,19 @@ def run_id_of(result: subprocess.CompletedProcess) -> str:
 
 
 def test_a_shipped_model_trains_to_completion_on_ray_with_s3_storage(s3_service, s3_server, tmp_path):
-    package = write_user_package(tmp_path / "good")
-    spec = user_spec("byo-e2e", None, algorithms=[{"name": "blurpool"}], batches=6)
+    # The model takes its width from a pip requirement the workers install (a wheel built here).
+    package = write_user_package(tmp_path / "good", needs="tessera_probe_dep")
+    requirement = f"tessera_probe_dep @ {write_wheel(tmp_path / 'wheels', width=5).as_uri()}"
+    spec = {**user_spec("byo-e2e", None, algorithms=[{"name": "blurpool"}], batches=6),
+            "code": {"requirements": [requirement]}}
+    spec["model"]["params"] = {}
     result = submit(s3_service, spec, package, tmp_path, "--follow")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "uploaded" in result.stdout and "COMPLETED" in result.stdout
     client = s3_service.client()
     run = client.get_run(run_id_of(result))
     digest = run.spec["code"]["digest"]
+    assert run.spec["code"]["requirements"] == [requirement]  # --code added the digest and kept them
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_server.endpoint_url)
             .list_objects_v2(Bucket=s3_server.bucket, Prefix=f"{s3_service.storage_prefix}/code/")["Contents"]]
     assert keys == [f"{s3_service.storage_prefix}/code/{digest}.zip"]

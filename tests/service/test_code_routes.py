@@ -136,6 +136,22 @@ def test_a_run_may_name_only_a_stored_package(code_client, example_body, package
     assert run.json()["spec"]["code"] == {"digest": package.digest}
 
 
+def test_code_requirements_are_parsed_at_submit_and_kept_with_the_spec(code_client, example_body, package):
+    upload(code_client, package.data)
+    body = imported_run(example_body, package.digest)
+    bad = code_client.post(f"{API}/runs", json={**body, "code": {"digest": package.digest,
+                                                                 "requirements": ["einops==0.8.1", "--index-url x"]}})
+    assert bad.status_code == 422
+    [item] = bad.json()["detail"]
+    assert item["field"] == "code.requirements[1]" and item["input"] == "--index-url x"
+    assert "is a pip option" in item["msg"] and "einops==0.8.1" in item["msg"]  # what is allowed
+    assert code_client.get(f"{API}/runs").json()["data"] == []
+    good = code_client.post(f"{API}/runs", json={**body, "code": {"digest": package.digest,
+                                                                  "requirements": [" einops==0.8.1", "scipy>=1.11,<2"]}})
+    assert good.status_code == 201, good.text
+    assert good.json()["spec"]["code"] == {"digest": package.digest, "requirements": ["einops==0.8.1", "scipy>=1.11,<2"]}
+
+
 def zip_of(*names: str) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:

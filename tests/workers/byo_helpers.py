@@ -36,16 +36,48 @@ def build(num_classes, in_channels, width=16):
 '''
 
 
-def write_user_package(root: Path, *, broken: bool = False, name: str = "my_project") -> Path:
-    """``root/<name>/{__init__.py, nets.py}``; ``broken`` makes ``nets.py`` import a missing module."""
+def write_user_package(root: Path, *, broken: bool = False, name: str = "my_project",
+                       needs: str | None = None) -> Path:
+    """``root/<name>/{__init__.py, nets.py}``; ``broken`` makes ``nets.py`` import a missing
+    module, ``needs`` a module of a pip requirement (``code.requirements``) whose ``WIDTH`` it uses."""
     package = root / name
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text("")
-    (package / "nets.py").write_text(("import not_installed_anywhere  # the user forgot a dependency\n" if broken
-                                      else "") + NETS)
+    imports = "import not_installed_anywhere  # the user forgot a dependency\n" if broken else ""
+    nets = NETS
+    if needs:
+        imports += f"import {needs}\n"
+        nets = nets.replace("def build(num_classes, in_channels, width=16):",
+                            f"def build(num_classes, in_channels, width={needs}.WIDTH):")
+    (package / "nets.py").write_text(imports + nets)
     (package / ".gitignore").write_text("*.ckpt\n")
     (package / "old.ckpt").write_bytes(b"\0" * 1024)
     return package
+
+
+def write_wheel(folder: Path, name: str = "tessera_probe_dep", version: str = "1.0", width: int = 6) -> Path:
+    """A pure-Python wheel of one module ``name`` (``WIDTH = width``), built by hand (a zip with
+    its dist-info, as PEP 427 describes), so pip installs it with no index and no build step:
+    require it as ``f"{name} @ {path.as_uri()}"``."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}.py": f"WIDTH = {width}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tessera-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel
 
 
 def user_spec(name: str, digest: str | None, *, algorithms=(), batches: int = 4, num_workers: int = 1) -> dict:

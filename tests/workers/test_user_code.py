@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from api.code_package import pack_directory
+from api.model_specs import CodeRef
 from api.specs import RunSpec
-from workers.models import user_code
+from workers.models import code_cache, user_code
 from workers.models.user_code import UserCodeError, install_code
 from workers.reporter import MemorySink
 from workers.trainer import Trainer
@@ -39,7 +40,7 @@ def store(tmp_path, package) -> str:
 def test_a_shipped_model_trains_with_its_own_loss_and_surgery_that_finds_nothing_is_noted(tmp_path, fresh_imports):
     package = pack_directory(write_user_package(tmp_path / "src"))
     assert "my_project/old.ckpt" not in package.files
-    folder = install_code(package.digest, storage_url=store(tmp_path, package))
+    folder = install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     assert (folder / "my_project" / "nets.py").is_file() and sys.path[0] == str(folder)
     spec = RunSpec.model_validate(user_spec("byo", package.digest, algorithms=[
         {"name": "blurpool"}, {"name": "channels_last"}, {"name": "factorize"}]))
@@ -57,9 +58,9 @@ def test_a_package_whose_bytes_differ_from_its_digest_is_refused(tmp_path, fresh
     storage_url = store(tmp_path, package)
     (tmp_path / "storage" / "code" / f"{package.digest}.zip").write_bytes(package.data + b"tampered")
     with pytest.raises(UserCodeError, match="holds other bytes"):
-        install_code(package.digest, storage_url=storage_url)
+        install_code(CodeRef(digest=package.digest), storage_url=storage_url)
     with pytest.raises(UserCodeError, match=r"cannot fetch .*/code/0{64}\.zip: FileNotFoundError"):
-        install_code("0" * 64, storage_url=storage_url)
+        install_code(CodeRef(digest="0" * 64), storage_url=storage_url)
 
 
 def test_a_folder_in_the_cache_counts_only_if_this_process_unpacked_and_checked_it(tmp_path, fresh_imports):
@@ -76,11 +77,11 @@ def test_a_folder_in_the_cache_counts_only_if_this_process_unpacked_and_checked_
         fetched.append(1)
         return package.data, "the test"
 
-    folder = install_code(package.digest, storage_url=None, fetch=fetch)
+    folder = install_code(CodeRef(digest=package.digest), storage_url=None, fetch=fetch)
     assert fetched == [1] and (folder / "my_project" / "nets.py").is_file()
     import my_project.nets  # noqa: F401  (the package's own code, not the planted __init__)
 
-    assert install_code(package.digest, storage_url=None, fetch=fetch) == folder and fetched == [1]
+    assert install_code(CodeRef(digest=package.digest), storage_url=None, fetch=fetch) == folder and fetched == [1]
 
 
 def test_a_cache_others_can_write_to_is_refused_and_a_loose_package_folder_unpacked_again(tmp_path, fresh_imports):
@@ -92,33 +93,33 @@ def test_a_cache_others_can_write_to_is_refused_and_a_loose_package_folder_unpac
     planted = cache / package.digest
     (planted / "evil").mkdir(parents=True)
     (planted / "evil" / "__init__.py").write_text("PLANTED = True\n")
-    (planted / user_code.VERIFIED_MARKER).write_text(package.digest)
+    (planted / code_cache.VERIFIED_MARKER).write_text(package.digest)
     planted.chmod(0o777)
     fetched = []
-    folder = install_code(package.digest, storage_url=None, fetch=lambda: fetched.append(1) or (package.data, "t"))
+    folder = install_code(CodeRef(digest=package.digest), storage_url=None, fetch=lambda: fetched.append(1) or (package.data, "t"))
     assert fetched == [1] and not (folder / "evil").exists() and (folder / "my_project" / "nets.py").is_file()
     cache.chmod(0o777)
     with pytest.raises(UserCodeError, match="can be written by other users .*chmod 700"):
-        install_code(package.digest, storage_url=None, fetch=lambda: (package.data, "t"))
+        install_code(CodeRef(digest=package.digest), storage_url=None, fetch=lambda: (package.data, "t"))
 
 
 def test_a_code_cache_of_another_user_is_refused(tmp_path, fresh_imports, monkeypatch):
     (tmp_path / "cache").mkdir()
-    monkeypatch.setattr(user_code.os, "getuid", lambda: (tmp_path / "cache").stat().st_uid + 1)
+    monkeypatch.setattr(code_cache.os, "getuid", lambda: (tmp_path / "cache").stat().st_uid + 1)
     with pytest.raises(UserCodeError, match="belongs to another user .*TESSERA_CODE_CACHE"):
-        install_code("0" * 64, storage_url="file:///nowhere")
+        install_code(CodeRef(digest="0" * 64), storage_url="file:///nowhere")
 
 
 def test_the_default_code_cache_is_this_users_and_private(tmp_path, monkeypatch):
     monkeypatch.delenv("TESSERA_CODE_CACHE", raising=False)
-    monkeypatch.setattr(user_code.tempfile, "gettempdir", lambda: str(tmp_path))
-    root = user_code._own_cache(user_code.code_cache_dir())
-    assert root == tmp_path / f"tessera-code-{user_code.os.getuid()}" and root.stat().st_mode & 0o077 == 0
+    monkeypatch.setattr(code_cache.tempfile, "gettempdir", lambda: str(tmp_path))
+    root = code_cache.own_cache(code_cache.code_cache_dir())
+    assert root == tmp_path / f"tessera-code-{code_cache.os.getuid()}" and root.stat().st_mode & 0o077 == 0
 
 
 def test_an_import_error_names_the_module_the_error_and_the_users_line(tmp_path, fresh_imports):
     package = pack_directory(write_user_package(tmp_path / "src", broken=True))
-    install_code(package.digest, storage_url=store(tmp_path, package))
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     spec = RunSpec.model_validate(user_spec("broken", package.digest))
     with pytest.raises(UserCodeError) as caught:
         Trainer(spec)
@@ -134,11 +135,11 @@ def test_a_builder_that_does_not_return_a_module_is_refused(tmp_path, fresh_impo
     (root / "__init__.py").write_text("")
     (root / "nets.py").write_text("def build(num_classes, in_channels, width):\n    return 'a string'\n")
     package = pack_directory(root)
-    install_code(package.digest, storage_url=store(tmp_path, package))
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     spec = RunSpec.model_validate(user_spec("not-a-module", package.digest))
     with pytest.raises(UserCodeError, match="returned a str, not a torch.nn.Module"):
         Trainer(spec)
-    assert user_code.code_cache_dir() == tmp_path / "cache"
+    assert code_cache.code_cache_dir() == tmp_path / "cache"
 
 
 def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
@@ -149,7 +150,7 @@ def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
     example = REPO_ROOT / "examples" / "byo"
     package = pack_directory(example / "my_project")
     assert package.files == ["my_project/.gitignore", "my_project/__init__.py", "my_project/nets.py"]
-    install_code(package.digest, storage_url=store(tmp_path, package))
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     body = yaml.safe_load((example / "spec.yaml").read_text())
     spec = RunSpec.model_validate({**body, "code": {"digest": package.digest},
                                    "parallelism": {"strategy": "none", "num_workers": 1}, "max_duration": "1ba"})
@@ -168,7 +169,7 @@ def test_the_builder_gets_classes_and_channels_for_images_and_vocab_size_for_tex
     (root / "nets.py").write_text("import torch.nn as nn\n\n\ndef build(**kwargs):\n"
                                   "    model = nn.Identity()\n    model.kwargs = kwargs\n    return model\n")
     package = pack_directory(root)
-    install_code(package.digest, storage_url=store(tmp_path, package))
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     spec = ImportedModelSpec.model_validate({"import": "my_project.nets:build", "params": {"depth": 2}})
     assert build_model(spec, num_classes=10, in_channels=1, domain="vision").kwargs == {
         "num_classes": 10, "in_channels": 1, "depth": 2}
@@ -183,7 +184,7 @@ def test_alibi_on_a_user_language_model_without_our_attention_is_noted_not_refus
                                 "    return nn.Sequential(nn.Embedding(vocab_size, width),\n"
                                 "                         nn.Linear(width, vocab_size))\n")
     package = pack_directory(root)
-    install_code(package.digest, storage_url=store(tmp_path, package))
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     spec = RunSpec.model_validate({
         "name": "byo-text", "model": {"import": "my_lm.lm:build"}, "code": {"digest": package.digest},
         "data": {"train": {"name": "shakespeare", "seq_len": 16, "limit": 32}, "batch_size": 8},

@@ -16,12 +16,10 @@ The contract (small, like Composer's ``ComposerModel``):
 
 How the code gets to the workers: the service stores the package at
 ``{storage}/code/{sha256}.zip``; before building, each worker fetches it with fsspec, checks
-its sha256, unpacks it once per machine under ``$TESSERA_CODE_CACHE`` (default
-``/tmp/tessera-code-{uid}``) and puts it first on ``sys.path``. The cache is trusted only as far
-as this user alone can change it: a cache folder another user owns or can write to is refused (a
-shared ``/tmp`` lets anyone make a folder first), a missing one is made private (0700), and a
-package's folder counts only if it is private and holds the marker its unpacking wrote after the
-bytes matched the digest; any other is unpacked again.
+its sha256, unpacks it once per machine in the code cache (``workers.models.code_cache``:
+``$TESSERA_CODE_CACHE``, trusted only as far as this user alone can change it) and puts it first
+on ``sys.path``; the spec's ``code.requirements`` are then installed beside it
+(``workers.models.user_requirements``).
 
 Why the worker fetches it rather than Ray's ``runtime_env`` (``py_modules``): Ray 2.60 takes
 a local directory, ``.py`` or ``.whl`` there, but a zip only as a remote URI (``s3://``,
@@ -38,14 +36,9 @@ verifies the bytes, keeps the package layout, and turns every failure into the r
 
 from __future__ import annotations
 
-import fcntl
 import importlib
 import os
-import shutil
-import stat
 import sys
-import tempfile
-import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -54,73 +47,26 @@ import torch.nn as nn
 from fsspec.core import url_to_fs
 
 from api.code_package import CodePackageError, safe_extract, sha256_hex
-from api.model_specs import ImportedModelSpec
+from api.model_specs import CodeRef, ImportedModelSpec
+from workers.models.code_cache import UserCodeError, code_cache_dir, own_cache, place, verified
+from workers.models.user_requirements import install_requirements
 from workers.paths import code_package_url
 
 TRACEBACK_LINES = 20
 
 
-class UserCodeError(RuntimeError):
-    """The run's code could not be fetched, imported or called; the message says which and
-    ends with the traceback's tail. One string, so it pickles across Ray."""
-
-
-VERIFIED_MARKER = ".tessera-sha256"  # in a package's cache folder: the digest its bytes matched
-
-
-def code_cache_dir() -> Path:
-    """``$TESSERA_CODE_CACHE``, else a folder of this user's in the temporary directory."""
-    default = Path(tempfile.gettempdir()) / f"tessera-code-{os.getuid()}"
-    return Path(os.environ.get("TESSERA_CODE_CACHE") or default)
-
-
-def _private(path: Path) -> str | None:
-    """Why ``path`` is no folder only this user can change (``lstat``: a link does not count),
-    or None when it is one."""
-    info = path.lstat()
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        return "is not a folder (a link, or a file)"
-    if info.st_uid != os.getuid():
-        return f"belongs to another user (uid {info.st_uid})"
-    if info.st_mode & 0o022:
-        return f"can be written by other users (mode {stat.S_IMODE(info.st_mode):o})"
-    return None
-
-
-def _own_cache(root: Path) -> Path:
-    """``root``, made private (0700) if missing; ``UserCodeError`` unless only this user can
-    change it: anyone who could would choose what this process imports under a digest's name."""
-    try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        problem = _private(root)
-    except OSError as exc:
-        raise UserCodeError(f"the code cache {root} cannot be used: {exc}; set TESSERA_CODE_CACHE to a folder "
-                            "of your own") from None
-    if problem is not None:
-        raise UserCodeError(f"the code cache {root} {problem}, so this process would import what others put "
-                            "there; chmod 700 it, or set TESSERA_CODE_CACHE to a private folder of your own")
-    return root
-
-
-def _verified(target: Path) -> bool:
-    """Whether ``target`` is a package folder unpacked by this user from bytes that matched its
-    digest: a private folder (inside a private cache) holding the marker the unpacking wrote."""
-    try:
-        return _private(target) is None and (target / VERIFIED_MARKER).read_text() == target.name
-    except OSError:
-        return False
-
-
-def install_code(digest: str, *, storage_url: str | None,
+def install_code(code: CodeRef, *, storage_url: str | None,
                  fetch: Callable[[], tuple[bytes, str]] | None = None) -> Path:
-    """Make the package ``digest`` importable in this process; returns its folder.
+    """Make the package ``code.digest`` and its ``code.requirements`` importable in this
+    process; returns the package's folder.
 
     Fetched only when this machine's cache lacks it: from ``{storage_url}/code/{digest}.zip``,
     or by ``fetch()`` when given (``workers.export.load_model``: from the service), which returns
     the bytes and where they came from (for messages) and raises ``UserCodeError`` when it cannot.
     Either way the bytes are checked against ``digest`` before they are unpacked."""
-    target = _own_cache(code_cache_dir()) / digest
-    if not _verified(target):
+    digest = code.digest
+    target = own_cache(code_cache_dir()) / digest
+    if not verified(target):
         if fetch is None:
             if not storage_url:
                 raise UserCodeError(f"code.digest {digest}: the run has a code package but no storage URL to fetch it "
@@ -133,6 +79,7 @@ def install_code(digest: str, *, storage_url: str | None,
                                 "upload the package again")
         _unpack(data, target)
     _put_first_on_path(target)
+    install_requirements(code.requirements)
     return target
 
 
@@ -146,33 +93,13 @@ def read_package(digest: str, url: str) -> tuple[bytes, str]:
 
 
 def _unpack(data: bytes, target: Path) -> None:
-    """Unpack verified bytes into a private folder with the marker, then, holding the package's
-    lock (workers on one machine race here), rename it into place unless another worker's
-    verified copy got there first. A folder there that is not verified (an older cache's, one cut
-    short, someone's) is moved aside and removed; a verified one is never touched, so a process
-    importing from it keeps it."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}-", dir=target.parent))
+    """Unpack verified bytes into ``target`` (``place``)."""
     try:
-        safe_extract(data, staging)
-        (staging / VERIFIED_MARKER).write_text(target.name)
-        with open(target.parent / f".{target.name}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            if _verified(target):
-                return  # another worker's copy: the same bytes
-            if os.path.lexists(target):
-                stale = target.with_name(f".stale-{target.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
-                target.rename(stale)
-                if stale.is_symlink() or not stale.is_dir():
-                    stale.unlink()
-                else:
-                    shutil.rmtree(stale, ignore_errors=True)
-            staging.rename(target)
+        place(target, lambda staging: safe_extract(data, staging))
     except CodePackageError as exc:
         raise UserCodeError(f"code package {target.name}: {exc}") from None
     except OSError as exc:
         raise UserCodeError(f"code package {target.name}: cannot unpack it into {target.parent}: {exc}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _put_first_on_path(folder: Path) -> None:
