@@ -76,7 +76,9 @@ def with_code_digest(run_body: dict[str, Any], digest: str) -> dict[str, Any]:
     """A copy of ``run_body`` (a RunSpec's dict) whose ``code.digest`` is ``digest``; the rest of
     its ``code`` (``requirements``) is kept. What ``--code DIR`` and ``code=`` do to a spec."""
     code = run_body.get("code")
-    return {**run_body, "code": {**(code if isinstance(code, dict) else {}), "digest": digest}}
+    if code is not None and not isinstance(code, dict):
+        return run_body  # left as written: the spec's validation names ``code``
+    return {**run_body, "code": {**(code or {}), "digest": digest}}
 
 
 def pack_directory(folder: str | Path, *, max_bytes: int = MAX_PACKAGE_BYTES) -> CodePackage:

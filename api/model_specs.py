@@ -130,23 +130,33 @@ MAX_REQUIREMENT_CHARS = 300
 
 def _checked_requirement(text: str) -> str:
     """``text`` stripped, or a ``ValueError`` naming it: one PEP 508 requirement (a name, extras,
-    a version range, markers, or ``name @ URL``), not a pip option or a file."""
+    a version range, markers, or ``name @ URL`` with an absolute URL), not a pip option or a
+    file that pip would look for in the worker's working folder."""
     from packaging.requirements import InvalidRequirement, Requirement  # only specs with requirements pay
 
     shown = repr(text) if len(text) <= 80 else repr(text[:77] + "...")
     text = text.strip()
     if not text or len(text) > MAX_REQUIREMENT_CHARS:
-        raise ValueError(f"{shown} must be 1 to {MAX_REQUIREMENT_CHARS} characters")
+        raise ValueError(f"{shown} must be 1 to {MAX_REQUIREMENT_CHARS} characters: {_ALLOWED}")
     if text.startswith("-"):
-        raise ValueError(f"{shown} is a pip option; only requirements are allowed, e.g. 'einops==0.8.1' "
-                         "(point pip at another index with PIP_INDEX_URL in the workers' environment)")
+        raise ValueError(f"{shown} is a pip option; allowed: {_ALLOWED} (point pip at another index with "
+                         "PIP_INDEX_URL in the workers' environment)")
     try:
-        Requirement(text)
+        requirement = Requirement(text)
     except InvalidRequirement as exc:
-        first_line = str(exc).splitlines()[0]
-        raise ValueError(f"{shown} is not a PEP 508 requirement ({first_line}); write e.g. 'einops==0.8.1', "
-                         "'scipy>=1.11,<2' or 'name @ https://host/name.whl'") from None
+        raise ValueError(f"{shown} is not a PEP 508 requirement ({str(exc).splitlines()[0]}); allowed: "
+                         f"{_ALLOWED}") from None
+    if requirement.name.lower().endswith(_ARCHIVE_SUFFIXES):
+        raise ValueError(f"{shown} names a file, which pip would look for in the worker's working folder; "
+                         f"allowed: {_ALLOWED}")
+    if requirement.url is not None and ":" not in requirement.url.split("/", 1)[0]:
+        raise ValueError(f"{shown} points at a relative path, which pip would resolve on the worker; allowed: "
+                         f"{_ALLOWED} ('name @ file:///path/name.whl' for a file every worker has)")
     return text
+
+
+_ALLOWED = "a requirement such as 'einops==0.8.1', 'scipy>=1.11,<2' or 'name @ https://host/name.whl'"
+_ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar")
 
 
 PipRequirement = Annotated[str, AfterValidator(_checked_requirement)]

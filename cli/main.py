@@ -229,12 +229,12 @@ def train(
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
-    from api.code_package import CodePackageError, pack_directory
     from cli.specfile import SpecFileError, load_spec
 
     try:
-        spec = load_spec(file, code_digest=None if code is None else pack_directory(code).digest)
-    except (SpecFileError, CodePackageError) as exc:
+        # The folder is imported where it lies, never packed: any digest lets the spec validate.
+        spec = load_spec(file, code_digest=None if code is None else LOCAL_CODE_DIGEST)
+    except SpecFileError as exc:
         _fail(str(exc))
     try:
         from workers.checkpoint import IncompatibleCheckpoint
@@ -242,8 +242,8 @@ def train(
     except ModuleNotFoundError as exc:
         needs_extra("workers", exc)
     if code is not None:
+        _install_requirements(spec.code.requirements)  # first: pip must not import the user's modules
         _put_code_on_path(code)
-        _install_requirements(spec.code.requirements)
         spec = spec.model_copy(update={"code": None})  # imported from the folder, not fetched from a service
 
     checkpoint_dir = None if no_checkpoints else checkpoint_dir or default_checkpoint_dir()
@@ -261,9 +261,13 @@ def train(
     console.print_json(json.dumps(result, default=float))
 
 
+LOCAL_CODE_DIGEST = "0" * 64
+
+
 def _install_requirements(requirements: list[str]) -> None:
     """Install a local run's ``code.requirements`` as a worker does, and make them importable
-    here and in local Ray workers (after what is installed)."""
+    here (after what is installed) and in local Ray workers (through ``PYTHONPATH``, so there
+    before the installed packages, which the constraints keep apart)."""
     import os
 
     from workers.models.code_cache import UserCodeError
@@ -273,7 +277,7 @@ def _install_requirements(requirements: list[str]) -> None:
         console.print(f"installing code.requirements {requirements} (once per machine)", highlight=False)
     try:
         folder = install_requirements(requirements)
-    except UserCodeError as exc:
+    except UserCodeError as exc:  # pip's reason, or a code cache this user cannot trust
         _fail(str(exc))
     if folder is not None:
         found = [str(p) for p in site_dirs(folder) if p.is_dir()]

@@ -186,11 +186,14 @@ def install_export_code(metadata: dict[str, str], source: str, *, service_url: s
     import warnings
 
     from workers.models.user_code import UserCodeError, install_code
+    from workers.models.user_requirements import RequirementsError
 
     digest = spec.code.digest
     try:
         return install_code(spec.code, storage_url=None,
                             fetch=lambda: _fetch_code(digest, source, service_url=service_url, project=project))
+    except RequirementsError:
+        raise  # the package is there; what it needs is not: importing it from elsewhere would not help
     except UserCodeError as exc:
         top_level = spec.model.module_name.split(".")[0]
         found = importlib.util.find_spec(top_level)

@@ -118,3 +118,40 @@ def test_safe_extract_unpacks_an_inspected_package(tmp_path):
     package = pack_directory(write_project(tmp_path / "my_project", PROJECT))
     safe_extract(package.data, tmp_path / "out")
     assert (tmp_path / "out" / "my_project" / "util" / "helpers.py").read_text() == "X = 1\n"
+
+
+def test_with_code_digest_keeps_the_requirements_and_leaves_a_bad_code_for_validation_to_name():
+    body = {"name": "r", "code": {"requirements": ["einops==0.8.1"]}}
+    assert code_package.with_code_digest(body, "d") == {"name": "r", "code": {"requirements": ["einops==0.8.1"],
+                                                                              "digest": "d"}}
+    assert body == {"name": "r", "code": {"requirements": ["einops==0.8.1"]}}  # a copy
+    assert code_package.with_code_digest({"name": "r"}, "d")["code"] == {"digest": "d"}
+    assert code_package.with_code_digest({"code": None}, "d")["code"] == {"digest": "d"}
+    assert code_package.with_code_digest({"code": ["einops"]}, "d") == {"code": ["einops"]}
+
+
+@pytest.mark.parametrize("requirement, why", [
+    ("--index-url https://elsewhere", "is a pip option"),
+    ("-e .", "is a pip option"),
+    ("einops===", "is not a PEP 508 requirement"),
+    ("other-1.0-py3-none-any.whl", "names a file"),
+    ("foo @ ./rel.whl", "points at a relative path"),
+    ("", "must be 1 to 300 characters"),
+])
+def test_a_requirement_pip_would_read_as_an_option_or_a_local_file_is_refused(requirement, why):
+    from pydantic import ValidationError
+
+    from api.model_specs import CodeRef
+
+    with pytest.raises(ValidationError) as caught:
+        CodeRef(digest="a" * 64, requirements=["einops==0.8.1", requirement])
+    [error] = caught.value.errors()
+    assert error["loc"] == ("requirements", 1) and why in error["msg"] and "einops==0.8.1" in error["msg"]
+
+
+def test_absolute_urls_and_plain_names_are_requirements():
+    from api.model_specs import CodeRef
+
+    kept = ["einops==0.8.1", "foo @ file:///wheels/foo-1.0-py3-none-any.whl", "bar @ git+https://host/bar",
+            "scipy>=1.11,<2; python_version >= '3.10'"]
+    assert CodeRef(digest="a" * 64, requirements=[f" {r} " for r in kept]).requirements == kept

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
 from api.code_package import pack_directory
 from api.model_specs import CodeRef
 from workers.models import user_requirements
-from workers.models.code_cache import UserCodeError, verified
+from workers.models.code_cache import verified
+from workers.models.user_requirements import RequirementsError
 from workers.models.user_code import install_code
 from tests.workers.byo_helpers import write_user_package, write_wheel
 
@@ -26,6 +29,7 @@ def fresh_imports(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CODE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # everything the tests ask for is a file or installed already
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(user_requirements, "_in_use", [])
 
     def forget():
         for name in [n for n in sys.modules if n.split(".")[0] in MODULES]:
@@ -68,7 +72,7 @@ def test_requirements_are_installed_beside_the_workers_packages_once_per_machine
 
 def test_a_requirement_that_would_replace_a_workers_package_fails_with_pips_reason(tmp_path, fresh_imports):
     before = importlib.metadata.version("packaging")
-    with pytest.raises(UserCodeError) as caught:
+    with pytest.raises(RequirementsError) as caught:
         user_requirements.install_requirements(["packaging==20.0"])
     message = str(caught.value)
     assert message.startswith("code.requirements ['packaging==20.0']: pip could not install them")
@@ -88,3 +92,38 @@ def test_the_cache_key_changes_with_the_requirements_and_the_workers_packages():
     assert key == user_requirements.requirements_key(["b", "a==1"], dict(reversed(installed.items())))
     assert key != user_requirements.requirements_key(["a==2", "b"], installed)
     assert key != user_requirements.requirements_key(["a==1", "b"], {**installed, "numpy": "2.5.0"})
+
+
+def test_a_package_the_worker_has_is_never_replaced_by_a_requirement(tmp_path, fresh_imports, monkeypatch):
+    # The worker "has" tessera_probe_dep 1.0 (a wheel unpacked is an installed layout); a run asks for 2.0.
+    site_packages = tmp_path / "workers-site-packages"
+    zipfile.ZipFile(write_wheel(tmp_path / "v1", version="1.0", width=1)).extractall(site_packages)
+    monkeypatch.syspath_prepend(str(site_packages))
+    monkeypatch.setenv("PYTHONPATH", str(site_packages))  # pip, in its own process, sees it too
+    assert importlib.metadata.version("tessera_probe_dep") == "1.0"
+    newer = write_wheel(tmp_path / "v2", version="2.0", width=2)
+    with pytest.raises(RequirementsError, match="fails rather than replace it") as caught:
+        user_requirements.install_requirements([f"tessera_probe_dep @ {newer.as_uri()}"])
+    assert "The user requested (constraint) tessera-probe-dep==1.0" in str(caught.value)
+    assert (site_packages / "tessera_probe_dep-1.0.dist-info").is_dir()
+    assert importlib.import_module("tessera_probe_dep").WIDTH == 1
+
+
+def test_a_second_set_of_requirements_in_one_process_replaces_the_first(tmp_path, fresh_imports):
+    first = write_wheel(tmp_path / "v1", version="1.0", width=1)
+    second = write_wheel(tmp_path / "v2", version="2.0", width=2)
+    user_requirements.install_requirements([f"tessera_probe_dep @ {first.as_uri()}"])
+    assert importlib.import_module("tessera_probe_dep").WIDTH == 1
+    user_requirements.install_requirements([f"tessera_probe_dep @ {second.as_uri()}"])  # load_model, another run
+    assert importlib.import_module("tessera_probe_dep").WIDTH == 2
+    assert sum("requirements-" in p for p in sys.path) == 1
+    user_requirements.install_requirements([])  # a run without requirements imports none of them
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("tessera_probe_dep")
+
+
+def test_a_worker_without_pip_says_so(tmp_path, fresh_imports, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pip" else find_spec(name, *a))
+    with pytest.raises(RequirementsError, match=r"pip is not installed in the workers' Python \(.*python"):
+        user_requirements.install_requirements(["einops==0.8.1"])

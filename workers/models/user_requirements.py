@@ -4,18 +4,22 @@
 
 Before a worker imports the run's code, ``install_requirements`` makes the requirements
 importable: ``pip install --prefix`` into a folder of the code cache (``$TESSERA_CODE_CACHE``)
-named by a hash of the requirements, this Python and the packages the worker has, then that
-folder's site-packages goes on ``sys.path`` after the worker's own. Later runs on the machine with
-the same requirements reuse the folder (placed and trusted as code packages are:
-``user_code.place``).
+named by a hash of the requirements, where pip looks (``PIP_INDEX_URL``, ...), this Python and
+the packages the worker has; then that folder's site-packages goes on ``sys.path`` after the
+worker's own (its ``.pth`` files are read, so they run). Later runs on the machine with the same
+requirements reuse the folder (placed and trusted as code packages are: ``code_cache.place``),
+so a range (``timm>=1.0``) is resolved once per machine: pin exact versions for runs that must
+match across machines.
 
 What the worker has wins. pip runs with a constraint for every installed distribution at its
 installed version, so a requirement is satisfied by what is installed (torch, numpy, ... are
 not installed again into the folder) and one that would need another version of an installed
-package fails, with pip's reason in the run's ``error``, instead of replacing it. pip reads its
-index from its own configuration and environment (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``,
-``PIP_NO_INDEX``, a ``pip.conf``): set them in the workers' environment for a private index or a
-cluster without internet.
+package fails, with pip's reason in the run's ``error``, instead of replacing it. A
+distribution of another name that provides an installed module (``pillow-simd`` beside
+Pillow) installs but is not what ``import PIL`` finds. Console scripts land in the folder's
+``bin``, not on ``PATH``. pip reads its index from its own configuration and environment
+(``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX``, a ``pip.conf``): set them in the
+workers' environment for a private index or a cluster without internet.
 
 Why not Ray's ``runtime_env`` (``pip``): each node's runtime-env agent installs it, and that
 agent does not see the job's ``env_vars`` (measured for ``py_modules``, see ``user_code``), so a
@@ -29,9 +33,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
+import re
 import site
 import subprocess
 import sys
@@ -47,45 +53,68 @@ from workers.models.code_cache import UserCodeError, code_cache_dir, own_cache, 
 PIP_TIMEOUT_ENV = "TESSERA_PIP_TIMEOUT_S"
 DEFAULT_PIP_TIMEOUT_S = 900
 ERROR_TAIL_LINES = 15
+# Where pip looks for packages decides what it installs: part of the cache key.
+PIP_SOURCE_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_CONFIG_FILE")
+
+
+class RequirementsError(UserCodeError):
+    """``code.requirements`` could not be installed (pip's reason in the message)."""
+
+
+# The requirement folders on this process's sys.path: one set at a time (``_use``).
+_in_use: list[str] = []
 
 
 def installed_versions(cache: Path) -> dict[str, str]:
     """Every distribution this Python can import, by normalised name: its version; not those
     installed into ``cache`` (earlier requirements: they would change the key they were
-    installed under). One whose version is not PEP 440 (a source checkout's, say) is left out:
-    pip would refuse the whole constraints file over it."""
+    installed under). Names that are not valid distribution names are left out (they would be
+    written into pip's constraints file)."""
     versions: dict[str, str] = {}
     for dist in importlib.metadata.distributions():  # the first of a name on sys.path is the one imported
         name = dist.metadata["Name"]
-        if not name or Path(str(dist.locate_file(""))).resolve().is_relative_to(cache.resolve()):
+        if not name or not _NAME.fullmatch(name) or not isinstance(dist.version, str) or "\n" in dist.version:
             continue
-        try:
-            Version(dist.version)
-        except (InvalidVersion, TypeError):
+        if Path(str(dist.locate_file(""))).resolve().is_relative_to(cache.resolve()):
             continue
         versions.setdefault(canonicalize_name(name), dist.version)
     return versions
 
 
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def _pin(name: str, version: str) -> str:
+    """A constraint that holds ``name`` at its installed ``version``: ``==`` for a PEP 440
+    version, ``===`` (arbitrary equality) for any other, so none can be replaced."""
+    try:
+        Version(version)
+    except InvalidVersion:
+        return f"{name}==={version}"
+    return f"{name}=={version}"
+
+
 def requirements_key(requirements: list[str], installed: dict[str, str]) -> str:
-    """The cache folder's name: what was asked, for which Python, beside which packages."""
+    """The cache folder's name: what was asked, where pip looks, for which Python, beside which packages."""
     basis = {"requirements": sorted(requirements), "python": sys.version, "platform": platform.platform(),
-             "installed": sorted(installed.items())}
+             "installed": sorted(installed.items()), "pip": {k: os.environ.get(k) for k in PIP_SOURCE_ENV}}
     return "requirements-" + hashlib.sha256(json.dumps(basis).encode()).hexdigest()[:32]
 
 
 def site_dirs(prefix: Path) -> list[Path]:
-    """Where ``pip install --prefix`` puts packages (pure Python, then platform-specific)."""
+    """Where ``pip install --prefix`` puts packages for this Python (pure Python, then
+    platform-specific), by its preferred scheme (Debian's own Python: ``local/.../dist-packages``)."""
     paths = {"base": str(prefix), "platbase": str(prefix)}
-    return list(dict.fromkeys(Path(sysconfig.get_path(kind, "posix_prefix", vars=paths))
-                              for kind in ("purelib", "platlib")))
+    scheme = sysconfig.get_preferred_scheme("prefix")
+    return list(dict.fromkeys(Path(sysconfig.get_path(kind, scheme, vars=paths)) for kind in ("purelib", "platlib")))
 
 
 def install_requirements(requirements: list[str]) -> Path | None:
     """Make ``requirements`` importable in this process (after what is installed); returns the
-    folder they are installed under, or None when there are none. ``UserCodeError`` with
+    folder they are installed under, or None when there are none. ``RequirementsError`` with
     pip's reason when they cannot be installed."""
     if not requirements:
+        _use(None)
         return None
     cache = own_cache(code_cache_dir())
     installed = installed_versions(cache)
@@ -93,30 +122,55 @@ def install_requirements(requirements: list[str]) -> Path | None:
     try:
         place(target, lambda staging: _pip_install(requirements, staging, installed))
     except OSError as exc:
-        raise UserCodeError(f"code.requirements {requirements}: cannot install them under {target.parent}: "
-                            f"{exc}") from None
-    for folder in site_dirs(target):
-        if folder.is_dir() and str(folder) not in sys.path:
-            site.addsitedir(str(folder))  # appended, and its .pth files read
-    importlib.invalidate_caches()
+        raise RequirementsError(f"code.requirements {requirements}: cannot install them under {target.parent}: "
+                                f"{exc}") from None
+    _use(target)
     return target
 
 
+def _use(target: Path | None) -> None:
+    """Put ``target``'s site folders on ``sys.path`` (after what is installed; their ``.pth``
+    files read) in place of another set's: a process that loads a second run's requirements
+    (``load_model`` twice in a notebook) must not import the first run's versions."""
+    folders = [str(f) for f in site_dirs(target) if f.is_dir()] if target is not None else []
+    if folders == _in_use:
+        return
+    for old in _in_use:
+        if old in sys.path:
+            sys.path.remove(old)
+        for name, module in list(sys.modules.items()):
+            if (getattr(module, "__file__", None) or "").startswith(old + os.sep):
+                del sys.modules[name]
+    _in_use[:] = folders
+    for folder in folders:
+        site.addsitedir(folder)  # appended
+    importlib.invalidate_caches()
+
+
 def _pip_install(requirements: list[str], prefix: Path, installed: dict[str, str]) -> None:
+    if importlib.util.find_spec("pip") is None:
+        raise RequirementsError(f"code.requirements {requirements}: pip is not installed in the workers' Python "
+                                f"({sys.executable}); install it there, or drop code.requirements")
     constraints = prefix / "installed-constraints.txt"  # inside the folder: it records what was kept
-    constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(installed.items())))
+    constraints.write_text("".join(f"{_pin(name, version)}\n" for name, version in sorted(installed.items())))
     command = [sys.executable, "-m", "pip", "install", "--prefix", str(prefix), "--constraint", str(constraints),
                "--disable-pip-version-check", "--no-input", "--no-warn-script-location", *requirements]
     timeout = float(os.environ.get(PIP_TIMEOUT_ENV) or DEFAULT_PIP_TIMEOUT_S)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise UserCodeError(f"code.requirements {requirements}: pip did not finish in {timeout:.0f}s "
-                            f"(set {PIP_TIMEOUT_ENV} on the workers for a slow index)") from None
+        raise RequirementsError(f"code.requirements {requirements}: pip did not finish in {timeout:.0f}s "
+                                f"(set {PIP_TIMEOUT_ENV} on the workers for a slow index)") from None
     if done.returncode != 0:
         # pip says why in both streams ("The conflict is caused by:" on stdout, ERROR lines on stderr).
         lines = [line for line in (done.stdout + "\n" + done.stderr).splitlines() if line.strip()]
         tail = "\n".join(lines[-ERROR_TAIL_LINES:])
-        raise UserCodeError(f"code.requirements {requirements}: pip could not install them (a requirement that "
-                            f"needs another version of a package the workers have fails rather than replace it):"
-                            f"\n{tail}")
+        why = (" (a requirement that needs another version of a package the workers have fails rather than "
+               "replace it)" if "(constraint)" in tail else "")
+        raise RequirementsError(f"code.requirements {requirements}: pip could not install them{why}:\n{tail}")
+    unplaced = [str(p.relative_to(prefix)) for p in prefix.rglob("*.dist-info")
+                if not any(p.parent == folder for folder in site_dirs(prefix))]
+    if unplaced:  # pip used another layout than this Python's: nothing would be importable
+        raise RequirementsError(f"code.requirements {requirements}: pip installed {unplaced} outside "
+                                f"{[str(f.relative_to(prefix)) for f in site_dirs(prefix)]}, where this Python "
+                                "would not find them")
