@@ -43,6 +43,7 @@ from api.views import (
     RunView,
     StatusReport,
     SweepsPage,
+    SweepStatus,
     SweepStatusReport,
     SweepView,
     TrialEnd,
@@ -524,15 +525,34 @@ class Client:
         404 for a sweep that is not in one of your key's projects."""
         return SweepView.model_validate(self._request("GET", f"{API}/sweeps/{sweep_id}"))
 
-    def list_sweeps(self, *, limit: int = 50, archived: bool | str = False, project: str | None = None) -> SweepsPage:
-        """The newest ``limit`` sweeps; ``project``: that project's only (default: every project
-        of the key; a project the key has no role in lists none); ``archived``: False (default)
-        hides archived sweeps, True shows only them, ``"all"`` both. Returns one page.
-        ``ApiError`` 422 naming ``limit`` outside 1-500 or a bad ``archived``."""
+    def list_sweeps(self, *, status: SweepStatus | str | None = None, limit: int = 50, cursor: str | None = None,
+                    name: str | None = None, archived: bool | str = False, project: str | None = None) -> SweepsPage:
+        """Sweeps newest first, with their trials; ``status`` keeps only sweeps in that status
+        (any case), ``name`` sweeps whose name contains it (case-insensitive; ``%`` and ``_`` are
+        plain characters), ``project`` that project's sweeps (default: every project of the key;
+        a project the key has no role in lists none); ``archived``: False (default) hides
+        archived sweeps, True shows only them, ``"all"`` both. Pass ``next_cursor`` back as
+        ``cursor`` with the same filters. Returns one page (``data``, ``next_cursor``: None on
+        the last). ``ApiError`` 422 naming the field for a bad ``cursor``, ``archived`` or
+        ``limit`` (1-500); ``ValueError`` for an unknown ``status``, before sending."""
         params: dict[str, Any] = {"limit": limit, "archived": str(archived).lower()}
-        if project is not None:
-            params["project"] = project
+        if status is not None:
+            params["status"] = SweepStatus.of(status).value
+        for key, value in (("cursor", cursor), ("name", name), ("project", project)):
+            if value is not None:
+                params[key] = value
         return SweepsPage.model_validate(self._request("GET", f"{API}/sweeps", params=params))
+
+    def iter_sweeps(self, *, status: SweepStatus | str | None = None, **filters: Any) -> Iterator[SweepView]:
+        """Every sweep ``list_sweeps`` would page through with the same filters (a generator: pages
+        are fetched as you iterate); raises as ``list_sweeps``."""
+        cursor = None
+        while True:
+            page = self.list_sweeps(status=status, cursor=cursor, **filters)
+            yield from page.data
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def cancel_sweep(self, sweep_id: str) -> SweepView:
         """Stop the sweep and its trials; returns its view, CANCELING until the driver job is

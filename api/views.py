@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,7 +12,20 @@ from api.limits import INT32_MAX, INT64_MAX, ReportedTime
 from api.lineage import ForkInfo
 
 
-class RunStatus(str, enum.Enum):
+class NamedStatus:
+    """``of``, for the status enums (``RunStatus``, ``SweepStatus``): a member named in any case."""
+
+    @classmethod
+    def of(cls, value: enum.Enum | str) -> Self:
+        """The status named ``value`` in any case (``completed``); ValueError names the value and lists the statuses."""
+        name = str(value.value if isinstance(value, enum.Enum) else value).upper()
+        if name not in cls.__members__:
+            what = cls.__name__.removesuffix("Status").lower()  # "run", "sweep"
+            raise ValueError(f"{value!r} is not a {what} status; one of {', '.join(cls.__members__)}")
+        return cls[name]
+
+
+class RunStatus(NamedStatus, str, enum.Enum):
     QUEUED = "QUEUED"
     STARTING = "STARTING"
     RUNNING = "RUNNING"
@@ -26,14 +39,6 @@ class RunStatus(str, enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self in TERMINAL_STATUSES
-
-    @classmethod
-    def of(cls, value: "RunStatus | str") -> "RunStatus":
-        """The status named ``value`` in any case (``completed``); ValueError lists the statuses."""
-        name = str(value.value if isinstance(value, RunStatus) else value).upper()
-        if name not in cls.__members__:
-            raise ValueError(f"{value!r} is not a run status; one of {', '.join(cls.__members__)}")
-        return cls[name]
 
 
 TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.STOPPED})
@@ -246,7 +251,7 @@ class CheckpointReport(BaseModel):
 
 # --- sweeps ---------------------------------------------------------------------------------
 
-class SweepStatus(str, enum.Enum):
+class SweepStatus(NamedStatus, str, enum.Enum):
     """QUEUED → STARTING → RUNNING → COMPLETED | FAILED; CANCELING → CANCELED. A sweep whose
     driver job dies is re-queued (``attempt`` + 1) and its driver restores the Tune experiment."""
 
@@ -316,6 +321,7 @@ class SweepView(BaseModel):
 
 class SweepsPage(BaseModel):
     data: list[SweepView]
+    next_cursor: str | None = None
 
 
 class SweepStatusReport(BaseModel):

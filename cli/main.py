@@ -20,7 +20,7 @@ from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
 from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, err_console, fail,
-                        kept, listing, needs_extra)
+                        kept, listing, needs_extra, status_value)
 from cli.run_info import register as register_run_info
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None, out
 def runs(
     action: Annotated[Optional[str], typer.Argument(metavar="[list]", help="`list` (the default)")] = None,
     status: Annotated[Optional[str], typer.Option(help="only runs with this status (any case), e.g. completed",
-                                                  callback=lambda value: _run_status(value))] = None,
+                                                  callback=lambda value: status_value(value, "RunStatus"))] = None,
     tag: Annotated[Optional[str], typer.Option(help="only runs with this tag")] = None,
     name: Annotated[Optional[str], typer.Option(help="only runs whose name contains this")] = None,
     project: Annotated[Optional[str], typer.Option(help="only this project's runs (default: every project of "
@@ -261,6 +261,20 @@ def train(
     console.print_json(json.dumps(result, default=float))
 
 
+def _put_code_on_path(folder: str) -> None:
+    """Make ``folder`` importable here and in local Ray workers: a package folder (with
+    ``__init__.py``) by its parent, any other folder as a root of packages."""
+    import os
+    from pathlib import Path
+
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        _fail(f"--code {folder}: not a folder")
+    root = str(path.parent if (path / "__init__.py").is_file() else path)
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+
+
 LOCAL_CODE_DIGEST = "0" * 64
 
 
@@ -282,32 +296,6 @@ def _install_requirements(requirements: list[str]) -> None:
     if folder is not None:
         found = [str(p) for p in site_dirs(folder) if p.is_dir()]
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), *found]))
-
-
-def _put_code_on_path(folder: str) -> None:
-    """Make ``folder`` importable here and in local Ray workers: a package folder (with
-    ``__init__.py``) by its parent, any other folder as a root of packages."""
-    import os
-    from pathlib import Path
-
-    path = Path(folder).expanduser().resolve()
-    if not path.is_dir():
-        _fail(f"--code {folder}: not a folder")
-    root = str(path.parent if (path / "__init__.py").is_file() else path)
-    sys.path.insert(0, root)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-
-
-def _run_status(value: Optional[str]) -> Optional[str]:
-    """``--status``: a run status in any case, or a usage error that lists them."""
-    if value is None:
-        return None
-    from api.views import RunStatus
-
-    try:
-        return RunStatus.of(value).value
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
 
 
 def _status(run) -> str:

@@ -105,6 +105,19 @@ def _has_request(exc: Exception) -> bool:
         return False
 
 
+def status_value(value: str | None, statuses: str) -> str | None:
+    """A ``--status`` option's value: the status of ``api.views.<statuses>`` (``RunStatus``,
+    ``SweepStatus``) named in any case, or a usage error that names the value and lists them."""
+    if value is None:
+        return None
+    from api import views
+
+    try:
+        return getattr(views, statuses).of(value).value
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
 def to_jsonable(data: Any) -> Any:
     """Pydantic models (also inside lists and dicts) as their JSON form; the rest unchanged."""
     if hasattr(data, "model_dump"):

@@ -9,7 +9,8 @@ from rich.table import Table
 
 sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
-from cli.output import ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, fail, kept, listing
+from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, fail, kept, listing,
+                        status_value)
 
 UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -66,14 +67,19 @@ def submit_sweep(
 
 
 @sweeps_app.command("list")
-def list_sweeps(limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
-                archived: Annotated[str, typer.Option(help="false (hide archived sweeps), true (only them) or all")]
-                = "false",
-                project: Annotated[Optional[str], typer.Option(help="only this project's sweeps (default: every "
-                                                                    "project of your key)")] = None,
-                as_json: JsonOption = False, url: UrlOption = DEFAULT_URL) -> None:
-    """Sweeps of your projects, newest first: status, trials done, best value."""
-    page = call(_client(url).list_sweeps, limit=limit, archived=archived, project=project)
+def list_sweeps(
+    status: Annotated[Optional[str], typer.Option(help="only sweeps with this status (any case), e.g. running",
+                                                  callback=lambda value: status_value(value, "SweepStatus"))] = None,
+    name: Annotated[Optional[str], typer.Option(help="only sweeps whose name contains this")] = None,
+    project: Annotated[Optional[str], typer.Option(help="only this project's sweeps (default: every project of "
+                                                        "your key)")] = None,
+    archived: Annotated[str, typer.Option(help="false (hide archived sweeps), true (only them) or all")] = "false",
+    limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
+    as_json: JsonOption = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Sweeps of your projects, newest first: status, trials done, best value (--json: a list of SweepViews)."""
+    page = call(_client(url).list_sweeps, status=status, limit=limit, name=name, archived=archived, project=project)
     emit(page.data, as_json=as_json, render=lambda: console.print(_sweeps_table(page.data)))
 
 

@@ -21,7 +21,8 @@ from pydantic_settings import BaseSettings
 
 from api.validation_errors import field_error, format_validation_errors
 from service.access import Forbidden, KeyNotFound, LastAdminKey, ProjectExists, ProjectNotFound
-from service.repository import InvalidCursor, RunNotFound
+from service.keyset import InvalidCursor
+from service.repository import RunNotFound
 from service.sweep_repository import SweepNotFound
 from service.lifecycle import IllegalTransition
 from service.metric_limits import MetricLimitExceeded

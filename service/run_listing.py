@@ -6,31 +6,29 @@ two orders, each with its own keyset cursor so pages never skip or repeat a run.
   ``run_bests`` in index order (``ix_run_bests_key_max`` / ``_min``); only runs that reported
   the key are listed.
 
-A cursor names its order, so one handed out for another order (or another key) is refused.
+A cursor names its order, so one handed out for another order (or another key) is refused
+(``service.keyset``, whose cursors and newest-first order ``GET /sweeps`` shares).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Literal
+from datetime import datetime
 
 from sqlalchemy import Select, String, and_, cast, exists, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import JSONB
 
 from api.views import RunStatus, metric_mode
+from service import keyset
 from service.db.models import Run, RunBest
-from service.db.session import is_possible_id
+from service.keyset import InvalidCursor, decode_cursor, encode_cursor, invalid_cursor
+from service.list_filters import Archived, archived_is, name_contains
 
-Archived = Literal["true", "false", "all"]
+__all__ = ["Archived", "InvalidCursor", "RunFilter", "best_first", "filtered", "newest_first", "next_cursor"]
 
-
-class InvalidCursor(ValueError):
-    """A ``cursor`` that this service did not hand out (or one from another order)."""
+CREATED = "created"  # the newest-first order's name in cursors (a two-field cursor from before orders: this one)
 
 
 @dataclass(frozen=True)
@@ -56,13 +54,13 @@ def filtered(query: Select, where: RunFilter, dialect: str) -> Select:
     if where.sweep_id is not None:
         query = query.where(Run.sweep_id == where.sweep_id)
     if where.name is not None:
-        query = query.where(Run.name.icontains(where.name, autoescape=True))
+        query = query.where(name_contains(Run.name, where.name))
     if where.created_after is not None:
         query = query.where(Run.created_at > where.created_after)
     if where.created_before is not None:
         query = query.where(Run.created_at < where.created_before)
-    if where.archived != "all":
-        query = query.where(Run.archived_at.is_not(None) if where.archived == "true" else Run.archived_at.is_(None))
+    if (archived := archived_is(Run.archived_at, where.archived)) is not None:
+        query = query.where(archived)
     if where.tag is not None:
         query = query.where(_has_tag(where.tag, dialect))
     return query
@@ -83,12 +81,7 @@ def _has_tag(tag: str, dialect: str):
 
 def newest_first(query: Select, cursor: str | None) -> Select:
     """``query`` newest first, after ``cursor``'s run."""
-    query = query.order_by(Run.created_at.desc(), Run.id.desc())
-    if cursor is not None:
-        created_at, run_id = _decode(cursor, "created")
-        query = query.where(or_(Run.created_at < _utc(created_at),
-                                and_(Run.created_at == _utc(created_at), Run.id < run_id)))
-    return query
+    return keyset.newest_first(query, Run, cursor, CREATED, untagged=CREATED)
 
 
 def best_first(query: Select, key: str, cursor: str | None) -> Select:
@@ -97,7 +90,7 @@ def best_first(query: Select, key: str, cursor: str | None) -> Select:
     ordered = column.desc() if metric_mode(key) == "max" else column.asc()
     query = query.join(RunBest, and_(RunBest.run_id == Run.id, RunBest.key == key)).order_by(ordered, Run.id.desc())
     if cursor is not None:
-        value, run_id = _decode(cursor, f"best:{key}")
+        value, run_id = decode_cursor(cursor, f"best:{key}")
         value = _finite(value)
         beyond = column < value if metric_mode(key) == "max" else column > value
         query = query.where(or_(beyond, and_(column == value, Run.id < run_id)))
@@ -106,29 +99,14 @@ def best_first(query: Select, key: str, cursor: str | None) -> Select:
 
 def next_cursor(last: Run, order: str) -> str:
     """The cursor after ``last`` in ``order`` (``created`` or ``best:<key>``)."""
-    position = last.created_at.isoformat() if order == "created" else _best_of(last, order.removeprefix("best:"))
-    raw = json.dumps([order, position, last.id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    if order == CREATED:
+        return keyset.newest_cursor(last, CREATED)
+    return encode_cursor(order, _best_of(last, order.removeprefix("best:")), last.id)
 
 
 def _best_of(run: Run, key: str) -> float:
     low, high = run.extrema[key]
     return float(high if metric_mode(key) == "max" else low)
-
-
-def _decode(cursor: str, order: str):
-    """The position and run id of a cursor handed out for ``order``."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        fields = json.loads(raw)
-        if isinstance(fields, list) and len(fields) == 2:
-            fields = ["created", *fields]  # a newest-first cursor from before orders existed
-        cursor_order, position, run_id = fields
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise _invalid() from exc
-    if cursor_order != order or not isinstance(run_id, str) or not is_possible_id(run_id):
-        raise _invalid()
-    return position, run_id
 
 
 def _finite(value) -> float:
@@ -138,19 +116,4 @@ def _finite(value) -> float:
             raise ValueError("not a finite number")
         return number
     except (ValueError, TypeError, OverflowError) as exc:
-        raise _invalid() from exc
-
-
-def _utc(created_at) -> datetime:
-    try:
-        when = datetime.fromisoformat(created_at)
-        # In UTC, where the database compares it: an offset that moves it out of the years
-        # 1..9999 raises OverflowError here instead of a database error later.
-        return when.astimezone(timezone.utc) if when.tzinfo is not None else when
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise _invalid() from exc
-
-
-def _invalid() -> InvalidCursor:
-    return InvalidCursor("cursor is not one this service returned for this order; pass next_cursor from a previous "
-                         "page of the same query, or omit it for the first page")
+        raise invalid_cursor() from exc

@@ -27,6 +27,7 @@ from service.idempotency import created_once
 from service.repository import Repository, RunRecord
 from service.run_writes import apply_run_status, insert_run
 from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
+from service.sweep_listing import SweepFilter, filtered, newest_first, next_cursor
 from service.sweep_view import build_sweep_view
 from service.sweep_writes import TRIAL_OUTLIVED_SWEEP, apply_sweep_status
 from service.tokens import hash_token
@@ -175,20 +176,19 @@ class SweepRepository(AttemptStore):
                 raise SweepNotFound(sweep_id)
             return build_sweep_view(sweep, self._trials(session, [sweep_id])[sweep_id], utcnow())
 
-    def list_sweep_views(self, *, limit: int = 50, projects: list[str] | None = None,
-                         archived: Literal["true", "false", "all"] = "false") -> list[SweepView]:
-        """The newest ``limit`` sweeps of ``projects`` (None: all), newest first, with their
-        trials; archived ones only, unarchived ones only (default) or ``all``."""
-        query = select(Sweep).order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit)
-        if projects is not None:
-            query = query.where(Sweep.project.in_(projects))
-        if archived != "all":
-            query = query.where(Sweep.archived_at.is_not(None) if archived == "true" else Sweep.archived_at.is_(None))
+    def list_sweep_views(self, where: SweepFilter | None = None, *, limit: int = 50,
+                         cursor: str | None = None) -> tuple[list[SweepView], str | None]:
+        """Sweeps kept by ``where`` (default: every project's unarchived sweeps), newest first,
+        with their trials: one page of ``limit`` after ``cursor``, and the cursor of the next
+        page (None on the last). ``InvalidCursor`` for a cursor this list did not hand out."""
+        query = newest_first(filtered(select(Sweep), where or SweepFilter()), cursor)
         with self.db.read() as session:
-            sweeps = list(session.execute(query).scalars())
+            rows = list(session.execute(query.limit(limit + 1)).scalars())
+            following = next_cursor(rows[limit - 1]) if len(rows) > limit else None
+            sweeps = rows[:limit]
             trials = self._trials(session, [s.id for s in sweeps])
             now = utcnow()
-            return [build_sweep_view(s, trials[s.id], now) for s in sweeps]
+            return [build_sweep_view(s, trials[s.id], now) for s in sweeps], following
 
     def set_archived(self, sweep_id: str, archived: bool) -> None:
         """Hide the sweep from default lists (``archived``) or show it again (its trials stay as they are)."""

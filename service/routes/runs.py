@@ -23,7 +23,8 @@ from service.json_body import ParsedBodyRoute
 from service.tokens import bearer_token
 from service.db.session import clean_text
 from service.repository import Repository, RunNotFound, RunRecord
-from service.run_listing import Archived, RunFilter
+from service.list_filters import Archived
+from service.run_listing import RunFilter
 from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service import idempotency
 from service.settings import Settings

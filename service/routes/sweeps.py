@@ -23,6 +23,9 @@ from service.access import KEY_PREFIX, Caller, Role
 from service.deps import AccessDep, CallerDep, SettingsDep, SweepsDep, SweepTokenDep, project_for_create, require_caller
 from service.json_body import ParsedBodyRoute
 from service.tokens import bearer_token
+from service.db.session import clean_text
+from service.list_filters import Archived
+from service.sweep_listing import SweepFilter
 from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.spec_caps import searched_duration_problems
@@ -158,18 +161,23 @@ def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spe
 
 
 @router.get("", response_model=SweepsPage, operation_id="list_sweeps", responses=NOT_MODIFIED)
-def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep,
+def list_sweeps(request: Request, sweeps: SweepsDep, caller: CallerDep, status: SweepStatus | None = None,
                 limit: Annotated[int, Query(ge=1, le=500)] = 50,
-                archived: Annotated[Literal["true", "false", "all"],
-                                    Query(description="archived sweeps: hidden (false), only (true) or both (all)")]
-                = "false",
+                cursor: Annotated[str | None, Query(max_length=512)] = None,
+                name: Annotated[str | None, Query(max_length=128, description="only sweeps whose name contains "
+                                                                               "this (case-insensitive)")] = None,
+                archived: Annotated[Archived, Query(description="archived sweeps: hidden (false), only (true) or "
+                                                                "both (all)")] = "false",
                 project: Annotated[str | None, Query(max_length=64, description="only this project's sweeps")] = None,
                 ) -> SweepsPage:
-    """The newest ``limit`` sweeps of the key's projects (or of ``project`` alone), newest first,
-    with their trials. A project the key has no role in lists nothing, as ``GET /runs`` does.
-    ETag / If-None-Match → 304."""
-    views = sweeps.list_sweep_views(limit=limit, projects=caller.visible(project), archived=archived)
-    return conditional_json(request, SweepsPage(data=[queued_sweep(request, view) for view in views]))
+    """Sweeps of the key's projects (or of ``project`` alone), newest first, with their trials,
+    filtered by status, name and archive state; pass ``next_cursor`` back as ``cursor`` for the
+    next page (with the same filters). A project the key has no role in lists nothing, as
+    ``GET /runs`` does. ETag / If-None-Match → 304."""
+    where = SweepFilter(projects=caller.visible(project), status=status, name=clean_text(name), archived=archived)
+    views, next_cursor = sweeps.list_sweep_views(where, limit=limit, cursor=cursor)
+    return conditional_json(request, SweepsPage(data=[queued_sweep(request, view) for view in views],
+                                                next_cursor=next_cursor))
 
 
 @router.get("/{sweep_id}", response_model=SweepView, operation_id="get_sweep", responses={**NOT_FOUND, **NOT_MODIFIED})

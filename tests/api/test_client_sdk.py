@@ -173,6 +173,22 @@ def test_a_directory_out_is_refused_before_any_request(tmp_path):
     assert seen == [] and _leftovers(tmp_path) == []
 
 
+def test_iter_sweeps_sends_the_filters_and_follows_next_cursor_to_the_last_page():
+    sweep = {"id": "s1", "name": "n", "status": "RUNNING", "attempt": 1, "driver": "service", "spec": {},
+             "metric": "eval/accuracy", "mode": "max", "created_at": "2026-01-01T00:00:00Z"}
+    pages = {None: {"data": [sweep], "next_cursor": "c1"}, "c1": {"data": [{**sweep, "id": "s2"}], "next_cursor": None}}
+    client, seen = _client(lambda request: httpx.Response(200, json=pages[request.url.params.get("cursor")]))
+    assert [s.id for s in client.iter_sweeps(status="running", name="lr_0%", project="vision", limit=1)] == ["s1", "s2"]
+    assert [dict(request.url.params) for request in seen] == [
+        {"status": "RUNNING", "name": "lr_0%", "project": "vision", "limit": "1", "archived": "false"},
+        {"status": "RUNNING", "name": "lr_0%", "project": "vision", "limit": "1", "archived": "false", "cursor": "c1"}]
+    assert client.list_sweeps(cursor="c1").next_cursor is None
+    seen.clear()
+    with pytest.raises(ValueError, match="'STOPPED' is not a sweep status; one of QUEUED, STARTING"):
+        client.list_sweeps(status="STOPPED")  # a run status, not a sweep's: refused before sending
+    assert seen == []
+
+
 # --- the API's shape -----------------------------------------------------------------------
 def test_every_public_method_has_a_docstring():
     public = {name: member for name, member in vars(Client).items()

@@ -248,7 +248,7 @@ def test_the_422_of_post_sweeps_names_the_refused_params_by_their_keys(tmp_path)
             assert response.status_code == 422, response.text
             [item] = response.json()["detail"]
             assert (item["field"], item["input"]) == (field, value) and words in item["msg"], item
-        assert client.get("/api/v1/sweeps").json() == {"data": []}
+        assert client.get("/api/v1/sweeps").json() == {"data": [], "next_cursor": None}
 
 
 def test_the_example_sweep_validates_and_its_metric_is_reported():

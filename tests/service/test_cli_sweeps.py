@@ -97,3 +97,38 @@ def test_a_sweep_over_your_own_model_from_the_cli_with_code_and_json(tmp_path, e
         no_base.write_text(yaml.safe_dump({"name": "no-base", "search": {}}))
         refused = runner.invoke(app, ["sweeps", "submit", str(no_base), "--code", str(root), *url])
         assert refused.exit_code == 1 and "base must be a mapping" in refused.stderr and "got nothing" in refused.stderr
+
+
+def test_sweeps_list_filters_by_name_and_status_and_takes_a_limit(tmp_path, monkeypatch, example_body):
+    """``tessera sweeps list --name/--status/--limit``, as ``tessera runs`` takes them: a status in any
+    case, a wrong one a usage error that lists the sweep statuses."""
+    from cli.output import console
+
+    monkeypatch.setattr(console, "_width", 240)  # tables unclipped
+    runner = CliRunner()
+    spec = tmp_path / "sweep.yaml"
+    with LocalService(tmp_path) as service:
+        url = ["--url", service.url]
+        ids = {}
+        for name in ("lr_search-a", "lrXsearch-b", "width-search"):
+            spec.write_text(yaml.safe_dump({"name": name, "base": example_body,
+                                            "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1]}}}}))
+            submitted = runner.invoke(app, ["sweeps", "submit", str(spec), "--json", *url])
+            assert submitted.exit_code == 0, submitted.output
+            ids[name] = json.loads(submitted.stdout)["id"]
+        assert runner.invoke(app, ["sweeps", "cancel", ids["width-search"], *url]).exit_code == 0
+
+        def listed(*options: str) -> list[str]:
+            result = runner.invoke(app, ["sweeps", "list", *options, "--json", *url])
+            assert result.exit_code == 0, result.output
+            return [sweep["id"] for sweep in json.loads(result.stdout)]
+
+        assert listed("--name", "LR_") == [ids["lr_search-a"]]  # _ is no wildcard
+        assert listed("--name", "search", "--status", "queued") == [ids["lrXsearch-b"], ids["lr_search-a"]]
+        assert listed("--status", "CANCELING") == [ids["width-search"]]
+        assert listed("--limit", "1") == [ids["width-search"]]
+        table = runner.invoke(app, ["sweeps", "list", "--name", "search", "--status", "queued", "--limit", "1", *url])
+        assert ids["lrXsearch-b"] in table.output and ids["lr_search-a"] not in table.output
+        wrong = runner.invoke(app, ["sweeps", "list", "--status", "stopped", *url])
+        said = " ".join(wrong.output.replace("│", " ").split())  # the error box wraps the line
+        assert wrong.exit_code == 2 and "'stopped' is not a sweep status; one of QUEUED, STARTING, RUNNING" in said

@@ -65,7 +65,8 @@ def test_an_external_sweep_is_running_at_once_and_accepts_only_its_token(sweeps,
 
 def test_sweeps_are_listed_newest_first_and_unknown_ones_are_not_found(sweeps, sweep_spec):
     ids = [sweeps.create_sweep(sweep_spec).id for _ in range(3)]
-    assert [v.id for v in sweeps.list_sweep_views(limit=2)] == ids[::-1][:2]
+    page, cursor = sweeps.list_sweep_views(limit=2)
+    assert [v.id for v in page] == ids[::-1][:2] and cursor is not None
     assert [s.id for s in sweeps.sweeps_with_status([SS.QUEUED])] == ids
     for read in (sweeps.get_sweep, sweeps.sweep_view, sweeps.cancel):
         with pytest.raises(SweepNotFound):

@@ -115,7 +115,7 @@ def test_an_invalid_sweep_is_refused_naming_the_field_and_value_and_nothing_is_s
     assert response.status_code == 422
     [item] = response.json()["detail"]
     assert (item["field"], item["input"]) == (field, value) and msg in item["msg"], item
-    assert client.get(f"{API}/sweeps").json() == {"data": []}
+    assert client.get(f"{API}/sweeps").json() == {"data": [], "next_cursor": None}
 
 
 def test_an_unknown_driver_is_refused_naming_the_query_parameter(client, sweep_body):
