@@ -305,6 +305,92 @@ def test_submit_form_places_errors_on_their_lines_for_json_and_yaml_syntax(page,
     assert selected == "bogus: 1"
 
 
+SWEEP_EXAMPLE_FILE = Path(__file__).parents[2] / "examples" / "digits_sweep.yaml"
+
+
+def test_a_sweep_submitted_from_the_form_opens_its_page(page, local_service):
+    page.goto(dashboard_url(local_service.url, "submit"))
+    expect(page.locator("#kind-run")).to_be_checked()  # an empty form starts as a run
+    page.check("#kind-sweep")
+    expect(page.locator("h1")).to_have_text("Submit a sweep")
+    expect(page.locator("label[for=spec-text]")).to_have_text("SweepSpec (YAML or JSON)")
+    page.click("#load-example")
+    assert yaml.safe_load(page.input_value("#spec-text")) == yaml.safe_load(SWEEP_EXAMPLE_FILE.read_text())
+    expect(page.locator("#submit-run")).to_have_text("Submit sweep")
+    page.click("#submit-run")
+    expect(page).to_have_url(re.compile(r"#/sweeps/[0-9a-f]+$"))
+    sweep_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("h1")).to_contain_text(sweep_id)
+    sweep = local_service.app.state.sweeps.sweep_view(sweep_id)
+    assert sweep.name == "digits-recipes" and sweep.status.value == "QUEUED"
+
+
+def test_a_refused_sweep_shows_each_problem_next_to_its_line(page, local_service):
+    page.goto(dashboard_url(local_service.url, "submit"))
+    # A SweepSpec uploaded as a file: the choice follows its top-level keys (the form was on Run).
+    text = (SWEEP_EXAMPLE_FILE.read_text()
+            .replace("lr: 0.1, momentum", "lr: -0.1, momentum")
+            .replace("max_size: 1}", "max_size: 1, required: [cutmix]}"))
+    page.set_input_files("#spec-file", files=[{"name": "sweep.yaml", "mimeType": "text/yaml", "buffer": text.encode()}])
+    expect(page.locator("#kind-sweep")).to_be_checked()
+    page.click("#submit-run")
+    line_of = {needle: next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+               for needle in ("lr: -0.1", "algorithms: {pool", "optimizer.lr: {grid")}
+    lr = page.locator('.field-error[data-field="base.optimizer.lr"]')
+    expect(lr).to_contain_text("base.optimizer.lr: Input should be greater than 0 (got -0.1)")
+    expect(lr).to_have_attribute("data-line", str(line_of["lr: -0.1"]))
+    required = page.locator('.field-error[data-field="search.algorithms.required"]')
+    expect(required).to_have_attribute("data-line", str(line_of["algorithms: {pool"]))
+    expect(page.locator("#problems h2")).to_have_text("The API refused the sweep: 2 problems")
+    expect(page).to_have_url(re.compile(r"#/submit$"))
+
+    # A searched value the base refuses: named by its key, which has a dot in it.
+    text = SWEEP_EXAMPLE_FILE.read_text().replace("{grid: [0.05, 0.1]}", "{grid: [0.05, -0.1]}")
+    page.fill("#spec-text", text)
+    page.click("#submit-run")
+    grid = page.locator(""".field-error[data-field="search.params['optimizer.lr']"]""")
+    expect(grid).to_contain_text("value -0.1 is not allowed")
+    expect(grid).to_have_attribute("data-line", str(line_of["optimizer.lr: {grid"]))
+    expect(grid).not_to_contain_text("the field is missing here")  # its own line, not its parent's
+    save_screenshot(page, "submit-sweep-error-1280")
+    assert_fits_width(page, NARROW)
+    save_screenshot(page, "submit-sweep-error-800")
+
+
+def test_typing_never_flips_the_kind_but_a_note_says_when_the_text_disagrees(page, local_service):
+    page.goto(dashboard_url(local_service.url, "submit"))
+    page.check("#kind-run")
+    page.fill("#spec-text", SWEEP_EXAMPLE_FILE.read_text())
+    expect(page.locator("#kind-run")).to_be_checked()
+    expect(page.locator("#kind-note")).to_contain_text("looks like a SweepSpec")
+    page.check("#kind-sweep")
+    expect(page.locator("#kind-note")).to_be_hidden()
+    page.reload()  # the draft and what it is stay with the tab
+    expect(page.locator("#kind-sweep")).to_be_checked()
+
+
+def test_the_submit_forms_field_paths_are_the_apis(page, local_service):
+    """spec_source.js names each place in the text as the API's 422 names a field
+    (api.validation_errors.join_field), keys with dots or quotes in brackets."""
+    from api.validation_errors import join_field
+
+    keys = ["optimizer.lr", "plain", "it's", 'say "hi"', "both ' and \"", "1", "back\\slash", "two words"]
+    body = {"search": {"params": {key: {"grid": [1, 2]} for key in keys}}}
+    fields = [join_field(("search", "params", key, "grid", 1)) for key in keys]
+    page.goto(dashboard_url(local_service.url, "algorithms"))  # any page: the module is imported on its own
+    for text in (yaml.safe_dump(body), json.dumps(body, indent=2)):
+        located = page.evaluate("""async ([text, fields]) => {
+            const { fieldLines, locateField } = await import('/static/js/spec_source.js');
+            const lines = fieldLines(text);
+            return fields.map((field) => locateField(lines, field)); }""", [text, fields])
+        assert all(where and where["exact"] for where in located), list(zip(fields, located))
+        key, missing = page.evaluate("""async ([text, fields]) => {
+            const { fieldLines, locateField } = await import('/static/js/spec_source.js');
+            return fields.map((field) => locateField(fieldLines(text), field)); }""",
+            [text, [join_field(("search", "params", "it's")), join_field(("search", "params", "it's", "uniform"))]])
+        assert missing == {"line": key["line"], "exact": False}  # a missing field: its parent's line
+
+
 def test_edit_and_resubmit_opens_the_submit_form_with_the_runs_spec(page, local_service):
     run = make_run(local_service.repo, "resubmit-me", status=RunStatus.COMPLETED)
     page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))

@@ -1,9 +1,12 @@
 // Runs: the table a researcher keeps open. One conditional GET /runs per poll (ETag: a 304
 // changes nothing but the running clocks); rows are keyed by run id and updated in place.
+// "Show older runs" pages on with the API's cursor, and the older pages stay live too
+// (./paging.js says how).
 // Filters live in the URL (`#/runs?status=FAILED&sweep_id=...&tag=...&name=...&archived=true`), so a filtered
 // view can be linked. Ticking 2–8 rows enables "Compare", which opens `#/compare?ids=...`.
 
-import { getIfChanged, getJSON, Poller } from "./api.js";
+import { getJSON, Poller } from "./api.js";
+import { olderButton, PagedList } from "./paging.js";
 import {
   algorithmChips, archivedFilter, archivedOf, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runDuration, runProgress,
   queueText, setText, statusBadge, STATUSES, TERMINAL, updateProgressBar, updateStatusBadge,
@@ -52,6 +55,14 @@ export function mount(root, ctx) {
     " · ", el("a", { href: runsHash({ status, archived }) }, "show all runs"));
   const count = el("p", { class: "muted", id: "runs-count", "aria-live": "polite" });
   const tbody = el("tbody");
+  const query = `/runs?limit=${PAGE_SIZE}` + (status ? `&status=${status}` : "") +
+    (sweepId ? `&sweep_id=${encodeURIComponent(sweepId)}` : "") + (tag ? `&tag=${encodeURIComponent(tag)}` : "") +
+    (name ? `&name=${encodeURIComponent(name)}` : "") + (archived !== "false" ? `&archived=${archived}` : "");
+  const list = new PagedList(query);
+  const older = olderButton(list, { id: "runs-older", label: "Show older runs", noun: "runs", onLoaded: (before) => {
+    render(list.items);
+    if (!list.hasOlder) tbody.children[before]?.querySelector("a")?.focus(); // the button that had the focus is gone
+  } });
   const table = el("table", { class: "runs-table", id: "runs-table" },
     el("caption", { class: "visually-hidden" }, "Runs, newest first"),
     el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}` },
@@ -85,6 +96,7 @@ export function mount(root, ctx) {
     tagNote,
     count,
     el("div", { class: "table-wrap" }, table),
+    older.element,
     empty,
   );
 
@@ -129,17 +141,18 @@ export function mount(root, ctx) {
     table.hidden = runs.length === 0;
     if (!sweepsLoaded && (sweepId || runs.some((r) => r.sweep_id))) loadSweeps();
     const active = runs.filter((r) => !TERMINAL.has(r.status)).length;
-    setText(count, `${runs.length}${runs.length === PAGE_SIZE ? "+" : ""} run${runs.length === 1 ? "" : "s"}` +
-      (active ? `, ${active} not finished` : "") + (runs.length === PAGE_SIZE ? ` (newest ${PAGE_SIZE} shown)` : ""));
+    const runsWord = `run${runs.length === 1 ? "" : "s"}`;
+    const unfinished = active ? `, ${active} not finished` : "";
+    // With more behind the last page loaded, say that the count is of the newest only.
+    setText(count, list.hasOlder ? `Newest ${runs.length} ${runsWord} shown${unfinished}; older runs not loaded`
+      : `${runs.length} ${runsWord}${unfinished}`);
+    older.update();
   }
 
-  const query = `/runs?limit=${PAGE_SIZE}` + (status ? `&status=${status}` : "") +
-    (sweepId ? `&sweep_id=${encodeURIComponent(sweepId)}` : "") + (tag ? `&tag=${encodeURIComponent(tag)}` : "") +
-    (name ? `&name=${encodeURIComponent(name)}` : "") + (archived !== "false" ? `&archived=${archived}` : "");
   const poller = new Poller(async () => {
-    const { data, changed } = await getIfChanged(query);
-    // A 304 on the first poll (a list seen before this page was mounted, e.g. before a project switch) still renders.
-    if (changed || !latest) render(data.data);
+    // A 304 on the first poll (a list seen before this page was mounted, e.g. before a project switch)
+    // still renders: the first poll always counts as a change.
+    if (await list.poll()) render(list.items);
     else tickClocks();
   }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();
 

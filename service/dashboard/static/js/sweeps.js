@@ -1,13 +1,24 @@
-// Sweeps: every sweep, newest first (one conditional GET /sweeps per poll), and the numbers
-// the sweep pages share: how many trials are done out of how many, and the best so far.
+// Sweeps: every sweep, newest first (one conditional GET /sweeps per poll; "Show older sweeps"
+// pages on with the API's cursor, ./paging.js), filtered by name and archive state in the URL
+// (`#/sweeps?name=...&archived=all`), and the numbers the sweep pages share: how many trials
+// are done out of how many, and the best so far.
 
-import { getIfChanged, Poller } from "./api.js";
+import { Poller } from "./api.js";
+import { olderButton, PagedList } from "./paging.js";
 import {
   archivedFilter, archivedOf, el, formatNumber, formatTime, queueText, runDuration, setText, statusBadge, TERMINAL,
   updateStatusBadge,
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
+
+function sweepsHash({ name, archived }) {
+  const query = new URLSearchParams();
+  if (name) query.set("name", name);
+  if (archived && archived !== "false") query.set("archived", archived);
+  const text = query.toString();
+  return text ? `#/sweeps?${text}` : "#/sweeps";
+}
 
 /** How many trials the search asks for: valid algorithm sets × grid points × num_samples
  *  (null when the spec is not readable). ASHA-stopped trials count as done. */
@@ -51,8 +62,18 @@ export function bestTrial(sweep) {
 }
 
 export function mount(root, ctx) {
+  const name = ctx.query.get("name") || "";
+  const archived = archivedOf(ctx.query);
+  const filters = { name, archived };
   const count = el("p", { class: "muted", id: "sweeps-count", "aria-live": "polite" });
   const tbody = el("tbody");
+  const list = new PagedList(`/sweeps?limit=${PAGE_SIZE}&archived=${archived}` +
+    (name ? `&name=${encodeURIComponent(name)}` : ""));
+  const older = olderButton(list, { id: "sweeps-older", label: "Show older sweeps", noun: "sweeps",
+    onLoaded: (before) => {
+      render(list.items);
+      if (!list.hasOlder) tbody.children[before]?.querySelector("a")?.focus(); // the button that had the focus is gone
+    } });
   const table = el("table", { class: "runs-table sweeps-table", id: "sweeps-table" },
     el("caption", { class: "visually-hidden" }, "Sweeps, newest first"),
     el("thead", {}, el("tr", {}, ["Sweep", "Status", "Trials done", "Best", "Started", "Duration"]
@@ -63,15 +84,20 @@ export function mount(root, ctx) {
     "or from code with ",
     el("code", {}, "POST /api/v1/sweeps"), " or ", el("code", {}, "workers.tune.run_sweep"), "; see ",
     el("code", {}, "docs/sweeps.md"), " in the repository.");
-  const archived = archivedOf(ctx.query);
-  if (archived !== "false") empty.replaceChildren("No sweeps match this filter.");
+  if (name || archived !== "false") empty.replaceChildren("No sweeps match these filters.");
   const archivedSelect = archivedFilter("sweeps-archived-filter", archived, (value) => {
-    window.location.hash = value === "false" ? "#/sweeps" : `#/sweeps?archived=${value}`;
+    window.location.hash = sweepsHash({ ...filters, archived: value });
   });
+  const nameFilter = el("input", { type: "search", id: "sweeps-name-filter", value: name, placeholder: "name contains…",
+                                   "aria-label": "Search sweep names", maxlength: "128", onchange: (e) => {
+    window.location.hash = sweepsHash({ ...filters, name: e.target.value.trim() });
+  } });
   root.append(
-    el("div", { class: "page-head" }, el("h1", {}, "Sweeps"), el("div", { class: "filters" }, archivedSelect)),
+    el("div", { class: "page-head" }, el("h1", {}, "Sweeps"),
+      el("div", { class: "filters" }, nameFilter, archivedSelect)),
     count,
     el("div", { class: "table-wrap" }, table),
+    older.element,
     empty,
   );
 
@@ -94,13 +120,18 @@ export function mount(root, ctx) {
     empty.hidden = sweeps.length > 0;
     table.hidden = sweeps.length === 0;
     const active = sweeps.filter((s) => !TERMINAL.has(s.status)).length;
-    setText(count, `${sweeps.length} sweep${sweeps.length === 1 ? "" : "s"}` + (active ? `, ${active} not finished` : ""));
+    const sweepsWord = `sweep${sweeps.length === 1 ? "" : "s"}`;
+    const unfinished = active ? `, ${active} not finished` : "";
+    // With more behind the last page loaded, say that the count is of the newest only.
+    setText(count, list.hasOlder ? `Newest ${sweeps.length} ${sweepsWord} shown${unfinished}; older sweeps not loaded`
+      : `${sweeps.length} ${sweepsWord}${unfinished}`);
+    older.update();
   }
 
   const poller = new Poller(async () => {
-    const { data, changed } = await getIfChanged(`/sweeps?limit=${PAGE_SIZE}&archived=${archived}`);
-    // A 304 on the first poll (a list seen before this page was mounted, e.g. before a project switch) still renders.
-    if (changed || !latest) render(data.data);
+    // A 304 on the first poll (a list seen before this page was mounted, e.g. before a project switch)
+    // still renders: the first poll always counts as a change.
+    if (await list.poll()) render(list.items);
     else {
       const now = Date.now();
       for (const sweep of latest) {
