@@ -90,6 +90,13 @@ def test_a_sweep_over_your_own_model_from_the_cli_with_code_and_json(tmp_path, e
         assert final["status"] in ("CANCELING", "CANCELED") and final["spec"]["base"]["code"] == {"digest": digest}
         assert f"sweep {final['id']}: {final['status']}" in waited.stderr and "submitted sweep" in waited.stderr
 
+        needing = tmp_path / "needing.yaml"  # a base with requirements: --code adds the digest beside them
+        needing.write_text(yaml.safe_dump({"name": "byo-needs", "base": {**base, "code": {"requirements": ["einops"]}},
+                                           "search": {"params": {"optimizer.lr": {"grid": [0.05]}}}}))
+        kept = runner.invoke(app, ["sweeps", "submit", str(needing), "--code", str(root), "--json", *url])
+        assert kept.exit_code == 0, kept.output
+        assert json.loads(kept.stdout)["spec"]["base"]["code"] == {"requirements": ["einops"], "digest": digest}
+
         not_a_folder = runner.invoke(app, ["sweeps", "submit", str(spec), "--code", str(tmp_path / "nope"), "--json",
                                            *url])
         assert not_a_folder.exit_code == 1 and "not a folder" in not_a_folder.stderr and not_a_folder.stdout == ""

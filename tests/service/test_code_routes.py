@@ -246,6 +246,8 @@ def test_the_sdk_uploads_a_folder_once_and_records_its_digest(code_client, examp
     assert sdk.get_code("f" * 64) is None
     stored = list((tmp_path / "storage" / "code").iterdir())
     assert [p.name for p in stored] == [f"{digest}.zip"]
+    needing = sdk.create_run({**body, "code": {"requirements": ["einops==0.8.1"]}}, code=root)
+    assert needing.spec["code"] == {"requirements": ["einops==0.8.1"], "digest": digest}  # code= kept them
 
 
 # --- downloading a package back (GET /code/{digest}/package, Client.download_code) ----------
@@ -356,6 +358,10 @@ def test_a_sweep_with_code_records_it_in_the_base_and_every_trial_inherits_it(co
     trials = [trial_spec(spec.base, (), {"optimizer.lr": lr}, name=f"t{lr}") for lr in (0.05, 0.1)]
     assert [t.code.digest for t in trials] == [digest, digest]  # what workers.tune.trial trains and installs
     assert sdk.create_sweep(body, code=str(root)).spec["base"]["code"] == {"digest": digest}  # not uploaded again
+    needing = {**body, "base": {**base, "code": {"requirements": ["einops==0.8.1"]}}}
+    spec = SweepSpec.model_validate(sdk.create_sweep(needing, code=root).spec)
+    assert spec.base.code.requirements == ["einops==0.8.1"]  # code= kept them, and every trial has them:
+    assert trial_spec(spec.base, (), {"optimizer.lr": 0.05}, name="t").code.requirements == ["einops==0.8.1"]
 
     with pytest.raises(InvalidInput) as no_base:
         sdk.create_sweep({"name": "no-base"}, code=root)
