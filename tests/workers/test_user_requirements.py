@@ -81,6 +81,20 @@ def test_a_requirement_that_would_replace_a_workers_package_fails_with_pips_reas
     assert not any(verified(p) for p in (tmp_path / "cache").glob("requirements-*"))
 
 
+def test_a_failed_install_is_answered_from_its_failure_for_the_other_ranks(tmp_path, fresh_imports, monkeypatch):
+    with pytest.raises(RequirementsError) as first:
+        user_requirements.install_requirements(["packaging==20.0"])
+    pips = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: pips.append(a))
+    with pytest.raises(RequirementsError) as second:  # the next rank on this machine: no second pip
+        user_requirements.install_requirements(["packaging==20.0"])
+    assert str(second.value) == str(first.value) and pips == []
+    monkeypatch.setattr(user_requirements, "FAILURE_REUSED_S", 0)  # later, pip is asked again
+    with pytest.raises(Exception):
+        user_requirements.install_requirements(["packaging==20.0"])
+    assert len(pips) == 1
+
+
 def test_no_requirements_install_nothing(tmp_path, fresh_imports):
     assert user_requirements.install_requirements([]) is None
     assert not (tmp_path / "cache").exists()

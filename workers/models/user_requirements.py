@@ -42,6 +42,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -53,6 +54,9 @@ from workers.models.code_cache import UserCodeError, code_cache_dir, own_cache, 
 PIP_TIMEOUT_ENV = "TESSERA_PIP_TIMEOUT_S"
 DEFAULT_PIP_TIMEOUT_S = 900
 ERROR_TAIL_LINES = 15
+# How long a failed install is answered with its error rather than tried again (every rank of a
+# machine asks in turn; a run that fixes its requirements gets a new key and is not affected).
+FAILURE_REUSED_S = 300
 # Where pip looks for packages decides what it installs: part of the cache key.
 PIP_SOURCE_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_CONFIG_FILE")
 
@@ -120,7 +124,7 @@ def install_requirements(requirements: list[str]) -> Path | None:
     installed = installed_versions(cache)
     target = cache / requirements_key(requirements, installed)
     try:
-        place(target, lambda staging: _pip_install(requirements, staging, installed))
+        place(target, lambda staging: _install_once(requirements, staging, installed, target))
     except OSError as exc:
         raise RequirementsError(f"code.requirements {requirements}: cannot install them under {target.parent}: "
                                 f"{exc}") from None
@@ -145,6 +149,24 @@ def _use(target: Path | None) -> None:
     for folder in folders:
         site.addsitedir(folder)  # appended
     importlib.invalidate_caches()
+
+
+def _install_once(requirements: list[str], staging: Path, installed: dict[str, str], target: Path) -> None:
+    """``_pip_install`` into ``staging`` (``place`` holds ``target``'s lock), unless it failed for
+    ``target`` within ``FAILURE_REUSED_S``: the ranks of a machine wait on that lock one after
+    another, and each would otherwise run (and wait for) the same failing pip again."""
+    failed = target.with_name(f".{target.name}.failed")
+    try:
+        if time.time() - failed.stat().st_mtime < FAILURE_REUSED_S:
+            raise RequirementsError(failed.read_text())
+    except FileNotFoundError:
+        pass
+    try:
+        _pip_install(requirements, staging, installed)
+    except RequirementsError as exc:
+        failed.write_text(str(exc))
+        raise
+    failed.unlink(missing_ok=True)
 
 
 def _pip_install(requirements: list[str], prefix: Path, installed: dict[str, str]) -> None:
