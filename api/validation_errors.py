@@ -99,7 +99,8 @@ def _trim_loc(loc: list[Any], body: Any) -> list[Any]:
 
 
 # A field, or a dict key, written after a dot; any other key is written in brackets, quoted.
-_PLAIN_NAME = re.compile(r"[A-Za-z_]\w*")
+# ASCII only, as the dashboard's twin (spec_source.js) reads it: 'optimizér' is a bracketed key.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def join_field(parts: Iterable[str | int]) -> str:
@@ -160,7 +161,7 @@ def worded_pattern(pattern: str, words: str) -> str:
 # writes it: "scheduler.grace_period 2ep must ...", "search.params['optimizer.lr']: value ...".
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'" + "|" + r'"(?:[^"\\\n]|\\.)*"'  # a key as repr() quotes it
 _LEADING_PATH = re.compile(rf"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[(?:{_QUOTED})\]|\[\d+\])+(?=[:\s])")
-_PATH_PART = re.compile(rf"\.?([A-Za-z_]\w*)|\[({_QUOTED})\]|\[(\d+)\]|(\[key\])")
+_PATH_PART = re.compile(rf"\.?({_PLAIN_NAME.pattern})|\[({_QUOTED})\]|\[(\d+)\]|(\[key\])")
 
 
 def split_field(field: str) -> list[str | int]:

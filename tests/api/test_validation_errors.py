@@ -87,6 +87,7 @@ def test_several_broken_rules_are_one_item_each_naming_its_algorithm():
     (["x", "1"], "x['1']"),
     (["x", "it's"], "x[\"it's\"]"),
     (["x", "a\\b'\"c"], "x['a\\\\b\\'\"c']"),
+    (["optimizer", "optimizér"], "optimizer['optimizér']"),  # ASCII names only, as the dashboard reads them
 ])
 def test_a_key_that_is_not_a_plain_name_is_written_in_brackets_and_read_back(parts, field):
     from api.validation_errors import join_field, split_field

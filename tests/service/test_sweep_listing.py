@@ -111,9 +111,13 @@ def test_name_status_project_and_archived_combine_with_the_cursor(admin, make_sw
     assert every == [hidden, *wanted]
     assert _all_pages(admin, limit=2, **query, archived="true")[0] == [hidden]
     assert _all_pages(admin, limit=1, name="resnet", status="QUEUED", project=project)[0] == [queued]
-    # The cursor of one query, passed with other filters, resumes after the same sweep.
+    # The cursor of one query, passed with other filters, resumes after the same sweep: it holds
+    # a position, not the filters.
     cursor = _page(admin, limit=2, **query)["next_cursor"]
     assert [s["id"] for s in _page(admin, limit=2, cursor=cursor, **query)["data"]] == wanted[2:4]
+    after = [s for s in _newest_first(admin) if s in wanted or s == hidden]
+    assert [s["id"] for s in _page(admin, limit=2, cursor=cursor, **query, archived="all")["data"]] == \
+        after[after.index(wanted[1]) + 1:][:2]
 
 
 def test_percent_and_underscore_in_a_name_match_only_themselves(admin, make_sweep):
@@ -136,6 +140,7 @@ def _encoded(fields) -> str:
     "!!!not base64!!!",
     _encoded(["sweeps:created", "not a time", "abcdef012345"]),
     _encoded(["sweeps:created", "2026-01-01T00:00:00+00:00", "a\x00b"]),  # a NUL: PostgreSQL would refuse it
+    _encoded(["sweeps:created", "2026-01-01T00:00:00+00:00", "\ud800"]),  # a lone surrogate: no driver sends it
     _encoded(["sweeps:created", "9999-12-31T23:59:59-14:00", "abcdef012345"]),  # past year 9999 in UTC
     _encoded(["sweeps:created", "2026-01-01T00:00:00+00:00", 7]),
     _encoded(["created", "2026-01-01T00:00:00+00:00", "abcdef012345"]),  # GET /runs' order
