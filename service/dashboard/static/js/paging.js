@@ -9,6 +9,14 @@
 //   some left it), and otherwise every OLDER_EVERY polls, so that their rows' status stays
 //   current without a request per loaded page on every poll.
 //
+// The chain keeps the same stretch of items, not the same number of pages: it is read until the
+// page that holds the oldest item shown (new items push that one onto a later page), and the
+// items after it on that page stay hidden until "Show older" reveals them, so that new items
+// never push a loaded row out of view, nor pull a page's worth of older rows into it. The chain
+// reads at most CHAIN_SLACK pages more than were loaded; where the oldest item is not found
+// within them (it was deleted, archived, or left the filter), the view ends at the oldest
+// earlier-shown item the chain did find, or else keeps as many pages as before.
+//
 // Reading the chain from the fresh first page means the pages always cover one unbroken stretch
 // of the newest items: when new ones arrive and shift the pages, no item falls into a gap and
 // none shows twice. `items` drops a repeated id anyway (keeping its first, newest, place), so the
@@ -20,38 +28,39 @@ import { errorText, getIfChanged } from "./api.js";
 import { el, setText } from "./ui.js";
 
 const OLDER_EVERY = 5;
+const CHAIN_SLACK = 2;
 
 export class PagedList {
-  /** `path`: the first page's API path with its filters and `limit` (it has a `?`). */
-  constructor(path, { olderEvery = OLDER_EVERY } = {}) {
+  /**
+   * `path`: the first page's API path with its filters and `limit` (it has a `?`). `get`: how a
+   * page is read, `getIfChanged` of ./api.js (the same object again for an unchanged page).
+   */
+  constructor(path, { olderEvery = OLDER_EVERY, get = getIfChanged } = {}) {
     this.path = path;
     this.olderEvery = olderEvery;
+    this.get = get;
     this.pages = []; // [{data, next_cursor}], the first page first; empty until the first poll
+    this.shownOfLast = null; // how many of the last page's items are shown (null: all of them)
     this.polls = 0;
     this.queue = Promise.resolve();
   }
 
-  /** Whether there are items older than the pages loaded (the last page has a next_cursor). */
-  get hasOlder() { return Boolean(this.pages.at(-1)?.next_cursor); }
-
-  /** The loaded pages' items, newest first, each id once. */
-  get items() {
-    const seen = new Set();
-    const items = [];
-    for (const page of this.pages) {
-      for (const item of page.data) {
-        if (seen.has(item.id)) continue;
-        seen.add(item.id);
-        items.push(item);
-      }
-    }
-    return items;
+  /** Whether there are items older than those shown (hidden on the last page, or past it). */
+  get hasOlder() {
+    const last = this.pages.at(-1);
+    return Boolean(last?.next_cursor) || (this.shownOfLast !== null && this.shownOfLast < last.data.length);
   }
 
-  /** One poll (see above); resolves to whether any loaded page changed. */
+  /** The shown items of the loaded pages, newest first, each id once. */
+  get items() { return shownItems(this.pages, this.shownOfLast); }
+
+  /** One poll (see above); resolves to whether the items shown may have changed. */
   poll() { return this._serial(() => this._poll()); }
 
-  /** Read the page after the last one loaded and append it; resolves to whether one was added. */
+  /**
+   * Show the items older than those shown: the hidden rest of the last page and the page after it
+   * (if any). Resolves to whether any was added.
+   */
   loadOlder() { return this._serial(() => this._loadOlder()); }
 
   _serial(task) {
@@ -64,46 +73,89 @@ export class PagedList {
 
   async _poll() {
     const before = this.pages;
-    const { data: first } = await getIfChanged(this.path);
+    const shownBefore = this.shownOfLast;
+    const { data: first } = await this.get(this.path);
     this.polls += 1;
     const moved = before.length > 0 && first.next_cursor !== before[0].next_cursor;
     let pages = [first, ...before.slice(1)];
-    if (before.length > 1 && (moved || this.polls % this.olderEvery === 0)) pages = await this._chain(first, before.length);
+    let shown = before.length > 1 ? shownBefore : null;
+    if (before.length > 1 && (moved || this.polls % this.olderEvery === 0)) {
+      ({ pages, shown } = await this._chain(first, before, shownBefore));
+    }
     this.pages = pages;
+    this.shownOfLast = shown;
     // getIfChanged answers a 304 with the very object it returned before: identity says "unchanged".
-    return pages.length !== before.length || pages.some((page, index) => page !== before[index]);
+    return pages.length !== before.length || shown !== shownBefore ||
+      pages.some((page, index) => page !== before[index]);
   }
 
-  /** The first `count` pages, read from `first` on (fewer where the list ends sooner). */
-  async _chain(first, count) {
+  /**
+   * The pages from `first` on that hold the items shown from `before` (see above): `{pages,
+   * shown}`, `shown` as `shownOfLast`.
+   */
+  async _chain(first, before, shownBefore) {
+    const earlier = shownItems(before, shownBefore).map((item) => item.id);
+    const oldest = earlier.at(-1);
     const pages = [first];
-    while (pages.length < count && pages.at(-1).next_cursor) {
-      pages.push((await getIfChanged(this._pageUrl(pages.at(-1).next_cursor))).data);
+    while (!pages.at(-1).data.some((item) => item.id === oldest) && pages.at(-1).next_cursor &&
+           pages.length < before.length + CHAIN_SLACK) {
+      pages.push((await this.get(this._pageUrl(pages.at(-1).next_cursor))).data);
     }
-    return pages;
+    // End at the oldest item shown, or else at the oldest earlier-shown item found.
+    const wanted = pages.at(-1).data.some((item) => item.id === oldest) ? new Set([oldest]) : new Set(earlier);
+    for (let p = pages.length - 1; p >= 0; p -= 1) {
+      const index = pages[p].data.findLastIndex((item) => wanted.has(item.id));
+      if (index < 0) continue;
+      if (p === 0) return { pages: pages.slice(0, 1), shown: null }; // the first page is always shown whole
+      return { pages: pages.slice(0, p + 1), shown: index + 1 < pages[p].data.length ? index + 1 : null };
+    }
+    return { pages: pages.slice(0, before.length), shown: null }; // none found: as many pages as before
   }
 
   async _loadOlder() {
-    const cursor = this.pages.at(-1)?.next_cursor;
-    if (!cursor) return false;
-    const { data } = await getIfChanged(this._pageUrl(cursor));
-    this.pages = [...this.pages, data];
+    if (!this.hasOlder) return false;
+    const last = this.pages.at(-1);
+    const older = last.next_cursor ? [(await this.get(this._pageUrl(last.next_cursor))).data] : [];
+    this.pages = [...this.pages, ...older];
+    this.shownOfLast = null;
     return true;
   }
+}
+
+/** The items of `pages` newest first, each id once, of the last page only its first `shownOfLast`. */
+function shownItems(pages, shownOfLast) {
+  const seen = new Set();
+  const items = [];
+  pages.forEach((page, index) => {
+    const data = index === pages.length - 1 && shownOfLast !== null ? page.data.slice(0, shownOfLast) : page.data;
+    for (const item of data) {
+      if (seen.has(item.id)) continue;
+      seen.add(item.id);
+      items.push(item);
+    }
+  });
+  return items;
 }
 
 /**
  * The "Show older …" button under a list's table (shown while `list.hasOlder`), and the line
  * that says why loading failed. `onLoaded(before)` re-renders the list; `before` is how many
- * items were shown, i.e. the index of the first one just loaded (to move the focus to it once
- * the button, which had it, goes away). Returns `{element, update}`: call `update()` after each
- * render.
+ * items were shown, i.e. the index of the first one just loaded (to move the focus to it when
+ * the button, which had it, goes away because nothing older is left). Returns `{element,
+ * update}`: call `update()` after each render.
+ *
+ * While a page loads the button says so and is aria-disabled (clicks are ignored), not
+ * `disabled`: a disabled button loses the focus to the page's body, and a keyboard user who
+ * pressed it should be able to press it again once the page has come.
  */
 export function olderButton(list, { id, label, noun, onLoaded }) {
   const problem = el("p", { class: "field-error", id: `${id}-error`, role: "alert", hidden: true });
+  let busy = false;
   const button = el("button", { type: "button", id, class: "show-older", hidden: true, onclick: async () => {
+    if (busy) return;
+    busy = true;
     const before = list.items.length;
-    button.disabled = true;
+    button.setAttribute("aria-disabled", "true");
     setText(button, "Loading…");
     try {
       if (await list.loadOlder()) onLoaded(before);
@@ -112,7 +164,8 @@ export function olderButton(list, { id, label, noun, onLoaded }) {
       setText(problem, `Could not load older ${noun}: ${errorText(error)}. Try again.`);
       problem.hidden = false;
     } finally {
-      button.disabled = false;
+      busy = false;
+      button.removeAttribute("aria-disabled");
       setText(button, label);
       update();
     }
