@@ -55,8 +55,9 @@ STOP_EXIT_S = 1.0  # what the rest of a stopped driver's exit takes (ray.shutdow
 
 
 def mlflow_end_budget_s() -> float:
-    """How long a stopped driver may spend ending its MLflow runs: Ray's grace
-    (``STOP_WAIT_ENV``) less ``STOP_EXIT_S``, at least 0.5 s and at most 10 s."""
+    """How long a stopped driver (this one; a sweep's, ``workers.tune.reporting``) may spend
+    ending its MLflow runs: Ray's grace (``STOP_WAIT_ENV``) less ``STOP_EXIT_S``, at least 0.5 s
+    and at most 10 s."""
     try:
         grace = float(os.environ.get(STOP_WAIT_ENV, DEFAULT_STOP_WAIT_S))
     except ValueError:

@@ -15,15 +15,25 @@ store is the record; the loggers are copies.
 How an attempt ended reaches the loggers in the process that trains rank 0, and only there:
 ``closed_at_end(sink)`` wraps the attempt, both in ``tessera train``'s in-process run
 (``workers.local``) and in every rank 0 of ``workers.ray_train.train_rank`` (Ray Train workers,
-sweep trials), and ends the loggers' runs with ``ended_as`` its outcome (MLflow: FINISHED, FAILED,
-KILLED). The service hears the outcome from the process that started the ranks
+sweep trials), and ends the loggers' runs with ``ended_as`` its outcome (MLflow: ``MLFLOW_STATUS``).
+The service hears the outcome from the process that started the ranks
 (``workers.outcome.RunOutcome``), which holds no loggers; so the loggers get the outcome as a
-status and the primary sink does not. An attempt whose rank 0 is killed (the service canceling
-the run stops its Ray job, which kills the Ray Train workers; a SIGKILL; a lost node) never
-reaches ``closed_at_end``. For the first of those, the process that started the ranks ends the
-run's MLflow runs that are still RUNNING as KILLED when its Ray job is stopped
-(``end_interrupted_mlflow_runs``, called by ``workers.launch``); after a SIGKILL of the job or a
-lost node nothing does, and they stay RUNNING.
+status and the primary sink does not.
+
+An MLflow run that rank 0 cannot end is ended, while it is still RUNNING, by the process that
+outlives rank 0 and knows how the attempt ended, with one function, ``end_running_mlflow_runs``
+(which finds the runs by their tags: ``RUN_ID_TAG``, ``SWEEP_ID_TAG``, ``TRIAL_ID_TAG``):
+
+* a canceled run: the service stops its Ray job, which kills the Ray Train workers, rank 0
+  before it ends its run; the job's driver ends the run's RUNNING ones KILLED as it is stopped
+  (``end_interrupted_mlflow_runs``, called by ``workers.launch``);
+* a sweep trial: Tune stops a trial (its scheduler, the sweep's time budget, a cancel) by
+  raising ``SystemExit`` in it at its next report, or by ending its actor, and rank 0 cannot
+  tell a scheduler's stop from a cancel; so a trial's rank 0 leaves its run RUNNING on a stop
+  and the sweep driver, which knows, ends it (``workers.tune.reporting``).
+
+After a SIGKILL of the job or of the sweep driver, or a lost node, nothing does, and they stay
+RUNNING.
 """
 
 from __future__ import annotations
@@ -45,9 +55,22 @@ from workers.reporter import MetricSink
 
 log = logging.getLogger(__name__)
 
-# The tag that names the Tessera run an MLflow run belongs to (``MLflowSink``), by which
-# ``end_interrupted_mlflow_runs`` finds them.
+# The tags that name the Tessera run an MLflow run belongs to (``MLflowSink``) and, for a sweep
+# trial, its sweep (the sweep's id; a fresh key for a sweep without a service) and trial, by which
+# ``end_running_mlflow_runs`` finds them; and the Tessera status a run was ended with.
 RUN_ID_TAG = "tessera.run_id"
+SWEEP_ID_TAG = "tessera.sweep_id"
+TRIAL_ID_TAG = "tessera.trial_id"
+STATUS_TAG = "tessera.status"
+
+# How an attempt's end reads in MLflow, whoever ends its run. STOPPED is a sweep trial that its
+# scheduler (ASHA) or the sweep's time budget ended early: a normal outcome of a sweep, neither a
+# failure nor a user's kill, so FINISHED (as Ray Tune's own MLflowLoggerCallback ends such a
+# trial; MLflow's KILLED would read as canceled, and a sweep of 16 trials would show 12 killed).
+# ``STATUS_TAG`` (STOPPED) and the last ``time/progress`` (< 1) tell it from a trial that trained
+# to its end. A canceled run or sweep (CANCELED) is KILLED.
+MLFLOW_STATUS = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED",
+                 RunStatus.STOPPED: "FINISHED"}
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -223,18 +246,26 @@ class TensorBoardSink:
 class MLflowSink:
     """One MLflow run per Tessera run attempt (per worker-group start under Ray Train): params,
     tags, batched metrics, and the outcome: a terminal ``status`` ends the run (``closed_at_end``
-    sends it); ``close`` alone leaves it RUNNING, since it does not know how the attempt ended."""
+    sends it); ``close`` alone leaves it RUNNING, since it does not know how the attempt ended.
 
-    ENDED = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED",
-             RunStatus.STOPPED: "KILLED"}
+    ``trial`` (``{"sweep_id": ..., "trial_id": ...}``): this is a sweep trial's rank 0; the run is
+    tagged with both, and a stop (STOPPED: Tune raised ``SystemExit``) leaves it RUNNING for the
+    sweep's driver to end, since only the driver knows whether the scheduler stopped the trial
+    (FINISHED) or the sweep was canceled (KILLED). Outside a sweep a stop (a ``SystemExit``) is
+    an interruption: KILLED. A run that already ended (the sweep's driver ended it on a cancel
+    while this rank still trained) is left as it ended."""
 
-    def __init__(self, spec: RunSpec, tracking_uri: str, experiment: str, *, run_id: str | None = None):
+    def __init__(self, spec: RunSpec, tracking_uri: str, experiment: str, *, run_id: str | None = None,
+                 trial: dict[str, str] | None = None):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.trial = trial
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
         tags = {RUN_ID_TAG: run_id or "", "mlflow.runName": spec.name} | {f"tag.{t}": "true" for t in spec.tags}
+        if trial is not None:
+            tags |= {SWEEP_ID_TAG: trial["sweep_id"], TRIAL_ID_TAG: trial["trial_id"]}
         self.run_id = self.client.create_run(experiment_id, tags=tags, run_name=spec.name).info.run_id
         from mlflow.entities import Metric, Param
 
@@ -249,9 +280,17 @@ class MLflowSink:
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
                step: int | None = None) -> None:
-        if status in self.ENDED:
-            self.flush()
-            self.client.set_terminated(self.run_id, self.ENDED[status])
+        if status not in MLFLOW_STATUS:
+            return
+        self.flush()  # MLflow takes metrics for a run that ended, too
+        if status is RunStatus.STOPPED:
+            if self.trial is not None:
+                return  # the sweep's driver ends it (see the class docstring)
+            status = RunStatus.CANCELED
+        if self.client.get_run(self.run_id).info.status != "RUNNING":
+            log.info("MLflow run %s already ended; left as it is", self.run_id)
+            return
+        end_mlflow_run(self.client, self.run_id, status)
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         """Checkpoints stay in Tessera's own store (MLflow would copy their bytes as artifacts)."""
@@ -268,9 +307,19 @@ class MLflowSink:
         self.flush()
 
 
-def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: str | None = None) -> MetricSink:
+def end_mlflow_run(client: Any, mlflow_run_id: str, status: RunStatus) -> None:
+    """End one MLflow run as a Tessera attempt that ended ``status`` (``MLFLOW_STATUS``), and tag
+    it with the status (``STATUS_TAG``): by rank 0 (``MLflowSink``) and by whoever ends the runs
+    rank 0 could not (``end_running_mlflow_runs``)."""
+    client.set_terminated(mlflow_run_id, MLFLOW_STATUS[status])
+    client.set_tag(mlflow_run_id, STATUS_TAG, status.value)
+
+
+def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: str | None = None,
+                 trial: dict[str, str] | None = None) -> MetricSink:
     """``sink`` plus the spec's loggers (rank 0 only). A logger that cannot start is logged and
-    left out; TensorBoard needs the run folder ``run``."""
+    left out; TensorBoard needs the run folder ``run``; ``trial``: a sweep trial's ids
+    (``MLflowSink``)."""
     extras: list[MetricSink] = []
     for logger in spec.loggers:
         try:
@@ -280,7 +329,8 @@ def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: st
                     continue
                 extras.append(TensorBoardSink(spec, run))
             else:
-                extras.append(MLflowSink(spec, logger.tracking_uri, logger.experiment, run_id=run_id))
+                extras.append(MLflowSink(spec, logger.tracking_uri, logger.experiment, run_id=run_id,
+                                          trial=trial))
         except Exception:
             log.warning("logger %s could not start; the run goes on without it", logger.name, exc_info=True)
     return FanoutSink(sink, extras) if extras else sink
@@ -292,13 +342,13 @@ def mlflow_targets(spec: RunSpec) -> list[tuple[str, str]]:
 
 
 def prepare_mlflow_end(spec: RunSpec) -> threading.Thread | None:
-    """Get ready, in a daemon thread, for ``end_interrupted_mlflow_runs``: import MLflow, make a
+    """Get ready, in a daemon thread, for ``end_running_mlflow_runs``: import MLflow, make a
     client for each of ``spec``'s tracking servers and ask each for its experiment (the HTTP
-    session's first connection). For the job driver as an attempt starts: a stop then spends its
-    seconds on the runs themselves (unprepared, a stopped driver on a busy 2-core node did not get
-    through the import and its first requests in its 2 s; prepared, ending took 0.1-0.4 s there).
-    Failures are logged at debug level (the stop tries again); nothing is raised. The thread, or
-    None without an MLflow logger."""
+    session's first connection). For a job driver (a run's, a sweep's) as it starts: a stop then
+    spends its seconds on the runs themselves (unprepared, a stopped driver on a busy 2-core node
+    did not get through the import and its first requests in its 2 s; prepared, ending took
+    0.1-0.4 s there). Failures are logged at debug level (the stop tries again); nothing is
+    raised. The thread, or None without an MLflow logger."""
     targets = mlflow_targets(spec)
     if not targets:
         return None
@@ -320,22 +370,32 @@ def prepare_mlflow_end(spec: RunSpec) -> threading.Thread | None:
 
 
 def end_interrupted_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float = 2.0) -> list[str] | None:
-    """End as KILLED the MLflow runs of Tessera run ``run_id`` (tag ``RUN_ID_TAG``) that are still
-    RUNNING, in the experiment of each of ``spec``'s MLflow loggers; the ids of those it ended.
+    """End as KILLED (CANCELED) the MLflow runs of Tessera run ``run_id`` that are still RUNNING
+    (``end_running_mlflow_runs``). For the process that started the ranks, when it is stopped
+    (``workers.launch``: the service canceled the run and Ray stops its job): the ranks are
+    killed after it, so rank 0 never ends its MLflow run (``closed_at_end``). Every RUNNING one
+    of the run goes, also one an earlier attempt's killed ranks left."""
+    return end_running_mlflow_runs(spec, {RUN_ID_TAG: run_id}, RunStatus.CANCELED, timeout_s=timeout_s)
 
-    For the process that started the ranks, when it is stopped (``workers.launch``: the service
-    canceled the run and Ray stops its job): the ranks are killed after it, so rank 0 never ends
-    its MLflow run (``closed_at_end``). Every RUNNING one of the run goes, also one an earlier
-    attempt's killed ranks left. Runs that ended (FINISHED, FAILED, KILLED) are left as they are.
+
+def end_running_mlflow_runs(spec: RunSpec, tags: dict[str, str], status: RunStatus, *,
+                            timeout_s: float = 2.0) -> list[str] | None:
+    """End the MLflow runs that carry every one of ``tags`` and are still RUNNING, in the
+    experiment of each of ``spec``'s MLflow loggers, as attempts that ended ``status``
+    (``end_mlflow_run``); the ids of those it ended. For whoever outlives a rank 0 that could
+    not end its run (see the module docstring): the job driver of a canceled run
+    (``end_interrupted_mlflow_runs``), the sweep driver for its trials
+    (``workers.tune.reporting``). Runs that ended (FINISHED, FAILED, KILLED) are left as they are.
 
     Bounded and quiet, as a stop needs: the work runs in a daemon thread that gets ``timeout_s``
     (an unreachable tracking server would otherwise have MLflow's client retry for minutes), and
     the runs it ended by then are returned; None if it did not finish in time (the thread is
-    left to the process's exit). A failure is logged, never raised. ``[]`` at once for a spec
-    without an MLflow logger. ``prepare_mlflow_end`` at the start makes it faster."""
+    left to run on, or to the process's exit). A failure is logged, never raised. ``[]`` at once
+    for a spec without an MLflow logger. ``prepare_mlflow_end`` at the start makes it faster."""
     targets = mlflow_targets(spec)
     if not targets:
         return []
+    what = ", ".join(f"{key}={value}" for key, value in tags.items())
     ended: list[str] = []
     done = threading.Event()
 
@@ -343,10 +403,10 @@ def end_interrupted_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float 
         try:
             for tracking_uri, experiment in targets:
                 try:
-                    ended.extend(_end_running_mlflow_runs(tracking_uri, experiment, run_id))
+                    ended.extend(_end_running_mlflow_runs(tracking_uri, experiment, tags, status))
                 except Exception as exc:
-                    log.warning("could not end the MLflow runs of run %s in experiment %s at %s: %s",
-                                run_id, experiment, tracking_uri, describe(exc))
+                    log.warning("could not end the MLflow runs of %s in experiment %s at %s: %s",
+                                what, experiment, tracking_uri, describe(exc))
         finally:
             done.set()
 
@@ -354,14 +414,14 @@ def end_interrupted_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float 
     try:
         threading.Thread(target=end_all, name="end-mlflow-runs", daemon=True).start()
     except RuntimeError as exc:  # no new threads (the interpreter is shutting down)
-        log.warning("could not end the MLflow runs of run %s: %s", run_id, describe(exc))
+        log.warning("could not end the MLflow runs of %s: %s", what, describe(exc))
         return None
     if not done.wait(timeout_s):
-        log.warning("ending the MLflow runs of run %s did not finish within %gs (ended so far: %s); "
-                    "the others stay RUNNING", run_id, timeout_s, ", ".join(ended) or "none")
+        log.warning("ending the MLflow runs of %s did not finish within %gs (ended so far: %s); "
+                    "the others stay RUNNING", what, timeout_s, ", ".join(ended) or "none")
         return None
-    log.info("ended %d MLflow run(s) of run %s as KILLED in %.2fs%s", len(ended), run_id,
-             time.monotonic() - started, f": {', '.join(ended)}" if ended else "")
+    log.info("ended %d MLflow run(s) of %s as %s (%s) in %.2fs%s", len(ended), what, MLFLOW_STATUS[status],
+             status.value, time.monotonic() - started, f": {', '.join(ended)}" if ended else "")
     return list(ended)
 
 
@@ -381,18 +441,19 @@ def _mlflow_client(tracking_uri: str) -> Any:
         return client
 
 
-def _end_running_mlflow_runs(tracking_uri: str, experiment: str, run_id: str) -> list[str]:
-    """``end_interrupted_mlflow_runs`` on one tracking server and experiment."""
-    if "'" in run_id:  # not a Tessera run id (hex) nor a spec name; it cannot go into a filter
-        raise ValueError(f"run id {run_id!r} cannot be searched for")
+def _end_running_mlflow_runs(tracking_uri: str, experiment: str, tags: dict[str, str], status: RunStatus) -> list[str]:
+    """``end_running_mlflow_runs`` on one tracking server and experiment."""
+    for key, value in tags.items():
+        if "'" in value or "`" in key:  # not a Tessera id (hex, a spec name); cannot go into a filter
+            raise ValueError(f"tag {key}={value!r} cannot be searched for")
     client = _mlflow_client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:  # rank 0 never created a run there
         return []
-    running = client.search_runs([found.experiment_id],
-                                 filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}' and attributes.status = 'RUNNING'")
+    match = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
+    running = client.search_runs([found.experiment_id], filter_string=f"{match} and attributes.status = 'RUNNING'")
     ended = []
     for run in running:
-        client.set_terminated(run.info.run_id, "KILLED")
+        end_mlflow_run(client, run.info.run_id, status)
         ended.append(run.info.run_id)
     return ended

@@ -47,7 +47,8 @@ CONTROLLER_POLL_INTERVAL_S = 0.25
 
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                  storage_path: str | None = None, storage_url: str | None = None,
-                 attempt: int = 1, tune: bool = False, fork: ForkInfo | None = None) -> dict[str, float]:
+                 attempt: int = 1, tune: bool = False, fork: ForkInfo | None = None,
+                 trial: dict[str, str] | None = None) -> dict[str, float]:
     """Train ``spec`` on ``spec.parallelism.num_workers`` Ray Train workers; returns rank 0's
     final metrics. Needs a connected Ray (``ray.init``).
 
@@ -64,7 +65,7 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     (``controller_failure_limit=0``) so that Tune can retry it instead of waiting forever.
 
     ``fork`` (``RunView.fork``): a forked run without a checkpoint of its own starts from the
-    parent's checkpoint named there.
+    parent's checkpoint named there. ``trial``: a sweep trial's ids (``worker_config``).
     """
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -73,7 +74,8 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=worker_config(spec, run_id=run_id, service_url=service_url, token=token,
-                                        storage_url=storage_url, attempt=attempt, tune=tune, fork=fork),
+                                        storage_url=storage_url, attempt=attempt, tune=tune, fork=fork,
+                                        trial=trial),
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
         run_config=_run_config(spec, run_id, storage_path, tune=tune),
@@ -113,16 +115,19 @@ def forwarded_env() -> dict[str, str]:
 
 def worker_config(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                   storage_url: str | None = None, attempt: int = 1, tune: bool = False,
-                  fork: ForkInfo | None = None) -> dict[str, Any]:
+                  fork: ForkInfo | None = None, trial: dict[str, str] | None = None) -> dict[str, Any]:
     """What every rank gets (``train_rank``'s ``config``): plain JSON-able values, since Ray
     pickles it to each worker. Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) and the report
-    patience and spool settings travel in it, whether the driver is a Ray job or a test process."""
+    patience and spool settings travel in it, whether the driver is a Ray job or a test process.
+    ``trial`` (``{"sweep_id": ..., "trial_id": ...}``): a sweep trial's, for rank 0's loggers
+    (``workers.loggers.MLflowSink``: a stopped trial's MLflow run is left to the sweep driver)."""
     return {"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
             "run_url": run_url(storage_url, run_id) if storage_url else None,
             "test_env": forwarded_env(),
             "service_url": service_url, "token": token, "tune": tune,
             "fork": fork.model_dump(mode="json") if fork is not None else None,
-            "storage_url": storage_url}  # where workers fetch the run's code package
+            "storage_url": storage_url,  # where workers fetch the run's code package
+            "trial": trial}
 
 
 def _run_config(spec: RunSpec, run_id: str, storage_path: str | None, *, tune: bool) -> Any:
@@ -173,7 +178,8 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     os.environ.update(config.get("test_env") or {})
     _record_rank_process(config.get("run_id"), rank)
     run = config.get("run_url")
-    sink = with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id")) if rank == 0 else NullSink()
+    sink = (with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id"), trial=config.get("trial"))
+            if rank == 0 else NullSink())
     # Closes the sink however the attempt ends; rank 0's loggers end their runs with that outcome.
     with closed_at_end(sink):
         restarted = rank == 0 and run is not None and _is_restart(run, config.get("attempt", 1))

@@ -3,12 +3,15 @@ params, tags and every metric read back with MLflow's own client. And how a run 
 from a real MLflow store (an SQLite file, no server): FINISHED when training ends, FAILED when
 it raises, KILLED when it is interrupted or stopped, both in ``tessera train``'s in-process run
 (``train_local``) and in rank 0 of a Ray run (``train_rank``, here called in this process as a
-sweep trial's actor does), through the one ``closed_at_end``. And what the job driver does when
-its Ray job is stopped (the service canceled the run): the run's MLflow runs still RUNNING end
-KILLED (``end_interrupted_mlflow_runs``), in bounded time."""
+sweep trial's actor does), through the one ``closed_at_end``; a sweep trial that Tune stops is
+left RUNNING for the sweep's driver, whose end (``end_running_mlflow_runs``) makes it FINISHED.
+And what the job driver does when its Ray job is stopped (the service canceled the run): the
+run's MLflow runs still RUNNING end KILLED (``end_interrupted_mlflow_runs``, the same function),
+in bounded time."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -25,7 +28,8 @@ from api.views import RunStatus
 from workers.checkpoint import IncompatibleCheckpoint
 from workers.local import train_local
 from workers.launch import mlflow_end_budget_s
-from workers.loggers import MLflowSink, end_interrupted_mlflow_runs, flatten, prepare_mlflow_end, with_loggers
+from workers.loggers import (STATUS_TAG, SWEEP_ID_TAG, TRIAL_ID_TAG, MLflowSink, end_interrupted_mlflow_runs,
+                             end_running_mlflow_runs, flatten, prepare_mlflow_end, with_loggers)
 from workers.ray_train import train_rank, worker_config
 from workers.reporter import MemorySink
 from workers.trainer import train
@@ -34,12 +38,21 @@ from tests.workers.helpers_specs import tiny_spec
 
 @pytest.fixture
 def mlflow_server(tmp_path):
+    with running_mlflow_server(tmp_path) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_mlflow_server(folder):
+    """``mlflow server`` on a free loopback port with its SQLite store in ``folder``; its URL.
+    Starting one takes a minute on a busy 2-core machine: a module that needs several shares one
+    (``tests/e2e/test_mlflow_cancel.py``)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
-         "--default-artifact-root", f"{tmp_path}/artifacts", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
+         "--default-artifact-root", f"{folder}/artifacts", "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -102,10 +115,11 @@ def train_in_process(spec, storage, *, sink=None, on_eval=None):
 ATTEMPTS = itertools.count(1)  # a new job attempt per call: not reported as a restart of the last
 
 
-def train_as_rank_0(spec, storage, *, sink=None, on_eval=None):
+def train_as_rank_0(spec, storage, *, sink=None, on_eval=None, trial=None):
     """Rank 0 of a run under Ray (a Ray Train worker, a sweep trial's actor), without a service."""
     assert sink is None
-    config = worker_config(spec, run_id=spec.name, storage_url=f"file://{storage}", attempt=next(ATTEMPTS))
+    config = worker_config(spec, run_id=spec.name, storage_url=f"file://{storage}", attempt=next(ATTEMPTS),
+                           tune=trial is not None, trial=trial)
     return train_rank(config, rank=0, world_size=1, device_for=lambda use_gpu: torch.device("cpu"),
                       on_eval=on_eval, entered=time.time())
 
@@ -163,14 +177,52 @@ def test_the_mlflow_run_is_killed_when_tessera_train_is_interrupted(mlflow_store
     assert [step for step, _ in console.values("train/loss")] == [1]
 
 
-def test_the_mlflow_run_is_killed_when_a_sweep_stops_the_trial(mlflow_store, tmp_path):
-    def tune_stops_it(results):  # what ray.tune.report raises in a trial the scheduler stops
-        raise SystemExit(0)
+def tune_stops_it(results):
+    """What ``ray.tune.report`` raises in a trial that Tune stops (its scheduler, a cancel)."""
+    raise SystemExit(0)
 
+
+def test_a_stopped_sweep_trial_leaves_its_mlflow_run_to_the_driver_which_ends_it_finished(mlflow_store, tmp_path):
+    spec = ended_spec(mlflow_store, "stopped", max_duration="4ba")
     with pytest.raises(SystemExit):
-        train_as_rank_0(ended_spec(mlflow_store, "stopped", max_duration="4ba"), tmp_path, on_eval=tune_stops_it)
+        train_as_rank_0(spec, tmp_path, on_eval=tune_stops_it, trial={"sweep_id": "sweep-1", "trial_id": "t-1"})
     [run] = mlflow_runs(mlflow_store, "stopped")
+    # Rank 0 cannot tell the scheduler's stop from a canceled sweep's: it leaves the run RUNNING,
+    # with what it had logged (the evaluation Tune stopped it at), tagged for the driver.
+    assert run.info.status == "RUNNING" and "eval/accuracy" in run.data.metrics
+    assert run.data.tags[SWEEP_ID_TAG] == "sweep-1" and run.data.tags[TRIAL_ID_TAG] == "t-1"
+
+    # The sweep's driver, told by Tune that its scheduler stopped the trial, ends it: FINISHED, STOPPED.
+    other_trial = MLflowSink(spec, mlflow_store, "stopped", run_id="r-2",
+                             trial={"sweep_id": "sweep-1", "trial_id": "t-2"})
+    ended = end_running_mlflow_runs(spec, {SWEEP_ID_TAG: "sweep-1", TRIAL_ID_TAG: "t-1"}, RunStatus.STOPPED,
+                                    timeout_s=60)
+    assert ended == [run.info.run_id]
+    [stopped, _] = mlflow_runs(mlflow_store, "stopped")
+    assert stopped.info.status == "FINISHED" and stopped.data.tags[STATUS_TAG] == "STOPPED"
+    assert status_of(mlflow_store, other_trial.run_id) == "RUNNING"  # another trial's: not this end's
+
+
+def test_outside_a_sweep_a_stop_ends_the_mlflow_run_killed(mlflow_store, tmp_path):
+    with pytest.raises(SystemExit):
+        train_as_rank_0(ended_spec(mlflow_store, "exited", max_duration="4ba"), tmp_path, on_eval=tune_stops_it)
+    [run] = mlflow_runs(mlflow_store, "exited")
     assert run.info.status == "KILLED"
+
+
+def test_rank_0_leaves_an_mlflow_run_that_the_driver_already_ended_as_it_ended(mlflow_store):
+    # A canceled sweep's driver ends its trials' runs KILLED as it stops; a trial that reaches its
+    # end in the moments before its actor dies does not make its run FINISHED after that.
+    spec = stopped_spec(mlflow_store, "ended-first")
+    rank_0 = MLflowSink(spec, mlflow_store, "ended-first", run_id="r-1", trial={"sweep_id": "s-1", "trial_id": "t-1"})
+    assert end_running_mlflow_runs(spec, {SWEEP_ID_TAG: "s-1"}, RunStatus.CANCELED, timeout_s=60) == [rank_0.run_id]
+    rank_0.add(1, "loss", 0.5)
+    rank_0.status(RunStatus.COMPLETED)
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri=mlflow_store).get_run(rank_0.run_id)
+    assert run.info.status == "KILLED" and run.data.tags[STATUS_TAG] == "CANCELED"
+    assert run.data.metrics["loss"] == 0.5  # its last metrics still land
 
 
 @pytest.mark.integration

@@ -1,5 +1,6 @@
 """The driver's reporting to the service, without Ray: trial ends, cancel polling, and what Tune
-pickles into its experiment (never the sweep token)."""
+pickles into its experiment (never the sweep token); and how it ends the MLflow runs its trials'
+rank 0 left RUNNING (a real MLflow store in an SQLite file)."""
 
 import pickle
 from types import SimpleNamespace
@@ -7,7 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from api.errors import ApiError
-from api.views import SweepStatus
+from api.views import RunStatus, SweepStatus
+from tests.workers.helpers_specs import tiny_spec
+from tests.workers.test_mlflow_logger import mlflow_store  # noqa: F401  (a fixture)
+from workers.loggers import STATUS_TAG, MLflowSink
 from workers.tune import main
 from workers.tune import reporting as driver
 
@@ -41,8 +45,10 @@ def session(monkeypatch):
     driver._SESSIONS.pop("sw1", None)
 
 
-def trial(trial_id):
-    return SimpleNamespace(trial_id=trial_id, error_file=None)
+def trial(trial_id, progress=None):
+    """A Tune trial as the callbacks see it; ``progress``: its last report's ``time/progress``."""
+    return SimpleNamespace(trial_id=trial_id, error_file=None,
+                           last_result={} if progress is None else {"time/progress": progress})
 
 
 def test_tune_stops_once_the_service_says_the_sweep_was_canceled(session):
@@ -96,3 +102,74 @@ def test_the_job_entry_point_refuses_to_start_without_its_service_and_token(monk
         monkeypatch.delenv(name, raising=False)
     assert main(["--sweep-id", "sw1"]) == 2
     assert "TESSERA_SERVICE_URL and TESSERA_SWEEP_TOKEN" in capsys.readouterr().err
+
+
+# --- the trials' MLflow runs ---------------------------------------------------------------------
+
+def mlflow_sweep(session, store: str, experiment: str):
+    """Give ``session`` a base spec that logs to MLflow; returns a maker of trials' rank-0 runs."""
+    session.base = tiny_spec(loggers=[{"name": "mlflow", "tracking_uri": store, "experiment": experiment}])
+
+    def rank_0_of(trial_id: str, sweep_id: str = "sw1") -> MLflowSink:
+        return MLflowSink(session.base, store, experiment, run_id=f"run-{trial_id}",
+                          trial={"sweep_id": sweep_id, "trial_id": trial_id})
+
+    return rank_0_of
+
+
+def ended_as(store: str, sink: MLflowSink) -> tuple[str, str | None]:
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(tracking_uri=store).get_run(sink.run_id)
+    return run.info.status, run.data.tags.get(STATUS_TAG)
+
+
+def test_the_driver_ends_the_mlflow_run_of_a_trial_the_scheduler_stopped_finished_and_a_failed_ones_failed(
+        session, mlflow_store):
+    rank_0_of = mlflow_sweep(session, mlflow_store, "trial-ends")
+    stopped, completed, failed = rank_0_of("t1"), rank_0_of("t2"), rank_0_of("t3")
+    completed.status(RunStatus.COMPLETED)  # rank 0 ends a trial that trains to its end
+    still_training = rank_0_of("t4")
+    callback = driver._ReportTrialEnds("sw1")
+
+    callback.on_trial_complete(iteration=1, trials=[], trial=trial("t1", progress=0.5))  # ASHA stopped it
+    callback.on_trial_complete(iteration=2, trials=[], trial=trial("t2", progress=1.0))
+    callback.on_trial_error(iteration=3, trials=[], trial=trial("t3"))  # its actor died, say
+
+    assert ended_as(mlflow_store, stopped) == ("FINISHED", "STOPPED")
+    assert ended_as(mlflow_store, completed) == ("FINISHED", "COMPLETED")
+    assert ended_as(mlflow_store, failed) == ("FAILED", "FAILED")
+    assert ended_as(mlflow_store, still_training) == ("RUNNING", None)
+
+
+def test_after_tune_the_driver_ends_what_trials_left_running_as_the_sweep_ended(session, mlflow_store):
+    rank_0_of = mlflow_sweep(session, mlflow_store, "sweep-ends")
+    # Tune stopped the trials itself (the time budget): the ones that started and had no trial end.
+    callback = driver._ReportTrialEnds("sw1")
+    for trial_id in ("t1", "t2"):
+        callback.on_trial_start(iteration=1, trials=[], trial=trial(trial_id))
+    completed, budget_stopped = rank_0_of("t1"), rank_0_of("t2")
+    completed.status(RunStatus.COMPLETED)
+    callback.on_trial_complete(iteration=2, trials=[], trial=trial("t1", progress=1.0))
+    driver.end_left_mlflow_runs(session, None)
+    assert ended_as(mlflow_store, budget_stopped) == ("FINISHED", "STOPPED")
+
+    # Canceled: the driver saw it, or Ray's stop signal (a SystemExit) ended Tune. Every trial's
+    # run still RUNNING ends KILLED, and only this sweep's; those that ended stay as they ended.
+    other_sweeps = rank_0_of("t1", sweep_id="sw2")
+    session.sweep_status = SweepStatus.CANCELING
+    training = rank_0_of("t3")
+    driver.end_left_mlflow_runs(session, None)
+    assert ended_as(mlflow_store, training) == ("KILLED", "CANCELED")
+    session.sweep_status = None
+    stopped_job = rank_0_of("t4")
+    driver.end_left_mlflow_runs(session, SystemExit(15))
+    assert ended_as(mlflow_store, stopped_job) == ("KILLED", "CANCELED")
+    assert ended_as(mlflow_store, completed) == ("FINISHED", "COMPLETED")
+    assert ended_as(mlflow_store, budget_stopped) == ("FINISHED", "STOPPED")
+    assert ended_as(mlflow_store, other_sweeps) == ("RUNNING", None)
+
+    # The driver failed: the service fails the sweep and its active trials.
+    failing = rank_0_of("t5")
+    driver.end_left_mlflow_runs(session, RuntimeError("storage gone"))
+    assert ended_as(mlflow_store, failing) == ("FAILED", "FAILED")

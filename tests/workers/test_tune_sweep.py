@@ -1,7 +1,8 @@
 """Real Ray Tune sweeps without a service, over the session's Ray head: one-worker trials train
 in one reused trial actor, ASHA stops a weak trial, the outcome names statuses, the best trial
-and the Pareto front; a trial whose actor is killed is retried and resumes from its checkpoint;
-DDP trials train in the reused actor and its kept peer, which a dead peer replaces.
+and the Pareto front, and every trial's MLflow run ends (the stopped one's by the driver); a
+trial whose actor is killed is retried and resumes from its checkpoint; DDP trials train in the
+reused actor and its kept peer, which a dead peer replaces.
 
 Each sweep costs ~10-20 s (a trial actor training a small CNN on digits)."""
 
@@ -26,8 +27,14 @@ def test_asha_stops_the_weak_trial_and_the_outcome_ranks_the_completed_ones(ray_
     # One trial at a time makes ASHA's rung deterministic: after one epoch lr 0.05 reaches ~0.3
     # eval accuracy, lr 0.1 ~0.45 (at least the first, so it goes on) and lr 1e-4 ~0.1, below
     # the median of the two before it, so it is stopped at the rung (half the duration).
+    # The trials log to MLflow (a store in an SQLite file, made here before the trials share it).
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(tracking_uri=store).search_experiments()
     spec = SweepSpec.model_validate({
-        "name": "lr", "base": BASE, "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1, 1e-4]}}},
+        "name": "lr", "base": {**BASE, "loggers": [{"name": "mlflow", "tracking_uri": store, "experiment": "lr"}]},
+        "search": {"params": {"optimizer.lr": {"grid": [0.05, 0.1, 1e-4]}}},
         "scheduler": {"name": "asha", "grace_period": "1ep", "reduction_factor": 2},
         "max_concurrent_trials": 1})
 
@@ -57,6 +64,16 @@ def test_asha_stops_the_weak_trial_and_the_outcome_ranks_the_completed_ones(ray_
     # Every actor the sweep started ends with it.
     wait_until(lambda: not set(live_training_actors(ray_head)) - before, timeout=60,
                what="every trial's actors to end")
+    # Each trial's MLflow run ended once the sweep did: the completed ones by their rank 0, and
+    # the stopped one, last (Tune ends its actor rather than reusing it, often before its rank 0
+    # unwinds), by the driver: FINISHED, as a normal outcome of the sweep, tagged STOPPED.
+    client = MlflowClient(tracking_uri=store)
+    found = client.search_runs([client.get_experiment_by_name("lr").experiment_id])
+    runs = {run.info.run_name.removeprefix("lr-"): run for run in found}  # trial specs are named so
+    assert len(found) == len(runs) == 3
+    assert {lr: (runs[t.trial_id].info.status, runs[t.trial_id].data.tags.get("tessera.status"))
+            for lr, t in by_lr.items()} == {0.05: ("FINISHED", "COMPLETED"), 0.1: ("FINISHED", "COMPLETED"),
+                                             1e-4: ("FINISHED", "STOPPED")}
 
 
 def test_a_trial_whose_actor_is_killed_is_retried_and_resumes_from_its_checkpoint(ray_client, ray_head, tmp_path,

@@ -26,12 +26,14 @@ from api.client import Client
 from api.sweeps import SweepSpec
 from api.views import SweepStatus
 from workers.errors import describe
+from workers.loggers import prepare_mlflow_end
 from workers.outcome import MAX_ERROR_CHARS, MAX_MESSAGE_CHARS
 from workers.paths import TUNE_EXPERIMENT, failed_trials_url, sweep_experiment_path
 from workers.ray_train import forwarded_env
 from workers.reporter import call_with_retries
 from workers.tune.outcome import SweepOutcome, finalize, summary
-from workers.tune.reporting import _SESSIONS, _DriverSession, _ReportTrialEnds, _StopWhenSweepEnds
+from workers.tune.reporting import (_SESSIONS, _DriverSession, _ReportTrialEnds, _StopWhenSweepEnds,
+                                    end_left_mlflow_runs)
 from workers.tune.space import (build_param_space, build_scheduler, max_concurrent_trials, trains_in_trial_actor,
                                 trial_resources)
 from workers.tune.trial import START_TIMEOUT_ENV, TrialContext, train_trial
@@ -56,6 +58,8 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
                          "that are one worker or CPU DDP/FSDP; this sweep's trials need a Ray Train worker group")
     if not ray.is_initialized():
         ray.init()  # inside a Ray job this connects to the job's cluster
+    session.base = spec.base  # its MLflow loggers: the driver ends what trials leave RUNNING
+    prepare_mlflow_end(spec.base)  # in the background: a stop has seconds (workers.launch)
     context = TrialContext(
         sweep_json=spec.model_dump_json(), key=session.key, sweep_id=session.sweep_id,
         service_url=session.client.base_url if session.client else None, token=session.token,
@@ -81,7 +85,13 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
                                       failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
                                       callbacks=[_ReportTrialEnds(session.key)],
                                       stop=_StopWhenSweepEnds(session.key), verbose=verbose))
-    return tuner.fit()
+    try:
+        results = tuner.fit()
+    except BaseException as exc:  # Ray's stop signal (a canceled sweep) is a SystemExit from here
+        end_left_mlflow_runs(session, exc)
+        raise
+    end_left_mlflow_runs(session, None)
+    return results
 
 
 def drive_sweep(sweep_id: str, *, client: Client, token: str, storage_url: str | None = None, attempt: int = 1,

@@ -12,7 +12,7 @@ from api.views import TERMINAL_STATUSES, SweepView
 from workers.errors import describe
 from workers.reporter import call_with_retries
 from workers.tune.reporting import _DriverSession
-from workers.tune.space import PROGRESS
+from workers.tune.space import PROGRESS, trained_to_end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +60,7 @@ def sweep_outcome(spec: SweepSpec, results: Any, session: _DriverSession, view: 
         trial_id = Path(result.path).name
         last = result.metrics or {}
         progress = last.get(PROGRESS)
-        status = ("FAILED" if result.error is not None else
-                  "COMPLETED" if progress is not None and progress >= 1.0 - 1e-9 else "STOPPED")
+        status = "FAILED" if result.error is not None else "COMPLETED" if trained_to_end(progress) else "STOPPED"
         seen = by_trial.get(trial_id)
         wall = seen.wall_time_s if seen is not None and seen.wall_time_s is not None else (
             session.ended[trial_id] - session.started[trial_id]

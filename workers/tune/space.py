@@ -15,6 +15,11 @@ PROGRESS = "time/progress"  # Tune's time attribute: the fraction of max_duratio
 TRIAL_ACTOR_CPUS = 0.25     # a trial actor that only waits on its trainer; its workers ask for their own
 
 
+def trained_to_end(progress: float | None) -> bool:
+    """Whether a trial whose last report had ``progress`` (``PROGRESS``) trained its full duration."""
+    return progress is not None and progress >= 1.0 - 1e-9
+
+
 def trains_in_trial_actor(spec: SweepSpec) -> bool:
     """Whether every trial of ``spec`` trains in its Tune actor, which Tune reuses for the next
     trial (``workers.tune.actor_ranks``): nothing under ``parallelism`` searched (so every trial

@@ -14,7 +14,8 @@ Each trial registers itself with the service (when there is one), then trains on
 
 A trial Tune stops (ASHA) stays blocked in ``tune.report`` until Tune resets the actor for the
 next trial (or stops it), which raises ``SystemExit`` there: not an ``Exception``, so nothing
-here reports it as failed; the driver's ``_ReportTrialEnds`` ends it in the service. The reset
+here reports it as failed; the driver's ``_ReportTrialEnds`` ends it in the service, and ends
+its MLflow run (rank 0 leaves it RUNNING on a stop: ``workers.loggers.MLflowSink``). The reset
 waits ``TUNE_FUNCTION_THREAD_TIMEOUT_S`` for that thread to unwind (closing its sink delivers
 its last reports, its peer ranks leave), after which Tune would fail the next trial: set here
 to two minutes, not 2 s.
@@ -105,15 +106,18 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
             return
         run_id, token, attempt = ticket.run_id, ticket.token, ticket.attempt
     outcome = RunOutcome(client, run_id, token)
+    # Rank 0's MLflow run is tagged with these; a stopped trial's is ended by the driver
+    # (workers.tune.reporting), which finds it by them.
+    trial = {"sweep_id": context.key, "trial_id": trial_id}
     try:
         if context.in_actor:
             metrics = train_in_actor(spec, worker_config(spec, run_id=run_id, service_url=context.service_url,
                                                          token=token, storage_url=context.storage_url,
-                                                         attempt=attempt, tune=True), _report_to_tune)
+                                                         attempt=attempt, tune=True, trial=trial), _report_to_tune)
         else:
             metrics = fit_with_ray(spec, run_id=run_id, service_url=context.service_url, token=token,
                                    storage_path=ray_storage_path(context.storage_url, attempt=attempt),
-                                   storage_url=context.storage_url, attempt=attempt, tune=True)
+                                   storage_url=context.storage_url, attempt=attempt, tune=True, trial=trial)
     except Exception as exc:
         error = outcome.failed(exc)
         if "StartupTimeout" not in error:
