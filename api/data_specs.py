@@ -1,4 +1,5 @@
-"""Specs for data a user brings: an image folder, or WebDataset tar shards (local or ``s3://``).
+"""Specs for data a user brings: an image folder, WebDataset tar shards (local or ``s3://``), or
+a data set class of their own code package (``{import: "my_project.data:train_set"}``).
 
 Joined into ``api.specs.DatasetSpec``. Like every spec they forbid unknown fields, and each
 error names the field, the bad value and what is allowed.
@@ -7,10 +8,12 @@ error names the field, the bad value and what is allowed.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from api.catalog import DATASETS
+from api.model_specs import ImportPath, checked_import_path, refuse_unknown_fields, route_import_form
 from api.validation_errors import worded_pattern
 
 # Where data may live: a local path, file://, or an S3 bucket (any fsspec store reachable the same way).
@@ -106,4 +109,54 @@ class WebDatasetSpec(_ImageDataSpec):
         return value
 
 
-__all__ = ["ImageFolderSpec", "NormalizeSpec", "TransformsSpec", "WebDatasetSpec"]
+class ImportedDataSpec(ImportPath, _Spec):
+    """Your own data set: ``import: "package.module:callable"``, shipped in the run's code package.
+
+    Every rank calls it as ``build(**params)``; it returns a map-style ``torch.utils.data.Dataset``
+    whose items are ``(input_tensor, label)``: classification only (an image ``(C, H, W)`` or a
+    feature vector ``(F,)``, an integer label). Text (language-model) data from your own code is
+    not supported."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    import_path: str = Field(..., alias="import", max_length=512,
+                             description="'package.module:callable' returning a map-style torch Dataset of "
+                                         "(input tensor, integer label) items")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the callable")
+    num_classes: int | None = Field(None, ge=1, le=100_000,
+                                    description="labels lie in [0, num_classes); default: the data set's "
+                                                "num_classes attribute")
+    num_workers: int = Field(0, ge=0, le=32, description="DataLoader worker processes per rank (0: in-process); "
+                                                         "above 0 the data set is pickled to them")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(data, ("import", "params", "num_classes", "num_workers"), what="data set")
+
+    @field_validator("import_path")
+    @classmethod
+    def _module_colon_callable(cls, path: str) -> str:
+        return checked_import_path(path, example="my_project.data:train_set")
+
+    @property
+    def name(self) -> str:
+        """Not a field: lets code that reads ``spec.data.train.name`` treat every form alike."""
+        return "import"
+
+
+def route_data_spec(value: Any, handler: Any) -> Any:
+    """A data set is a named one (``handler``: the union discriminated on ``name``) or, with an
+    ``import`` key and no ``name``, an ``ImportedDataSpec`` (as ``api.model_specs.route_model_spec``)."""
+    return route_import_form(value, handler, ImportedDataSpec, what="data set")
+
+
+def dataset_domain(dataset: Any) -> Literal["vision", "text"]:
+    """The domain of a data set spec: its catalog entry's, and "vision" (classification) for your
+    own data set, the only kind an import may be."""
+    return "vision" if isinstance(dataset, ImportedDataSpec) else DATASETS[dataset.name].domain
+
+
+__all__ = ["ImageFolderSpec", "ImportedDataSpec", "NormalizeSpec", "TransformsSpec", "WebDatasetSpec",
+           "dataset_domain", "route_data_spec"]

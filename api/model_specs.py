@@ -75,7 +75,42 @@ class TorchvisionModelSpec(_Spec):
                                   "random weights")
 
 
-class ImportedModelSpec(_Spec):
+def checked_import_path(path: str, *, example: str) -> str:
+    """``path`` if it is ``'package.module:callable'``, else a ``ValueError`` that shows ``example``."""
+    if not re.match(IMPORT_PATTERN, path):
+        raise ValueError(f"import {path!r} must be 'package.module:callable' (dotted Python names, one colon), "
+                         f"e.g. {example!r}")
+    return path
+
+
+def refuse_unknown_fields(data: Any, fields: tuple[str, ...], *, what: str) -> Any:
+    """``data`` unless it is a mapping with a key outside ``fields`` (``import_path`` is the
+    alias's field name), which is a ``ValueError`` naming the fields allowed next to ``import``:
+    an ``import`` form's own message (the named forms' fields are different)."""
+    if isinstance(data, dict):
+        unknown = sorted(str(k) for k in data if k not in ("import_path", *fields))
+        if unknown:
+            raise ValueError(f"{what}: unknown field(s) {', '.join(repr(k) for k in unknown)} next to 'import'; "
+                             f"allowed fields here: {', '.join(fields)}")
+    return data
+
+
+class ImportPath:
+    """Mixin of the ``import: "package.module:callable"`` specs (model, data sets): the parts of
+    their ``import_path`` field."""
+
+    import_path: str  # declared by the spec class (a pydantic field)
+
+    @property
+    def module_name(self) -> str:
+        return self.import_path.partition(":")[0]
+
+    @property
+    def attribute(self) -> str:
+        return self.import_path.partition(":")[2]
+
+
+class ImportedModelSpec(ImportPath, _Spec):
     """Your own model: ``import: "package.module:callable"``, shipped as a code package."""
 
     model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
@@ -88,21 +123,12 @@ class ImportedModelSpec(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _only_known_fields(cls, data: Any) -> Any:
-        # Checked here so the message names this form's fields (the named models' are different).
-        if isinstance(data, dict):
-            unknown = sorted(str(k) for k in data if k not in ("import", "import_path", "params"))
-            if unknown:
-                raise ValueError(f"model: unknown field(s) {', '.join(repr(k) for k in unknown)} next to 'import'; "
-                                 "allowed fields here: import, params")
-        return data
+        return refuse_unknown_fields(data, ("import", "params"), what="model")
 
     @field_validator("import_path")
     @classmethod
     def _module_colon_callable(cls, path: str) -> str:
-        if not re.match(IMPORT_PATTERN, path):
-            raise ValueError(f"import {path!r} must be 'package.module:callable' (dotted Python names, one colon), "
-                             "e.g. 'my_project.nets:build'")
-        return path
+        return checked_import_path(path, example="my_project.nets:build")
 
     @field_validator("params")
     @classmethod
@@ -114,14 +140,6 @@ class ImportedModelSpec(_Spec):
     def name(self) -> str:
         """Not a field: lets code that labels models by ``spec.model.name`` treat every form alike."""
         return "import"
-
-    @property
-    def module_name(self) -> str:
-        return self.import_path.partition(":")[0]
-
-    @property
-    def attribute(self) -> str:
-        return self.import_path.partition(":")[2]
 
 
 MAX_REQUIREMENTS = 64
@@ -174,15 +192,23 @@ class CodeRef(_Spec):
                     "the package; packages the workers have already are never replaced")
 
 
-def route_model_spec(value: Any, handler: Any) -> Any:
-    """``model`` is a named model (``handler``: the union discriminated on ``name``) or, with an
-    ``import`` key and no ``name``, an ``ImportedModelSpec``. Routing on the key keeps each
-    form's errors its own (a union would report every form's complaints about every input)."""
-    if isinstance(value, ImportedModelSpec):
+def route_import_form(value: Any, handler: Any, imported: type[BaseModel], *, what: str) -> Any:
+    """``value`` as a named form (``handler``: the union discriminated on ``name``) or, with an
+    ``import`` key, as ``imported`` (your own code's). Routing on the key keeps each form's
+    errors its own (a union would report every form's complaints about every input)."""
+    if isinstance(value, imported):
         return value
-    if isinstance(value, dict) and "import" in value and "name" not in value:
-        return ImportedModelSpec.model_validate(value)
+    if isinstance(value, dict) and "import" in value:
+        if "name" in value:
+            raise ValueError(f"{what} has both name {value['name']!r} and import {value['import']!r}; give name "
+                             "(a built-in one) or import (your own code's 'package.module:callable'), not both")
+        return imported.model_validate(value)
     return handler(value)
+
+
+def route_model_spec(value: Any, handler: Any) -> Any:
+    """``model``: a named model or, with an ``import`` key, an ``ImportedModelSpec``."""
+    return route_import_form(value, handler, ImportedModelSpec, what="model")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MODELS_WITHOUT_BATCHNORM,
                          MODELS_WITHOUT_DROPOUT, arch_lacks_batchnorm, arch_lacks_dropout, residual_blocks_of_arch)
-from api.data_specs import ImageFolderSpec, WebDatasetSpec
+from api.data_specs import ImageFolderSpec, ImportedDataSpec, WebDatasetSpec, dataset_domain, route_data_spec
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
@@ -137,11 +137,15 @@ class ShakespeareSpec(Spec):
 DatasetSpec = Annotated[Union[DigitsSpec, FashionMNISTSpec, ShakespeareSpec, SyntheticSpec, ImageFolderSpec,
                               WebDatasetSpec],
                         Field(discriminator="name")]
+# A named data set, or your own code's (`{import: "pkg.mod:fn"}`, see api.data_specs); serialized
+# as whichever it is.
+AnyDatasetSpec = Annotated[SerializeAsAny[DatasetSpec], WrapValidator(route_data_spec)]
 
 
 class DataSpec(Spec):
-    train: DatasetSpec
-    eval: DatasetSpec | None = None
+    train: AnyDatasetSpec = Field(..., description="a named data set (GET /api/v1/datasets), or your own code's: "
+                                                   "{import: 'package.module:callable', params: {...}}")
+    eval: AnyDatasetSpec | None = None
     batch_size: int = Field(..., ge=1, le=65536, description="global batch size, split evenly across workers")
     eval_batch_size: int | None = Field(None, ge=1, le=65536,
                                         description="global batch size of evaluation (default: batch_size)")
@@ -152,6 +156,15 @@ class DataSpec(Spec):
 
     @model_validator(mode="after")
     def _same_shape(self) -> "DataSpec":
+        imported = [isinstance(d, ImportedDataSpec) for d in (self.train, self.eval)]
+        if self.eval is not None and imported[0] != imported[1]:
+            if imported[0]:
+                mixed = f"data.eval is the named data set {self.eval.name!r} but data.train is your own (import)"
+            else:
+                mixed = (f"data.eval is your own data set (import) but data.train is the named data set "
+                         f"{self.train.name!r}")
+            raise ValueError(f"{mixed}; train and eval must come from the same data set: import both (each its own "
+                             "callable, e.g. your train and test splits) or name both")
         if self.eval is not None and self.eval.name != self.train.name:
             raise ValueError(
                 f"data.eval.name {self.eval.name!r} differs from data.train.name {self.train.name!r}; "
@@ -183,7 +196,10 @@ SHAKESPEARE_CHARACTERS = {"train": 4_551_459, "test": 505_739}
 
 def dataset_size(dataset: Any) -> int | None:
     """Examples in a built-in data set spec's split, as its builder loads them (``limit`` and
-    ``num_samples`` applied); None for image_folder and webdataset, whose size only their files know."""
+    ``num_samples`` applied); None for image_folder, webdataset and your own data set (import),
+    whose size only their files or code know."""
+    if isinstance(dataset, ImportedDataSpec):
+        return None
     info = DATASETS[dataset.name]
     if info.num_train == 0:  # brought by the user: counted by the loader, from the files
         return None
@@ -272,7 +288,7 @@ def token_unit_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
     """``(field, value, why)`` for each time in ``tok`` when the train data set is not text: only
     text data counts tokens, and the worker could not convert it to batches."""
     name = spec.data.train.name
-    domain = DATASETS[name].domain
+    domain = dataset_domain(spec.data.train)
     if domain == "text":
         return []
     problems = []
@@ -394,7 +410,8 @@ class RunSpec(Spec):
     loggers: list[LoggerSpec] = Field(default_factory=list, max_length=8,
                                       description="also write metrics to TensorBoard / MLflow")
     code: CodeRef | None = Field(None, description="the code package (POST /api/v1/code) the workers import "
-                                                   "model.import from; `tessera submit --code DIR` sets it")
+                                                   "model.import and data.*.import from; `tessera submit --code "
+                                                   "DIR` sets it")
 
     @field_validator("microbatch_size")
     @classmethod
@@ -426,17 +443,19 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     starts with the path of the field it is about where one is (``algorithms[2] 'ema' ...``), which
     its 422 item then names."""
     problems: list[str] = []
-    data_info = DATASETS[spec.data.train.name]
+    domain = dataset_domain(spec.data.train)
     model_info = model_traits(spec.model)
-    if model_info.domain is not None and data_info.domain != model_info.domain:
+    if model_info.domain is not None and domain != model_info.domain:
         problems.append(f"model {model_info.label!r} is a {model_info.domain} model but data set "
-                        f"{spec.data.train.name!r} is {data_info.domain} data")
+                        f"{spec.data.train.name!r} is {domain} data"
+                        + (" (your own data set is classification data: only vision models fit it)"
+                           if isinstance(spec.data.train, ImportedDataSpec) else ""))
     reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once
     for index, algorithm in enumerate(spec.algorithms):
         info, at = ALGORITHMS[algorithm.name], f"algorithms[{index}] {algorithm.name!r}"
-        if info.domain not in ("any", data_info.domain):
+        if info.domain not in ("any", domain):
             problems.append(f"{at} is for {info.domain} data but data set {spec.data.train.name!r} is "
-                            f"{data_info.domain}")
+                            f"{domain}")
         # Your own model's architecture is unknown here: the surgery reports on the run if it finds nothing.
         if "transformer" in info.needs and model_info.architecture not in (None, "transformer"):
             problems.append(f"{at} needs a transformer model but model {model_info.label!r} is a "
@@ -451,9 +470,9 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
             problems.extend(f"algorithms[{index}] {problem}" for problem in _residual_block_problems(algorithm,
                                                                                                        spec.model))
         scale = getattr(algorithm, "scale_factor", 1.0) if algorithm.name == "selective_backprop" else 1.0
-        if scale < 1.0 and data_info.domain != "vision":
+        if scale < 1.0 and domain != "vision":
             problems.append(f"algorithms[{index}].scale_factor {scale}: scoring on downscaled inputs needs image "
-                            f"batches, and data set {spec.data.train.name!r} is {data_info.domain}; leave it 1.0")
+                            f"batches, and data set {spec.data.train.name!r} is {domain}; leave it 1.0")
         for other_index, other in enumerate(spec.algorithms):
             if other.name in info.conflicts and frozenset((algorithm.name, other.name)) not in reported_pairs:
                 reported_pairs.add(frozenset((algorithm.name, other.name)))

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from api.algorithm_specs import ALGORITHM_SPECS
-from api.catalog import DATASETS
+from api.data_specs import dataset_domain
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
 from api.validation_errors import field_path, join_field, one_line
@@ -204,7 +204,7 @@ def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     if sweep.mode != better:
         problems.append(("mode", sweep.mode, f"{sweep.metric} is better when {'higher' if better == 'max' else 'lower'}: "
                          f"set mode {better!r} or leave it out"))
-    domain = DATASETS[sweep.base.data.train.name].domain
+    domain = dataset_domain(sweep.base.data.train)
     if sweep.metric == "eval/perplexity" and domain != "text":
         problems.append(("metric", sweep.metric, f"only text data reports eval/perplexity, and data set "
                          f"{sweep.base.data.train.name!r} is {domain}; use eval/accuracy or eval/loss"))

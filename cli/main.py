@@ -72,8 +72,8 @@ def submit(
     file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
     code: Annotated[Optional[str], typer.Option(
-        "--code", help="a folder with the code model.import names: packed (respecting its .gitignore), "
-        "uploaded once, recorded as the spec's code.digest")] = None,
+        "--code", help="a folder with the code model.import (and data.*.import) name: packed (respecting its "
+        ".gitignore), uploaded once, recorded as the spec's code.digest")] = None,
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
     idempotency_key: Annotated[Optional[str], typer.Option(
@@ -225,7 +225,8 @@ def train(
         "resumes from the newest one (default: $TESSERA_HOME/local, i.e. .tessera/local); s3:// works too")] = None,
     no_checkpoints: Annotated[bool, typer.Option("--no-checkpoints", help="neither save nor resume")] = False,
     code: Annotated[Optional[str], typer.Option(
-        "--code", help="a folder with the code model.import names, imported from where it lies")] = None,
+        "--code", help="a folder with the code model.import (and data.*.import) name, imported from where it "
+        "lies")] = None,
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""

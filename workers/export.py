@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from api.catalog import DATASETS
+from api.data_specs import dataset_domain
 from api.model_specs import ImportedModelSpec
 from api.specs import RunSpec
 from workers.checkpoint.storage import storage_for
@@ -106,7 +106,7 @@ def rebuild_model(metadata: dict[str, str]) -> torch.nn.Module:
     num_classes, in_channels = int(metadata["tessera.num_classes"]), int(metadata["tessera.in_channels"])
     model = build_model(spec.model, num_classes=num_classes, in_channels=in_channels,
                         image_size=json.loads(metadata["tessera.image_size"]),
-                        domain=DATASETS[spec.data.train.name].domain)
+                        domain=dataset_domain(spec.data.train))
     surgery = [a for a in build_algorithms(spec.algorithms) if a.changes_model]
     state = State(model=model, num_classes=num_classes, max_batches=1, loss_fn=loss_of(model, soft_cross_entropy),
                   algorithms=surgery, loads_weights=True)  # the export's tensors are loaded next

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from algorithms.registry import build_algorithms
-from api.catalog import DATASETS
+from api.data_specs import dataset_domain
 from api.lineage import ForkInfo
 from api.specs import Precision, RunSpec
 from workers.checkpoint import Checkpointer, fingerprint, with_retries
@@ -98,17 +98,19 @@ class Trainer:
         # shards are read by DataLoader worker processes (workers.data.factory).
         self.train_loader = build_train_loader(spec, rank=self.rank, world_size=self.world_size,
                                                device=self.device, seed=spec.seed)
-        self.eval_loader = build_eval_loader(spec, rank=self.rank, world_size=self.world_size, device=self.device)
+        self.eval_loader = build_eval_loader(spec, rank=self.rank, world_size=self.world_size, device=self.device,
+                                             num_classes=self.train_loader.num_classes,
+                                             item_shape=getattr(self.train_loader, "item_shape", None))
         num_classes, in_channels = self.train_loader.num_classes, self.train_loader.in_channels
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)
         model = build_model(spec.model, num_classes=num_classes, in_channels=in_channels,
                             image_size=getattr(self.train_loader, "image_size", None),
-                            domain=DATASETS[spec.data.train.name].domain)
+                            domain=dataset_domain(spec.data.train))
         self.batches_per_epoch = len(self.train_loader)
         # Text counts tokens (``tok`` times): seq_len characters an example; images count none.
-        self.counts_tokens = DATASETS[spec.data.train.name].domain == "text"
+        self.counts_tokens = dataset_domain(spec.data.train) == "text"
         seq_len = getattr(spec.data.train, "seq_len", None) if self.counts_tokens else None
         self.tokens_per_batch = spec.data.batch_size * seq_len if seq_len else None
         max_batches = self._batches(spec.max_duration)
@@ -406,7 +408,7 @@ class Trainer:
                 sums += eval_sums(outputs, targets)  # per token for language models
         model.train()
         loss_sum, correct, count = all_reduce_sum(sums).tolist()  # one host sync per evaluation
-        results = eval_metrics(loss_sum, correct, count, domain=DATASETS[self.spec.data.train.name].domain)
+        results = eval_metrics(loss_sum, correct, count, domain=dataset_domain(self.spec.data.train))
         for key, value in results.items():
             self.metrics.record(state.timestamp.batch, key, value)
         self.engine.run_event(Event.EVAL_END, state)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from api.data_roots import data_root_problems
+from api.data_specs import ImportedDataSpec
 from api.run_edits import order_by_key
 from api.model_specs import ImportedModelSpec
 from api.specs import RunSpec, ignored_field_problems, unrunnable_problems
@@ -149,25 +150,31 @@ def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "
 
 
 def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str = "") -> list[dict]:
-    """422 items for a ``code.digest`` the project does not hold, and for a ``model.import`` whose
-    top-level package the held package lacks (the worker's import would fail: ModuleNotFoundError)."""
+    """422 items for a ``code.digest`` the project does not hold, and for each import
+    (``model.import``, ``data.train.import``, ``data.eval.import``) whose top-level package the
+    held package lacks (the worker's import would fail: ModuleNotFoundError)."""
     store = project_code_store(request, project.name)
     digest = spec.code.digest
     if not store.exists(digest):
         return [body_error(prefix + "code.digest", f"no code package with this digest in project {project.name}; "
                            "upload it first (POST /api/v1/code, or `tessera submit --code DIR`)", digest)]
-    if not isinstance(spec.model, ImportedModelSpec):
-        return []
-    names = store.importable_names(digest)
-    top = spec.model.module_name.split(".")[0]
-    if names is None or top in names:
+    imports = [(field, target) for field, target in (("model", spec.model), ("data.train", spec.data.train),
+                                                     ("data.eval", spec.data.eval))
+               if isinstance(target, (ImportedModelSpec, ImportedDataSpec))]
+    names = store.importable_names(digest) if imports else None
+    if names is None:
         return []
     held = sorted(names)
     example = f" (e.g. '{held[0]}.module:callable' for a package, '{held[0]}:callable' for a module)" if held else ""
-    return [body_error(prefix + "model.import", f"the code package {digest[:12]} (code.digest) holds no top-level "
-                       f"package or module {top!r}; it holds: {', '.join(held) or 'none'}. Import from one of "
-                       f"those{example}, or pack the folder that holds {top} (tessera submit --code DIR)",
-                       spec.model.import_path)]
+    refused = []
+    for field, target in imports:
+        top = target.module_name.split(".")[0]
+        if top not in names:
+            refused.append(body_error(
+                prefix + field + ".import", f"the code package {digest[:12]} (code.digest) holds no top-level package "
+                f"or module {top!r}; it holds: {', '.join(held) or 'none'}. Import from one of those{example}, or "
+                f"pack the folder that holds {top} (tessera submit --code DIR)", target.import_path))
+    return refused
 
 
 def ignored_field_errors(spec: RunSpec, *, prefix: str = "") -> list[dict]:

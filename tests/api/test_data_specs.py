@@ -65,3 +65,84 @@ def test_the_bring_your_own_data_example_is_a_valid_spec():
     body = yaml.safe_load((Path(__file__).parents[2] / "examples" / "fashion_mnist_webdataset.yaml").read_text())
     spec = RunSpec.model_validate(body)
     assert spec.data.train.name == spec.data.eval.name == "webdataset" and spec.data.train.channels == 1
+
+
+OWN_TRAIN = {"import": "my_project.data:train_set", "params": {"root": "/data/x", "size": 64}}
+OWN_EVAL = {"import": "my_project.data:test_set", "num_classes": 10, "num_workers": 2}
+
+
+def test_your_own_data_set_is_routed_on_import_named_import_and_round_trips():
+    from api.data_specs import ImportedDataSpec, dataset_domain
+
+    spec = RunSpec.model_validate(with_data(OWN_TRAIN, OWN_EVAL))
+    train, evaluated = spec.data.train, spec.data.eval
+    assert isinstance(train, ImportedDataSpec) and train.name == evaluated.name == "import"
+    assert (train.module_name, train.attribute, train.params["size"]) == ("my_project.data", "train_set", 64)
+    assert (train.num_classes, train.num_workers, evaluated.num_classes, evaluated.num_workers) == (None, 0, 10, 2)
+    assert dataset_domain(train) == "vision"
+    dumped = spec.model_dump(mode="json")["data"]
+    assert dumped["train"]["import"] == "my_project.data:train_set" and "name" not in dumped["train"]
+    assert RunSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+@pytest.mark.parametrize(("train", "field", "says"), [
+    ({"import": "my-project/data.py"}, "data.train.import",
+     "import 'my-project/data.py' must be 'package.module:callable' (dotted Python names, one colon), e.g. "
+     "'my_project.data:train_set'"),
+    ({**OWN_TRAIN, "root": "/data"}, "data.train",
+     "unknown field(s) 'root' next to 'import'; allowed fields here: import, params, num_classes, num_workers"),
+    ({**OWN_TRAIN, "num_classes": 0}, "data.train.num_classes", "greater than or equal to 1"),
+    ({**OWN_TRAIN, "num_workers": 64}, "data.train.num_workers", "less than or equal to 32"),
+])
+def test_bad_fields_of_your_own_data_set_are_named_with_value_and_what_is_allowed(train, field, says):
+    problems = errors_of(with_data(train))
+    assert any(path == field and says in msg for path, msg, _ in problems), problems
+
+
+@pytest.mark.parametrize(("train", "eval_", "says"), [
+    (OWN_TRAIN, {"name": "digits", "split": "test"},
+     "data.eval is the named data set 'digits' but data.train is your own (import)"),
+    ({"name": "digits"}, OWN_EVAL, "data.eval is your own data set (import) but data.train is the named data set "
+                                   "'digits'"),
+])
+def test_your_own_data_set_and_a_named_one_do_not_mix_in_train_and_eval(train, eval_, says):
+    problems = errors_of(with_data(train, eval_))
+    assert any(says in msg and "import both" in msg for _, msg, _ in problems), problems
+
+
+def test_your_own_data_is_vision_data_of_unknown_size_to_the_cross_field_rules():
+    from api.specs import unrunnable_problems
+
+    body = with_data(OWN_TRAIN, OWN_EVAL)
+    body["data"]["batch_size"] = 4096  # its size is known only on the worker: not checked here
+    assert unrunnable_problems(RunSpec.model_validate(body)) == []
+    body["max_duration"] = "1000tok"
+    assert [p[0] for p in unrunnable_problems(RunSpec.model_validate(body))] == ["max_duration"]
+    text_model = {**with_data(OWN_TRAIN), "model": {"name": "gpt_small"}, "algorithms": []}
+    assert any("model 'gpt_small' is a text model but data set 'import' is vision data (your own data set is "
+               "classification data" in msg for _, msg, _ in errors_of(text_model))
+
+
+def test_a_sweep_over_your_own_data_cannot_decide_on_perplexity():
+    from api.sweeps import SweepSpec, metric_problems
+
+    sweep = SweepSpec.model_validate({"name": "own", "base": with_data(OWN_TRAIN, OWN_EVAL),
+                                      "metric": "eval/perplexity", "mode": "min",
+                                      "search": {"params": {"optimizer.lr": {"grid": [0.1, 0.2]}}}})
+    [(field, _, why)] = metric_problems(sweep)
+    assert field == "metric" and "data set 'import' is vision" in why
+
+
+@pytest.mark.parametrize("field, value", [
+    ("data.train", {"name": "digits", "import": "my_project.data:train_set"}),
+    ("model", {"name": "simple_cnn", "import": "my_project.nets:build"}),
+])
+def test_a_name_and_an_import_together_are_refused_naming_both(field, value):
+    body = copy.deepcopy(EXAMPLE)
+    *parents, last = field.split(".")
+    node = body
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    [(where, message, _)] = errors_of(body)
+    assert where == field and "has both name" in message and "not both" in message

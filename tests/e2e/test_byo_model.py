@@ -36,12 +36,14 @@ def run_id_of(result: subprocess.CompletedProcess) -> str:
 
 
 def test_a_shipped_model_trains_to_completion_on_ray_with_s3_storage(s3_service, s3_server, tmp_path):
-    # The model takes its width from a pip requirement the workers install (a wheel built here).
+    # The model takes its width from a pip requirement the workers install (a wheel built here),
+    # and trains on the package's own data set, read by two loader processes.
     package = write_user_package(tmp_path / "good", needs="tessera_probe_dep")
     requirement = f"tessera_probe_dep @ {write_wheel(tmp_path / 'wheels', width=5).as_uri()}"
-    spec = {**user_spec("byo-e2e", None, algorithms=[{"name": "blurpool"}], batches=6),
+    spec = {**user_spec("byo-e2e", None, algorithms=[{"name": "blurpool"}], batches=6, user_data=True),
             "code": {"requirements": [requirement]}}
     spec["model"]["params"] = {}
+    spec["data"]["train"]["num_workers"] = 2
     result = submit(s3_service, spec, package, tmp_path, "--follow")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "uploaded" in result.stdout and "COMPLETED" in result.stdout

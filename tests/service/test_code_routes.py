@@ -367,3 +367,59 @@ def test_a_sweep_with_code_records_it_in_the_base_and_every_trial_inherits_it(co
         sdk.create_sweep({"name": "no-base"}, code=root)
     [item] = no_base.value.detail
     assert item["field"] == "base" and item["input"] is None and "base RunSpec, a mapping" in item["msg"]
+
+
+OWN_DATA = {"train": {"import": "my_project.data:train_set", "params": {"size": 64}},
+            "eval": {"import": "my_project.data:test_set", "num_classes": 4}}
+
+
+def with_own_data(body: dict, **data) -> dict:
+    return {**body, "data": {**body["data"], **OWN_DATA, **data}}
+
+
+def test_your_own_data_set_is_checked_against_the_package_like_a_model_import(code_client, example_body, package,
+                                                                               sweep_body):
+    upload(code_client, package.data)
+    body = with_own_data(imported_run(example_body, package.digest))
+    accepted = code_client.post(f"{API}/runs", json=body)
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["spec"]["data"]["train"]["import"] == "my_project.data:train_set"
+    missing = with_own_data(body, train={"import": "datasets_pkg.data:train_set"},
+                            eval={"import": "other.data:test_set"})
+    refused = code_client.post(f"{API}/runs", json=missing)
+    assert refused.status_code == 422
+    items = refused.json()["detail"]
+    assert [(i["field"], i["loc"], i["input"]) for i in items] == [
+        ("data.train.import", ["body", "data", "train", "import"], "datasets_pkg.data:train_set"),
+        ("data.eval.import", ["body", "data", "eval", "import"], "other.data:test_set")]
+    assert items[0]["msg"] == (f"the code package {package.digest[:12]} (code.digest) holds no top-level package or "
+                               "module 'datasets_pkg'; it holds: my_project. Import from one of those (e.g. "
+                               "'my_project.module:callable' for a package, 'my_project:callable' for a module), or "
+                               "pack the folder that holds datasets_pkg (tessera submit --code DIR)")
+    sweep = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": missing, "search": {}})
+    assert sweep.status_code == 422
+    assert [i["field"] for i in sweep.json()["detail"]] == ["base.data.train.import", "base.data.eval.import"]
+
+
+def test_a_data_import_without_code_is_taken_as_a_model_import_is(code_client, example_body):
+    """Neither names a package: the workers import from their own packages (as ``model.import`` does)."""
+    body = with_own_data({**example_body, "algorithms": []})
+    response = code_client.post(f"{API}/runs", json=body)
+    assert response.status_code == 201, response.text
+    model_only = {**example_body, "model": {"import": "my_project.nets:build"}, "algorithms": []}
+    assert code_client.post(f"{API}/runs", json=model_only).status_code == 201
+
+
+@pytest.mark.parametrize(("data", "field", "hint"), [
+    ({"eval": {"name": "digits", "split": "test"}}, "data.eval",
+     "data.eval is the named data set 'digits' but data.train is your own (import)"),
+    ({"train": {"import": "my_project.data:train_set", "shuffle": True}}, "data.train",
+     "unknown field(s) 'shuffle' next to 'import'"),
+    ({"train": {"import": "my_project/data.py"}}, "data.train.import", "'package.module:callable'"),
+    ({"train": {"import": "my_project.data:train_set", "num_classes": 0}}, "data.train.num_classes",
+     "greater than or equal to 1"),
+])
+def test_your_own_data_set_specs_are_checked_at_submit(code_client, example_body, data, field, hint):
+    response = code_client.post(f"{API}/runs", json=with_own_data({**example_body, "algorithms": []}, **data))
+    assert response.status_code == 422
+    assert any(i["field"] == field and hint in i["msg"] for i in response.json()["detail"]), response.json()

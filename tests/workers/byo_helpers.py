@@ -1,4 +1,5 @@
-"""A user package written by a test, as a researcher would write it: ``my_project/nets.py``."""
+"""A user package written by a test, as a researcher would write it: ``my_project/nets.py`` (a
+model) and ``my_project/data.py`` (data sets)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,90 @@ def build(num_classes, in_channels, width=16):
     return model
 '''
 
+DATA = '''
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+SIZE = 8
+
+
+class Blobs(Dataset):
+    """``size`` items ``(image, label)``: label ``i % num_classes``, a ``(channels, 8, 8)`` image of
+    the label's gray level whose pixel (0, 0, 0) holds ``i`` (so a test can tell which item a batch
+    holds); ``features``: the flattened image. ``bad_label_at``, ``bad_shape_at``: one broken item."""
+
+    def __init__(self, size, channels=1, features=False, bad_label_at=None, bad_shape_at=None, noisy=False):
+        self.size, self.channels, self.features = size, channels, features
+        self.bad_label_at, self.bad_shape_at, self.noisy = bad_label_at, bad_shape_at, noisy
+        self.classes = self.num_classes = 4
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        label = i % self.classes
+        image = torch.full((self.channels, SIZE, SIZE), label / self.classes)
+        image[0, 0, 0] = float(i)
+        if self.noisy:  # random augmentation, from each of the three global generators
+            image[0, 1, 1] = torch.rand(()).item() + random.random() + float(np.random.rand())
+        if i == self.bad_shape_at:
+            image = image[:, :4]
+        if i == self.bad_label_at:
+            label = self.classes + 3
+        return (image.flatten() if self.features else image), label
+
+
+def train_set(size=64, **kwargs):
+    return Blobs(size, **kwargs)
+
+
+def test_set(size=32, **kwargs):
+    return Blobs(size, **kwargs)
+
+
+def without_classes(size=16):
+    data = Blobs(size)
+    del data.num_classes
+    return data
+
+
+class LazyFile(Blobs):
+    """Opens its file on first use, as data sets of file handles (HDF5, LMDB) do."""
+
+    def __init__(self, path, size=64):
+        super().__init__(size)
+        self.path, self.handle = path, None
+
+    def __getitem__(self, i):
+        if self.handle is None:
+            self.handle = open(self.path, "rb")
+        return super().__getitem__(i)
+
+
+def lazy_file(path, size=64):
+    return LazyFile(path, size)
+
+
+def not_a_dataset():
+    return 42
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield torch.zeros(1, SIZE, SIZE), 0
+
+
+def stream():
+    return Stream()
+
+
+def broken(size=8):
+    raise RuntimeError("the data is not there")
+'''
+
 
 def write_user_package(root: Path, *, broken: bool = False, name: str = "my_project",
                        needs: str | None = None) -> Path:
@@ -50,6 +135,7 @@ def write_user_package(root: Path, *, broken: bool = False, name: str = "my_proj
         nets = nets.replace("def build(num_classes, in_channels, width=16):",
                             f"def build(num_classes, in_channels, width={needs}.WIDTH):")
     (package / "nets.py").write_text(imports + nets)
+    (package / "data.py").write_text(DATA)
     (package / ".gitignore").write_text("*.ckpt\n")
     (package / "old.ckpt").write_bytes(b"\0" * 1024)
     return package
@@ -80,7 +166,10 @@ def write_wheel(folder: Path, name: str = "tessera_probe_dep", version: str = "1
     return wheel
 
 
-def user_spec(name: str, digest: str | None, *, algorithms=(), batches: int = 4, num_workers: int = 1) -> dict:
+def user_spec(name: str, digest: str | None, *, algorithms=(), batches: int = 4, num_workers: int = 1,
+              user_data: bool = False) -> dict:
+    """A run of ``my_project.nets:build`` on synthetic 8x8 images in 4 classes, or (``user_data``)
+    on ``my_project.data``'s data sets, which are the same shape."""
     spec = {
         "name": name,
         "model": {"import": "my_project.nets:build", "params": {"width": 8}},
@@ -93,6 +182,9 @@ def user_spec(name: str, digest: str | None, *, algorithms=(), batches: int = 4,
         "algorithms": list(algorithms),
         "parallelism": {"strategy": "ddp" if num_workers > 1 else "none", "num_workers": num_workers},
     }
+    if user_data:
+        spec["data"].update(train={"import": "my_project.data:train_set", "params": {"size": 64}},
+                            eval={"import": "my_project.data:test_set", "params": {"size": 32}})
     if digest is not None:
         spec["code"] = {"digest": digest}
     return spec

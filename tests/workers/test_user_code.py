@@ -194,3 +194,52 @@ def test_alibi_on_a_user_language_model_without_our_attention_is_noted_not_refus
     [note] = trainer.surgery_notes
     assert note.startswith("ALiBi found no module with a registered policy in Sequential")
     assert trainer.fit()["train/loss"] > 0
+
+
+def test_a_shipped_model_trains_on_a_shipped_data_set_and_evaluates_on_its_test_set(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
+    body = user_spec("byo-data", package.digest, user_data=True, batches=8)
+    body["data"]["eval"] = {"import": "my_project.data:without_classes", "params": {"size": 16}}  # the train set's 4
+    trainer = Trainer(RunSpec.model_validate({**body, "eval_interval": "4ba"}), sink=MemorySink())
+    assert type(trainer.state.model).__name__ == "TinyMLP"
+    loader = trainer.train_loader
+    assert (loader.num_classes, loader.in_channels, loader.image_size, len(loader)) == (4, 1, 8, 4)
+    assert trainer.eval_loader.num_classes == 4
+    metrics = trainer.fit()
+    assert metrics["time/batch"] == 8 and metrics["time/epoch"] == 2 and 0.0 <= metrics["eval/accuracy"] <= 1.0
+    import my_project.nets
+
+    assert my_project.nets.LOSS_CALLS[0] == (16, 4)
+
+
+def test_a_data_import_that_fails_names_its_field(tmp_path, fresh_imports):
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
+    body = user_spec("byo-data", package.digest, user_data=True)
+    body["data"]["eval"] = {"import": "my_project.data:test_set", "params": {"size": 8}, "num_classes": 3}
+    with pytest.raises(UserCodeError, match=r"data.eval.import 'my_project.data:test_set' has num_classes 3 but the "
+                                         r"training data has 4"):
+        Trainer(RunSpec.model_validate(body))
+    body["data"]["eval"] = {"import": "my_project.missing:test_set"}
+    with pytest.raises(UserCodeError, match=r"data.eval.import 'my_project.missing:test_set': importing module "
+                                            r"'my_project.missing' failed: ModuleNotFoundError"):
+        Trainer(RunSpec.model_validate(body))
+
+
+def test_tessera_train_with_code_trains_your_model_on_your_data(tmp_path, fresh_imports, monkeypatch):
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # --code adds the folder for local Ray workers
+    folder = write_user_package(tmp_path / "src")
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(user_spec("cli-byo-data", None, user_data=True, batches=2)))
+    result = CliRunner().invoke(app, ["train", str(spec_file), "--code", str(folder), "--no-checkpoints"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output[result.output.rindex("{\n"):])
+    assert metrics["time/batch"] == 2 and "eval/accuracy" in metrics

@@ -1,7 +1,8 @@
 """The loaders a run trains and evaluates with, chosen by the data set's name.
 
 Built-in data sets (``DATASET_BUILDERS``) are loaded whole into memory and served by
-``TensorLoader``; ``image_folder`` and ``webdataset`` are read by DataLoader worker processes.
+``TensorLoader``; ``image_folder`` and ``webdataset`` are read by DataLoader worker processes, and
+your own data set (``import``) by ``UserDataLoader`` (``workers.data.user_data``).
 Every loader has the interface the trainer uses: ``len``, iteration, ``set_epoch``,
 ``exhausted``, ``epoch``, ``batch_in_epoch``, ``sample_transforms``, ``state_dict`` /
 ``load_state_dict`` (the position in global batches), ``in_channels`` and ``num_classes``.
@@ -40,11 +41,20 @@ def _streamed(dataset: Any, **kwargs: Any) -> Any:
     return WebDatasetLoader(dataset, **kwargs)
 
 
+def _imported(dataset: Any, field: str, **kwargs: Any) -> Any:
+    from workers.data.user_data import UserDataLoader  # imports the user's code: only for it
+
+    return UserDataLoader(dataset, field=field, **kwargs)
+
+
 def build_train_loader(spec: Any, *, rank: int, world_size: int, device: torch.device | str, seed: int) -> Any:
     """This rank's training loader for ``spec.data`` (a RunSpec's ``data.train``)."""
     from workers.data import TensorLoader, build_dataset, num_classes_of
 
     data = spec.data
+    if data.train.name == "import":
+        return _imported(data.train, "data.train", batch_size=data.batch_size, rank=rank, world_size=world_size,
+                         train=True, drop_last=data.drop_last, seed=seed, device=device)
     if data.train.name in STREAMED:
         return _streamed(data.train, batch_size=data.batch_size, rank=rank, world_size=world_size, train=True,
                          drop_last=data.drop_last, seed=seed, device=device)
@@ -55,9 +65,12 @@ def build_train_loader(spec: Any, *, rank: int, world_size: int, device: torch.d
     return loader
 
 
-def build_eval_loader(spec: Any, *, rank: int, world_size: int, device: torch.device | str) -> Any | None:
+def build_eval_loader(spec: Any, *, rank: int, world_size: int, device: torch.device | str,
+                      num_classes: int | None = None, item_shape: tuple[int, ...] | None = None) -> Any | None:
     """This rank's evaluation loader (no shuffling, no padding: each example once across ranks), or
-    None without ``data.eval``."""
+    None without ``data.eval``. ``num_classes``: the training loader's, which your own evaluation
+    set (``import``) has when neither its spec nor the data set says; ``item_shape``: the
+    training set's items' (your own), which your own evaluation set's must have."""
     from workers.data import TensorLoader, build_dataset
 
     data = spec.data
@@ -65,6 +78,17 @@ def build_eval_loader(spec: Any, *, rank: int, world_size: int, device: torch.de
         return None
     global_batch = data.eval_batch_size or data.batch_size
     per_rank = -(-global_batch // world_size)
+    if data.eval.name == "import":
+        loader = _imported(data.eval, "data.eval", batch_size=per_rank * world_size, rank=rank,
+                           world_size=world_size, train=False, seed=0, device=device, num_classes=num_classes,
+                           shape=item_shape)
+        if num_classes is not None and loader.num_classes != num_classes:
+            from workers.models.code_cache import UserCodeError
+
+            raise UserCodeError(f"data.eval.import {data.eval.import_path!r} has num_classes {loader.num_classes} but "
+                             f"the training data has {num_classes}; the model has one output per training class: "
+                             f"give data.eval.num_classes {num_classes} (or leave it out)")
+        return loader
     if data.eval.name in STREAMED:
         return _streamed(data.eval, batch_size=per_rank * world_size, rank=rank, world_size=world_size,
                          train=False, seed=0, device=device)

@@ -1,31 +1,26 @@
 """``ImageFolderLoader``: torchvision's ``root/<class>/<image>`` layout, local or ``s3://``, decoded by
 ``torch.utils.data.DataLoader`` worker processes (with prefetch) so decoding overlaps training.
 
-Order: the same per-epoch permutation and rank striding as ``TensorLoader`` (seeded by
-``seed + epoch``), and each sample's random crop/flip drawn from a generator seeded by
-``(seed, epoch, index)``. So the batches are a pure function of (seed, epoch, rank,
-world_size) — not of the number of loader workers — and resuming at ``batch_in_epoch`` skips
-exactly the batches already trained on, without reading them. With another world size a
-resumed run continues at the same global batch of the epoch; the rest of that epoch is the new
-world size's striding of the same permutation (so a few samples may repeat or be missed in
-that one epoch), and later epochs are exact.
+Order and resume are ``IndexBatchLoader``'s (``workers.data.index_batches``): the same per-epoch
+permutation and rank striding as ``TensorLoader``, and each sample's random crop/flip drawn from
+a generator seeded by ``(seed, epoch, index)``. So the batches are a pure function of (seed,
+epoch, rank, world_size), not of the number of loader workers, and a resume at
+``batch_in_epoch`` skips exactly the batches already trained on, without reading them.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import posixpath
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from workers.data.errors import DataError
-from workers.data.loading import batches_failing_fast, private_generator, start_worker_server, worker_processes
-from workers.data.position import BatchPosition
+from workers.data.index_batches import IndexBatchLoader
 from workers.data.transforms import SampleTransform, collate, decode
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
@@ -64,19 +59,6 @@ def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
     return paths, labels, classes
 
 
-def epoch_shard(n: int, *, epoch: int, seed: int, rank: int, world_size: int, batch_size: int, shuffle: bool,
-                drop_last: bool, pad: bool) -> list[int]:
-    """This rank's indices for ``epoch``: ``TensorLoader``'s permutation, truncation/padding and striding."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)) if shuffle else torch.arange(n)
-    if drop_last:
-        length = n // batch_size * batch_size
-    else:
-        length = math.ceil(n / world_size) * world_size if pad else n
-    if length > n:
-        order = torch.cat([order, order[: length - n]])
-    return order[:length][rank::world_size].tolist()
-
-
 class _Images(Dataset):
     """Reads, decodes and transforms one ``(index, epoch)`` item; opens its filesystem per process."""
 
@@ -109,8 +91,8 @@ def _collate(items: list[tuple[torch.Tensor, int, str]]) -> tuple[torch.Tensor, 
     return collate([i[0] for i in items], [i[1] for i in items], where=[f"image {i[2]!r}" for i in items])
 
 
-class ImageFolderLoader(BatchPosition):
-    """Batches of ``batch_size // world_size`` for this rank, with ``TensorLoader``'s interface."""
+class ImageFolderLoader(IndexBatchLoader):
+    """Batches of ``batch_size // world_size`` images for this rank, with ``TensorLoader``'s interface."""
 
     def __init__(self, spec: Any, *, batch_size: int, rank: int = 0, world_size: int = 1, train: bool = True,
                  drop_last: bool = True, seed: int = 0, device: torch.device | str = "cpu"):
@@ -121,43 +103,13 @@ class ImageFolderLoader(BatchPosition):
         if max(labels) >= self.num_classes:
             raise DataError(f"image_folder root {spec.root!r} has {len(self.classes)} class folders but "
                             f"num_classes is {self.num_classes}; expected at most {self.num_classes} folders")
-        self.in_channels, self.num_workers = spec.channels, spec.num_workers
-        if self.num_workers > 0:
-            start_worker_server()
+        self.in_channels = spec.channels
         # Known only when the spec fixes it (crop, else resize); models then pick small-image stems.
         self.image_size = spec.transforms.crop or spec.transforms.resize if spec.transforms else None
-        self.dataset = _Images(paths, labels, channels=spec.channels,
-                               transform=SampleTransform(spec.transforms, train=train), seed=seed)
-        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.per_rank_batch = batch_size // world_size
-        self.train, self.drop_last, self.seed = train, drop_last if train else False, seed
-        self.device = torch.device(device)
-        BatchPosition.__init__(self)
-        self._length: int | None = None
+        dataset = _Images(paths, labels, channels=spec.channels,
+                          transform=SampleTransform(spec.transforms, train=train), seed=seed)
+        super().__init__(dataset, collate=_collate, batch_size=batch_size, rank=rank, world_size=world_size,
+                         train=train, drop_last=drop_last, seed=seed, device=device, num_workers=spec.num_workers)
         if len(self) == 0:
             raise DataError(f"image_folder root {spec.root!r} has {len(paths)} images: no full batch of "
                             f"{batch_size} for rank {rank} of {world_size}; lower data.batch_size or add images")
-
-    def _indices(self, epoch: int) -> list[int]:
-        return epoch_shard(len(self.dataset), epoch=epoch, seed=self.seed, rank=self.rank,
-                           world_size=self.world_size, batch_size=self.batch_size, shuffle=self.train,
-                           drop_last=self.drop_last, pad=self.train)
-
-    def __len__(self) -> int:
-        if self._length is None:  # the same every epoch; `exhausted` asks after every batch
-            shard = len(self._indices(0))
-            self._length = shard // self.per_rank_batch if self.drop_last else math.ceil(shard / self.per_rank_batch)
-        return self._length
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        indices, per = self._indices(self.epoch), self.per_rank_batch
-        batches = [[(i, self.epoch) for i in indices[start:start + per]]
-                   for start in range(self.batch_in_epoch * per, len(self) * per, per)]
-        batches = [b for b in batches if b]
-        if not batches:
-            return
-        loader = DataLoader(self.dataset, batch_sampler=batches, collate_fn=_collate,
-                            pin_memory=self.device.type == "cuda", generator=private_generator(self.seed, self.epoch),
-                            **worker_processes(self.num_workers))
-        for images, labels in batches_failing_fast(loader):
-            yield self.hand_out(images, labels)

@@ -1,4 +1,4 @@
-"""What both DataLoader-backed loaders (image_folder, webdataset) need from torch's DataLoader:
+"""What the DataLoader-backed loaders (image_folder, your own data set, webdataset) need from torch's DataLoader:
 worker processes that start clean, fail fast when a worker raises, and keep the trainer's global
 RNG untouched."""
 
@@ -17,7 +17,8 @@ from typing import Any, Iterator
 
 # Imported once by the fork server, so that a loader worker forked from it imports nothing to
 # unpickle its dataset.
-_PRELOADED = ["torch", "api.data_specs", "workers.data.image_folder", "workers.data.webdataset_loader"]
+_PRELOADED = ["torch", "api.data_specs", "workers.data.image_folder", "workers.data.user_items",
+              "workers.data.webdataset_loader"]
 # multiprocessing runs the parent's main script again in every worker it starts this way (as
 # ``__mp_main__``; its "__main__" preload is a no-op on Python 3.11: ``ensure_running`` keeps a
 # ``main_path`` key that ``get_preparation_data`` no longer writes). That is cheap only if what

@@ -47,7 +47,7 @@ import torch.nn as nn
 from fsspec.core import url_to_fs
 
 from api.code_package import CodePackageError, safe_extract, sha256_hex
-from api.model_specs import CodeRef, ImportedModelSpec
+from api.model_specs import CodeRef, ImportedModelSpec, ImportPath
 from workers.models.code_cache import UserCodeError, code_cache_dir, own_cache, place, verified
 from workers.models.user_requirements import install_requirements
 from workers.paths import code_package_url
@@ -122,17 +122,18 @@ def _top_level_names(folder: Path) -> set[str]:
             if p.suffix == ".py" or (p / "__init__.py").is_file()}
 
 
-def load_callable(spec: ImportedModelSpec) -> Callable[..., Any]:
-    """The callable ``spec.import_path`` names; ``UserCodeError`` with the traceback's tail otherwise."""
+def load_callable(spec: ImportPath, *, field: str = "model.import") -> Callable[..., Any]:
+    """The callable ``spec.import_path`` names (``field``: where the spec holds it, for messages);
+    ``UserCodeError`` with the traceback's tail otherwise."""
     try:
         module = importlib.import_module(spec.module_name)
     except Exception as exc:
-        raise UserCodeError(f"model.import {spec.import_path!r}: importing module {spec.module_name!r} failed: "
-                            f"{_error_with_tail(exc)}") from None
+        raise UserCodeError(f"{field} {spec.import_path!r}: importing module {spec.module_name!r} failed: "
+                            f"{error_with_tail(exc)}") from None
     target = getattr(module, spec.attribute, None)
     if not callable(target):
         found = "is not callable" if target is not None else "does not exist"
-        raise UserCodeError(f"model.import {spec.import_path!r}: {spec.attribute!r} {found} in "
+        raise UserCodeError(f"{field} {spec.import_path!r}: {spec.attribute!r} {found} in "
                             f"{getattr(module, '__file__', spec.module_name)}")
     return target
 
@@ -147,14 +148,14 @@ def build_user_model(spec: ImportedModelSpec, *, num_classes: int, in_channels: 
     except Exception as exc:
         raise UserCodeError(f"model.import {spec.import_path!r}: calling it with "
                             f"{', '.join(f'{k}={v!r}' for k, v in {**kwargs, **spec.params}.items())} failed: "
-                            f"{_error_with_tail(exc)}") from None
+                            f"{error_with_tail(exc)}") from None
     if not isinstance(model, nn.Module):
         raise UserCodeError(f"model.import {spec.import_path!r} returned a {type(model).__name__}, not a "
                             "torch.nn.Module")
     return model
 
 
-def _error_with_tail(exc: BaseException) -> str:
+def error_with_tail(exc: BaseException) -> str:
     """``Type: message`` and the last frames of its traceback (importlib's own frames left out)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen importlib")]
     lines = "".join(traceback.format_list(frames)).rstrip().splitlines()[-TRACEBACK_LINES:]

@@ -1,0 +1,156 @@
+"""Your own data set (``data.train: {import: ...}``): built from the user's package, batched with
+the image_folder loader's order, striding and exact resume, every item checked."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+
+import numpy as np
+
+import pytest
+import torch
+
+from api.data_specs import ImportedDataSpec
+from tests.workers.byo_helpers import write_user_package
+from workers.data.user_data import UserDataLoader
+from workers.models.code_cache import UserCodeError
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    """``my_project`` (``tests.workers.byo_helpers``) importable from a folder, forgotten after the test."""
+    write_user_package(tmp_path / "src")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "src"), *sys.path])
+    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
+        del sys.modules[name]
+    yield
+    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
+        del sys.modules[name]
+
+
+def spec(target: str = "train_set", **fields) -> ImportedDataSpec:
+    return ImportedDataSpec.model_validate({"import": f"my_project.data:{target}", **fields})
+
+
+def loader(data_spec: ImportedDataSpec, **kwargs) -> UserDataLoader:
+    return UserDataLoader(data_spec, field="data.train", **{"batch_size": 16, "seed": 3, **kwargs})
+
+
+def items(batches) -> list[int]:
+    """The indices of the items handed out (``Blobs`` writes each item's index at pixel (0, 0, 0))."""
+    return [int(i) for images, _ in batches for i in images.reshape(len(images), -1)[:, 0].round().long()]
+
+
+def test_batches_hold_the_items_with_their_labels_and_the_shape_sets_channels_and_size(user_package):
+    data = loader(spec(params={"size": 40, "channels": 3}), train=False)
+    assert (data.num_classes, data.in_channels, data.image_size, len(data)) == (4, 3, 8, 3)  # 16, 16, 8
+    batches = list(data)
+    assert [tuple(b[0].shape) for b in batches] == [(16, 3, 8, 8), (16, 3, 8, 8), (8, 3, 8, 8)]
+    assert items(batches) == list(range(40))  # evaluation: in order, the last partial batch kept
+    labels = torch.cat([b[1] for b in batches])
+    assert labels.dtype == torch.int64 and labels.tolist() == [i % 4 for i in range(40)]
+
+
+def test_a_feature_vector_sets_in_channels_to_its_length_and_no_image_size(user_package):
+    data = loader(spec(params={"features": True}, num_classes=6))
+    assert (data.num_classes, data.in_channels, data.image_size) == (6, 64, None)
+    assert tuple(next(iter(data))[0].shape) == (16, 64)
+
+
+def test_two_ranks_each_take_every_other_item_once_an_epoch_and_epochs_differ(user_package):
+    ranks = [loader(spec(), rank=r, world_size=2) for r in range(2)]
+    first = [items(r) for r in ranks]
+    assert [len(x) for x in first] == [32, 32] and sorted(first[0] + first[1]) == list(range(64))
+    assert first[0] != list(range(0, 64, 2))  # shuffled
+    for r in ranks:
+        r.set_epoch(1)
+    assert [items(r) for r in ranks] != first
+
+
+def test_a_resume_from_a_saved_position_gives_the_remaining_batches_bitwise(user_package):
+    full = list(loader(spec()))
+    trained = loader(spec())
+    list(itertools.islice(trained, 2))  # as the trainer stops: no batch taken beyond
+    state = trained.state_dict()
+    assert state == {"epoch": 0, "batch_in_epoch": 2}
+    resumed = loader(spec())
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(full) - 2 and resumed.exhausted
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(full[2:], rest))
+
+
+def test_loader_worker_processes_serve_the_same_batches_and_name_a_bad_item(user_package):
+    in_process = items(loader(spec()))
+    assert items(loader(spec(num_workers=2))) == in_process
+    with pytest.raises(Exception, match=r"data.train.import 'my_project.data:train_set': item 37: label 7 is "
+                                         r"outside \[0, 4\)"):
+        list(loader(spec(params={"bad_label_at": 37}, num_workers=2), train=False))
+
+
+@pytest.mark.parametrize(("target", "fields", "message"), [
+    ("train_set", {"params": {"bad_label_at": 5}},
+     r"data.train.import 'my_project.data:train_set': item 5: label 7 is outside \[0, 4\) \(num_classes 4\); "
+     r"allowed: an integer in \[0, 4\)"),
+    ("train_set", {"params": {"bad_shape_at": 9}},
+     r"item 9: inputs have shape \(1, 4, 8\) but item 0 has \(1, 8, 8\); every item must have one shape"),
+    ("broken", {"params": {"size": 3}},
+     r"(?s)data.train.import 'my_project.data:broken': calling it with size=3 failed: RuntimeError: the data is "
+     r"not there\nTraceback \(last frames\):.*my_project/data.py"),
+    ("not_a_dataset", {}, r"'my_project.data:not_a_dataset' returned a int, not a map-style "
+                          r"torch.utils.data.Dataset \(an object with __len__ and __getitem__\)"),
+    ("stream", {}, r"returned an IterableDataset \(Stream\); allowed: a map-style torch.utils.data.Dataset"),
+    ("missing", {}, r"data.train.import 'my_project.data:missing': 'missing' does not exist in .*data.py"),
+    ("without_classes", {}, r"the number of classes is unknown; set data.train.num_classes in the spec, or give "
+                            r"the data set a num_classes attribute"),
+])
+def test_a_bad_data_set_fails_naming_the_field_the_item_and_what_is_allowed(user_package, target, fields, message):
+    with pytest.raises(UserCodeError, match=message):
+        list(loader(spec(target, **fields), train=False))
+
+
+def test_the_spec_num_classes_overrides_the_attribute_and_bounds_the_labels(user_package):
+    assert loader(spec("without_classes", num_classes=4)).num_classes == 4
+    with pytest.raises(UserCodeError, match=r"item 2: label 2 is outside \[0, 2\)"):
+        list(loader(spec(num_classes=2), train=False))
+
+
+def test_too_few_items_for_a_full_batch_is_refused(user_package):
+    with pytest.raises(UserCodeError, match=r"the data set has 10 items: no full batch of 16 for rank 0 of 1"):
+        loader(spec(params={"size": 10}))
+
+
+def test_a_data_set_that_draws_random_numbers_reads_the_same_items_anywhere_and_leaves_the_ranks_state(
+        user_package):
+    def noise(batches) -> list[float]:
+        return [x for images, _ in batches for x in images[:, 0, 1, 1].tolist()]
+
+    noisy = spec(params={"noisy": True})
+    torch.manual_seed(5), random.seed(5), np.random.seed(5)
+    states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    in_process = noise(loader(noisy))
+    assert torch.equal(torch.random.get_rng_state(), states[0]) and random.getstate() == states[1]
+    assert (np.random.get_state()[1] == states[2]).all()  # the training process's generators, untouched
+    assert len(set(in_process)) == len(in_process)  # the items do draw numbers
+    assert noise(loader(spec(params={"noisy": True}, num_workers=2))) == in_process  # other processes
+    resumed = loader(noisy)
+    resumed.load_state_dict({"epoch": 0, "batch_in_epoch": 2})
+    assert noise(resumed) == in_process[2 * 16:]  # a resumed run reads what the uninterrupted one did
+    next_epoch = loader(noisy)
+    next_epoch.set_epoch(1)
+    assert sorted(noise(next_epoch)) != sorted(in_process)  # and each epoch draws anew
+
+
+def test_a_data_set_that_opens_its_file_on_first_use_goes_to_loader_processes_unopened(user_package, tmp_path):
+    (tmp_path / "data.bin").write_bytes(b"x")
+    lazy = loader(spec("lazy_file", params={"path": str(tmp_path / "data.bin")}, num_workers=2))
+    assert items(lazy) == items(loader(spec()))  # the same order as any data set of its size
+
+
+def test_an_evaluation_set_of_another_shape_than_trainings_is_refused(user_package):
+    with pytest.raises(UserCodeError, match=r"data.eval.import 'my_project.data:test_set': its items have shape "
+                                            r"\(3, 8, 8\), but data.train's have \(1, 8, 8\)"):
+        UserDataLoader(spec("test_set", params={"channels": 3}), field="data.eval", batch_size=16, train=False,
+                       shape=(1, 8, 8))

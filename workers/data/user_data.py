@@ -1,0 +1,104 @@
+"""Your own data set: ``data.train: {import: "my_project.data:train_set", params: {...}}``.
+
+The contract (classification only; text data from your own code is not supported):
+
+- The callable is imported from the run's code package (``workers.models.user_code.load_callable``,
+  as ``model.import`` is) and called on every rank as ``build(**params)``.
+- It returns a map-style ``torch.utils.data.Dataset`` (``__len__`` and ``__getitem__``; an
+  ``IterableDataset`` is refused) whose items are ``(inputs, label)``: ``inputs`` a floating
+  tensor, an image ``(C, H, W)`` or a feature vector ``(F,)``, the same shape for every item;
+  ``label`` an integer in ``[0, num_classes)``.
+- ``num_classes`` is the spec's, else the data set's ``num_classes`` attribute. The model gets
+  ``in_channels`` C (or F) and, for images, ``image_size`` W, from the first item.
+
+Batches are ``IndexBatchLoader``'s (the image_folder loader's order, striding and exact resume).
+Every item is checked as it is read (``workers.data.user_items``); an error names the field, the
+item's index, what it was and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+from api.data_specs import ImportedDataSpec
+from workers.data.index_batches import IndexBatchLoader
+from workers.data.user_items import UserItems, collate_items
+from workers.models.code_cache import UserCodeError
+from workers.models.user_code import error_with_tail, load_callable
+
+
+def build_user_dataset(spec: ImportedDataSpec, *, field: str) -> Any:
+    """``build(**spec.params)`` of the callable ``spec`` imports (``field``: ``data.train`` or
+    ``data.eval``); ``UserCodeError`` if it fails or returns no map-style data set."""
+    where = f"{field}.import {spec.import_path!r}"
+    build = load_callable(spec, field=f"{field}.import")
+    try:
+        dataset = build(**spec.params)
+    except Exception as exc:
+        arguments = ", ".join(f"{k}={v!r}" for k, v in spec.params.items()) or "no arguments"
+        raise UserCodeError(f"{where}: calling it with {arguments} failed: {error_with_tail(exc)}") from None
+    if isinstance(dataset, IterableDataset):
+        raise UserCodeError(f"{where} returned an IterableDataset ({type(dataset).__name__}); allowed: a map-style "
+                            "torch.utils.data.Dataset, with __len__ and __getitem__")
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")) or isinstance(dataset, (str, bytes)):
+        raise UserCodeError(f"{where} returned a {type(dataset).__name__}, not a map-style torch.utils.data.Dataset "
+                            "(an object with __len__ and __getitem__)")
+    try:
+        size = len(dataset)
+    except Exception as exc:
+        raise UserCodeError(f"{where}: len() of the data set failed: {error_with_tail(exc)}") from None
+    if size == 0:
+        raise UserCodeError(f"{where} returned an empty data set (len 0); it must hold at least one item")
+    return dataset
+
+
+def resolve_num_classes(spec: ImportedDataSpec, dataset: Any, *, field: str, fallback: int | None = None) -> int:
+    """The spec's ``num_classes``, else the data set's ``num_classes`` attribute, else ``fallback``
+    (the training set's, for evaluation); ``UserCodeError`` naming both ways when none is known."""
+    if spec.num_classes is not None:
+        return spec.num_classes
+    value = getattr(dataset, "num_classes", None)
+    if value is None:
+        if fallback is not None:
+            return fallback
+        raise UserCodeError(f"{field}.import {spec.import_path!r}: the number of classes is unknown; set "
+                            f"{field}.num_classes in the spec, or give the data set a num_classes attribute "
+                            "(an integer >= 1)")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserCodeError(f"{field}.import {spec.import_path!r}: the data set's num_classes attribute is "
+                            f"{value!r}; allowed: an integer >= 1 (or set {field}.num_classes in the spec)")
+    return value
+
+
+class UserDataLoader(IndexBatchLoader):
+    """Batches of your own data set for this rank, with ``TensorLoader``'s interface.
+    ``field``: where the spec is (``data.train``, ``data.eval``), for messages; ``num_classes``:
+    the fallback when neither the spec nor the data set gives one (evaluation: the training set's);
+    ``shape``: the items' shape it must have (evaluation: the training set's)."""
+
+    def __init__(self, spec: ImportedDataSpec, *, field: str, batch_size: int, rank: int = 0, world_size: int = 1,
+                 train: bool = True, drop_last: bool = True, seed: int = 0, device: torch.device | str = "cpu",
+                 num_classes: int | None = None, shape: tuple[int, ...] | None = None):
+        if batch_size % world_size:
+            raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        where = f"{field}.import {spec.import_path!r}"
+        dataset = build_user_dataset(spec, field=field)
+        self.num_classes = resolve_num_classes(spec, dataset, field=field, fallback=num_classes)
+        items = UserItems(dataset, where=where, num_classes=self.num_classes, seed=seed)
+        if spec.num_workers > 0:
+            items.pickled()  # before any read: a data set that opens its files on first use pickles unopened
+        first, _ = items.read(0)
+        if shape is not None and tuple(first.shape) != shape:
+            raise UserCodeError(f"{where}: its items have shape {tuple(first.shape)}, but data.train's have {shape}; "
+                                "evaluation data must have the training data's shape")
+        items.shape = self.item_shape = tuple(first.shape)
+        self.in_channels = int(first.shape[0])  # an image's channels, or a feature vector's length
+        self.image_size = int(first.shape[-1]) if first.dim() == 3 else None
+        super().__init__(items, collate=collate_items, batch_size=batch_size, rank=rank, world_size=world_size,
+                         train=train, drop_last=drop_last, seed=seed, device=device, num_workers=spec.num_workers)
+        if len(self) == 0:
+            raise UserCodeError(f"{where}: the data set has {len(items)} items: no full batch of {batch_size} for "
+                                f"rank {rank} of {world_size}; lower data.batch_size or add items")

@@ -1,0 +1,143 @@
+"""``UserItems``: your own data set's items, each checked as it is read, in the rank or in a loader
+worker process.
+
+Kept apart from ``workers.data.user_data`` (which imports the user's callable) so that the fork
+server preloads only this and torch (``workers.data.loading``): a loader worker unpickles a
+``UserItems`` without importing the model registry. With ``num_workers`` > 0 the user's data set
+is pickled once, in the rank (``pickled``), and unpickled in each loader worker, whose
+``sys.path`` first gets the rank's entries (the code package's folder, its requirements).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import pickle
+import random
+import sys
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+ALLOWED_ITEM = ("an (inputs, label) pair: inputs a floating tensor, an image (C, H, W) or a feature vector (F,), "
+                "and label an integer")
+
+
+def _user_code_error(message: str) -> Exception:
+    from workers.models.code_cache import UserCodeError  # only on failure: it imports the model registry
+
+    return UserCodeError(message)
+
+
+def _tail(exc: BaseException) -> str:
+    from workers.models.user_code import error_with_tail
+
+    return error_with_tail(exc)
+
+
+class UserItems(Dataset):
+    """The user's data set, read by ``(index, epoch)``, each item checked: ``(inputs, label)``
+    with ``inputs`` of ``shape`` (the first item's) and ``label`` in ``[0, num_classes)``."""
+
+    def __init__(self, dataset: Any, *, where: str, num_classes: int, shape: tuple[int, ...] | None = None,
+                 seed: int = 0):
+        self.dataset, self.where, self.num_classes = dataset, where, num_classes
+        self.shape, self.seed = shape, seed
+        self._payload: bytes | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def read(self, index: int, epoch: int = 0) -> tuple[torch.Tensor, int]:
+        """Item ``index`` in ``epoch``, checked; ``UserCodeError`` naming it otherwise. Read with
+        torch's, NumPy's and ``random``'s global generators seeded from ``(seed, epoch, index)``
+        and restored after: a data set that augments at random gives the same item whichever
+        process reads it and whenever (a resumed run continues exactly), and the training
+        process's own random state is left as it was."""
+        at = f"{self.where}: item {index}"
+        try:
+            with _seeded(self.seed, epoch, index):
+                item = self.dataset[index]
+        except Exception as exc:
+            raise _user_code_error(f"{at}: reading it failed: {_tail(exc)}") from None
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise _user_code_error(f"{at} is {_shown(item)}; allowed: {ALLOWED_ITEM}")
+        inputs, label = item
+        if not isinstance(inputs, torch.Tensor):
+            raise _user_code_error(f"{at}: inputs are a {type(inputs).__name__}; allowed: {ALLOWED_ITEM}")
+        if inputs.dim() not in (1, 3):
+            raise _user_code_error(f"{at}: inputs have shape {tuple(inputs.shape)}; allowed: an image (C, H, W) (a "
+                                   "grayscale (H, W) image: inputs.unsqueeze(0)) or a feature vector (F,)")
+        if not inputs.is_floating_point():
+            raise _user_code_error(f"{at}: inputs are {inputs.dtype}; allowed: a floating tensor (e.g. "
+                                   "inputs.float() / 255 for 8-bit images)")
+        if self.shape is not None and tuple(inputs.shape) != self.shape:
+            raise _user_code_error(f"{at}: inputs have shape {tuple(inputs.shape)} but item 0 has {self.shape}; every "
+                                   "item must have one shape (resize or pad them in the data set)")
+        try:
+            if isinstance(label, bool) or (isinstance(label, torch.Tensor) and label.is_floating_point()):
+                raise TypeError
+            number = operator.index(label.item() if isinstance(label, torch.Tensor) and label.dim() == 0 else label)
+        except (TypeError, ValueError):
+            raise _user_code_error(f"{at}: label {_shown(label)} is not an integer; allowed: an integer in "
+                                   f"[0, {self.num_classes})") from None
+        if not 0 <= number < self.num_classes:
+            raise _user_code_error(f"{at}: label {number} is outside [0, {self.num_classes}) (num_classes "
+                                   f"{self.num_classes}); allowed: an integer in [0, {self.num_classes})")
+        return inputs, number
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        return self.read(*item)
+
+    def pickled(self) -> "UserItems":
+        """Pickle the data set now, once, for loader worker processes; ``UserCodeError`` if it cannot be."""
+        try:
+            self._payload = pickle.dumps(self.dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise _user_code_error(f"{self.where}: num_workers > 0 sends the data set to loader worker processes by "
+                                   f"pickle, and pickling it failed ({type(exc).__name__}: {exc}); make it picklable "
+                                   "(no open files, lambdas or local classes) or set num_workers: 0") from None
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._payload is None:
+            self.pickled()
+        return {"where": self.where, "num_classes": self.num_classes, "shape": self.shape, "seed": self.seed,
+                "payload": self._payload, "sys_path": list(sys.path)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A loader worker: the rank's import path, in the rank's order (the code package's folder
+        # first, its requirements after the installed packages), then whatever else it has.
+        sys.path[:] = state["sys_path"] + [entry for entry in sys.path if entry not in state["sys_path"]]
+        self.where, self.num_classes, self.shape = state["where"], state["num_classes"], state["shape"]
+        self.seed = state["seed"]
+        self._payload = state["payload"]
+        self.dataset = pickle.loads(self._payload)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, epoch: int, index: int) -> Iterator[None]:
+    """torch's, NumPy's and ``random``'s global generators seeded from ``(seed, epoch, index)``
+    inside, restored after."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    key = [seed, epoch, index]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
+        random.seed(hash(tuple(key)))
+        np.random.seed(np.random.SeedSequence(key).generate_state(1)[0])
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"a {type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
+
+
+def collate_items(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.stack([i[0] for i in items]), torch.tensor([i[1] for i in items], dtype=torch.int64)
