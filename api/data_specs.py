@@ -158,5 +158,10 @@ def dataset_domain(dataset: Any) -> Literal["vision", "text"]:
     return "vision" if isinstance(dataset, ImportedDataSpec) else DATASETS[dataset.name].domain
 
 
+def dataset_label(dataset: Any) -> str:
+    """A data set spec as messages name it: ``'digits'``, or ``import 'my_project.data:train_set'``."""
+    return f"import {dataset.import_path!r}" if isinstance(dataset, ImportedDataSpec) else repr(dataset.name)
+
+
 __all__ = ["ImageFolderSpec", "ImportedDataSpec", "NormalizeSpec", "TransformsSpec", "WebDatasetSpec",
-           "dataset_domain", "route_data_spec"]
+           "dataset_domain", "dataset_label", "route_data_spec"]

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, WrapValidator
 from api.algorithm_specs import AlgorithmSpec
 from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MODELS_WITHOUT_BATCHNORM,
                          MODELS_WITHOUT_DROPOUT, arch_lacks_batchnorm, arch_lacks_dropout, residual_blocks_of_arch)
-from api.data_specs import ImageFolderSpec, ImportedDataSpec, WebDatasetSpec, dataset_domain, route_data_spec
+from api.data_specs import (ImageFolderSpec, ImportedDataSpec, WebDatasetSpec, dataset_domain, dataset_label,
+                             route_data_spec)
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
@@ -287,7 +288,6 @@ TIME_FIELDS = (("max_duration", "ep, ba or sp (e.g. '5ep')"),
 def token_unit_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
     """``(field, value, why)`` for each time in ``tok`` when the train data set is not text: only
     text data counts tokens, and the worker could not convert it to batches."""
-    name = spec.data.train.name
     domain = dataset_domain(spec.data.train)
     if domain == "text":
         return []
@@ -297,7 +297,7 @@ def token_unit_problems(spec: "RunSpec") -> list[tuple[str, Any, str]]:
         for part in field.split("."):
             value = getattr(value, part)
         if value is not None and value.unit is TimeUnit.TOKEN:
-            problems.append((field, str(value), f"counts tokens, and data set {name!r} is {domain} data, which has "
+            problems.append((field, str(value), f"counts tokens, and data set {dataset_label(spec.data.train)} is {domain} data, which has "
                                                 f"none (only text data counts tokens); use {allowed}"))
     return problems
 
@@ -447,14 +447,14 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     model_info = model_traits(spec.model)
     if model_info.domain is not None and domain != model_info.domain:
         problems.append(f"model {model_info.label!r} is a {model_info.domain} model but data set "
-                        f"{spec.data.train.name!r} is {domain} data"
+                        f"{dataset_label(spec.data.train)} is {domain} data"
                         + (" (your own data set is classification data: only vision models fit it)"
                            if isinstance(spec.data.train, ImportedDataSpec) else ""))
     reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once
     for index, algorithm in enumerate(spec.algorithms):
         info, at = ALGORITHMS[algorithm.name], f"algorithms[{index}] {algorithm.name!r}"
         if info.domain not in ("any", domain):
-            problems.append(f"{at} is for {info.domain} data but data set {spec.data.train.name!r} is "
+            problems.append(f"{at} is for {info.domain} data but data set {dataset_label(spec.data.train)} is "
                             f"{domain}")
         # Your own model's architecture is unknown here: the surgery reports on the run if it finds nothing.
         if "transformer" in info.needs and model_info.architecture not in (None, "transformer"):
@@ -472,7 +472,7 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         scale = getattr(algorithm, "scale_factor", 1.0) if algorithm.name == "selective_backprop" else 1.0
         if scale < 1.0 and domain != "vision":
             problems.append(f"algorithms[{index}].scale_factor {scale}: scoring on downscaled inputs needs image "
-                            f"batches, and data set {spec.data.train.name!r} is {domain}; leave it 1.0")
+                            f"batches, and data set {dataset_label(spec.data.train)} is {domain}; leave it 1.0")
         for other_index, other in enumerate(spec.algorithms):
             if other.name in info.conflicts and frozenset((algorithm.name, other.name)) not in reported_pairs:
                 reported_pairs.add(frozenset((algorithm.name, other.name)))

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from api.algorithm_specs import ALGORITHM_SPECS
-from api.data_specs import dataset_domain
+from api.data_specs import dataset_domain, dataset_label
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
 from api.validation_errors import field_path, join_field, one_line
@@ -207,7 +207,7 @@ def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     domain = dataset_domain(sweep.base.data.train)
     if sweep.metric == "eval/perplexity" and domain != "text":
         problems.append(("metric", sweep.metric, f"only text data reports eval/perplexity, and data set "
-                         f"{sweep.base.data.train.name!r} is {domain}; use eval/accuracy or eval/loss"))
+                         f"{dataset_label(sweep.base.data.train)} is {domain}; use eval/accuracy or eval/loss"))
     if sweep.base.data.eval is None:
         problems.append(("base.data.eval", None, f"trials report {sweep.metric} only with an eval data set; add "
                          "one (the same data set as train, e.g. its test split)"))

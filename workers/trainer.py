@@ -23,6 +23,7 @@ import torch
 from algorithms.registry import build_algorithms
 from api.data_specs import dataset_domain
 from api.lineage import ForkInfo
+from api.model_specs import ImportedModelSpec
 from api.specs import Precision, RunSpec
 from workers.checkpoint import Checkpointer, fingerprint, with_retries
 from workers.checkpoint.fork_source import load_fork_source
@@ -102,6 +103,7 @@ class Trainer:
                                              num_classes=self.train_loader.num_classes,
                                              item_shape=getattr(self.train_loader, "item_shape", None))
         num_classes, in_channels = self.train_loader.num_classes, self.train_loader.in_channels
+        _check_features_fit(spec, getattr(self.train_loader, "item_shape", None))
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)
@@ -465,3 +467,17 @@ def train(spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device
         trainer = Trainer(spec, sink=sink, device=device, callbacks=callbacks, checkpoint_url=checkpoint_url)
         install_fault_injection(trainer)  # only when a test asks for it (TESSERA_TEST_*)
         return trainer.fit()
+
+
+def _check_features_fit(spec: RunSpec, item_shape: tuple[int, ...] | None) -> None:
+    """Your own data set of feature vectors (items ``(F,)``) trains only your own model: the
+    named models and the image methods take images ``(C, H, W)``. ``UserCodeError`` naming both
+    otherwise (the model would fail at its first batch inside a convolution)."""
+    if item_shape is None or len(item_shape) != 1:
+        return
+    from workers.models.code_cache import UserCodeError
+
+    if not isinstance(spec.model, ImportedModelSpec):
+        raise UserCodeError(f"data.train.import {spec.data.train.import_path!r} gives feature vectors of shape "
+                            f"{item_shape}, but model {spec.model.name!r} takes images (C, H, W); train your own "
+                            "model (model.import) on feature vectors, or return images from the data set")

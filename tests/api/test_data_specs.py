@@ -119,7 +119,7 @@ def test_your_own_data_is_vision_data_of_unknown_size_to_the_cross_field_rules()
     body["max_duration"] = "1000tok"
     assert [p[0] for p in unrunnable_problems(RunSpec.model_validate(body))] == ["max_duration"]
     text_model = {**with_data(OWN_TRAIN), "model": {"name": "gpt_small"}, "algorithms": []}
-    assert any("model 'gpt_small' is a text model but data set 'import' is vision data (your own data set is "
+    assert any("model 'gpt_small' is a text model but data set import 'my_project.data:train_set' is vision data (your own data set is "
                "classification data" in msg for _, msg, _ in errors_of(text_model))
 
 
@@ -130,7 +130,7 @@ def test_a_sweep_over_your_own_data_cannot_decide_on_perplexity():
                                       "metric": "eval/perplexity", "mode": "min",
                                       "search": {"params": {"optimizer.lr": {"grid": [0.1, 0.2]}}}})
     [(field, _, why)] = metric_problems(sweep)
-    assert field == "metric" and "data set 'import' is vision" in why
+    assert field == "metric" and "data set import 'my_project.data:train_set' is vision" in why
 
 
 @pytest.mark.parametrize("field, value", [

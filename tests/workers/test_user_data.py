@@ -154,3 +154,17 @@ def test_an_evaluation_set_of_another_shape_than_trainings_is_refused(user_packa
                                             r"\(3, 8, 8\), but data.train's have \(1, 8, 8\)"):
         UserDataLoader(spec("test_set", params={"channels": 3}), field="data.eval", batch_size=16, train=False,
                        shape=(1, 8, 8))
+
+
+def test_feature_vectors_with_a_named_model_fail_naming_both(user_package):
+    from api.specs import RunSpec
+    from tests.workers.byo_helpers import user_spec
+    from workers.trainer import Trainer
+
+    body = user_spec("features", None, user_data=True)
+    body["data"]["train"]["params"] = {"features": True}
+    body["data"]["eval"] = None
+    body["model"] = {"name": "simple_cnn"}
+    with pytest.raises(UserCodeError, match=r"data.train.import 'my_project.data:train_set' gives feature vectors "
+                                            r"of shape \(64,\), but model 'simple_cnn' takes images \(C, H, W\)"):
+        Trainer(RunSpec.model_validate(body))
