@@ -156,11 +156,8 @@ def _install_once(requirements: list[str], staging: Path, installed: dict[str, s
     ``target`` within ``FAILURE_REUSED_S``: the ranks of a machine wait on that lock one after
     another, and each would otherwise run (and wait for) the same failing pip again."""
     failed = target.with_name(f".{target.name}.failed")
-    try:
-        if time.time() - failed.stat().st_mtime < FAILURE_REUSED_S:
-            raise RequirementsError(failed.read_text())
-    except FileNotFoundError:
-        pass
+    if failed.is_file() and time.time() - failed.stat().st_mtime < FAILURE_REUSED_S:  # written under this lock
+        raise RequirementsError(failed.read_text())
     try:
         _pip_install(requirements, staging, installed)
     except RequirementsError as exc:
