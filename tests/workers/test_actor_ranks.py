@@ -93,7 +93,10 @@ def test_joining_fails_within_the_join_timeout_when_a_peer_dies_after_connecting
     peer = subprocess.Popen([sys.executable, "-c", PEER_THAT_CONNECTS_AND_DIES, host, str(port)])
     try:
         started = time.monotonic()
-        with pytest.raises(dist.DistStoreError, match="timeout"):
+        # Either timeout is the store's: waiting for the peer's address ("timeout"), or, when the
+        # peer's Python starts slower than the join timeout on a loaded machine, for it to connect
+        # ("Timed out ... waiting for clients"); both must come within the join timeout.
+        with pytest.raises(dist.DistStoreError, match=r"(?i)time(d )?out"):
             actor_ranks._join(host, port, 0, 2)
         assert time.monotonic() - started < 30
         assert not dist.is_initialized()
