@@ -286,7 +286,7 @@ def _install_requirements(requirements: list[str]) -> None:
     import os
 
     from workers.models.code_cache import UserCodeError
-    from workers.models.user_requirements import install_requirements, site_dirs
+    from workers.models.user_requirements import importable_dirs, install_requirements
 
     if requirements:
         console.print(f"installing code.requirements {requirements} (once per machine)", highlight=False)
@@ -295,8 +295,8 @@ def _install_requirements(requirements: list[str]) -> None:
     except UserCodeError as exc:  # pip's reason, or a code cache this user cannot trust
         _fail(str(exc))
     if folder is not None:
-        found = [str(p) for p in site_dirs(folder) if p.is_dir()]
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), *found]))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                                 *importable_dirs(folder)]))
 
 
 def _status(run) -> str:

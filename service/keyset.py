@@ -15,7 +15,7 @@ import base64
 import binascii
 import json
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Select, and_, or_
 
@@ -74,6 +74,13 @@ def _utc(created_at: Any) -> datetime:
         return when.astimezone(timezone.utc) if when.tzinfo is not None else when
     except (ValueError, TypeError, OverflowError) as exc:
         raise invalid_cursor() from exc
+
+
+def one_page(session: Any, query: Select, limit: int, cursor_of: Callable[[Any], str]) -> tuple[list[Any], str | None]:
+    """Up to ``limit`` rows of ``query``, and the cursor after the last (``cursor_of(row)``), or
+    None when no row follows: one row more is read to know."""
+    rows = list(session.execute(query.limit(limit + 1)).scalars())
+    return rows[:limit], (cursor_of(rows[limit - 1]) if len(rows) > limit else None)
 
 
 def invalid_cursor() -> InvalidCursor:

@@ -22,7 +22,8 @@ from api.views import (ACTIVE_STATUSES, CheckpointReport, CheckpointView, Metric
 from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import DEFAULT_PROJECT, Checkpoint, Metric, Run, RunEvent, utcnow
 from service.run_bests import upsert_bests
-from service.run_listing import InvalidCursor, RunFilter, best_first, filtered, newest_first, next_cursor
+from service.keyset import InvalidCursor, one_page
+from service.run_listing import CREATED, RunFilter, best_first, filtered, newest_first, next_cursor
 from service.db.session import Database, clean_text, is_possible_id
 from service.idempotency import created_once
 from service.metric_limits import MetricLimits, non_finite_note
@@ -216,13 +217,12 @@ class Repository(AttemptStore):
         where = replace(where or RunFilter(), **{name: v for name, v in narrower.items() if v is not None})
         query = filtered(select(Run), where, self.engine.dialect.name)
         if order_by_best is None:
-            query, order = newest_first(query, cursor), "created"
+            query, order = newest_first(query, cursor), CREATED
         else:
             query, order = best_first(query, order_by_best, cursor), f"best:{order_by_best}"
         with self.db.read() as session:
-            rows = list(session.execute(query.limit(limit + 1)).scalars())
-            following = next_cursor(rows[limit - 1], order) if len(rows) > limit else None
-            return [RunRecord.from_row(row) for row in rows[:limit]], following
+            rows, following = one_page(session, query, limit, lambda last: next_cursor(last, order))
+            return [RunRecord.from_row(row) for row in rows], following
 
     def update_run(self, run_id: str, *, tags: list[str] | None = None, notes: str | None = None) -> RunRecord:
         """Replace the run's tags (duplicates dropped, first kept) and/or notes (``""`` clears them);

@@ -23,10 +23,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from api.views import RunStatus, metric_mode
 from service import keyset
 from service.db.models import Run, RunBest
-from service.keyset import InvalidCursor, decode_cursor, encode_cursor, invalid_cursor
+from service.keyset import decode_cursor, encode_cursor, invalid_cursor
 from service.list_filters import Archived, archived_is, name_contains
 
-__all__ = ["Archived", "InvalidCursor", "RunFilter", "best_first", "filtered", "newest_first", "next_cursor"]
 
 CREATED = "created"  # the newest-first order's name in cursors (a two-field cursor from before orders: this one)
 

@@ -24,6 +24,7 @@ from service.attempt_store import AttemptStore, StoredKind
 from service.db.models import DEFAULT_PROJECT, Run, Sweep, utcnow
 from service.db.session import is_possible_id, new_id
 from service.idempotency import created_once
+from service.keyset import one_page
 from service.repository import Repository, RunRecord
 from service.run_writes import apply_run_status, insert_run
 from service.state_machine import RUN_TRANSITIONS, SWEEP_TRANSITIONS
@@ -183,9 +184,7 @@ class SweepRepository(AttemptStore):
         page (None on the last). ``InvalidCursor`` for a cursor this list did not hand out."""
         query = newest_first(filtered(select(Sweep), where or SweepFilter()), cursor)
         with self.db.read() as session:
-            rows = list(session.execute(query.limit(limit + 1)).scalars())
-            following = next_cursor(rows[limit - 1]) if len(rows) > limit else None
-            sweeps = rows[:limit]
+            sweeps, following = one_page(session, query, limit, next_cursor)
             trials = self._trials(session, [s.id for s in sweeps])
             now = utcnow()
             return [build_sweep_view(s, trials[s.id], now) for s in sweeps], following

@@ -99,11 +99,11 @@ class Trainer:
         # shards are read by DataLoader worker processes (workers.data.factory).
         self.train_loader = build_train_loader(spec, rank=self.rank, world_size=self.world_size,
                                                device=self.device, seed=spec.seed)
+        item_shape = getattr(self.train_loader, "item_shape", None)  # your own data set's
         self.eval_loader = build_eval_loader(spec, rank=self.rank, world_size=self.world_size, device=self.device,
-                                             num_classes=self.train_loader.num_classes,
-                                             item_shape=getattr(self.train_loader, "item_shape", None))
+                                             num_classes=self.train_loader.num_classes, item_shape=item_shape)
         num_classes, in_channels = self.train_loader.num_classes, self.train_loader.in_channels
-        _check_features_fit(spec, getattr(self.train_loader, "item_shape", None))
+        _check_features_fit(spec, item_shape)
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)

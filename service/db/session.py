@@ -81,16 +81,8 @@ def is_possible_id(row_id: str) -> bool:
     """Whether ``row_id`` could name a row. PostgreSQL refuses NUL characters in text parameters
     with an error, and neither driver can send a lone surrogate (``"\\ud800"`` in a cursor's
     JSON); such an id (from a URL or a cursor) names nothing and must read as "not found", not
-    crash the request."""
-    return 0 < len(row_id) <= 64 and "\x00" not in row_id and row_id.isprintable() and _encodable(row_id)
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
+    crash the request. Neither is printable."""
+    return 0 < len(row_id) <= 64 and row_id.isprintable()
 
 
 def clean_text(text: str | None) -> str | None:

@@ -13,13 +13,12 @@ import httpx
 from playwright.sync_api import expect
 
 from api.views import RunStatus
-from tests.conftest import TEST_ADMIN_KEY
+from tests.conftest import ADMIN_HEADERS
 from tests.dashboard.conftest import NARROW, assert_fits_width, dashboard_url, save_screenshot
 from tests.dashboard.test_dashboard_housekeeping import external_sweep, new_project
 from tests.dashboard.test_dashboard_pages import api_requests, make_run
 
 PAGE_SIZE = 100  # runs.js and sweeps.js ask for pages of this many
-HEADERS = {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
 
 
 def unique(prefix: str) -> str:
@@ -28,7 +27,7 @@ def unique(prefix: str) -> str:
 
 def listed_ids(local_service, path: str) -> list[str]:
     """Every id the API lists at ``path`` (one page of up to 500), in its order: newest first."""
-    answer = httpx.get(f"{local_service.url}/api/v1/{path}&limit=500", headers=HEADERS, timeout=30)
+    answer = httpx.get(f"{local_service.url}/api/v1/{path}&limit=500", headers=ADMIN_HEADERS, timeout=30)
     answer.raise_for_status()
     assert answer.json()["next_cursor"] is None, "the test lists more than one page of the API"
     return [item["id"] for item in answer.json()["data"]]

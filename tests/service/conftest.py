@@ -158,6 +158,13 @@ def client(settings, fake_jobs):
         yield test_client
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def admin(request):
+    """A TestClient holding the admin key of every project, on either database (``client`` or
+    ``pg_client``)."""
+    return request.getfixturevalue("client" if request.param == "sqlite" else "pg_client")
+
+
 @pytest.fixture
 def pg_client(tmp_path, fake_jobs, postgres_url, _postgres_engine):
     """Like ``client``, but over the session's PostgreSQL database (emptied first)."""

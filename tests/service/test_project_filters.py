@@ -14,12 +14,6 @@ from api.client import Client
 API = "/api/v1"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def admin(request):
-    """A TestClient holding the admin key of every project, on either database."""
-    return request.getfixturevalue("client" if request.param == "sqlite" else "pg_client")
-
-
 def _project(admin) -> str:
     name = f"p-{uuid.uuid4().hex[:8]}"
     assert admin.post(f"{API}/projects", json={"name": name}).status_code == 201

@@ -16,11 +16,6 @@ from service.storage_paths import project_storage_url, ray_attempt_url, run_url
 API = "/api/v1"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def admin(request):
-    return request.getfixturevalue("client" if request.param == "sqlite" else "pg_client")
-
-
 def _run(admin, example_spec, *, name="run", tags=(), metrics=None, status=RunStatus.COMPLETED, project="default"):
     """A run made through the repository, taken to ``status`` with ``metrics`` ({key: [values]}) reported."""
     repo = admin.app.state.repo

@@ -21,12 +21,6 @@ from tests.service.test_project_filters import _project, _sdk
 API = "/api/v1"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def admin(request):
-    """A TestClient holding the admin key of every project, on either database."""
-    return request.getfixturevalue("client" if request.param == "sqlite" else "pg_client")
-
-
 @pytest.fixture
 def make_sweep(admin, example_body):
     """``make_sweep(name, project=..., status=...)``: a stored sweep's id (through the repository:

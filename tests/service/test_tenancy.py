@@ -15,12 +15,6 @@ from service.settings import Settings
 API = "/api/v1"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def admin(request):
-    """A TestClient holding the admin key of every project, on either database."""
-    return request.getfixturevalue("client" if request.param == "sqlite" else "pg_client")
-
-
 def _bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 

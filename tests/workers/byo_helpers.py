@@ -141,6 +141,14 @@ def write_user_package(root: Path, *, broken: bool = False, name: str = "my_proj
     return package
 
 
+def store(tmp_path, package) -> str:
+    """Put the package where the service would: ``{storage}/code/{digest}.zip``; returns the storage URL."""
+    code = tmp_path / "storage" / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    (code / f"{package.digest}.zip").write_bytes(package.data)
+    return f"file://{tmp_path}/storage"
+
+
 def write_wheel(folder: Path, name: str = "tessera_probe_dep", version: str = "1.0", width: int = 6) -> Path:
     """A pure-Python wheel of one module ``name`` (``WIDTH = width``), built by hand (a zip with
     its dist-info, as PEP 427 describes), so pip installs it with no index and no build step:

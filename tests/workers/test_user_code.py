@@ -14,7 +14,7 @@ from workers.models import code_cache, user_code
 from workers.models.user_code import UserCodeError, install_code
 from workers.reporter import MemorySink
 from workers.trainer import Trainer
-from tests.workers.byo_helpers import user_spec, write_user_package
+from tests.workers.byo_helpers import store, user_spec, write_user_package
 
 
 @pytest.fixture
@@ -27,14 +27,6 @@ def fresh_imports(tmp_path, monkeypatch):
     yield
     for name in [n for n in sys.modules if n.split(".")[0] in ("my_project", "my_lm")]:
         del sys.modules[name]
-
-
-def store(tmp_path, package) -> str:
-    """Put the package where the service would: ``{storage}/code/{digest}.zip``; returns the storage URL."""
-    code = tmp_path / "storage" / "code"
-    code.mkdir(parents=True, exist_ok=True)
-    (code / f"{package.digest}.zip").write_bytes(package.data)
-    return f"file://{tmp_path}/storage"
 
 
 def test_a_shipped_model_trains_with_its_own_loss_and_surgery_that_finds_nothing_is_noted(tmp_path, fresh_imports):

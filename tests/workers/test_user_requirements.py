@@ -18,7 +18,7 @@ from workers.models import user_requirements
 from workers.models.code_cache import verified
 from workers.models.user_requirements import RequirementsError
 from workers.models.user_code import install_code
-from tests.workers.byo_helpers import write_user_package, write_wheel
+from tests.workers.byo_helpers import store, write_user_package, write_wheel
 
 MODULES = ("my_project", "tessera_probe_dep")
 
@@ -40,18 +40,11 @@ def fresh_imports(tmp_path, monkeypatch):
     forget()
 
 
-def stored(tmp_path, package) -> str:
-    code = tmp_path / "storage" / "code"
-    code.mkdir(parents=True, exist_ok=True)
-    (code / f"{package.digest}.zip").write_bytes(package.data)
-    return f"file://{tmp_path}/storage"
-
-
 def test_requirements_are_installed_beside_the_workers_packages_once_per_machine(tmp_path, fresh_imports, monkeypatch):
     wheel = write_wheel(tmp_path / "wheels", width=6)
     package = pack_directory(write_user_package(tmp_path / "src", needs="tessera_probe_dep"))
     code = CodeRef(digest=package.digest, requirements=[f"tessera_probe_dep @ {wheel.as_uri()}", "packaging>=20"])
-    install_code(code, storage_url=stored(tmp_path, package))
+    install_code(code, storage_url=store(tmp_path, package))
 
     nets = importlib.import_module("my_project.nets")
     assert nets.build(num_classes=4, in_channels=1).out.in_features == 6  # the requirement's WIDTH

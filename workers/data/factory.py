@@ -79,16 +79,9 @@ def build_eval_loader(spec: Any, *, rank: int, world_size: int, device: torch.de
     global_batch = data.eval_batch_size or data.batch_size
     per_rank = -(-global_batch // world_size)
     if data.eval.name == "import":
-        loader = _imported(data.eval, "data.eval", batch_size=per_rank * world_size, rank=rank,
-                           world_size=world_size, train=False, seed=0, device=device, num_classes=num_classes,
-                           shape=item_shape)
-        if num_classes is not None and loader.num_classes != num_classes:
-            from workers.models.code_cache import UserCodeError
-
-            raise UserCodeError(f"data.eval.import {data.eval.import_path!r} has num_classes {loader.num_classes} but "
-                             f"the training data has {num_classes}; the model has one output per training class: "
-                             f"give data.eval.num_classes {num_classes} (or leave it out)")
-        return loader
+        return _imported(data.eval, "data.eval", batch_size=per_rank * world_size, rank=rank,
+                         world_size=world_size, train=False, seed=0, device=device, num_classes=num_classes,
+                         shape=item_shape)
     if data.eval.name in STREAMED:
         return _streamed(data.eval, batch_size=per_rank * world_size, rank=rank, world_size=world_size,
                          train=False, seed=0, device=device)

@@ -27,19 +27,14 @@ from api.data_specs import ImportedDataSpec
 from workers.data.index_batches import IndexBatchLoader
 from workers.data.user_items import UserItems, collate_items
 from workers.models.code_cache import UserCodeError
-from workers.models.user_code import error_with_tail, load_callable
+from workers.models.user_code import call_user, error_with_tail
 
 
 def build_user_dataset(spec: ImportedDataSpec, *, field: str) -> Any:
     """``build(**spec.params)`` of the callable ``spec`` imports (``field``: ``data.train`` or
     ``data.eval``); ``UserCodeError`` if it fails or returns no map-style data set."""
     where = f"{field}.import {spec.import_path!r}"
-    build = load_callable(spec, field=f"{field}.import")
-    try:
-        dataset = build(**spec.params)
-    except Exception as exc:
-        arguments = ", ".join(f"{k}={v!r}" for k, v in spec.params.items()) or "no arguments"
-        raise UserCodeError(f"{where}: calling it with {arguments} failed: {error_with_tail(exc)}") from None
+    dataset = call_user(spec, spec.params, field=f"{field}.import")
     if isinstance(dataset, IterableDataset):
         raise UserCodeError(f"{where} returned an IterableDataset ({type(dataset).__name__}); allowed: a map-style "
                             "torch.utils.data.Dataset, with __len__ and __getitem__")
@@ -76,7 +71,8 @@ def resolve_num_classes(spec: ImportedDataSpec, dataset: Any, *, field: str, fal
 class UserDataLoader(IndexBatchLoader):
     """Batches of your own data set for this rank, with ``TensorLoader``'s interface.
     ``field``: where the spec is (``data.train``, ``data.eval``), for messages; ``num_classes``:
-    the fallback when neither the spec nor the data set gives one (evaluation: the training set's);
+    the training set's, for evaluation: the fallback when neither the spec nor the data set gives
+    one, and the number the data set's must equal;
     ``shape``: the items' shape it must have (evaluation: the training set's)."""
 
     def __init__(self, spec: ImportedDataSpec, *, field: str, batch_size: int, rank: int = 0, world_size: int = 1,
@@ -102,3 +98,7 @@ class UserDataLoader(IndexBatchLoader):
         if len(self) == 0:
             raise UserCodeError(f"{where}: the data set has {len(items)} items: no full batch of {batch_size} for "
                                 f"rank {rank} of {world_size}; lower data.batch_size or add items")
+        if num_classes is not None and self.num_classes != num_classes:  # evaluation: the training data's
+            raise UserCodeError(f"{where} has num_classes {self.num_classes} but the training data has {num_classes}; "
+                                f"the model has one output per training class: give {field}.num_classes "
+                                f"{num_classes} (or leave it out)")

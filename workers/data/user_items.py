@@ -123,10 +123,11 @@ def _seeded(seed: int, epoch: int, index: int) -> Iterator[None]:
     inside, restored after."""
     python_state, numpy_state = random.getstate(), np.random.get_state()
     key = [seed, epoch, index]
+    item_seed = np.random.SeedSequence(key).generate_state(1)[0]
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
+        torch.manual_seed(int(item_seed))
         random.seed(hash(tuple(key)))
-        np.random.seed(np.random.SeedSequence(key).generate_state(1)[0])
+        np.random.seed(item_seed)
         try:
             yield
         finally:

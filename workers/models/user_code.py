@@ -49,7 +49,6 @@ from fsspec.core import url_to_fs
 from api.code_package import CodePackageError, safe_extract, sha256_hex
 from api.model_specs import CodeRef, ImportedModelSpec, ImportPath
 from workers.models.code_cache import UserCodeError, code_cache_dir, own_cache, place, verified
-from workers.models.user_requirements import install_requirements
 from workers.paths import code_package_url
 
 TRACEBACK_LINES = 20
@@ -64,6 +63,9 @@ def install_code(code: CodeRef, *, storage_url: str | None,
     or by ``fetch()`` when given (``workers.export.load_model``: from the service), which returns
     the bytes and where they came from (for messages) and raises ``UserCodeError`` when it cannot.
     Either way the bytes are checked against ``digest`` before they are unpacked."""
+    # Here, not at the top: packaging (its tags, ~0.2 s of imports) is for runs with a code package only.
+    from workers.models.user_requirements import install_requirements
+
     digest = code.digest
     target = own_cache(code_cache_dir()) / digest
     if not verified(target):
@@ -138,17 +140,23 @@ def load_callable(spec: ImportPath, *, field: str = "model.import") -> Callable[
     return target
 
 
+def call_user(spec: ImportPath, kwargs: dict[str, Any], *, field: str = "model.import") -> Any:
+    """The callable ``spec`` names (``load_callable``), called with ``kwargs``; ``UserCodeError``
+    naming the arguments, with the traceback's tail, when it raises."""
+    build = load_callable(spec, field=field)
+    try:
+        return build(**kwargs)
+    except Exception as exc:
+        arguments = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no arguments"
+        raise UserCodeError(f"{field} {spec.import_path!r}: calling it with {arguments} failed: "
+                            f"{error_with_tail(exc)}") from None
+
+
 def build_user_model(spec: ImportedModelSpec, *, num_classes: int, in_channels: int, domain: str) -> nn.Module:
     """Call the user's builder with the contract's arguments; check that it returned a module."""
-    build = load_callable(spec)
     kwargs = {"vocab_size": num_classes} if domain == "text" else {"num_classes": num_classes,
                                                                    "in_channels": in_channels}
-    try:
-        model = build(**kwargs, **spec.params)
-    except Exception as exc:
-        raise UserCodeError(f"model.import {spec.import_path!r}: calling it with "
-                            f"{', '.join(f'{k}={v!r}' for k, v in {**kwargs, **spec.params}.items())} failed: "
-                            f"{error_with_tail(exc)}") from None
+    model = call_user(spec, {**kwargs, **spec.params})
     if not isinstance(model, nn.Module):
         raise UserCodeError(f"model.import {spec.import_path!r} returned a {type(model).__name__}, not a "
                             "torch.nn.Module")

@@ -113,6 +113,11 @@ def site_dirs(prefix: Path) -> list[Path]:
     return list(dict.fromkeys(Path(sysconfig.get_path(kind, scheme, vars=paths)) for kind in ("purelib", "platlib")))
 
 
+def importable_dirs(target: Path) -> list[str]:
+    """``target``'s site folders that pip made (what goes on an import path)."""
+    return [str(folder) for folder in site_dirs(target) if folder.is_dir()]
+
+
 def install_requirements(requirements: list[str]) -> Path | None:
     """Make ``requirements`` importable in this process (after what is installed); returns the
     folder they are installed under, or None when there are none. ``RequirementsError`` with
@@ -136,7 +141,7 @@ def _use(target: Path | None) -> None:
     """Put ``target``'s site folders on ``sys.path`` (after what is installed; their ``.pth``
     files read) in place of another set's: a process that loads a second run's requirements
     (``load_model`` twice in a notebook) must not import the first run's versions."""
-    folders = [str(f) for f in site_dirs(target) if f.is_dir()] if target is not None else []
+    folders = importable_dirs(target) if target is not None else []
     if folders == _in_use:
         return
     for old in _in_use:
@@ -187,9 +192,9 @@ def _pip_install(requirements: list[str], prefix: Path, installed: dict[str, str
         why = (" (a requirement that needs another version of a package the workers have fails rather than "
                "replace it)" if "(constraint)" in tail else "")
         raise RequirementsError(f"code.requirements {requirements}: pip could not install them{why}:\n{tail}")
-    unplaced = [str(p.relative_to(prefix)) for p in prefix.rglob("*.dist-info")
-                if not any(p.parent == folder for folder in site_dirs(prefix))]
+    folders = site_dirs(prefix)
+    unplaced = [str(p.relative_to(prefix)) for p in prefix.rglob("*.dist-info") if p.parent not in folders]
     if unplaced:  # pip used another layout than this Python's: nothing would be importable
         raise RequirementsError(f"code.requirements {requirements}: pip installed {unplaced} outside "
-                                f"{[str(f.relative_to(prefix)) for f in site_dirs(prefix)]}, where this Python "
+                                f"{[str(f.relative_to(prefix)) for f in folders]}, where this Python "
                                 "would not find them")
