@@ -32,8 +32,10 @@ With ``--device cuda`` (``main_gpu``) the cases are ``GPU_CASES`` and the harnes
 ``engine`` is the cost of dispatching one event with 5 algorithms that match every event and
 do nothing, against the same engine with none, and that cost times the events a step fires as
 a fraction of the tiny case's step. ``calls_per_step`` counts ``Engine.run_event`` calls per
-training step (9: AFTER_DATALOADER, the six forward/loss/backward events, AFTER_TRAIN_BATCH,
-BATCH_END) and ``python_calls_per_step`` the Python calls a step makes beyond the plain loop's
+training step with algorithms on the engine (9: AFTER_DATALOADER, the six forward/loss/backward
+events, AFTER_TRAIN_BATCH, BATCH_END), ``calls_per_step_no_algorithms`` the same without any (0:
+a step dispatches nothing to an empty engine) and ``python_calls_per_step`` the Python calls a
+step makes beyond the plain loop's
 (``sys.setprofile``: a count, not a timing); the smoke test in tests/bench pins both so that
 added per-step work shows up. Between a step's kernels, every call costs several times what
 a micro-benchmark says (the loader's two index operations: 3-5x their cost in a loop of their own).
@@ -205,12 +207,15 @@ class DoNothing(Algorithm):
         """Nothing: what is measured is the engine's cost of calling it at every event."""
 
 
-def calls_per_step(spec: RunSpec, steps: int) -> float:
-    """``Engine.run_event`` calls per training step over a short fit (untimed); the per-fit and
-    per-epoch events (FIT_*, EPOCH_*, EVAL_*) are not counted."""
+def calls_per_step(spec: RunSpec, steps: int, algorithms: list[Algorithm] | None = None) -> float:
+    """``Engine.run_event`` calls per training step over a short fit (untimed), with
+    ``algorithms`` on the engine; the per-fit and per-epoch events (FIT_*, EPOCH_*, EVAL_*) are
+    not counted."""
     once = {Event.FIT_START, Event.FIT_END, Event.EPOCH_START, Event.EPOCH_END, Event.EVAL_START, Event.EVAL_END}
     with process_settings(spec):
         trainer = Trainer(spec)
+        if algorithms:
+            trainer.engine.algorithms = trainer.state.algorithms = list(algorithms)
         counted = {"calls": 0}
         run_event = trainer.engine.run_event
 
@@ -428,7 +433,8 @@ def main() -> None:
         report["cases"][name] = compare(name, case, steps=steps, rounds=rounds, with_noop=name == "tiny")
     tiny = CASES["tiny"]
     spec = run_spec(tiny, QUICK_STEPS["tiny"])
-    report["calls_per_step"] = calls_per_step(spec, QUICK_STEPS["tiny"])
+    report["calls_per_step"] = calls_per_step(spec, QUICK_STEPS["tiny"], [DoNothing() for _ in range(5)])
+    report["calls_per_step_no_algorithms"] = calls_per_step(spec, QUICK_STEPS["tiny"])
     report["python_calls_per_step"] = python_calls_per_step(tiny)
     cost = engine_cost(rounds=3 if args.quick else 15, events=8_000 if args.quick else 16_000)
     engine: dict[str, Any] = {"seconds_per_event_no_algorithms": cost["none"],
