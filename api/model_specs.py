@@ -95,6 +95,11 @@ def refuse_unknown_fields(data: Any, fields: tuple[str, ...], *, what: str) -> A
     return data
 
 
+def module_name(import_path: str) -> str:
+    """The module of an import path: ``package.module`` of ``package.module:callable``."""
+    return import_path.partition(":")[0]
+
+
 class ImportPath:
     """Mixin of the ``import: "package.module:callable"`` specs (model, data sets): the parts of
     their ``import_path`` field."""
@@ -103,7 +108,7 @@ class ImportPath:
 
     @property
     def module_name(self) -> str:
-        return self.import_path.partition(":")[0]
+        return module_name(self.import_path)
 
     @property
     def attribute(self) -> str:

@@ -214,6 +214,16 @@ def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     return problems
 
 
+def searched_imports(sweep: SweepSpec) -> list[tuple[str, str]]:
+    """``(field, import path)`` for each value a trial may get for a searched import
+    (``model.import``, ``data.train.import``, ``data.eval.import``; only a grid or a choice can
+    search one), so that the service checks them against the code package as it checks the
+    base's own."""
+    return [(f"search.params.{path}.{domain.kind}", value)
+            for path, domain in sweep.search.params.items() if path.endswith(".import")
+            for value in domain.extremes()]
+
+
 def grace_fraction(sweep: SweepSpec) -> float:
     """The ASHA grace period as a fraction of the base run's ``max_duration`` (Tune's time
     attribute is the reported ``time/progress``, 0..1)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timezone
-from typing import Annotated
+from typing import Annotated, Sequence
 
 import pydantic_core
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from api.data_roots import data_root_problems
 from api.data_specs import ImportedDataSpec
 from api.run_edits import order_by_key
-from api.model_specs import ImportedModelSpec
+from api.model_specs import ImportedModelSpec, module_name
 from api.specs import RunSpec, ignored_field_problems, unrunnable_problems
 from api.validation_errors import body_error, field_error, one_line
 from api.views import CheckpointsPage, MetricsPage, ResumeRequest, RunEventsPage, RunsPage, RunStatus, RunView
@@ -133,15 +133,18 @@ def _replayed(request: Request, run: RunRecord) -> Response:
     return view_json(queued_view(request, run), 200)
 
 
-def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "") -> list[dict]:
+def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "",
+                    searched_imports: Sequence[tuple[str, str]] = ()) -> list[dict]:
     """422 items for what only the service can check about a run about to be queued in
     ``project`` (a run, a sweep's base with ``prefix="base."``): data roots outside the data
-    directories, a code package the project does not hold (or a ``model.import`` it does not
-    hold), a size the cluster can never hold, and the project's caps."""
+    directories, a code package the project does not hold (or an import it does not hold: the
+    spec's own and a sweep's ``searched_imports``), a size the cluster can never hold, and the
+    project's caps."""
     settings = request.app.state.settings
     refused = data_root_errors(spec, settings, prefix=prefix)
     if spec.code is not None:
-        refused.extend(code_package_errors(request, spec, project=project, prefix=prefix))
+        refused.extend(code_package_errors(request, spec, project=project, prefix=prefix,
+                                           searched_imports=searched_imports))
     never = request.app.state.dispatcher.admission.never_fits(spec.model_dump(mode="json"))
     if never is not None:
         refused.append(body_error(prefix + "parallelism.num_workers", f"this run can never start: it {never}, and no "
@@ -149,31 +152,33 @@ def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "
     return refused + spec_cap_problems(settings, project, spec, prefix=prefix)
 
 
-def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str = "") -> list[dict]:
+def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str = "",
+                        searched_imports: Sequence[tuple[str, str]] = ()) -> list[dict]:
     """422 items for a ``code.digest`` the project does not hold, and for each import
-    (``model.import``, ``data.train.import``, ``data.eval.import``) whose top-level package the
-    held package lacks (the worker's import would fail: ModuleNotFoundError)."""
+    (``model.import``, ``data.train.import``, ``data.eval.import``, and ``searched_imports``:
+    ``(field, import path)`` pairs a sweep's trials may get) whose top-level package the held
+    package lacks (the worker's import would fail: ModuleNotFoundError)."""
     store = project_code_store(request, project.name)
     digest = spec.code.digest
     if not store.exists(digest):
         return [body_error(prefix + "code.digest", f"no code package with this digest in project {project.name}; "
                            "upload it first (POST /api/v1/code, or `tessera submit --code DIR`)", digest)]
-    imports = [(field, target) for field, target in (("model", spec.model), ("data.train", spec.data.train),
-                                                     ("data.eval", spec.data.eval))
-               if isinstance(target, (ImportedModelSpec, ImportedDataSpec))]
+    imports = [(prefix + field + ".import", target.import_path)
+               for field, target in (("model", spec.model), ("data.train", spec.data.train), ("data.eval", spec.data.eval))
+               if isinstance(target, (ImportedModelSpec, ImportedDataSpec))] + list(searched_imports)
     names = store.importable_names(digest) if imports else None
     if names is None:
         return []
     held = sorted(names)
     example = f" (e.g. '{held[0]}.module:callable' for a package, '{held[0]}:callable' for a module)" if held else ""
     refused = []
-    for field, target in imports:
-        top = target.module_name.split(".")[0]
+    for field, import_path in imports:
+        top = module_name(import_path).split(".")[0]
         if top not in names:
             refused.append(body_error(
-                prefix + field + ".import", f"the code package {digest[:12]} (code.digest) holds no top-level package "
+                field, f"the code package {digest[:12]} (code.digest) holds no top-level package "
                 f"or module {top!r}; it holds: {', '.join(held) or 'none'}. Import from one of those{example}, or "
-                f"pack the folder that holds {top} (tessera submit --code DIR)", target.import_path))
+                f"pack the folder that holds {top} (tessera submit --code DIR)", import_path))
     return refused
 
 

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from api.specs import RunSpec, ignored_field_problems, unrunnable_problems
-from api.sweeps import SweepSpec, metric_problems, trial_count_problem, trial_spec
+from api.sweeps import SweepSpec, metric_problems, searched_imports, trial_count_problem, trial_spec
 from api.validation_errors import body_error, field_error, format_validation_errors
 from api.views import (RunView, SweepsPage, SweepStatus, SweepStatusReport, SweepView, TrialEnd, TrialRegistration,
                        TrialTicket)
@@ -79,7 +79,8 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
         return validation_response([field_error("search", ["body", "search"], too_many, None)])
     refused = ([body_error(field, why, value) for field, value, why in metric_problems(spec)]
                + unsearched(ignored_field_errors(spec.base, prefix="base."), spec)
-               + submit_problems(request, spec.base, project=access.get_project(name), prefix="base."))
+               + submit_problems(request, spec.base, project=access.get_project(name), prefix="base.",
+                                 searched_imports=searched_imports(spec)))
     searched = spec.search.params.get("max_duration")
     if searched is not None and searched.kind in ("grid", "choice"):
         refused += searched_duration_problems(settings, access.get_project(name), searched.extremes(),

@@ -179,6 +179,24 @@ def test_a_model_import_the_package_does_not_hold_is_refused_naming_what_it_hold
     assert code_client.get(f"{API}/runs").json()["data"] == [] and code_client.get(f"{API}/sweeps").json()["data"] == []
 
 
+def test_a_searched_import_the_package_does_not_hold_is_refused_naming_the_value(code_client, example_body,
+                                                                                  package, sweep_body):
+    """A sweep's trials get each value of a searched import: every one is checked as the base's is,
+    and the error names the search parameter and the value (a trial would fail on its worker)."""
+    upload(code_client, package.data)
+    base = {**imported_run(example_body, package.digest), "model": {"import": "my_project.nets:build"}}
+    search = {"params": {"model.import": {"choice": ["my_project.nets:build", "nets_pkg.nets:build"]}}}
+    sweep = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": base, "search": search})
+    assert sweep.status_code == 422, sweep.text
+    [item] = sweep.json()["detail"]
+    assert (item["field"], item["input"]) == ("search.params.model.import.choice", "nets_pkg.nets:build")
+    assert "holds no top-level package or module 'nets_pkg'; it holds: my_project" in item["msg"]
+    assert code_client.get(f"{API}/sweeps").json()["data"] == []
+    search["params"]["model.import"]["choice"] = ["my_project.nets:build", "my_project.nets:build_wide"]
+    accepted = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": base, "search": search})
+    assert accepted.status_code == 201, accepted.text
+
+
 @pytest.mark.parametrize(("files", "target"), [
     (["my_project/__init__.py", "my_project/nets.py"], "my_project.nets:build"),
     (["single.py"], "single:build"),
