@@ -44,6 +44,9 @@ class AlgorithmInfo:
     needs: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
     changes_model: bool = False  # surgery: runs before wrapping, replayed on resume
+    # Works on the pixels of the input images (N, C, H, W) themselves: your own data set of
+    # feature vectors (items (F,)) cannot use it (the worker refuses it at the start).
+    needs_images: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -98,7 +101,7 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
         AlgorithmInfo("cutmix", "CutMix", "vision",
                       "Pastes a box from another example into each image and mixes targets by area.",
                       "stable", "Yun et al. 2019, https://arxiv.org/abs/1905.04899",
-                      needs=("classification",)),
+                      needs=("classification",), needs_images=True),
         AlgorithmInfo("alibi", "ALiBi", "text",
                       "Replaces position embeddings with per-head linear attention biases and trains on "
                       "shorter sequences, extrapolating to longer ones at evaluation.",
@@ -117,17 +120,18 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       needs=("classification",)),
         AlgorithmInfo("cutout", "CutOut", "vision",
                       "Zeroes random square holes of the images.",
-                      "stable", "DeVries & Taylor 2017, https://arxiv.org/abs/1708.04552"),
+                      "stable", "DeVries & Taylor 2017, https://arxiv.org/abs/1708.04552", needs_images=True),
         AlgorithmInfo("colout", "ColOut", "vision",
                       "Drops random rows and columns of the images: smaller inputs, the same content.",
-                      "beta", "MosaicML Composer method card, https://docs.mosaicml.com/projects/composer/"),
+                      "beta", "MosaicML Composer method card, https://docs.mosaicml.com/projects/composer/",
+                      needs_images=True),
         AlgorithmInfo("augmix", "AugMix", "vision",
                       "Mixes each image with Dirichlet blends of random augmentation chains, per example.",
-                      "beta", "Hendrycks et al. 2020, https://arxiv.org/abs/1912.02781"),
+                      "beta", "Hendrycks et al. 2020, https://arxiv.org/abs/1912.02781", needs_images=True),
         AlgorithmInfo("progressive_resizing", "ProgressiveResizing", "vision",
                       "Trains on downscaled images early and grows them to full size, per batch.",
                       "stable", "MosaicML Composer; Touvron et al. 2019, https://arxiv.org/abs/1906.06423",
-                      ),
+                      needs_images=True),
         AlgorithmInfo("ema", "EMA", "any",
                       "Evaluates with an exponential moving average of the weights.",
                       "stable", "Polyak & Juditsky 1992; Tan & Le 2019, https://arxiv.org/abs/1905.11946",
@@ -191,7 +195,7 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {
                       needs=("classification",)),
         AlgorithmInfo("randaugment", "RandAugment", "vision",
                       "Applies a few random augmentations of fixed strength to every training image.",
-                      "beta", "Cubuk et al. 2020, https://arxiv.org/abs/1909.13719"),
+                      "beta", "Cubuk et al. 2020, https://arxiv.org/abs/1909.13719", needs_images=True),
         AlgorithmInfo("gated_linear_units", "GatedLinearUnits", "any",
                       "Turns each transformer feed-forward block into a gated linear unit: the hidden layer "
                       "is an activated gate times a linear projection.",

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from algorithms.registry import build_algorithms
+from api.catalog import ALGORITHMS
 from api.data_specs import dataset_domain
 from api.lineage import ForkInfo
 from api.model_specs import ImportedModelSpec
@@ -483,13 +484,18 @@ def train(spec: RunSpec, *, sink: MetricSink | None = None, device: torch.device
 
 def _check_features_fit(spec: RunSpec, item_shape: tuple[int, ...] | None) -> None:
     """Your own data set of feature vectors (items ``(F,)``) trains only your own model: the
-    named models and the image methods take images ``(C, H, W)``. ``UserCodeError`` naming both
-    otherwise (the model would fail at its first batch inside a convolution)."""
+    named models and the methods that work on pixels (``api.catalog``'s ``needs_images``) take
+    images ``(C, H, W)``. ``UserCodeError`` naming the data set and what does not fit otherwise
+    (the model would fail at its first batch inside a convolution, a method inside its transform)."""
     if item_shape is None or len(item_shape) != 1:
         return
     from workers.models.code_cache import UserCodeError
 
+    gives = f"data.train.import {spec.data.train.import_path!r} gives feature vectors of shape {item_shape}"
     if not isinstance(spec.model, ImportedModelSpec):
-        raise UserCodeError(f"data.train.import {spec.data.train.import_path!r} gives feature vectors of shape "
-                            f"{item_shape}, but model {spec.model.name!r} takes images (C, H, W); train your own "
+        raise UserCodeError(f"{gives}, but model {spec.model.name!r} takes images (C, H, W); train your own "
                             "model (model.import) on feature vectors, or return images from the data set")
+    on_pixels = [a.name for a in spec.algorithms if ALGORITHMS[a.name].needs_images]
+    if on_pixels:
+        raise UserCodeError(f"{gives}, but algorithms {', '.join(on_pixels)} work on the pixels of images "
+                            "(N, C, H, W); leave them out, or return images from the data set")

@@ -260,6 +260,8 @@ def test_algorithms_page_renders_every_method_card_and_is_reached_by_keyboard(pa
         article = page.locator(f"#algorithm-{name}")
         expect(article.locator("h2")).to_contain_text(info.title)
         expect(article).to_contain_text(f"maturity: {info.maturity}")
+        pixels = article.locator(".chip", has_text="works on image pixels")
+        expect(pixels).to_have_count(1 if info.needs_images else 0)
         card = article.locator(f'[data-card="{name}"]')
         expect(card).not_to_have_attribute("aria-busy", "true")
         readme = CARDS.joinpath(card_file_name(name))
