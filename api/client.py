@@ -69,6 +69,18 @@ def _raise_for_status(response: httpx.Response) -> None:
         raise ApiError(response.status_code, detail)
 
 
+def _every_item(list_page: Callable[..., Any], **query: Any) -> Iterator[Any]:
+    """Every item of a keyset-paged list (``list_runs``, ``list_sweeps``): ``list_page(cursor=...,
+    **query)`` page after page until one has no ``next_cursor``."""
+    cursor = None
+    while True:
+        page = list_page(cursor=cursor, **query)
+        yield from page.data
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
 class Client:
     """``base_url``: the service; default ``TESSERA_URL``, else ``http://127.0.0.1:8000`` (as the
     CLI). ``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
@@ -311,13 +323,7 @@ class Client:
                   **filters: Any) -> Iterator[RunView]:
         """Every run ``list_runs`` would page through with the same filters (a generator: pages
         are fetched as you iterate); raises as ``list_runs``."""
-        cursor = None
-        while True:
-            page = self.list_runs(status=status, sweep_id=sweep_id, cursor=cursor, **filters)
-            yield from page.data
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+        yield from _every_item(self.list_runs, status=status, sweep_id=sweep_id, **filters)
 
     def update_run(self, run_id: str, *, tags: list[str] | None = None, notes: str | None = None) -> RunView:
         """Replace the run's tags and/or notes (None leaves a field as it is; ``notes=""`` clears);
@@ -546,13 +552,7 @@ class Client:
     def iter_sweeps(self, *, status: SweepStatus | str | None = None, **filters: Any) -> Iterator[SweepView]:
         """Every sweep ``list_sweeps`` would page through with the same filters (a generator: pages
         are fetched as you iterate); raises as ``list_sweeps``."""
-        cursor = None
-        while True:
-            page = self.list_sweeps(status=status, cursor=cursor, **filters)
-            yield from page.data
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+        yield from _every_item(self.list_sweeps, status=status, **filters)
 
     def cancel_sweep(self, sweep_id: str) -> SweepView:
         """Stop the sweep and its trials; returns its view, CANCELING until the driver job is

@@ -214,14 +214,12 @@ def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     return problems
 
 
-def searched_imports(sweep: SweepSpec) -> list[tuple[str, str]]:
-    """``(field, import path)`` for each value a trial may get for a searched import
-    (``model.import``, ``data.train.import``, ``data.eval.import``; only a grid or a choice can
-    search one), so that the service checks them against the code package as it checks the
-    base's own."""
-    return [(f"search.params.{path}.{domain.kind}", value)
-            for path, domain in sweep.search.params.items() if path.endswith(".import")
-            for value in domain.extremes()]
+def searched_imports(sweep: SweepSpec) -> dict[str, list[tuple[str, str]]]:
+    """For each searched import (``model.import``, ``data.train.import``, ``data.eval.import``;
+    only a grid or a choice can search one), ``(field, import path)`` for every value a trial may
+    get, so that the service checks them against the code package in place of the base's own."""
+    return {path: [(join_field(("search", "params", path, domain.kind)), value) for value in domain.extremes()]
+            for path, domain in sweep.search.params.items() if path.endswith(".import")}
 
 
 def grace_fraction(sweep: SweepSpec) -> float:
@@ -301,6 +299,9 @@ def _set_path(body: dict[str, Any], path: str, value: Any) -> None:
 
 def _param_problem(sweep: SweepSpec, path: str, domain: ParamDomain, searched: set[str]) -> str | None:
     parts = path.split(".")
+    if parts[0] == "code":
+        return ("the code package cannot be searched: every trial runs the base's code.digest, against "
+                "which the service checks its imports; submit a sweep per package")
     if parts[0] == "algorithms":
         if len(parts) != 3:
             return "algorithm params are written algorithms.<method>.<field>"

@@ -495,7 +495,10 @@ def _check_features_fit(spec: RunSpec, item_shape: tuple[int, ...] | None) -> No
     if not isinstance(spec.model, ImportedModelSpec):
         raise UserCodeError(f"{gives}, but model {spec.model.name!r} takes images (C, H, W); train your own "
                             "model (model.import) on feature vectors, or return images from the data set")
-    on_pixels = [a.name for a in spec.algorithms if ALGORITHMS[a.name].needs_images]
+    on_pixels = [f"algorithms[{i}] {a.name!r}" for i, a in enumerate(spec.algorithms) if ALGORITHMS[a.name].needs_images]
+    on_pixels += [f"algorithms[{i}].scale_factor {a.scale_factor} of 'selective_backprop' (scoring on downscaled "
+                  "inputs; 1.0 scores at full size)" for i, a in enumerate(spec.algorithms)
+                  if a.name == "selective_backprop" and a.scale_factor < 1.0]
     if on_pixels:
-        raise UserCodeError(f"{gives}, but algorithms {', '.join(on_pixels)} work on the pixels of images "
-                            "(N, C, H, W); leave them out, or return images from the data set")
+        raise UserCodeError(f"{gives}, but {', '.join(on_pixels)} work on the pixels of images (N, C, H, W); leave "
+                            "them out, or return images from the data set")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timezone
-from typing import Annotated, Sequence
+from typing import Annotated, Mapping, Sequence
 
 import pydantic_core
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
@@ -134,7 +134,7 @@ def _replayed(request: Request, run: RunRecord) -> Response:
 
 
 def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "",
-                    searched_imports: Sequence[tuple[str, str]] = ()) -> list[dict]:
+                    searched_imports: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> list[dict]:
     """422 items for what only the service can check about a run about to be queued in
     ``project`` (a run, a sweep's base with ``prefix="base."``): data roots outside the data
     directories, a code package the project does not hold (or an import it does not hold: the
@@ -153,11 +153,13 @@ def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "
 
 
 def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str = "",
-                        searched_imports: Sequence[tuple[str, str]] = ()) -> list[dict]:
+                        searched_imports: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> list[dict]:
     """422 items for a ``code.digest`` the project does not hold, and for each import
-    (``model.import``, ``data.train.import``, ``data.eval.import``, and ``searched_imports``:
-    ``(field, import path)`` pairs a sweep's trials may get) whose top-level package the held
-    package lacks (the worker's import would fail: ModuleNotFoundError)."""
+    (``model.import``, ``data.train.import``, ``data.eval.import``) whose top-level package the
+    held package lacks (the worker's import would fail: ModuleNotFoundError). A sweep's
+    ``searched_imports`` (``api.sweeps.searched_imports``) replace the base's own: each of their
+    ``(field, import path)`` values is checked instead."""
+    searched_imports = searched_imports or {}
     store = project_code_store(request, project.name)
     digest = spec.code.digest
     if not store.exists(digest):
@@ -165,7 +167,8 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
                            "upload it first (POST /api/v1/code, or `tessera submit --code DIR`)", digest)]
     imports = [(prefix + field + ".import", target.import_path)
                for field, target in (("model", spec.model), ("data.train", spec.data.train), ("data.eval", spec.data.eval))
-               if isinstance(target, (ImportedModelSpec, ImportedDataSpec))] + list(searched_imports)
+               if isinstance(target, (ImportedModelSpec, ImportedDataSpec)) and field + ".import" not in searched_imports]
+    imports += [pair for values in searched_imports.values() for pair in values]
     names = store.importable_names(digest) if imports else None
     if names is None:
         return []

@@ -189,12 +189,22 @@ def test_a_searched_import_the_package_does_not_hold_is_refused_naming_the_value
     sweep = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": base, "search": search})
     assert sweep.status_code == 422, sweep.text
     [item] = sweep.json()["detail"]
-    assert (item["field"], item["input"]) == ("search.params.model.import.choice", "nets_pkg.nets:build")
+    assert (item["field"], item["loc"], item["input"]) == (
+        "search.params['model.import'].choice", ["body", "search", "params", "model.import", "choice"],
+        "nets_pkg.nets:build")
     assert "holds no top-level package or module 'nets_pkg'; it holds: my_project" in item["msg"]
     assert code_client.get(f"{API}/sweeps").json()["data"] == []
+    # Every trial takes a searched value in the base's place: a base import the package lacks is
+    # no problem when each searched one is held.
+    base["model"]["import"] = "nets_pkg.nets:build"
     search["params"]["model.import"]["choice"] = ["my_project.nets:build", "my_project.nets:build_wide"]
     accepted = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": base, "search": search})
     assert accepted.status_code == 201, accepted.text
+    # The package itself is not searched: its imports are checked against the base's digest.
+    search["params"] = {"code.digest": {"choice": [package.digest, "0" * 64]}}
+    refused = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": base, "search": search})
+    assert refused.status_code == 422
+    assert "the code package cannot be searched" in refused.text
 
 
 @pytest.mark.parametrize(("files", "target"), [

@@ -145,6 +145,41 @@ def test_train_local_runs_a_single_worker_spec_in_process():
     assert "eval/accuracy" in final
 
 
+def test_a_step_dispatches_nothing_to_an_empty_engine_and_everything_once_a_callback_joins():
+    """A run with no algorithms and no callbacks skips a step's nine dispatches; a callback that
+    joins the engine between steps sees every event of the steps after, in order."""
+    from workers.engine import Engine
+
+    trainer = Trainer(tiny_spec(max_duration="3ba"), sink=MemorySink())
+    step_events = [Event.AFTER_DATALOADER, Event.BEFORE_FORWARD, Event.AFTER_FORWARD, Event.BEFORE_LOSS,
+                   Event.AFTER_LOSS, Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH,
+                   Event.BATCH_END]
+    dispatched = []
+
+    class Counting(Engine):
+        def run_event(self, event, state):
+            dispatched.append((state.timestamp.batch, event))
+            super().run_event(event, state)
+
+    trainer.engine = Counting()
+    log = EventLog()
+
+    class JoinAfterFirstStep:
+        def run_event(self, event, state):  # the only callback until the first step has ended
+            if event == Event.BATCH_END:
+                trainer.engine.callbacks.remove(self)
+                trainer.engine.callbacks.append(log)
+
+    trainer.fit()
+    assert [event for batch, event in dispatched if event in step_events] == []  # the empty engine's steps
+    trainer = Trainer(tiny_spec(max_duration="3ba"), sink=MemorySink())
+    dispatched.clear()
+    trainer.engine = Counting(callbacks=[JoinAfterFirstStep()])
+    trainer.fit()
+    assert [event for event in log.events if event in step_events] == step_events * 2  # steps 2 and 3
+    assert [event for batch, event in dispatched if event in step_events] == step_events * 3
+
+
 def test_the_start_up_clock_times_the_first_step_only_and_leaves_the_engine_after_it():
     from workers.ray_train import FirstStepClock
 

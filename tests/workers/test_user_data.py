@@ -171,9 +171,9 @@ def test_feature_vectors_with_a_named_model_fail_naming_both(user_package):
 
 
 def test_feature_vectors_with_methods_that_work_on_pixels_fail_naming_them_and_others_train(user_package, tmp_path):
-    """CutMix, RandAugment and the other ``needs_images`` methods cut, resize or recolour images:
-    refused at the start, naming them (they failed inside their transforms); MixUp mixes any
-    inputs and trains."""
+    """CutMix, RandAugment and the other ``needs_images`` methods cut, resize or recolour images,
+    and SelectiveBackprop with a scale_factor below 1 scores on downscaled ones: refused at the
+    start, naming each (they failed inside their transforms); MixUp mixes any inputs and trains."""
     from api.specs import RunSpec
     from tests.workers.byo_helpers import user_spec
     from workers.trainer import Trainer
@@ -183,14 +183,18 @@ def test_feature_vectors_with_methods_that_work_on_pixels_fail_naming_them_and_o
         "    return nn.Sequential(nn.Linear(in_channels, 8), nn.ReLU(), nn.Linear(8, num_classes))\n")
 
     def features_run(*algorithms):
-        body = user_spec("features", None, user_data=True, algorithms=[{"name": a} for a in algorithms], batches=2)
+        body = user_spec("features", None, user_data=True, batches=2,
+                         algorithms=[{"name": a} if isinstance(a, str) else a for a in algorithms])
         body["data"]["train"]["params"] = {"features": True}
         body["data"]["eval"] = None
         body["model"] = {"import": "my_project.flat:build"}
         return RunSpec.model_validate(body)
 
-    with pytest.raises(UserCodeError, match=r"data.train.import 'my_project.data:train_set' gives feature vectors "
-                                            r"of shape \(64,\), but algorithms cutmix, randaugment work on the pixels"):
+    with pytest.raises(UserCodeError, match=r"data\.train\.import 'my_project\.data:train_set' gives feature vectors "
+                                            r"of shape \(64,\), but algorithms\[0\] 'cutmix', algorithms\[2\] "
+                                            r"'randaugment' work on the pixels"):
         Trainer(features_run("cutmix", "mixup", "randaugment"))
+    with pytest.raises(UserCodeError, match=r"algorithms\[1\]\.scale_factor 0\.5 of 'selective_backprop'"):
+        Trainer(features_run("mixup", {"name": "selective_backprop", "scale_factor": 0.5}))
     metrics = Trainer(features_run("mixup")).fit()
     assert metrics["train/loss"] > 0

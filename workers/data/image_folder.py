@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from workers.data.errors import DataError
 from workers.data.index_batches import IndexBatchLoader
+from workers.data.position import rank_batch_size
 from workers.data.transforms import SampleTransform, collate, decode
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
@@ -96,8 +97,7 @@ class ImageFolderLoader(IndexBatchLoader):
 
     def __init__(self, spec: Any, *, batch_size: int, rank: int = 0, world_size: int = 1, train: bool = True,
                  drop_last: bool = True, seed: int = 0, device: torch.device | str = "cpu"):
-        if batch_size % world_size:
-            raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        rank_batch_size(batch_size, world_size)  # before listing or building anything
         paths, labels, self.classes = list_image_folder(spec.root)
         self.num_classes = spec.num_classes or len(self.classes)
         if max(labels) >= self.num_classes:

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from workers.data.loading import batches_failing_fast, private_generator, start_worker_server, worker_processes
-from workers.data.position import BatchPosition
+from workers.data.position import BatchPosition, rank_batch_size
 
 
 def epoch_shard(n: int, *, epoch: int, seed: int, rank: int, world_size: int, batch_size: int, shuffle: bool,
@@ -47,13 +47,11 @@ class IndexBatchLoader(BatchPosition):
     def __init__(self, dataset: Dataset, *, collate: Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]],
                  batch_size: int, rank: int = 0, world_size: int = 1, train: bool = True, drop_last: bool = True,
                  seed: int = 0, device: torch.device | str = "cpu", num_workers: int = 0):
-        if batch_size % world_size:
-            raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        self.per_rank_batch = rank_batch_size(batch_size, world_size)
         self.dataset, self.collate, self.num_workers = dataset, collate, num_workers
         if self.num_workers > 0:
             start_worker_server()  # imports in the background until the first epoch needs it
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.per_rank_batch = batch_size // world_size
         self.train, self.drop_last, self.seed = train, drop_last if train else False, seed
         self.device = torch.device(device)
         BatchPosition.__init__(self)

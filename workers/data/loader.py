@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from workers.data.position import BatchPosition
+from workers.data.position import BatchPosition, rank_batch_size
 
 
 class TensorLoader(BatchPosition):
@@ -31,13 +31,11 @@ class TensorLoader(BatchPosition):
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, rank: int = 0,
                  world_size: int = 1, shuffle: bool = True, drop_last: bool = True, pad: bool = True,
                  seed: int = 0, device: torch.device | str = "cpu"):
-        if batch_size % world_size:
-            raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        self.per_rank_batch = rank_batch_size(batch_size, world_size)
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         self.images, self.labels = images, labels
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.per_rank_batch = batch_size // world_size
         self.shuffle, self.drop_last, self.pad, self.seed = shuffle, drop_last, pad, seed
         super().__init__()
         self.device = torch.device(device)

@@ -14,6 +14,14 @@ from typing import Any, Callable, Iterator
 import torch
 
 
+def rank_batch_size(batch_size: int, world_size: int) -> int:
+    """Each rank's share of a global batch; ValueError unless ``world_size`` divides it. Every
+    loader checks this first, before it reads or builds anything."""
+    if batch_size % world_size:
+        raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+    return batch_size // world_size
+
+
 class BatchPosition:
     """Mixin: subclasses set ``device`` and implement ``__len__`` (batches per epoch) and
     ``__iter__``, which yields ``self.hand_out(images, labels)`` for each batch."""

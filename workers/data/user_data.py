@@ -25,6 +25,7 @@ from torch.utils.data import IterableDataset
 
 from api.data_specs import ImportedDataSpec
 from workers.data.index_batches import IndexBatchLoader
+from workers.data.position import rank_batch_size
 from workers.data.user_items import UserItems, collate_items
 from workers.models.code_cache import UserCodeError
 from workers.models.user_code import call_user, error_with_tail
@@ -78,8 +79,7 @@ class UserDataLoader(IndexBatchLoader):
     def __init__(self, spec: ImportedDataSpec, *, field: str, batch_size: int, rank: int = 0, world_size: int = 1,
                  train: bool = True, drop_last: bool = True, seed: int = 0, device: torch.device | str = "cpu",
                  num_classes: int | None = None, shape: tuple[int, ...] | None = None):
-        if batch_size % world_size:
-            raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        rank_batch_size(batch_size, world_size)  # before listing or building anything
         where = f"{field}.import {spec.import_path!r}"
         dataset = build_user_dataset(spec, field=field)
         self.num_classes = resolve_num_classes(spec, dataset, field=field, fallback=num_classes)

@@ -41,7 +41,7 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from workers.data.errors import DataError
 from workers.data.loading import batches_failing_fast, private_generator, start_worker_server, worker_processes
-from workers.data.position import BatchPosition
+from workers.data.position import BatchPosition, rank_batch_size
 from workers.data.transforms import SampleTransform, collate, decode
 
 log = logging.getLogger(__name__)
@@ -189,15 +189,13 @@ class WebDatasetLoader(BatchPosition):
 
     def __init__(self, spec: Any, *, batch_size: int, rank: int = 0, world_size: int = 1, train: bool = True,
                  seed: int = 0, device: torch.device | str = "cpu"):
-        if batch_size % world_size:
-            raise ValueError(f"batch_size {batch_size} must be divisible by world_size {world_size}")
+        self.per_rank_batch = rank_batch_size(batch_size, world_size)
         self.spec, self.train, self.seed = spec, train, seed
         self.shards = expand_urls(spec.urls)
         if len(self.shards) < world_size:
             raise DataError(f"data urls {spec.urls!r} expand to {len(self.shards)} shard(s) but {world_size} ranks "
                             "need at least one each; write more shards (tessera data pack --shard-size)")
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.per_rank_batch = batch_size // world_size
         self.active_workers = min(max(1, spec.num_workers), -(-len(self.shards) // world_size))
         self.in_channels, self.num_classes = spec.channels, spec.num_classes
         # Known only when the spec fixes it (crop, else resize); models then pick small-image stems.
