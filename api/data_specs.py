@@ -112,20 +112,28 @@ class WebDatasetSpec(_ImageDataSpec):
 class ImportedDataSpec(ImportPath, _Spec):
     """Your own data set: ``import: "package.module:callable"``, shipped in the run's code package.
 
-    Every rank calls it as ``build(**params)``; it returns a map-style ``torch.utils.data.Dataset``
-    whose items are ``(input_tensor, label)``: classification only (an image ``(C, H, W)`` or a
-    feature vector ``(F,)``, an integer label). Text (language-model) data from your own code is
-    not supported."""
+    Every rank calls it as ``build(**params)``; it returns a map-style ``torch.utils.data.Dataset``.
+    ``task: classification`` (the default): items ``(inputs, label)``, an image ``(C, H, W)`` or a
+    feature vector ``(F,)`` and an integer label. ``task: language_model``: items ``(tokens,
+    targets)``, two integer tensors of ``seq_len`` token ids (targets: the next token of each
+    position), text data that counts tokens."""
 
     model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
                               serialize_by_alias=True)
 
     import_path: str = Field(..., alias="import", max_length=512,
                              description="'package.module:callable' returning a map-style torch Dataset of "
-                                         "(input tensor, integer label) items")
+                                         "(input tensor, integer label) items, or of (tokens, targets) items "
+                                         "for task language_model")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the callable")
+    task: Literal["classification", "language_model"] = Field(
+        "classification", description="classification: (inputs, label) items; language_model: (tokens, targets) "
+                                      "items of seq_len token ids (text data)")
+    seq_len: int | None = Field(None, ge=2, le=65536,
+                                description="task language_model only, and needed there: tokens per item")
     num_classes: int | None = Field(None, ge=1, le=100_000,
-                                    description="labels lie in [0, num_classes); default: the data set's "
+                                    description="labels lie in [0, num_classes) (language_model: token ids, and "
+                                                "num_classes is the vocabulary size); default: the data set's "
                                                 "num_classes attribute")
     num_workers: int = Field(0, ge=0, le=32, description="DataLoader worker processes per rank (0: in-process); "
                                                          "above 0 the data set is pickled to them")
@@ -133,7 +141,17 @@ class ImportedDataSpec(ImportPath, _Spec):
     @model_validator(mode="before")
     @classmethod
     def _only_known_fields(cls, data: Any) -> Any:
-        return refuse_unknown_fields(data, ("import", "params", "num_classes", "num_workers"), what="data set")
+        return refuse_unknown_fields(data, ("import", "params", "task", "seq_len", "num_classes", "num_workers"),
+                                     what="data set")
+
+    @model_validator(mode="after")
+    def _seq_len_with_language_model(self) -> "ImportedDataSpec":
+        if self.task == "language_model" and self.seq_len is None:
+            raise ValueError("task 'language_model' needs seq_len: the tokens in each item (e.g. seq_len: 128)")
+        if self.task == "classification" and self.seq_len is not None:
+            raise ValueError(f"seq_len {self.seq_len} is for task 'language_model' (items of token ids); "
+                             "classification items take no seq_len: leave it out, or set task: language_model")
+        return self
 
     @field_validator("import_path")
     @classmethod
@@ -153,9 +171,11 @@ def route_data_spec(value: Any, handler: Any) -> Any:
 
 
 def dataset_domain(dataset: Any) -> Literal["vision", "text"]:
-    """The domain of a data set spec: its catalog entry's, and "vision" (classification) for your
-    own data set, the only kind an import may be."""
-    return "vision" if isinstance(dataset, ImportedDataSpec) else DATASETS[dataset.name].domain
+    """The domain of a data set spec: its catalog entry's, and for your own data set "text" when
+    its task is language_model, else "vision" (classification: images or feature vectors)."""
+    if isinstance(dataset, ImportedDataSpec):
+        return "text" if dataset.task == "language_model" else "vision"
+    return DATASETS[dataset.name].domain
 
 
 def dataset_label(dataset: Any) -> str:

@@ -166,6 +166,9 @@ class DataSpec(Spec):
                          f"{self.train.name!r}")
             raise ValueError(f"{mixed}; train and eval must come from the same data set: import both (each its own "
                              "callable, e.g. your train and test splits) or name both")
+        if self.eval is not None and imported[0] and self.eval.task != self.train.task:
+            raise ValueError(f"data.eval.task {self.eval.task!r} differs from data.train.task {self.train.task!r}; "
+                             "evaluation data must be of the training data's kind")
         if self.eval is not None and self.eval.name != self.train.name:
             raise ValueError(
                 f"data.eval.name {self.eval.name!r} differs from data.train.name {self.train.name!r}; "
@@ -448,7 +451,9 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     if model_info.domain is not None and domain != model_info.domain:
         problems.append(f"model {model_info.label!r} is a {model_info.domain} model but data set "
                         f"{dataset_label(spec.data.train)} is {domain} data"
-                        + (" (your own data set is classification data: only vision models fit it)"
+                        + ((" (your own data set is classification data: only vision models fit it; for token "
+                            "data set its task: language_model)" if domain == "vision" else
+                            " (your own data set of task language_model is text data)")
                            if isinstance(spec.data.train, ImportedDataSpec) else ""))
     reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once
     for index, algorithm in enumerate(spec.algorithms):

@@ -487,8 +487,8 @@ def _check_features_fit(spec: RunSpec, item_shape: tuple[int, ...] | None) -> No
     named models and the methods that work on pixels (``api.catalog``'s ``needs_images``) take
     images ``(C, H, W)``. ``UserCodeError`` naming the data set and what does not fit otherwise
     (the model would fail at its first batch inside a convolution, a method inside its transform)."""
-    if item_shape is None or len(item_shape) != 1:
-        return
+    if item_shape is None or len(item_shape) != 1 or dataset_domain(spec.data.train) != "vision":
+        return  # images, or token sequences (text)
     from workers.models.code_cache import UserCodeError
 
     gives = f"data.train.import {spec.data.train.import_path!r} gives feature vectors of shape {item_shape}"

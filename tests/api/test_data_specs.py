@@ -90,7 +90,8 @@ def test_your_own_data_set_is_routed_on_import_named_import_and_round_trips():
      "import 'my-project/data.py' must be 'package.module:callable' (dotted Python names, one colon), e.g. "
      "'my_project.data:train_set'"),
     ({**OWN_TRAIN, "root": "/data"}, "data.train",
-     "unknown field(s) 'root' next to 'import'; allowed fields here: import, params, num_classes, num_workers"),
+     "unknown field(s) 'root' next to 'import'; allowed fields here: import, params, task, seq_len, num_classes, "
+     "num_workers"),
     ({**OWN_TRAIN, "num_classes": 0}, "data.train.num_classes", "greater than or equal to 1"),
     ({**OWN_TRAIN, "num_workers": 64}, "data.train.num_workers", "less than or equal to 32"),
 ])
@@ -146,3 +147,38 @@ def test_a_name_and_an_import_together_are_refused_naming_both(field, value):
     node[last] = value
     [(where, message, _)] = errors_of(body)
     assert where == field and "has both name" in message and "not both" in message
+
+
+TOKENS = {"import": "my_project.data:tokens", "task": "language_model", "seq_len": 16}
+GPT = {"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 32}}
+
+
+def test_your_own_token_data_is_text_for_a_language_model_and_counts_tokens():
+    from api.data_specs import dataset_domain
+
+    body = {**with_data(TOKENS, {**TOKENS, "import": "my_project.data:tokens_test", "seq_len": 32}),
+            "model": GPT, "max_duration": "4096tok", "algorithms": [{"name": "seq_length_warmup"}],
+            "optimizer": {"name": "adamw", "lr": 0.003}}
+    spec = RunSpec.model_validate(body)
+    assert dataset_domain(spec.data.train) == "text" and spec.data.train.seq_len == 16
+    assert RunSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+@pytest.mark.parametrize(("change", "field", "says"), [
+    (lambda b: b["data"]["train"].pop("seq_len"), "data.train", "task 'language_model' needs seq_len"),
+    (lambda b: b["data"]["train"].update(task="classification"), "data.train",
+     "seq_len 16 is for task 'language_model'"),
+    (lambda b: b["data"]["train"].update(task="text"), "data.train.task", "'classification' or 'language_model'"),
+    (lambda b: b["data"]["train"].update(seq_len=64), "", "data.train.seq_len 64 exceeds model.params.max_seq_len 32"),
+    (lambda b: b.update(algorithms=[{"name": "cutmix"}]), "",
+     "'cutmix' is for vision data but data set import 'my_project.data:tokens' is text"),
+    (lambda b: b["data"].update(eval={"import": "my_project.data:test_set"}), "data",
+     "data.eval.task 'classification' differs from data.train.task 'language_model'"),
+    (lambda b: b.update(model={"name": "simple_cnn"}), "",
+     "your own data set of task language_model is text data"),
+])
+def test_bad_token_data_fields_are_named_with_what_is_allowed(change, field, says):
+    body = {**with_data(dict(TOKENS)), "model": copy.deepcopy(GPT), "optimizer": {"name": "adamw", "lr": 0.003}}
+    change(body)
+    problems = errors_of(body)
+    assert any(path.startswith(field) and says in msg for path, msg, _ in problems), problems

@@ -429,6 +429,26 @@ def test_your_own_data_set_is_checked_against_the_package_like_a_model_import(co
     assert [i["field"] for i in sweep.json()["detail"]] == ["base.data.train.import", "base.data.eval.import"]
 
 
+def test_your_own_token_data_is_a_text_run_that_may_be_swept_on_perplexity(code_client, example_body, package,
+                                                                             sweep_body):
+    """task: language_model makes a run text data: a text model, times in tokens, perplexity."""
+    upload(code_client, package.data)
+    tokens = {"import": "my_project.data:tokens", "task": "language_model", "seq_len": 16}
+    body = {**imported_run(example_body, package.digest), "max_duration": "4096tok",
+            "model": {"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16, "max_seq_len": 32}},
+            "data": {"train": tokens, "eval": tokens, "batch_size": 8}, "optimizer": {"name": "adamw", "lr": 0.003}}
+    accepted = code_client.post(f"{API}/runs", json=body)
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["spec"]["data"]["train"]["task"] == "language_model"
+    sweep = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": body, "metric": "eval/perplexity",
+                                                      "mode": "min", "search": {"params": {"optimizer.lr": {
+                                                          "grid": [0.003, 0.01]}}}})
+    assert sweep.status_code == 201, sweep.text
+    vision = code_client.post(f"{API}/runs", json={**body, "model": {"name": "simple_cnn"}})
+    assert vision.status_code == 422
+    assert "your own data set of task language_model is text data" in vision.text
+
+
 def test_a_data_import_without_code_is_taken_as_a_model_import_is(code_client, example_body):
     """Neither names a package: the workers import from their own packages (as ``model.import`` does)."""
     body = with_own_data({**example_body, "algorithms": []})

@@ -118,6 +118,37 @@ def stream():
 
 def broken(size=8):
     raise RuntimeError("the data is not there")
+
+
+class Tokens(Dataset):
+    """A language-model data set: windows of ``seq_len`` ids of a repeating text over a vocabulary
+    of ``vocab`` (``num_classes``), targets shifted by one; ``bad``: one broken item (``"float"``,
+    ``"short"``, ``"id"``: a float tensor, one id short, an id outside the vocabulary)."""
+
+    def __init__(self, size, seq_len, vocab=12, bad=None, bad_at=None):
+        self.size, self.seq_len, self.bad, self.bad_at = size, seq_len, bad, bad_at
+        self.num_classes = vocab
+        self.text = torch.tensor([(i * 7 + i // vocab) % vocab for i in range(size * seq_len + 1)])
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        start = i * self.seq_len
+        tokens, targets = self.text[start:start + self.seq_len], self.text[start + 1:start + self.seq_len + 1]
+        if i == self.bad_at:
+            if self.bad == "float":
+                tokens = tokens.float()
+            elif self.bad == "short":
+                targets = targets[:-1]
+            elif self.bad == "id":
+                tokens = tokens.clone()
+                tokens[3] = self.num_classes
+        return tokens, targets
+
+
+def tokens(size=64, seq_len=16, **kwargs):
+    return Tokens(size, seq_len, **kwargs)
 '''
 
 

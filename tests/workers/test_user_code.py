@@ -141,7 +141,8 @@ def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
 
     example = REPO_ROOT / "examples" / "byo"
     package = pack_directory(example / "my_project")
-    assert package.files == ["my_project/.gitignore", "my_project/__init__.py", "my_project/nets.py"]
+    assert package.files == ["my_project/.gitignore", "my_project/__init__.py", "my_project/corpus.txt",
+                             "my_project/nets.py", "my_project/text.py"]
     install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     body = yaml.safe_load((example / "spec.yaml").read_text())
     spec = RunSpec.model_validate({**body, "code": {"digest": package.digest},
@@ -149,6 +150,27 @@ def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
     trainer = Trainer(spec)
     assert type(trainer.state.model).__name__ == "SmallConvNet" and trainer.surgery_notes == []
     assert trainer.state.loss_fn.__func__.__qualname__ == "SmallConvNet.loss"
+
+
+def test_the_readme_text_example_trains_a_language_model_on_the_packages_corpus(tmp_path, fresh_imports):
+    """examples/byo/text_spec.yaml: the package's own characters as token windows (task
+    language_model), the vocabulary from the data set's num_classes, tokens counted."""
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    example = REPO_ROOT / "examples" / "byo"
+    package = pack_directory(example / "my_project")
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
+    body = yaml.safe_load((example / "text_spec.yaml").read_text())
+    spec = RunSpec.model_validate({**body, "code": {"digest": package.digest}, "max_duration": "2ba"})
+    trainer = Trainer(spec)
+    vocabulary = len(set((example / "my_project" / "corpus.txt").read_text()))
+    assert trainer.state.num_classes == vocabulary
+    metrics = trainer.fit()
+    # Tokens trained on: seq_length_warmup starts the windows short (8, growing by 8 a step).
+    assert 2 * 16 * 8 <= trainer.state.timestamp.token < 2 * 16 * 64
+    assert 1.0 < metrics["eval/perplexity"] < vocabulary  # a uniform guess over the characters scores their count
 
 
 def test_the_builder_gets_classes_and_channels_for_images_and_vocab_size_for_text(tmp_path, fresh_imports):

@@ -198,3 +198,40 @@ def test_feature_vectors_with_methods_that_work_on_pixels_fail_naming_them_and_o
         Trainer(features_run("mixup", {"name": "selective_backprop", "scale_factor": 0.5}))
     metrics = Trainer(features_run("mixup")).fit()
     assert metrics["train/loss"] > 0
+
+
+def test_token_data_batches_ids_and_next_token_targets_and_names_a_bad_item(user_package):
+    """task language_model: items of seq_len token ids, batched as (B, seq_len) int64 inputs and
+    targets; the vocabulary is num_classes; a float tensor, a short item or an id outside the
+    vocabulary is named with its index and what is allowed."""
+    data = loader(spec("tokens", task="language_model", seq_len=16))
+    assert (data.num_classes, data.in_channels, data.image_size, len(data)) == (12, 16, None, 4)
+    tokens, targets = next(iter(data))
+    assert tokens.shape == targets.shape == (16, 16) and tokens.dtype == targets.dtype == torch.int64
+    assert torch.equal(tokens[:, 1:], targets[:, :-1])  # the next token of each position
+    for bad, says in [("float", r"tokens are torch\.float32; allowed: integer token ids"),
+                      ("short", r"targets have shape \(15,\); allowed: \(16,\)"),
+                      ("id", r"tokens hold token id 12, outside \[0, 12\) \(the vocabulary, num_classes 12\)")]:
+        with pytest.raises(UserCodeError, match=rf"data\.train\.import 'my_project\.data:tokens': item 0: {says}"):
+            loader(spec("tokens", task="language_model", seq_len=16, params={"bad": bad, "bad_at": 0}))
+    with pytest.raises(UserCodeError, match=r"item 0: tokens have shape \(8,\); allowed: \(16,\) \(seq_len tokens"):
+        loader(spec("tokens", task="language_model", seq_len=16, params={"seq_len": 8}))
+
+
+def test_a_language_model_trains_on_your_own_token_data_counting_tokens_and_reporting_perplexity(user_package):
+    from api.specs import RunSpec
+    from workers.trainer import Trainer
+
+    tokens = {"import": "my_project.data:tokens", "task": "language_model", "seq_len": 16}
+    spec = RunSpec.model_validate({
+        "name": "own-text", "model": {"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16,
+                                                                       "max_seq_len": 32}},
+        "data": {"train": tokens, "eval": {**tokens, "params": {"size": 8, "seq_len": 32}, "seq_len": 32},
+                 "batch_size": 8},
+        "optimizer": {"name": "adamw", "lr": 0.01}, "max_duration": "512tok", "seed": 0})
+    trainer = Trainer(spec)
+    assert trainer.state.max_batches == 4  # 512 tokens at 8 x 16 a batch
+    metrics = trainer.fit()
+    assert trainer.state.timestamp.token == 512
+    # A uniform guess over the 12 ids scores 12, and one batch of training about 10.5: it learned.
+    assert 1.0 < metrics["eval/perplexity"] < 9.0

@@ -1,6 +1,6 @@
 """Your own data set: ``data.train: {import: "my_project.data:train_set", params: {...}}``.
 
-The contract (classification only; text data from your own code is not supported):
+The contract:
 
 - The callable is imported from the run's code package (``workers.models.user_code.load_callable``,
   as ``model.import`` is) and called on every rank as ``build(**params)``.
@@ -10,6 +10,9 @@ The contract (classification only; text data from your own code is not supported
   ``label`` an integer in ``[0, num_classes)``.
 - ``num_classes`` is the spec's, else the data set's ``num_classes`` attribute. The model gets
   ``in_channels`` C (or F) and, for images, ``image_size`` W, from the first item.
+- ``task: language_model`` (text): items are ``(tokens, targets)``, two integer tensors of
+  ``seq_len`` token ids in ``[0, num_classes)`` (``num_classes``: the vocabulary size; targets:
+  each position's next token). The run counts tokens and reports ``eval/perplexity``.
 
 Batches are ``IndexBatchLoader``'s (the image_folder loader's order, striding and exact resume).
 Every item is checked as it is read (``workers.data.user_items``); an error names the field, the
@@ -60,7 +63,8 @@ def resolve_num_classes(spec: ImportedDataSpec, dataset: Any, *, field: str, fal
     if value is None:
         if fallback is not None:
             return fallback
-        raise UserCodeError(f"{field}.import {spec.import_path!r}: the number of classes is unknown; set "
+        what = "the vocabulary size" if spec.task == "language_model" else "the number of classes"
+        raise UserCodeError(f"{field}.import {spec.import_path!r}: {what} is unknown; set "
                             f"{field}.num_classes in the spec, or give the data set a num_classes attribute "
                             "(an integer >= 1)")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -83,15 +87,20 @@ class UserDataLoader(IndexBatchLoader):
         where = f"{field}.import {spec.import_path!r}"
         dataset = build_user_dataset(spec, field=field)
         self.num_classes = resolve_num_classes(spec, dataset, field=field, fallback=num_classes)
-        items = UserItems(dataset, where=where, num_classes=self.num_classes, seed=seed)
+        language_model = spec.task == "language_model"
+        items = UserItems(dataset, where=where, num_classes=self.num_classes, seed=seed, task=spec.task,
+                          shape=(spec.seq_len,) if language_model else None)
         if spec.num_workers > 0:
             items.pickled()  # before any read: a data set that opens its files on first use pickles unopened
         first, _ = items.read(0)
-        if shape is not None and tuple(first.shape) != shape:
+        # Images and feature vectors: evaluation's must be the training data's shape. Token
+        # sequences: each data set's own seq_len (a model of positions reads any length it holds).
+        if shape is not None and not language_model and tuple(first.shape) != shape:
             raise UserCodeError(f"{where}: its items have shape {tuple(first.shape)}, but data.train's have {shape}; "
                                 "evaluation data must have the training data's shape")
         items.shape = self.item_shape = tuple(first.shape)
-        self.in_channels = int(first.shape[0])  # an image's channels, or a feature vector's length
+        # An image's channels, a feature vector's length, or (text) seq_len, which models ignore.
+        self.in_channels = int(first.shape[0])
         self.image_size = int(first.shape[-1]) if first.dim() == 3 else None
         super().__init__(items, collate=collate_items, batch_size=batch_size, rank=rank, world_size=world_size,
                          train=train, drop_last=drop_last, seed=seed, device=device, num_workers=spec.num_workers)

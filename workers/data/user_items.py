@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 ALLOWED_ITEM = ("an (inputs, label) pair: inputs a floating tensor, an image (C, H, W) or a feature vector (F,), "
                 "and label an integer")
+ALLOWED_TOKENS = "a (tokens, targets) pair: two integer tensors of shape (seq_len,), token ids"
 
 
 def _user_code_error(message: str) -> Exception:
@@ -39,12 +40,14 @@ def _tail(exc: BaseException) -> str:
 
 class UserItems(Dataset):
     """The user's data set, read by ``(index, epoch)``, each item checked: ``(inputs, label)``
-    with ``inputs`` of ``shape`` (the first item's) and ``label`` in ``[0, num_classes)``."""
+    with ``inputs`` of ``shape`` (the first item's) and ``label`` in ``[0, num_classes)``; for
+    ``task`` language_model ``(tokens, targets)``, both of ``shape`` ``(seq_len,)``, token ids in
+    ``[0, num_classes)`` (the vocabulary)."""
 
     def __init__(self, dataset: Any, *, where: str, num_classes: int, shape: tuple[int, ...] | None = None,
-                 seed: int = 0):
+                 seed: int = 0, task: str = "classification"):
         self.dataset, self.where, self.num_classes = dataset, where, num_classes
-        self.shape, self.seed = shape, seed
+        self.shape, self.seed, self.task = shape, seed, task
         self._payload: bytes | None = None
 
     def __len__(self) -> int:
@@ -62,6 +65,8 @@ class UserItems(Dataset):
                 item = self.dataset[index]
         except Exception as exc:
             raise _user_code_error(f"{at}: reading it failed: {_tail(exc)}") from None
+        if self.task == "language_model":
+            return self._tokens(item, at)
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise _user_code_error(f"{at} is {_shown(item)}; allowed: {ALLOWED_ITEM}")
         inputs, label = item
@@ -88,7 +93,29 @@ class UserItems(Dataset):
                                    f"{self.num_classes}); allowed: an integer in [0, {self.num_classes})")
         return inputs, number
 
-    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    def _tokens(self, item: Any, at: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """A language-model item checked: ``(tokens, targets)`` as int64, each of ``shape``."""
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise _user_code_error(f"{at} is {_shown(item)}; allowed: {ALLOWED_TOKENS}")
+        checked = []
+        for name, ids in zip(("tokens", "targets"), item):
+            if not isinstance(ids, torch.Tensor):
+                raise _user_code_error(f"{at}: {name} are a {type(ids).__name__}; allowed: {ALLOWED_TOKENS}")
+            if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+                raise _user_code_error(f"{at}: {name} are {ids.dtype}; allowed: integer token ids (e.g. "
+                                       "torch.tensor(ids, dtype=torch.long))")
+            if tuple(ids.shape) != self.shape:
+                raise _user_code_error(f"{at}: {name} have shape {tuple(ids.shape)}; allowed: {self.shape} (seq_len "
+                                       "tokens; cut or pad them in the data set, or change seq_len)")
+            if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < self.num_classes):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise _user_code_error(f"{at}: {name} hold token id {bad}, outside [0, {self.num_classes}) (the "
+                                       f"vocabulary, num_classes {self.num_classes}); allowed: ids in "
+                                       f"[0, {self.num_classes})")
+            checked.append(ids.long())
+        return checked[0], checked[1]
+
+    def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, Any]:
         return self.read(*item)
 
     def pickled(self) -> "UserItems":
@@ -105,14 +132,14 @@ class UserItems(Dataset):
         if self._payload is None:
             self.pickled()
         return {"where": self.where, "num_classes": self.num_classes, "shape": self.shape, "seed": self.seed,
-                "payload": self._payload, "sys_path": list(sys.path)}
+                "task": self.task, "payload": self._payload, "sys_path": list(sys.path)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A loader worker: the rank's import path, in the rank's order (the code package's folder
         # first, its requirements after the installed packages), then whatever else it has.
         sys.path[:] = state["sys_path"] + [entry for entry in sys.path if entry not in state["sys_path"]]
         self.where, self.num_classes, self.shape = state["where"], state["num_classes"], state["shape"]
-        self.seed = state["seed"]
+        self.seed, self.task = state["seed"], state["task"]
         self._payload = state["payload"]
         self.dataset = pickle.loads(self._payload)
 
@@ -140,5 +167,8 @@ def _shown(value: Any) -> str:
     return f"a {type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
 
 
-def collate_items(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.stack([i[0] for i in items]), torch.tensor([i[1] for i in items], dtype=torch.int64)
+def collate_items(items: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of checked items: inputs stacked, and labels (integers) or targets (token ids) stacked."""
+    targets = [i[1] for i in items]
+    labels = torch.stack(targets) if isinstance(targets[0], torch.Tensor) else torch.tensor(targets, dtype=torch.int64)
+    return torch.stack([i[0] for i in items]), labels

@@ -1,0 +1,35 @@
+"""A character-level text data set for a language model (``task: language_model``).
+
+Every rank calls ``char_windows(split=..., seq_len=...)``: the corpus shipped beside this file,
+cut into windows of ``seq_len`` characters; each item is ``(tokens, targets)``, the window's
+character ids and the ids of the characters one position later.
+"""
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+CORPUS = Path(__file__).with_name("corpus.txt")
+
+
+class CharWindows(Dataset):
+    def __init__(self, text: str, vocabulary: str, seq_len: int):
+        ids = torch.tensor([vocabulary.index(c) for c in text])
+        self.windows = (len(ids) - 1) // seq_len
+        self.inputs = ids[: self.windows * seq_len].view(self.windows, seq_len)
+        self.targets = ids[1 : self.windows * seq_len + 1].view(self.windows, seq_len)
+        self.num_classes = len(vocabulary)  # the vocabulary size: Tessera reads it when the spec does not say
+
+    def __len__(self):
+        return self.windows
+
+    def __getitem__(self, i):
+        return self.inputs[i], self.targets[i]
+
+
+def char_windows(split: str = "train", seq_len: int = 64, holdout: float = 0.1) -> CharWindows:
+    text = CORPUS.read_text()
+    vocabulary = "".join(sorted(set(text)))  # from the whole corpus: train and eval share the ids
+    cut = int(len(text) * (1 - holdout))
+    return CharWindows(text[:cut] if split == "train" else text[cut:], vocabulary, seq_len)
