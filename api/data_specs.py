@@ -126,10 +126,13 @@ class ImportedDataSpec(ImportPath, _Spec):
                                          "(input tensor, integer label) items, or of (tokens, targets) items "
                                          "for task language_model")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the callable")
+    # Both left out of a dump at their defaults: a classification spec stores and compares as it
+    # did before tasks existed (idempotent retries, spec diffs of older runs).
     task: Literal["classification", "language_model"] = Field(
-        "classification", description="classification: (inputs, label) items; language_model: (tokens, targets) "
-                                      "items of seq_len token ids (text data)")
-    seq_len: int | None = Field(None, ge=2, le=65536,
+        "classification", exclude_if=lambda task: task == "classification",
+        description="classification: (inputs, label) items; language_model: (tokens, targets) items of seq_len "
+                    "token ids (text data)")
+    seq_len: int | None = Field(None, ge=2, le=65536, exclude_if=lambda seq_len: seq_len is None,
                                 description="task language_model only, and needed there: tokens per item")
     num_classes: int | None = Field(None, ge=1, le=100_000,
                                     description="labels lie in [0, num_classes) (language_model: token ids, and "
@@ -143,15 +146,6 @@ class ImportedDataSpec(ImportPath, _Spec):
     def _only_known_fields(cls, data: Any) -> Any:
         return refuse_unknown_fields(data, ("import", "params", "task", "seq_len", "num_classes", "num_workers"),
                                      what="data set")
-
-    @model_validator(mode="after")
-    def _seq_len_with_language_model(self) -> "ImportedDataSpec":
-        if self.task == "language_model" and self.seq_len is None:
-            raise ValueError("task 'language_model' needs seq_len: the tokens in each item (e.g. seq_len: 128)")
-        if self.task == "classification" and self.seq_len is not None:
-            raise ValueError(f"seq_len {self.seq_len} is for task 'language_model' (items of token ids); "
-                             "classification items take no seq_len: leave it out, or set task: language_model")
-        return self
 
     @field_validator("import_path")
     @classmethod
@@ -178,10 +172,23 @@ def dataset_domain(dataset: Any) -> Literal["vision", "text"]:
     return DATASETS[dataset.name].domain
 
 
+def task_problem(dataset: Any, field: str) -> str | None:
+    """Why your own data set at ``field`` (``data.train``, ``data.eval``) has a ``seq_len`` that
+    does not go with its task, starting with the field's path; None when it fits."""
+    if not isinstance(dataset, ImportedDataSpec):
+        return None
+    if dataset.task == "language_model" and dataset.seq_len is None:
+        return f"{field}.seq_len is missing: task 'language_model' needs the tokens in each item (e.g. seq_len: 128)"
+    if dataset.task == "classification" and dataset.seq_len is not None:
+        return (f"{field}.seq_len {dataset.seq_len} is for task 'language_model' (items of token ids); classification "
+                "items take no seq_len: leave it out, or set task: language_model")
+    return None
+
+
 def dataset_label(dataset: Any) -> str:
     """A data set spec as messages name it: ``'digits'``, or ``import 'my_project.data:train_set'``."""
     return f"import {dataset.import_path!r}" if isinstance(dataset, ImportedDataSpec) else repr(dataset.name)
 
 
 __all__ = ["ImageFolderSpec", "ImportedDataSpec", "NormalizeSpec", "TransformsSpec", "WebDatasetSpec",
-           "dataset_domain", "dataset_label", "route_data_spec"]
+           "dataset_domain", "dataset_label", "route_data_spec", "task_problem"]

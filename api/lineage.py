@@ -46,8 +46,9 @@ from api.catalog import ALGORITHMS
 from api.time import DurationTime, Time
 
 FORK_SOURCES = ("latest", "scratch")
-# Fields of the train data set that give the model's input and output layers their shapes.
-SHAPE_DATA_FIELDS = ("name", "num_classes", "channels", "image_size")
+# Fields of the train data set that give the model's input and output layers their shapes
+# (your own data set's task: classes or a vocabulary; a seq_len is not one: no tensor depends on it).
+SHAPE_DATA_FIELDS = ("name", "num_classes", "channels", "image_size", "task")
 
 
 class ForkStep(BaseModel):

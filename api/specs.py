@@ -15,7 +15,7 @@ from api.algorithm_specs import AlgorithmSpec
 from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MODELS_WITHOUT_BATCHNORM,
                          MODELS_WITHOUT_DROPOUT, arch_lacks_batchnorm, arch_lacks_dropout, residual_blocks_of_arch)
 from api.data_specs import (ImageFolderSpec, ImportedDataSpec, WebDatasetSpec, dataset_domain, dataset_label,
-                             route_data_spec)
+                             route_data_spec, task_problem)
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
@@ -166,9 +166,13 @@ class DataSpec(Spec):
                          f"{self.train.name!r}")
             raise ValueError(f"{mixed}; train and eval must come from the same data set: import both (each its own "
                              "callable, e.g. your train and test splits) or name both")
+        for field, dataset in (("data.train", self.train), ("data.eval", self.eval)):
+            problem = task_problem(dataset, field)
+            if problem is not None:
+                raise ValueError(problem)
         if self.eval is not None and imported[0] and self.eval.task != self.train.task:
             raise ValueError(f"data.eval.task {self.eval.task!r} differs from data.train.task {self.train.task!r}; "
-                             "evaluation data must be of the training data's kind")
+                             "evaluation data must be of the training data's kind (give both the same task)")
         if self.eval is not None and self.eval.name != self.train.name:
             raise ValueError(
                 f"data.eval.name {self.eval.name!r} differs from data.train.name {self.train.name!r}; "
@@ -452,7 +456,7 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
         problems.append(f"model {model_info.label!r} is a {model_info.domain} model but data set "
                         f"{dataset_label(spec.data.train)} is {domain} data"
                         + ((" (your own data set is classification data: only vision models fit it; for token "
-                            "data set its task: language_model)" if domain == "vision" else
+                            "data, set its task: language_model)" if domain == "vision" else
                             " (your own data set of task language_model is text data)")
                            if isinstance(spec.data.train, ImportedDataSpec) else ""))
     reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once

@@ -456,7 +456,8 @@ class Trainer:
         if url is None:
             return None
         saved = load_fork_source(url, model=self.state.model, optimizer=self.state.optimizer,
-                                 fingerprint=self._fingerprint(self.in_channels), load_optimizer=self.fork.load_optimizer)
+                                 fingerprint=self._fingerprint(self.in_channels), load_optimizer=self.fork.load_optimizer,
+                                 unshaped=("in_channels",) if self.counts_tokens else ())
         AlgorithmStates(self.state.algorithms).load_state_dict(saved)
         self.resumed_from = url
         log.info("rank %d starts from the parent's checkpoint %s", self.rank, url)

@@ -69,6 +69,22 @@ def test_only_shape_bearing_changes_make_a_checkpoint_unloadable():
     assert changed({"data": {"train": {"num_samples": 128, "noise": 0.5}}}) == []
 
 
+def test_your_own_data_set_s_task_bears_shapes_and_its_seq_len_does_not():
+    """A vocabulary is not a set of classes: a changed task makes the checkpoint unloadable; a
+    language model may go on at another seq_len (no tensor depends on it)."""
+    tokens = {"import": "my_project.data:tokens", "task": "language_model", "seq_len": 16, "num_classes": 12}
+    parent = RunSpec.model_validate({
+        "name": "lm", "model": {"import": "my_project.nets:lm"}, "data": {"train": tokens, "batch_size": 8},
+        "optimizer": {"name": "adamw", "lr": 0.003}, "max_duration": "4ba"}).model_dump(mode="json")
+
+    def changed(train):
+        child = merge_patch(parent, {"data": {"train": train}})
+        return [field for field, _ in unloadable_changes(parent, RunSpec.model_validate(child).model_dump(mode="json"))]
+
+    assert changed({"seq_len": 32}) == []
+    assert changed({"task": None, "seq_len": None}) == ["data.train"]  # classification
+
+
 def test_continue_needs_a_longer_duration_in_the_same_unit():
     assert longer_duration_problem("3ep", Time.parse("5ep")) is None
     assert "not longer" in longer_duration_problem("3ep", Time.parse("3ep"))

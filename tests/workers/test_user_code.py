@@ -163,14 +163,15 @@ def test_the_readme_text_example_trains_a_language_model_on_the_packages_corpus(
     package = pack_directory(example / "my_project")
     install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     body = yaml.safe_load((example / "text_spec.yaml").read_text())
-    spec = RunSpec.model_validate({**body, "code": {"digest": package.digest}, "max_duration": "2ba"})
+    spec = RunSpec.model_validate({**body, "code": {"digest": package.digest}, "max_duration": "6ba"})
     trainer = Trainer(spec)
     vocabulary = len(set((example / "my_project" / "corpus.txt").read_text()))
     assert trainer.state.num_classes == vocabulary
     metrics = trainer.fit()
     # Tokens trained on: seq_length_warmup starts the windows short (8, growing by 8 a step).
-    assert 2 * 16 * 8 <= trainer.state.timestamp.token < 2 * 16 * 64
-    assert 1.0 < metrics["eval/perplexity"] < vocabulary  # a uniform guess over the characters scores their count
+    assert 6 * 16 * 8 <= trainer.state.timestamp.token < 6 * 16 * 64
+    # A uniform guess over the 39 characters scores 39, one batch of training about 31: it learns.
+    assert 1.0 < metrics["eval/perplexity"] < 0.7 * vocabulary
 
 
 def test_the_builder_gets_classes_and_channels_for_images_and_vocab_size_for_text(tmp_path, fresh_imports):

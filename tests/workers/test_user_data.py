@@ -214,8 +214,13 @@ def test_token_data_batches_ids_and_next_token_targets_and_names_a_bad_item(user
                       ("id", r"tokens hold token id 12, outside \[0, 12\) \(the vocabulary, num_classes 12\)")]:
         with pytest.raises(UserCodeError, match=rf"data\.train\.import 'my_project\.data:tokens': item 0: {says}"):
             loader(spec("tokens", task="language_model", seq_len=16, params={"bad": bad, "bad_at": 0}))
-    with pytest.raises(UserCodeError, match=r"item 0: tokens have shape \(8,\); allowed: \(16,\) \(seq_len tokens"):
+    with pytest.raises(UserCodeError, match=r"item 0: tokens have shape \(8,\); allowed: \(16,\) \(data\.train\.seq_len "
+                                            r"tokens"):
         loader(spec("tokens", task="language_model", seq_len=16, params={"seq_len": 8}))
+    in_rank = list(loader(spec("tokens", task="language_model", seq_len=16)))
+    in_processes = list(loader(spec("tokens", task="language_model", seq_len=16, num_workers=2)))
+    assert len(in_rank) == len(in_processes) == 4
+    assert all(torch.equal(a, b) for batch, again in zip(in_rank, in_processes) for a, b in zip(batch, again))
 
 
 def test_a_language_model_trains_on_your_own_token_data_counting_tokens_and_reporting_perplexity(user_package):
@@ -235,3 +240,28 @@ def test_a_language_model_trains_on_your_own_token_data_counting_tokens_and_repo
     assert trainer.state.timestamp.token == 512
     # A uniform guess over the 12 ids scores 12, and one batch of training about 10.5: it learned.
     assert 1.0 < metrics["eval/perplexity"] < 9.0
+
+
+def test_a_fork_of_a_language_model_trains_on_at_another_seq_len(user_package, tmp_path):
+    """Text's in_channels is its seq_len, which no tensor depends on: a fork that trains the parent's
+    weights on longer windows loads them (the fingerprint's other fields still must match)."""
+    from api.lineage import ForkInfo
+    from api.specs import RunSpec
+    from tests.workers.checkpoint_helpers import latest_url
+    from workers.reporter import MemorySink
+    from workers.trainer import Trainer, train
+
+    def lm(seq_len):
+        tokens = {"import": "my_project.data:tokens", "task": "language_model", "seq_len": seq_len,
+                  "params": {"seq_len": seq_len}}
+        return RunSpec.model_validate({
+            "name": "lm", "model": {"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16,
+                                                                     "max_seq_len": 32}},
+            "data": {"train": tokens, "batch_size": 8}, "optimizer": {"name": "adamw", "lr": 0.01},
+            "max_duration": "2ba", "checkpoint": {"interval": "2ba"}})
+
+    train(lm(16), checkpoint_url=f"file://{tmp_path}/parent", sink=MemorySink())
+    source = latest_url(f"file://{tmp_path}/parent")
+    fork = ForkInfo(from_="latest", checkpoint_url=source, step=2, load_optimizer=True)
+    child = Trainer(lm(32), sink=MemorySink(), checkpoint_url=f"file://{tmp_path}/child", fork=fork)
+    assert child.resume() == source and child.in_channels == 32

@@ -34,15 +34,18 @@ log = logging.getLogger(__name__)
 
 
 def load_fork_source(url: str, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     fingerprint: dict[str, Any], load_optimizer: bool) -> dict[str, Any]:
+                     fingerprint: dict[str, Any], load_optimizer: bool, unshaped: tuple[str, ...] = ()
+                     ) -> dict[str, Any]:
     """Load the checkpoint folder ``url`` into ``model`` (and ``optimizer`` with
     ``load_optimizer``) on every rank; return its saved algorithm states by name. Raises
-    ``IncompatibleCheckpoint`` naming each shape-bearing field that differs."""
+    ``IncompatibleCheckpoint`` naming each shape-bearing field that differs; the fingerprint's
+    ``unshaped`` fields may differ (text's ``in_channels`` is its sequence length, which no
+    tensor's shape depends on: a fork may train at another one)."""
     storage = FsspecStorage(url)
     meta = json.loads(storage.read_bytes(join(url, MARKER)))
-    saved = dict(meta["fingerprint"])
+    saved = {k: v for k, v in meta["fingerprint"].items() if k not in unshaped}
     same_optimizer = saved.pop("optimizer", None) == fingerprint.get("optimizer")
-    check_compatible(saved, {k: v for k, v in fingerprint.items() if k != "optimizer"}, url=url)
+    check_compatible(saved, {k: v for k, v in fingerprint.items() if k not in ("optimizer", *unshaped)}, url=url)
     load_optimizer = load_optimizer and same_optimizer
     hyperparameters = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     if load_optimizer:

@@ -89,7 +89,7 @@ class UserDataLoader(IndexBatchLoader):
         self.num_classes = resolve_num_classes(spec, dataset, field=field, fallback=num_classes)
         language_model = spec.task == "language_model"
         items = UserItems(dataset, where=where, num_classes=self.num_classes, seed=seed, task=spec.task,
-                          shape=(spec.seq_len,) if language_model else None)
+                          shape=(spec.seq_len,) if language_model else None, seq_len_field=f"{field}.seq_len")
         if spec.num_workers > 0:
             items.pickled()  # before any read: a data set that opens its files on first use pickles unopened
         first, _ = items.read(0)
@@ -108,6 +108,7 @@ class UserDataLoader(IndexBatchLoader):
             raise UserCodeError(f"{where}: the data set has {len(items)} items: no full batch of {batch_size} for "
                                 f"rank {rank} of {world_size}; lower data.batch_size or add items")
         if num_classes is not None and self.num_classes != num_classes:  # evaluation: the training data's
+            outputs = "token of the training vocabulary" if language_model else "training class"
             raise UserCodeError(f"{where} has num_classes {self.num_classes} but the training data has {num_classes}; "
-                                f"the model has one output per training class: give {field}.num_classes "
+                                f"the model has one output per {outputs}: give {field}.num_classes "
                                 f"{num_classes} (or leave it out)")

@@ -45,9 +45,9 @@ class UserItems(Dataset):
     ``[0, num_classes)`` (the vocabulary)."""
 
     def __init__(self, dataset: Any, *, where: str, num_classes: int, shape: tuple[int, ...] | None = None,
-                 seed: int = 0, task: str = "classification"):
+                 seed: int = 0, task: str = "classification", seq_len_field: str = "seq_len"):
         self.dataset, self.where, self.num_classes = dataset, where, num_classes
-        self.shape, self.seed, self.task = shape, seed, task
+        self.shape, self.seed, self.task, self.seq_len_field = shape, seed, task, seq_len_field
         self._payload: bytes | None = None
 
     def __len__(self) -> int:
@@ -105,13 +105,16 @@ class UserItems(Dataset):
                 raise _user_code_error(f"{at}: {name} are {ids.dtype}; allowed: integer token ids (e.g. "
                                        "torch.tensor(ids, dtype=torch.long))")
             if tuple(ids.shape) != self.shape:
-                raise _user_code_error(f"{at}: {name} have shape {tuple(ids.shape)}; allowed: {self.shape} (seq_len "
-                                       "tokens; cut or pad them in the data set, or change seq_len)")
+                raise _user_code_error(f"{at}: {name} have shape {tuple(ids.shape)}; allowed: {self.shape} "
+                                       f"({self.seq_len_field} tokens; cut or pad them in the data set, or change "
+                                       f"{self.seq_len_field})")
             if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < self.num_classes):
                 bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                ignored = (" (every position is trained on: no target is ignored, so pad with a real token id, "
+                           "not -100)" if bad < 0 else "")
                 raise _user_code_error(f"{at}: {name} hold token id {bad}, outside [0, {self.num_classes}) (the "
                                        f"vocabulary, num_classes {self.num_classes}); allowed: ids in "
-                                       f"[0, {self.num_classes})")
+                                       f"[0, {self.num_classes}){ignored}")
             checked.append(ids.long())
         return checked[0], checked[1]
 
@@ -132,14 +135,15 @@ class UserItems(Dataset):
         if self._payload is None:
             self.pickled()
         return {"where": self.where, "num_classes": self.num_classes, "shape": self.shape, "seed": self.seed,
-                "task": self.task, "payload": self._payload, "sys_path": list(sys.path)}
+                "task": self.task, "seq_len_field": self.seq_len_field, "payload": self._payload,
+                "sys_path": list(sys.path)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # A loader worker: the rank's import path, in the rank's order (the code package's folder
         # first, its requirements after the installed packages), then whatever else it has.
         sys.path[:] = state["sys_path"] + [entry for entry in sys.path if entry not in state["sys_path"]]
         self.where, self.num_classes, self.shape = state["where"], state["num_classes"], state["shape"]
-        self.seed, self.task = state["seed"], state["task"]
+        self.seed, self.task, self.seq_len_field = state["seed"], state["task"], state["seq_len_field"]
         self._payload = state["payload"]
         self.dataset = pickle.loads(self._payload)
 
