@@ -182,10 +182,7 @@ async ({ total, limit }) => {
     }));
     older.update();
   };
-  const older = olderButton(list, { id: "x-older", label: "Show older", noun: "runs", onLoaded: (before) => {
-    render();
-    if (!list.hasOlder) rows.children[before]?.querySelector("a")?.focus();
-  } });
+  const older = olderButton(list, { id: "x-older", label: "Show older", noun: "runs", rows, render });
   document.body.append(rows, older.element);
   window.T = { api, list, render,
     // Each resolves to how many requests it made.

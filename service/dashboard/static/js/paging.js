@@ -25,7 +25,7 @@
 // Polls and "show older" go through one queue, so they never interleave their pages.
 
 import { errorText, getIfChanged } from "./api.js";
-import { el, setText } from "./ui.js";
+import { el, setText, TERMINAL } from "./ui.js";
 
 const OLDER_EVERY = 5;
 const CHAIN_SLACK = 2;
@@ -139,16 +139,16 @@ function shownItems(pages, shownOfLast) {
 
 /**
  * The "Show older …" button under a list's table (shown while `list.hasOlder`), and the line
- * that says why loading failed. `onLoaded(before)` re-renders the list; `before` is how many
- * items were shown, i.e. the index of the first one just loaded (to move the focus to it when
- * the button, which had it, goes away because nothing older is left). Returns `{element,
+ * that says why loading failed. Once a page has come, `render(list.items)` redraws the table,
+ * and when nothing older is left (the button, which had the focus, goes away) the focus moves
+ * to the link of the first row just loaded, in `rows` (the table's body). Returns `{element,
  * update}`: call `update()` after each render.
  *
  * While a page loads the button says so and is aria-disabled (clicks are ignored), not
  * `disabled`: a disabled button loses the focus to the page's body, and a keyboard user who
  * pressed it should be able to press it again once the page has come.
  */
-export function olderButton(list, { id, label, noun, onLoaded }) {
+export function olderButton(list, { id, label, noun, rows, render }) {
   const problem = el("p", { class: "field-error", id: `${id}-error`, role: "alert", hidden: true });
   let busy = false;
   const button = el("button", { type: "button", id, class: "show-older", hidden: true, onclick: async () => {
@@ -158,7 +158,10 @@ export function olderButton(list, { id, label, noun, onLoaded }) {
     button.setAttribute("aria-disabled", "true");
     setText(button, "Loading…");
     try {
-      if (await list.loadOlder()) onLoaded(before);
+      if (await list.loadOlder()) {
+        render(list.items);
+        if (!list.hasOlder) rows.children[before]?.querySelector("a")?.focus();
+      }
       problem.hidden = true;
     } catch (error) {
       setText(problem, `Could not load older ${noun}: ${errorText(error)}. Try again.`);
@@ -172,4 +175,15 @@ export function olderButton(list, { id, label, noun, onLoaded }) {
   } }, label);
   function update() { button.hidden = !list.hasOlder; }
   return { element: el("div", { class: "show-older-box" }, button, problem), update };
+}
+
+/** The count line under a list's filters: "12 runs, 3 not finished"; with more behind the last
+ *  page loaded, that the count is of the newest only ("Newest 100 runs shown…; older runs not loaded"). */
+export function shownCount(list, noun) {
+  const items = list.items;
+  const active = items.filter((item) => !TERMINAL.has(item.status)).length;
+  const nouns = `${noun}${items.length === 1 ? "" : "s"}`;
+  const unfinished = active ? `, ${active} not finished` : "";
+  return list.hasOlder ? `Newest ${items.length} ${nouns} shown${unfinished}; older ${noun}s not loaded`
+    : `${items.length} ${nouns}${unfinished}`;
 }

@@ -6,9 +6,9 @@
 // view can be linked. Ticking 2–8 rows enables "Compare", which opens `#/compare?ids=...`.
 
 import { getJSON, Poller } from "./api.js";
-import { olderButton, PagedList } from "./paging.js";
+import { olderButton, PagedList, shownCount } from "./paging.js";
 import {
-  algorithmChips, archivedFilter, archivedOf, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runDuration, runProgress,
+  algorithmChips, archivedFilter, archivedOf, listHash, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runDuration, runProgress,
   queueText, setText, statusBadge, STATUSES, TERMINAL, updateProgressBar, updateStatusBadge,
 } from "./ui.js";
 
@@ -16,14 +16,7 @@ const PAGE_SIZE = 100;
 const COLUMNS = ["Select", "Run", "Status", "Progress", "Algorithms", "Best", "Latest", "Restarts", "Duration", "Created"];
 
 function runsHash({ status, sweepId, tag, name, archived }) {
-  const query = new URLSearchParams();
-  if (status) query.set("status", status);
-  if (archived && archived !== "false") query.set("archived", archived);
-  if (sweepId) query.set("sweep_id", sweepId);
-  if (tag) query.set("tag", tag);
-  if (name) query.set("name", name);
-  const text = query.toString();
-  return text ? `#/runs?${text}` : "#/runs";
+  return listHash("runs", { status, archived, sweep_id: sweepId, tag, name });
 }
 
 export function mount(root, ctx) {
@@ -59,10 +52,7 @@ export function mount(root, ctx) {
     (sweepId ? `&sweep_id=${encodeURIComponent(sweepId)}` : "") + (tag ? `&tag=${encodeURIComponent(tag)}` : "") +
     (name ? `&name=${encodeURIComponent(name)}` : "") + (archived !== "false" ? `&archived=${archived}` : "");
   const list = new PagedList(query);
-  const older = olderButton(list, { id: "runs-older", label: "Show older runs", noun: "runs", onLoaded: (before) => {
-    render(list.items);
-    if (!list.hasOlder) tbody.children[before]?.querySelector("a")?.focus(); // the button that had the focus is gone
-  } });
+  const older = olderButton(list, { id: "runs-older", label: "Show older runs", noun: "runs", rows: tbody, render });
   const table = el("table", { class: "runs-table", id: "runs-table" },
     el("caption", { class: "visually-hidden" }, "Runs, newest first"),
     el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}` },
@@ -140,12 +130,7 @@ export function mount(root, ctx) {
     empty.hidden = runs.length > 0;
     table.hidden = runs.length === 0;
     if (!sweepsLoaded && (sweepId || runs.some((r) => r.sweep_id))) loadSweeps();
-    const active = runs.filter((r) => !TERMINAL.has(r.status)).length;
-    const runsWord = `run${runs.length === 1 ? "" : "s"}`;
-    const unfinished = active ? `, ${active} not finished` : "";
-    // With more behind the last page loaded, say that the count is of the newest only.
-    setText(count, list.hasOlder ? `Newest ${runs.length} ${runsWord} shown${unfinished}; older runs not loaded`
-      : `${runs.length} ${runsWord}${unfinished}`);
+    setText(count, shownCount(list, "run"));
     older.update();
   }
 

@@ -4,20 +4,16 @@
 // are done out of how many, and the best so far.
 
 import { Poller } from "./api.js";
-import { olderButton, PagedList } from "./paging.js";
+import { olderButton, PagedList, shownCount } from "./paging.js";
 import {
-  archivedFilter, archivedOf, el, formatNumber, formatTime, queueText, runDuration, setText, statusBadge, TERMINAL,
+  archivedFilter, archivedOf, listHash, el, formatNumber, formatTime, queueText, runDuration, setText, statusBadge, TERMINAL,
   updateStatusBadge,
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
 
 function sweepsHash({ name, archived }) {
-  const query = new URLSearchParams();
-  if (name) query.set("name", name);
-  if (archived && archived !== "false") query.set("archived", archived);
-  const text = query.toString();
-  return text ? `#/sweeps?${text}` : "#/sweeps";
+  return listHash("sweeps", { name, archived });
 }
 
 /** How many trials the search asks for: valid algorithm sets × grid points × num_samples
@@ -69,11 +65,8 @@ export function mount(root, ctx) {
   const tbody = el("tbody");
   const list = new PagedList(`/sweeps?limit=${PAGE_SIZE}&archived=${archived}` +
     (name ? `&name=${encodeURIComponent(name)}` : ""));
-  const older = olderButton(list, { id: "sweeps-older", label: "Show older sweeps", noun: "sweeps",
-    onLoaded: (before) => {
-      render(list.items);
-      if (!list.hasOlder) tbody.children[before]?.querySelector("a")?.focus(); // the button that had the focus is gone
-    } });
+  const older = olderButton(list, { id: "sweeps-older", label: "Show older sweeps", noun: "sweeps", rows: tbody,
+    render });
   const table = el("table", { class: "runs-table sweeps-table", id: "sweeps-table" },
     el("caption", { class: "visually-hidden" }, "Sweeps, newest first"),
     el("thead", {}, el("tr", {}, ["Sweep", "Status", "Trials done", "Best", "Started", "Duration"]
@@ -119,12 +112,7 @@ export function mount(root, ctx) {
     }
     empty.hidden = sweeps.length > 0;
     table.hidden = sweeps.length === 0;
-    const active = sweeps.filter((s) => !TERMINAL.has(s.status)).length;
-    const sweepsWord = `sweep${sweeps.length === 1 ? "" : "s"}`;
-    const unfinished = active ? `, ${active} not finished` : "";
-    // With more behind the last page loaded, say that the count is of the newest only.
-    setText(count, list.hasOlder ? `Newest ${sweeps.length} ${sweepsWord} shown${unfinished}; older sweeps not loaded`
-      : `${sweeps.length} ${sweepsWord}${unfinished}`);
+    setText(count, shownCount(list, "sweep"));
     older.update();
   }
 

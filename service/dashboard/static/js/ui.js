@@ -49,6 +49,17 @@ export function archivedOf(query) {
   return ARCHIVED_CHOICES.some(([v]) => v === value) ? value : "false";
 }
 
+/** A list page's hash with its filters as the URL query, in the order given; empty values and
+ *  `archived: "false"` (the default) are left out: `listHash("sweeps", {name: "lr"})` is `#/sweeps?name=lr`. */
+export function listHash(page, filters) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(filters)) {
+    if (value && !(key === "archived" && value === "false")) query.set(key, value);
+  }
+  const text = query.toString();
+  return text ? `#/${page}?${text}` : `#/${page}`;
+}
+
 /** The archived filter's select (`id`), which calls `onChange(value)`. */
 export function archivedFilter(id, value, onChange) {
   return el("select", { id, "aria-label": "Archived", onchange: (e) => onChange(e.target.value) },
