@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -18,10 +19,42 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (``ip_local_port_range``; 32768 if unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, below the kernel's ephemeral range and not handed out
+    before by this process. Not one ``bind(("127.0.0.1", 0))`` gives: the kernel hands the ports
+    of that range to every ``bind(0)`` and outgoing connection too, so between this choice and a
+    server binding it, one of Ray's own processes could take it (a Ray head failed so in a run of
+    the suite: its dashboard port 'address already in use'). Below the range only another
+    explicit choice can collide, and a bind check rules out those already made. Above 19999:
+    Ray keeps 10002-19999 for its workers and refuses a component port inside them."""
+    low = _ephemeral_low()
+    if low <= 21000:  # no room between Ray's worker ports and the ephemeral range: the kernel's choice
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    for _ in range(200):
+        port = random.randrange(20000, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port below {low} after 200 tries")
 
 
 def kill_processes_mentioning(marker: str, *more: str) -> None:

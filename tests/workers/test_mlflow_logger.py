@@ -15,7 +15,6 @@ import contextlib
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from workers.loggers import (STATUS_TAG, SWEEP_ID_TAG, TRIAL_ID_TAG, MLflowSink,
 from workers.ray_train import train_rank, worker_config
 from workers.reporter import MemorySink
 from workers.trainer import train
+from tests.local_ray import free_port
 from tests.workers.helpers_specs import tiny_spec
 
 
@@ -47,9 +47,7 @@ def running_mlflow_server(folder):
     """``mlflow server`` on a free loopback port with its SQLite store in ``folder``; its URL.
     Starting one takes a minute on a busy 2-core machine: a module that needs several shares one
     (``tests/e2e/test_mlflow_cancel.py``)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # not the kernel's bind(0) choice, which another process may take first
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
          "--default-artifact-root", f"{folder}/artifacts", "--host", "127.0.0.1", "--port", str(port),
@@ -281,9 +279,7 @@ def test_a_stopped_driver_leaves_mlflow_runs_that_ended_as_they_ended(mlflow_sto
 
 
 def test_a_stopped_driver_gives_up_on_an_unreachable_tracking_server_in_time_without_raising():
-    with socket.socket() as probe:  # a port nothing listens on: MLflow's client retries for minutes
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nothing listens on: MLflow's client retries for minutes
     spec = stopped_spec(f"http://127.0.0.1:{port}", "unreachable")
     started = time.monotonic()
     assert prepare_mlflow_end(spec).daemon  # retries in the background, never in the driver's way
