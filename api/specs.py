@@ -453,12 +453,13 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
     domain = dataset_domain(spec.data.train)
     model_info = model_traits(spec.model)
     if model_info.domain is not None and domain != model_info.domain:
+        own = ""
+        if isinstance(spec.data.train, ImportedDataSpec):
+            own = (" (your own data set of task language_model is text data)" if domain == "text" else
+                   " (your own data set is classification data: only vision models fit it; for token data, set "
+                   "its task: language_model)")
         problems.append(f"model {model_info.label!r} is a {model_info.domain} model but data set "
-                        f"{dataset_label(spec.data.train)} is {domain} data"
-                        + ((" (your own data set is classification data: only vision models fit it; for token "
-                            "data, set its task: language_model)" if domain == "vision" else
-                            " (your own data set of task language_model is text data)")
-                           if isinstance(spec.data.train, ImportedDataSpec) else ""))
+                        f"{dataset_label(spec.data.train)} is {domain} data{own}")
     reported_pairs: set[frozenset[str]] = set()  # a conflict is symmetric: say it once
     for index, algorithm in enumerate(spec.algorithms):
         info, at = ALGORITHMS[algorithm.name], f"algorithms[{index}] {algorithm.name!r}"

@@ -108,8 +108,9 @@ class UserItems(Dataset):
                 raise _user_code_error(f"{at}: {name} have shape {tuple(ids.shape)}; allowed: {self.shape} "
                                        f"({self.seq_len_field} tokens; cut or pad them in the data set, or change "
                                        f"{self.seq_len_field})")
-            if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < self.num_classes):
-                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            low, high = (int(ids.min()), int(ids.max())) if ids.numel() else (0, 0)
+            if low < 0 or high >= self.num_classes:
+                bad = low if low < 0 else high
                 ignored = (" (every position is trained on: no target is ignored, so pad with a real token id, "
                            "not -100)" if bad < 0 else "")
                 raise _user_code_error(f"{at}: {name} hold token id {bad}, outside [0, {self.num_classes}) (the "
