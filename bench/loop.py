@@ -38,7 +38,7 @@ a step dispatches nothing to an empty engine) and ``python_calls_per_step`` the 
 step makes beyond the plain loop's
 (``sys.setprofile``: a count, not a timing); the smoke test in tests/bench pins both so that
 added per-step work shows up. Between a step's kernels, every call costs several times what
-a micro-benchmark says (the loader's two index operations: 3-5x their cost in a loop of their own).
+a micro-benchmark says (a batch's two index operations: 3-5x their cost in a loop of their own).
 """
 
 from __future__ import annotations

@@ -113,6 +113,29 @@ def test_loader_position_resumes_mid_epoch():
     assert resumed.exhausted
 
 
+@pytest.mark.parametrize("gather_bytes", [1, 3 * 8 * 4, 1 << 20])  # runs of 1, 3 and every batch
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_batches_gathered_in_runs_are_the_indexed_batches_and_resume_mid_run(monkeypatch, gather_bytes, drop_last):
+    # The loader gathers several batches at once and hands out views: the values, their order,
+    # a short last batch and a resume inside a run must be what indexing batch by batch gives.
+    import workers.data.loader as loader_module
+
+    monkeypatch.setattr(loader_module, "GATHER_BYTES", gather_bytes)
+    (loader,) = loaders(44, world_size=1, batch_size=8, seed=7, drop_last=drop_last)
+    expected = [(loader.images[idx], loader.labels[idx])
+                for idx in loader._shard_indices(0).split(loader.per_rank_batch)]
+    assert len(expected) == (5 if drop_last else 6)
+    got = list(loader)
+    assert len(got) == len(expected) and loader.exhausted
+    for (images, labels), (want_images, want_labels) in zip(got, expected):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+    got[0][0].fill_(-1.0)  # a batch changed in place (an algorithm may) leaves the data set as it was
+    assert loader.images.min() == 0
+    (resumed,) = loaders(44, world_size=1, batch_size=8, seed=7, drop_last=drop_last)
+    resumed.load_state_dict({"epoch": 0, "batch_in_epoch": 4})
+    assert [labels.tolist() for _, labels in resumed] == [labels.tolist() for _, labels in expected[4:]]
+
+
 def test_a_batch_larger_than_the_data_set_with_drop_last_is_refused():
     with pytest.raises(ValueError, match="no full batch"):
         loaders(10, world_size=1, batch_size=16)

@@ -20,6 +20,9 @@ import torch
 
 from workers.data.position import BatchPosition, rank_batch_size
 
+# The most image bytes one gather of batches holds (``TensorLoader.__iter__``).
+GATHER_BYTES = 4 << 20
+
 
 class TensorLoader(BatchPosition):
     """Yields ``(inputs, targets)`` batches of ``batch_size // world_size`` for this rank.
@@ -84,11 +87,21 @@ class TensorLoader(BatchPosition):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The current epoch's remaining batches, on ``device``. Call ``set_epoch`` to start
         the next epoch: the trainer, not the loader, decides when an epoch begins."""
-        # Split once per epoch (views, no copies), so a batch costs what it costs in a
-        # hand-written loop: two index operations (a tiny model's step feels every extra one,
-        # bench/loop.py). The position is read each time: a resumed epoch starts mid-way.
-        batches = self._shard_indices(self.epoch).split(self.per_rank_batch)
-        count = len(self)
+        # A batch of a hand-written loop costs two index operations (images[idx], labels[idx]);
+        # here a run of batches is gathered at once and handed out as views of it (split
+        # returns them all in one call), so a batch costs a fraction of one. A tiny model's step
+        # feels each operation (bench/loop.py). The values and their order are the same; a
+        # gathered run holds at most GATHER_BYTES of images beyond the data set. The position
+        # is read at each run: a resumed epoch starts mid-way.
+        indices, size, count = self._shard_indices(self.epoch), self.per_rank_batch, len(self)
+        run = self._batches_per_gather()
         while self.batch_in_epoch < count:
-            chosen = batches[self.batch_in_epoch]
-            yield self.hand_out(self.images[chosen], self.labels[chosen])
+            first = self.batch_in_epoch
+            chosen = indices[first * size:min(first + run, count) * size]
+            for images, labels in zip(self.images[chosen].split(size), self.labels[chosen].split(size)):
+                yield self.hand_out(images, labels)
+
+    def _batches_per_gather(self) -> int:
+        """How many batches one gather takes: as many as fit in ``GATHER_BYTES``, 1 to 64."""
+        batch_bytes = self.per_rank_batch * self.images[:1].nbytes
+        return max(1, min(64, GATHER_BYTES // max(1, batch_bytes)))
