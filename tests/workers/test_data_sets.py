@@ -134,6 +134,14 @@ def test_batches_gathered_in_runs_are_the_indexed_batches_and_resume_mid_run(mon
     (resumed,) = loaders(44, world_size=1, batch_size=8, seed=7, drop_last=drop_last)
     resumed.load_state_dict({"epoch": 0, "batch_in_epoch": 4})
     assert [labels.tolist() for _, labels in resumed] == [labels.tolist() for _, labels in expected[4:]]
+    # A position moved under a paused iterator is followed: two iterators taking turns share one
+    # position, and a load_state_dict mid-run jumps there (the loader indexed by position before).
+    loader.set_epoch(0)
+    first, second = iter(loader), iter(loader)
+    turns = [next(first)[1], next(second)[1], next(first)[1]]
+    assert [t.tolist() for t in turns] == [labels.tolist() for _, labels in expected[:3]]
+    loader.load_state_dict({"epoch": 0, "batch_in_epoch": 1})
+    assert [labels.tolist() for _, labels in first] == [labels.tolist() for _, labels in expected[1:]]
 
 
 def test_a_batch_larger_than_the_data_set_with_drop_last_is_refused():

@@ -91,15 +91,18 @@ class TensorLoader(BatchPosition):
         # here a run of batches is gathered at once and handed out as views of it (split
         # returns them all in one call), so a batch costs a fraction of one. A tiny model's step
         # feels each operation (bench/loop.py). The values and their order are the same; a
-        # gathered run holds at most GATHER_BYTES of images beyond the data set. The position
-        # is read at each run: a resumed epoch starts mid-way.
+        # gathered run holds up to GATHER_BYTES of images (and its labels) beyond the data set.
+        # The position is checked before each batch: a resumed epoch starts mid-way, and a
+        # position moved under a paused iterator (load_state_dict, another iterator) is followed.
         indices, size, count = self._shard_indices(self.epoch), self.per_rank_batch, len(self)
         run = self._batches_per_gather()
         while self.batch_in_epoch < count:
             first = self.batch_in_epoch
             chosen = indices[first * size:min(first + run, count) * size]
-            for images, labels in zip(self.images[chosen].split(size), self.labels[chosen].split(size)):
-                yield self.hand_out(images, labels)
+            for offset, batch in enumerate(zip(self.images[chosen].split(size), self.labels[chosen].split(size))):
+                if self.batch_in_epoch != first + offset:
+                    break  # moved: gather from the new position
+                yield self.hand_out(*batch)
 
     def _batches_per_gather(self) -> int:
         """How many batches one gather takes: as many as fit in ``GATHER_BYTES``, 1 to 64."""
