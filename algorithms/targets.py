@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# A target that counts for nothing: no loss, no accuracy, no token of perplexity. PyTorch's
+# cross_entropy default and Hugging Face's convention: a language model's padding.
+IGNORE_INDEX = -100
+
 
 def is_index_target(target: torch.Tensor) -> bool:
     """True for class-index targets (an integer tensor), False for dense targets."""

@@ -116,7 +116,8 @@ class ImportedDataSpec(ImportPath, _Spec):
     ``task: classification`` (the default): items ``(inputs, label)``, an image ``(C, H, W)`` or a
     feature vector ``(F,)`` and an integer label. ``task: language_model``: items ``(tokens,
     targets)``, two integer tensors of ``seq_len`` token ids (targets: the next token of each
-    position), text data that counts tokens."""
+    position; -100 where a position counts for nothing, such as padding), text data that counts
+    tokens."""
 
     model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
                               serialize_by_alias=True)
@@ -131,7 +132,7 @@ class ImportedDataSpec(ImportPath, _Spec):
     task: Literal["classification", "language_model"] = Field(
         "classification", exclude_if=lambda task: task == "classification",
         description="classification: (inputs, label) items; language_model: (tokens, targets) items of seq_len "
-                    "token ids (text data)")
+                    "token ids, targets -100 where a position counts for nothing (text data)")
     seq_len: int | None = Field(None, ge=2, le=65536, exclude_if=lambda seq_len: seq_len is None,
                                 description="task language_model only, and needed there: tokens per item")
     num_classes: int | None = Field(None, ge=1, le=100_000,

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from algorithms.base import Algorithm, AlgorithmState
 from algorithms.events import Event
-from algorithms.targets import is_index_target, to_dense_targets
+from algorithms.targets import IGNORE_INDEX, is_index_target, to_dense_targets
 
 
 def smooth_labels(logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1, *,
@@ -26,17 +27,22 @@ def smooth_labels(logits: torch.Tensor, target: torch.Tensor, smoothing: float =
     ``logits``' layout. ``smoothing`` in [0, 1] (1: uniform targets). The class dimension is
     Composer's, dim 1 (``(N, C)``, or ``(N, C, d1, ...)`` with index targets ``(N, d1, ...)``),
     unless the index targets only fit a last class dimension (a language model's ``(B, T, V)``
-    logits with ``(B, T)`` targets); ``class_dim`` says it outright.
+    logits with ``(B, T)`` targets); ``class_dim`` says it outright. An index target of
+    ``IGNORE_INDEX`` (-100) gets a row of zeros, which the loss leaves out.
     """
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"smoothing {smoothing} must lie in [0, 1]")
     if class_dim is None:
         class_dim = _class_dim(logits, target)
     num_classes = logits.shape[class_dim]
-    dense = to_dense_targets(target, num_classes)
-    if is_index_target(target) and class_dim % logits.dim() != logits.dim() - 1:
+    if not is_index_target(target):
+        return to_dense_targets(target, num_classes) * (1.0 - smoothing) + smoothing / num_classes
+    # An ignored target (IGNORE_INDEX: a language model's padding) gets a row of zeros: no loss.
+    kept = target != IGNORE_INDEX
+    dense = F.one_hot(target.long().where(kept, 0), num_classes).float()
+    if class_dim % logits.dim() != logits.dim() - 1:
         dense = dense.movedim(-1, class_dim)  # one_hot appends the class dimension last
-    return dense * (1.0 - smoothing) + smoothing / num_classes
+    return (dense * (1.0 - smoothing) + smoothing / num_classes) * kept.unsqueeze(class_dim)
 
 
 def _class_dim(logits: torch.Tensor, target: torch.Tensor) -> int:

@@ -18,17 +18,20 @@ import torch.nn.functional as F
 
 from algorithms.base import Algorithm, AlgorithmState
 from algorithms.events import Event
-from algorithms.targets import is_index_target
+from algorithms.targets import IGNORE_INDEX, is_index_target
 
 
 def per_example_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: str = "none") -> torch.Tensor:
-    """Cross-entropy per example (mean over tokens for sequence outputs ``(N, T, V)``); class
-    indices or dense target rows."""
+    """Cross-entropy per example (mean over tokens for sequence outputs ``(N, T, V)``, over the
+    tokens whose target is not ``IGNORE_INDEX``); class indices or dense target rows."""
     if is_index_target(targets):
-        loss = F.cross_entropy(outputs.movedim(-1, 1).float(), targets.long(), reduction="none")
+        loss = F.cross_entropy(outputs.movedim(-1, 1).float(), targets.long(), reduction="none")  # ignored: 0
+        if loss.dim() > 1:
+            kept = (targets != IGNORE_INDEX).flatten(1).sum(1).clamp_min(1)
+            loss = loss.flatten(1).sum(1) / kept
     else:
         loss = -(targets * F.log_softmax(outputs.float(), dim=-1)).sum(-1)
-    loss = loss.flatten(1).mean(1) if loss.dim() > 1 else loss
+        loss = loss.flatten(1).mean(1) if loss.dim() > 1 else loss
     return loss if reduction == "none" else loss.mean()
 
 

@@ -122,11 +122,13 @@ def broken(size=8):
 
 class Tokens(Dataset):
     """A language-model data set: windows of ``seq_len`` ids of a repeating text over a vocabulary
-    of ``vocab`` (``num_classes``), targets shifted by one; ``bad``: one broken item (``"float"``,
-    ``"short"``, ``"id"``: a float tensor, one id short, an id outside the vocabulary)."""
+    of ``vocab`` (``num_classes``), targets shifted by one; ``pad``: the last ``pad`` positions of
+    every odd item are padding (token 0, target -100); ``bad``: one broken item (``"float"``,
+    ``"short"``, ``"id"``: a float tensor, one id short, an id outside the vocabulary;
+    ``"ignored"``: every target -100; ``"negative"``: a target -5; ``"ignored_token"``: a token -100)."""
 
-    def __init__(self, size, seq_len, vocab=12, bad=None, bad_at=None):
-        self.size, self.seq_len, self.bad, self.bad_at = size, seq_len, bad, bad_at
+    def __init__(self, size, seq_len, vocab=12, bad=None, bad_at=None, pad=0):
+        self.size, self.seq_len, self.bad, self.bad_at, self.pad = size, seq_len, bad, bad_at, pad
         self.num_classes = vocab
         self.text = torch.tensor([(i * 7 + i // vocab) % vocab for i in range(size * seq_len + 1)])
 
@@ -136,14 +138,23 @@ class Tokens(Dataset):
     def __getitem__(self, i):
         start = i * self.seq_len
         tokens, targets = self.text[start:start + self.seq_len], self.text[start + 1:start + self.seq_len + 1]
+        if self.pad and i % 2:
+            tokens, targets = tokens.clone(), targets.clone()
+            tokens[-self.pad:], targets[-self.pad:] = 0, -100
         if i == self.bad_at:
+            tokens, targets = tokens.clone(), targets.clone()
             if self.bad == "float":
                 tokens = tokens.float()
             elif self.bad == "short":
                 targets = targets[:-1]
             elif self.bad == "id":
-                tokens = tokens.clone()
                 tokens[3] = self.num_classes
+            elif self.bad == "ignored":
+                targets[:] = -100
+            elif self.bad == "negative":
+                targets[2] = -5
+            elif self.bad == "ignored_token":
+                tokens[2] = -100
         return tokens, targets
 
 

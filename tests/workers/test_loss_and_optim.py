@@ -117,3 +117,30 @@ def test_sequence_logits_count_every_token_as_one_example():
     metrics = eval_metrics(loss_sum, correct, count, domain="text")
     assert metrics["eval/perplexity"] == pytest.approx(math.exp(flat.item()), rel=1e-5)
     assert "eval/perplexity" not in eval_metrics(loss_sum, correct, count, domain="vision")
+
+
+def test_an_ignored_target_counts_for_nothing_in_the_loss_its_smoothed_form_and_the_eval_sums():
+    from algorithms.label_smoothing import smooth_labels
+    from algorithms.selective_backprop import per_example_loss
+    from workers.loss import eval_sums
+
+    logits, targets = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    targets[0, 3:], targets[1, 4] = -100, -100  # padding: 3 of the 10 positions
+    kept = targets != -100
+    per_token = F.cross_entropy(logits[kept], targets[kept], reduction="none")
+    assert torch.allclose(soft_cross_entropy(logits, targets), per_token.mean())
+    # Smoothed: an ignored position's row is all zeros and the mean is over the 7 kept rows.
+    smoothed = smooth_labels(logits, targets, 0.2, class_dim=-1)
+    assert smoothed[~kept].abs().sum() == 0 and torch.allclose(smoothed[kept].sum(-1), torch.ones(7))
+    expected = F.cross_entropy(logits[kept], targets[kept], label_smoothing=0.2)
+    assert torch.allclose(soft_cross_entropy(logits, smoothed), expected)
+    # Nothing kept (seq_length_warmup may cut a left-padded batch to padding): 0, not NaN.
+    nothing = torch.full_like(targets, -100)
+    assert soft_cross_entropy(logits, nothing) == 0
+    assert soft_cross_entropy(logits, smooth_labels(logits, nothing, 0.2, class_dim=-1)) == 0
+    # Selective backprop scores each sequence by its kept tokens' mean.
+    scores = per_example_loss(logits, targets)
+    assert torch.allclose(scores, torch.stack([per_token[:3].mean(), per_token[3:].mean()]))
+    loss_sum, correct, count = eval_sums(logits, targets).tolist()
+    assert count == 7 and loss_sum == pytest.approx(per_token.sum().item(), rel=1e-5)
+    assert correct == (logits.argmax(-1) == targets)[kept].sum().item()

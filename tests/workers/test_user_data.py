@@ -242,6 +242,42 @@ def test_a_language_model_trains_on_your_own_token_data_counting_tokens_and_repo
     assert 1.0 < metrics["eval/perplexity"] < 9.0
 
 
+def test_token_data_may_ignore_targets_with_minus_100_and_the_run_counts_only_the_kept_ones(user_package):
+    """Padding: a target of -100 counts for nothing (PyTorch's and Hugging Face's convention). It
+    reaches the batch as it is; an item with no target kept, a negative target other than -100 or a
+    token of -100 is refused, naming the item; a run on padded data trains with label smoothing and
+    selective backprop (both read targets) to a finite loss, and its evaluation counts only kept tokens."""
+    from api.specs import RunSpec
+    from workers.loss import eval_sums
+    from workers.trainer import Trainer
+
+    _, targets = next(iter(loader(spec("tokens", task="language_model", seq_len=16, params={"pad": 5}))))
+    ignored = targets == -100  # an odd item's last 5 targets, as the data set made them
+    assert ignored.any() and all(row.sum() in (0, 5) and row[-5:].all() == bool(row.sum()) for row in ignored)
+    for bad, says in [("ignored", r"every target is -100 \(ignored\), so the item trains nothing"),
+                      ("negative", r"targets hold token id -5, outside \[0, 12\) .*allowed: ids in \[0, 12\), and -100 "
+                                   r"to ignore a position"),
+                      ("ignored_token", r"tokens hold token id -100, outside \[0, 12\) .*allowed: ids in \[0, 12\)$")]:
+        with pytest.raises(UserCodeError, match=rf"item 0: {says}"):
+            loader(spec("tokens", task="language_model", seq_len=16, params={"bad": bad, "bad_at": 0, "pad": 5}))
+
+    tokens = {"import": "my_project.data:tokens", "task": "language_model", "seq_len": 16, "params": {"pad": 6}}
+    spec_ = RunSpec.model_validate({
+        "name": "padded-text", "model": {"name": "gpt_small", "params": {"n_layer": 1, "n_head": 2, "d_model": 16,
+                                                                          "max_seq_len": 16}},
+        "data": {"train": tokens, "eval": {**tokens, "params": {"size": 8, "pad": 6}}, "batch_size": 8},
+        "algorithms": [{"name": "label_smoothing", "smoothing": 0.1},
+                       {"name": "selective_backprop", "start": 0.0, "end": 1.0, "keep": 0.5, "interval": 1}],
+        "optimizer": {"name": "adamw", "lr": 0.01}, "max_duration": "8ba", "seed": 0})
+    trainer = Trainer(spec_)
+    metrics = trainer.fit()
+    assert torch.isfinite(torch.tensor(metrics["train/loss"])) and metrics["train/loss"] > 0
+    assert 1.0 < metrics["eval/perplexity"] < 12.0  # a uniform guess over the 12 ids scores 12
+    trainer.eval_loader.set_epoch(0)
+    (inputs, targets), = trainer.eval_loader
+    assert eval_sums(trainer.state.model(inputs), targets)[2] == 8 * 16 - 4 * 6  # 4 padded items of 8
+
+
 def test_a_fork_of_a_language_model_trains_on_at_another_seq_len(user_package, tmp_path):
     """Text's in_channels is its seq_len, which no tensor depends on: a fork that trains the parent's
     weights on longer windows loads them (the fingerprint's other fields still must match)."""

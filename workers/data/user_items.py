@@ -21,9 +21,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from algorithms.targets import IGNORE_INDEX
+
 ALLOWED_ITEM = ("an (inputs, label) pair: inputs a floating tensor, an image (C, H, W) or a feature vector (F,), "
                 "and label an integer")
-ALLOWED_TOKENS = "a (tokens, targets) pair: two integer tensors of shape (seq_len,), token ids"
+ALLOWED_TOKENS = ("a (tokens, targets) pair: two integer tensors of shape (seq_len,), token ids (a target may be "
+                  f"{IGNORE_INDEX}: that position counts for nothing, e.g. padding)")
 
 
 def _user_code_error(message: str) -> Exception:
@@ -108,14 +111,20 @@ class UserItems(Dataset):
                 raise _user_code_error(f"{at}: {name} have shape {tuple(ids.shape)}; allowed: {self.shape} "
                                        f"({self.seq_len_field} tokens; cut or pad them in the data set, or change "
                                        f"{self.seq_len_field})")
-            low, high = (int(ids.min()), int(ids.max())) if ids.numel() else (0, 0)
+            if name == "targets":  # IGNORE_INDEX marks a position that counts for nothing (padding)
+                kept = ids[ids != IGNORE_INDEX]
+                if kept.numel() == 0:
+                    raise _user_code_error(f"{at}: every target is {IGNORE_INDEX} (ignored), so the item trains "
+                                           f"nothing; allowed: {ALLOWED_TOKENS}, at least one target kept")
+            else:
+                kept = ids
+            low, high = (int(kept.min()), int(kept.max())) if kept.numel() else (0, 0)
             if low < 0 or high >= self.num_classes:
                 bad = low if low < 0 else high
-                ignored = (" (every position is trained on: no target is ignored, so pad with a real token id, "
-                           "not -100)" if bad < 0 else "")
+                allowed = f"ids in [0, {self.num_classes})" + (f", and {IGNORE_INDEX} to ignore a position"
+                                                                if name == "targets" else "")
                 raise _user_code_error(f"{at}: {name} hold token id {bad}, outside [0, {self.num_classes}) (the "
-                                       f"vocabulary, num_classes {self.num_classes}); allowed: ids in "
-                                       f"[0, {self.num_classes}){ignored}")
+                                       f"vocabulary, num_classes {self.num_classes}); allowed: {allowed}")
             checked.append(ids.long())
         return checked[0], checked[1]
 
