@@ -136,8 +136,9 @@ class ImportedDataSpec(ImportPath, _Spec):
     seq_len: int | None = Field(None, ge=2, le=65536, exclude_if=lambda seq_len: seq_len is None,
                                 description="task language_model only, and needed there: tokens per item")
     num_classes: int | None = Field(None, ge=1, le=100_000,
-                                    description="labels lie in [0, num_classes) (language_model: token ids, and "
-                                                "num_classes is the vocabulary size); default: the data set's "
+                                    description="labels lie in [0, num_classes) (language_model: token ids, "
+                                                "targets also -100 where ignored, and num_classes is the "
+                                                "vocabulary size); default: the data set's "
                                                 "num_classes attribute")
     num_workers: int = Field(0, ge=0, le=32, description="DataLoader worker processes per rank (0: in-process); "
                                                          "above 0 the data set is pickled to them")

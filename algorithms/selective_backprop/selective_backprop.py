@@ -31,7 +31,9 @@ def per_example_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: st
             loss = loss.flatten(1).sum(1) / kept
     else:
         loss = -(targets * F.log_softmax(outputs.float(), dim=-1)).sum(-1)
-        loss = loss.flatten(1).mean(1) if loss.dim() > 1 else loss
+        if loss.dim() > 1:  # a row of zeros is an ignored token's (smooth_labels)
+            kept = (targets.sum(-1) > 0).flatten(1).sum(1).clamp_min(1)
+            loss = loss.flatten(1).sum(1) / kept
     return loss if reduction == "none" else loss.mean()
 
 

@@ -125,7 +125,8 @@ class Tokens(Dataset):
     of ``vocab`` (``num_classes``), targets shifted by one; ``pad``: the last ``pad`` positions of
     every odd item are padding (token 0, target -100); ``bad``: one broken item (``"float"``,
     ``"short"``, ``"id"``: a float tensor, one id short, an id outside the vocabulary;
-    ``"ignored"``: every target -100; ``"negative"``: a target -5; ``"ignored_token"``: a token -100)."""
+    ``"ignored"``: every target -100; ``"negative"``: a target -5; ``"ignored_token"``: a token -100;
+    ``"uint8"``: uint8 targets with -100 written into one, which stores 156)."""
 
     def __init__(self, size, seq_len, vocab=12, bad=None, bad_at=None, pad=0):
         self.size, self.seq_len, self.bad, self.bad_at, self.pad = size, seq_len, bad, bad_at, pad
@@ -155,6 +156,9 @@ class Tokens(Dataset):
                 targets[2] = -5
             elif self.bad == "ignored_token":
                 tokens[2] = -100
+            elif self.bad == "uint8":  # -100 written into uint8 is 156: an id, outside the vocabulary
+                targets = targets.to(torch.uint8)
+                targets[2] = -100
         return tokens, targets
 
 

@@ -141,6 +141,9 @@ def test_an_ignored_target_counts_for_nothing_in_the_loss_its_smoothed_form_and_
     # Selective backprop scores each sequence by its kept tokens' mean.
     scores = per_example_loss(logits, targets)
     assert torch.allclose(scores, torch.stack([per_token[:3].mean(), per_token[3:].mean()]))
+    smoothed_scores = per_example_loss(logits, smoothed)  # dense rows: the zero rows are left out
+    smoothed_tokens = -(smoothed * F.log_softmax(logits, -1)).sum(-1)
+    assert torch.allclose(smoothed_scores, torch.stack([smoothed_tokens[0, :3].mean(), smoothed_tokens[1, :4].mean()]))
     loss_sum, correct, count = eval_sums(logits, targets).tolist()
     assert count == 7 and loss_sum == pytest.approx(per_token.sum().item(), rel=1e-5)
     assert correct == (logits.argmax(-1) == targets)[kept].sum().item()

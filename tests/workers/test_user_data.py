@@ -257,7 +257,8 @@ def test_token_data_may_ignore_targets_with_minus_100_and_the_run_counts_only_th
     for bad, says in [("ignored", r"every target is -100 \(ignored\), so the item trains nothing"),
                       ("negative", r"targets hold token id -5, outside \[0, 12\) .*allowed: ids in \[0, 12\), and -100 "
                                    r"to ignore a position"),
-                      ("ignored_token", r"tokens hold token id -100, outside \[0, 12\) .*allowed: ids in \[0, 12\)$")]:
+                      ("ignored_token", r"tokens hold token id -100, outside \[0, 12\) .*allowed: ids in \[0, 12\)$"),
+                      ("uint8", r"targets hold token id 156, outside \[0, 12\)")]:
         with pytest.raises(UserCodeError, match=rf"item 0: {says}"):
             loader(spec("tokens", task="language_model", seq_len=16, params={"bad": bad, "bad_at": 0, "pad": 5}))
 

@@ -12,7 +12,8 @@ The contract:
   ``in_channels`` C (or F) and, for images, ``image_size`` W, from the first item.
 - ``task: language_model`` (text): items are ``(tokens, targets)``, two integer tensors of
   ``seq_len`` token ids in ``[0, num_classes)`` (``num_classes``: the vocabulary size; targets:
-  each position's next token). The run counts tokens and reports ``eval/perplexity``.
+  each position's next token, or -100 where a position counts for nothing). The run counts
+  tokens and reports ``eval/perplexity``.
 
 Batches are ``IndexBatchLoader``'s (the image_folder loader's order, striding and exact resume).
 Every item is checked as it is read (``workers.data.user_items``); an error names the field, the

@@ -45,7 +45,7 @@ class UserItems(Dataset):
     """The user's data set, read by ``(index, epoch)``, each item checked: ``(inputs, label)``
     with ``inputs`` of ``shape`` (the first item's) and ``label`` in ``[0, num_classes)``; for
     ``task`` language_model ``(tokens, targets)``, both of ``shape`` ``(seq_len,)``, token ids in
-    ``[0, num_classes)`` (the vocabulary)."""
+    ``[0, num_classes)`` (the vocabulary), and targets -100 (``IGNORE_INDEX``) where ignored."""
 
     def __init__(self, dataset: Any, *, where: str, num_classes: int, shape: tuple[int, ...] | None = None,
                  seed: int = 0, task: str = "classification", seq_len_field: str = "seq_len"):
@@ -111,6 +111,7 @@ class UserItems(Dataset):
                 raise _user_code_error(f"{at}: {name} have shape {tuple(ids.shape)}; allowed: {self.shape} "
                                        f"({self.seq_len_field} tokens; cut or pad them in the data set, or change "
                                        f"{self.seq_len_field})")
+            ids = ids.long()  # compared as what the loss reads (uint8 holds no -100: it wraps to 156)
             if name == "targets":  # IGNORE_INDEX marks a position that counts for nothing (padding)
                 kept = ids[ids != IGNORE_INDEX]
                 if kept.numel() == 0:
@@ -125,7 +126,7 @@ class UserItems(Dataset):
                                                                 if name == "targets" else "")
                 raise _user_code_error(f"{at}: {name} hold token id {bad}, outside [0, {self.num_classes}) (the "
                                        f"vocabulary, num_classes {self.num_classes}); allowed: {allowed}")
-            checked.append(ids.long())
+            checked.append(ids)
         return checked[0], checked[1]
 
     def __getitem__(self, item: tuple[int, int]) -> tuple[torch.Tensor, Any]:

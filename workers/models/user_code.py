@@ -10,7 +10,9 @@ The contract (small, like Composer's ``ComposerModel``):
 - If the module has a ``loss(outputs, targets)`` method, the loop uses it instead of the
   task's default (soft cross-entropy). ``targets`` are class indices, or per-class
   probabilities ``(N, C)`` when CutMix, MixUp or label smoothing are on: accept both or leave
-  those methods out. Evaluation always reports cross-entropy and accuracy of the logits.
+  those methods out. Your own text data's targets may hold -100 (ignored positions; with label
+  smoothing, rows of zeros): ``F.cross_entropy`` ignores them by default. Evaluation always
+  reports cross-entropy and accuracy of the logits.
 - Everything else is ordinary PyTorch: surgery methods (BlurPool, ChannelsLast, Factorize,
   ALiBi) change the modules they recognise and say on the run when they found none.
 
