@@ -32,8 +32,10 @@ outlives rank 0 and knows how the attempt ended, with one function, ``end_runnin
   tell a scheduler's stop from a cancel; so a trial's rank 0 leaves its run RUNNING on a stop
   and the sweep driver, which knows, ends it (``workers.tune.reporting``).
 
-After a SIGKILL of the job or of the sweep driver, or a lost node, nothing does, and they stay
-RUNNING.
+After a SIGKILL of rank 0, of the job or of the sweep driver, or a lost node, the run's next
+start ends them FAILED as it starts (``MLflowSink.end_left_running``): a restart of the worker
+group (Ray Train's, within ``max_restarts``) or the service's next attempt. After the last
+start, nothing does, and they stay RUNNING.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 from api.specs import RunSpec
 from api.views import RunStatus
@@ -253,13 +255,18 @@ class MLflowSink:
     sweep's driver to end, since only the driver knows whether the scheduler stopped the trial
     (FINISHED) or the sweep was canceled (KILLED). Outside a sweep a stop (a ``SystemExit``) is
     an interruption: KILLED. A run that already ended (the sweep's driver ended it on a cancel
-    while this rank still trained) is left as it ended."""
+    while this rank still trained) is left as it ended.
+
+    A later start of the same Tessera run ``run_id`` (``attempt`` > 1, or a ``RESTARTING``
+    status: Ray Train restarted the worker group) ends FAILED the MLflow runs an earlier start
+    left RUNNING when its rank 0 died (``end_left_running``)."""
 
     def __init__(self, spec: RunSpec, tracking_uri: str, experiment: str, *, run_id: str | None = None,
-                 trial: dict[str, str] | None = None):
+                 trial: dict[str, str] | None = None, attempt: int = 1):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri, self.experiment, self.tessera_run_id = tracking_uri, experiment, run_id
         self.trial = trial
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
@@ -274,12 +281,34 @@ class MLflowSink:
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         self.pending: list[Any] = []
         self._metric = Metric
+        if attempt > 1:
+            self.end_left_running()
+
+    def end_left_running(self) -> None:
+        """End FAILED this Tessera run's MLflow runs, other than this one, that are still RUNNING:
+        an earlier attempt's or worker group's, whose rank 0 died (a SIGKILL, a lost node) before
+        it could end its run. Logged, never raised. (Two ``tessera train`` of one spec name at
+        once, into one experiment, share a run id: a restart of one would end the other's run.)"""
+        if not self.tessera_run_id:
+            return
+        try:
+            ended = _end_running_mlflow_runs(self.tracking_uri, self.experiment, {RUN_ID_TAG: self.tessera_run_id},
+                                             RunStatus.FAILED, keep={self.run_id})
+        except Exception as exc:
+            log.warning("could not end the MLflow runs that earlier starts of run %s left RUNNING: %s",
+                        self.tessera_run_id, describe(exc))
+            return
+        if ended:
+            log.info("ended FAILED the MLflow runs %s, left RUNNING by earlier starts of run %s",
+                     ", ".join(ended), self.tessera_run_id)
 
     def add(self, step: int, key: str, value: float) -> None:
         self.pending.append(self._metric(key, float(value), int(time.time() * 1000), int(step)))
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
                step: int | None = None) -> None:
+        if status is RunStatus.RESTARTING:
+            self.end_left_running()
         if status not in MLFLOW_STATUS:
             return
         self.flush()  # MLflow takes metrics for a run that ended, too
@@ -316,10 +345,10 @@ def end_mlflow_run(client: Any, mlflow_run_id: str, status: RunStatus) -> None:
 
 
 def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: str | None = None,
-                 trial: dict[str, str] | None = None) -> MetricSink:
+                 trial: dict[str, str] | None = None, attempt: int = 1) -> MetricSink:
     """``sink`` plus the spec's loggers (rank 0 only). A logger that cannot start is logged and
-    left out; TensorBoard needs the run folder ``run``; ``trial``: a sweep trial's ids
-    (``MLflowSink``)."""
+    left out; TensorBoard needs the run folder ``run``; ``trial``: a sweep trial's ids,
+    ``attempt``: the job attempt (``MLflowSink``)."""
     extras: list[MetricSink] = []
     for logger in spec.loggers:
         try:
@@ -330,7 +359,7 @@ def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: st
                 extras.append(TensorBoardSink(spec, run))
             else:
                 extras.append(MLflowSink(spec, logger.tracking_uri, logger.experiment, run_id=run_id,
-                                          trial=trial))
+                                          trial=trial, attempt=attempt))
         except Exception:
             log.warning("logger %s could not start; the run goes on without it", logger.name, exc_info=True)
     return FanoutSink(sink, extras) if extras else sink
@@ -441,8 +470,10 @@ def _mlflow_client(tracking_uri: str) -> Any:
         return client
 
 
-def _end_running_mlflow_runs(tracking_uri: str, experiment: str, tags: dict[str, str], status: RunStatus) -> list[str]:
-    """``end_running_mlflow_runs`` on one tracking server and experiment."""
+def _end_running_mlflow_runs(tracking_uri: str, experiment: str, tags: dict[str, str], status: RunStatus, *,
+                             keep: Collection[str] = ()) -> list[str]:
+    """``end_running_mlflow_runs`` on one tracking server and experiment; the MLflow runs in
+    ``keep`` are left running."""
     for key, value in tags.items():
         if "'" in value or "`" in key:  # not a Tessera id (hex, a spec name); cannot go into a filter
             raise ValueError(f"tag {key}={value!r} cannot be searched for")
@@ -454,6 +485,7 @@ def _end_running_mlflow_runs(tracking_uri: str, experiment: str, tags: dict[str,
     running = client.search_runs([found.experiment_id], filter_string=f"{match} and attributes.status = 'RUNNING'")
     ended = []
     for run in running:
-        end_mlflow_run(client, run.info.run_id, status)
-        ended.append(run.info.run_id)
+        if run.info.run_id not in keep:
+            end_mlflow_run(client, run.info.run_id, status)
+            ended.append(run.info.run_id)
     return ended

@@ -178,7 +178,8 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     os.environ.update(config.get("test_env") or {})
     _record_rank_process(config.get("run_id"), rank)
     run = config.get("run_url")
-    sink = (with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id"), trial=config.get("trial"))
+    sink = (with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id"), trial=config.get("trial"),
+                         attempt=config.get("attempt", 1))
             if rank == 0 else NullSink())
     # Closes the sink however the attempt ends; rank 0's loggers end their runs with that outcome.
     with closed_at_end(sink):

@@ -223,6 +223,50 @@ def test_rank_0_leaves_an_mlflow_run_that_the_driver_already_ended_as_it_ended(m
     assert run.data.metrics["loss"] == 0.5  # its last metrics still land
 
 
+def test_a_later_start_of_a_run_ends_failed_the_mlflow_runs_an_earlier_one_left_running(mlflow_store):
+    # Rank 0 SIGKILLed (or its node lost) never ends its MLflow run. The run's next start does:
+    # the service's next attempt as it starts, a restarted worker group when it says RESTARTING.
+    spec = stopped_spec(mlflow_store, "superseded")
+    killed = MLflowSink(spec, mlflow_store, "superseded", run_id="run-a")
+    other_run = MLflowSink(spec, mlflow_store, "superseded", run_id="run-b")
+    second_attempt = MLflowSink(spec, mlflow_store, "superseded", run_id="run-a", attempt=2)
+    assert status_of(mlflow_store, killed.run_id) == "FAILED"
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(tracking_uri=mlflow_store).get_run(killed.run_id).data.tags[STATUS_TAG] == "FAILED"
+    assert status_of(mlflow_store, second_attempt.run_id) == "RUNNING"
+    # Within the first attempt, a restarted worker group's rank 0 learns it is one after it starts.
+    first_group = MLflowSink(spec, mlflow_store, "superseded", run_id="run-c")
+    restarted_group = MLflowSink(spec, mlflow_store, "superseded", run_id="run-c")
+    assert status_of(mlflow_store, first_group.run_id) == "RUNNING"
+    restarted_group.status(RunStatus.RESTARTING, message="Ray Train restarted the worker group")
+    assert status_of(mlflow_store, first_group.run_id) == "FAILED"
+    assert status_of(mlflow_store, restarted_group.run_id) == "RUNNING"
+    assert status_of(mlflow_store, second_attempt.run_id) == "RUNNING"  # another Tessera run's
+    assert status_of(mlflow_store, other_run.run_id) == "RUNNING"
+
+
+def test_rank_0_of_a_restarted_group_or_a_later_attempt_ends_what_a_killed_rank_0_left_running(mlflow_store,
+                                                                                               tmp_path):
+    spec = ended_spec(mlflow_store, "restarts", name="restarts")
+
+    def start(attempt):  # rank 0 of a Ray run, in this process; the run's id is its spec's name
+        config = worker_config(spec, run_id=spec.name, storage_url=f"file://{tmp_path}", attempt=attempt)
+        train_rank(config, rank=0, world_size=1, device_for=lambda use_gpu: torch.device("cpu"), on_eval=None,
+                   entered=time.time())
+
+    killed = MLflowSink(spec, mlflow_store, "restarts", run_id=spec.name)  # a rank 0 SIGKILLed in attempt 1
+    start(1)  # attempt 1's first start (in a real run it would be the killed one): nothing to end
+    assert status_of(mlflow_store, killed.run_id) == "RUNNING"
+    start(1)  # attempt 1 again: Ray Train restarted the worker group, and rank 0 says RESTARTING
+    assert status_of(mlflow_store, killed.run_id) == "FAILED"
+    killed_again = MLflowSink(spec, mlflow_store, "restarts", run_id=spec.name)
+    start(2)  # the service's next attempt
+    assert status_of(mlflow_store, killed_again.run_id) == "FAILED"
+    assert [run.info.status for run in mlflow_runs(mlflow_store, "restarts")] == \
+        ["FAILED", "FINISHED", "FINISHED", "FAILED", "FINISHED"]
+
+
 @pytest.mark.integration
 def test_rank_0_in_a_ray_train_worker_ends_the_mlflow_run(ray_client, mlflow_store, tmp_path):
     """The same through real Ray Train workers: a DDP ``tessera train`` (``fit_with_ray``, as a
