@@ -258,3 +258,64 @@ def test_tessera_train_with_code_trains_your_model_on_your_data(tmp_path, fresh_
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.output[result.output.rindex("{\n"):])
     assert metrics["time/batch"] == 2 and "eval/accuracy" in metrics
+
+
+def _holding(path, mode):
+    """A process that holds a ``mode`` (``SH``/``EX``) lock on ``path`` until its stdin closes."""
+    import subprocess
+
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+                               f"fcntl.flock(f, fcntl.LOCK_{mode}); print('held', flush=True); sys.stdin.read()",
+                               str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_the_cache_prunes_folders_unused_for_its_keep_time_unless_a_process_holds_or_places_them(tmp_path):
+    import os
+    import time
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = time.time() - 8 * 86400
+    for name in ("unused", "recent", "used_lately", "imported_from", "being_placed", "a_file"):
+        entry = cache / name
+        entry.mkdir() if name != "a_file" else entry.write_text("x")
+        if name != "recent":
+            os.utime(entry, (old, old))
+    (cache / ".used_lately.inuse").touch()  # a process used it an hour ago, and has ended
+    os.utime(cache / ".used_lately.inuse", (time.time() - 3600,) * 2)
+    holders = [_holding(cache / ".imported_from.inuse", "SH"), _holding(cache / ".being_placed.lock", "EX")]
+    os.utime(cache / ".imported_from.inuse", (old, old))
+    try:
+        assert sorted(code_cache.prune(cache, keep_s=7 * 86400)) == ["a_file", "unused"]
+    finally:
+        for holder in holders:
+            holder.stdin.close()
+            holder.wait(30)
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == \
+        ["being_placed", "imported_from", "recent", "used_lately"]
+    assert sorted(code_cache.prune(cache, keep_s=7 * 86400)) == ["being_placed", "imported_from"]  # let go
+    assert not [p for p in cache.iterdir() if p.name.startswith(".stale-")]
+
+
+def test_installing_code_prunes_the_cache_but_not_what_this_process_imports_from(tmp_path, fresh_imports,
+                                                                                monkeypatch):
+    import os
+    import time
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / ("0" * 64)).mkdir()  # an old run's package, unused for 8 days
+    os.utime(cache / ("0" * 64), (time.time() - 8 * 86400,) * 2)
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    monkeypatch.setenv(code_cache.KEEP_DAYS_ENV, "7")
+    folder = install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
+    assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == [package.digest]
+    assert code_cache.prune(cache, keep_s=0) == []  # this process holds it while it lives
+    assert (folder / "my_project" / "nets.py").is_file()
+    for bad in ("-1", "a week", "nan"):
+        monkeypatch.setenv(code_cache.KEEP_DAYS_ENV, bad)
+        with pytest.raises(ValueError, match=rf"TESSERA_CODE_CACHE_KEEP_DAYS='{bad}': allowed: a number of days >= 0"):
+            code_cache.keep_seconds()
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))  # logged, not raised

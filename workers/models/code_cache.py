@@ -6,18 +6,29 @@ far as this user alone can change it: a cache folder another user owns or can wr
 refused (a shared ``/tmp`` lets anyone make a folder first), a missing one is made private
 (0700), and a folder in it counts only if it is private and holds the marker written once its
 content was complete (``place``); any other is made again.
+
+It is pruned: a process that imports from a folder holds a shared lock on the folder's
+``.{name}.inuse`` file for as long as it lives (``hold``; loader worker processes forked from it
+share it) and sets that file's time, the folder's last use. Whenever a run's code is installed,
+the folders last used more than ``$TESSERA_CODE_CACHE_KEEP_DAYS`` ago (default 7) that no process
+holds and none is placing are removed (``prune``). The small lock files stay: removing a lock
+file that another process may be opening would let two processes lock different files.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
+import logging
 import os
 import shutil
 import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
+
+log = logging.getLogger(__name__)
 
 
 class UserCodeError(RuntimeError):
@@ -27,6 +38,12 @@ class UserCodeError(RuntimeError):
 
 # In a placed folder: the folder's own name (a package's digest), written once its content is complete.
 VERIFIED_MARKER = ".tessera-sha256"
+KEEP_DAYS_ENV = "TESSERA_CODE_CACHE_KEEP_DAYS"
+DEFAULT_KEEP_DAYS = 7.0
+
+# The folders this process imports from, by path: the open ``.inuse`` file it holds a shared lock on.
+_HELD: dict[str, IO[str]] = {}
+atexit.register(lambda: [held.close() for held in _HELD.values()])  # the locks go with the process anyway
 
 
 def code_cache_dir() -> Path:
@@ -99,3 +116,83 @@ def place(target: Path, fill: Callable[[Path], None]) -> None:
             staging.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _lock_file(target: Path, kind: str) -> Path:
+    return target.parent / f".{target.name}.{kind}"
+
+
+def hold(target: Path) -> None:
+    """Mark ``target`` (a placed folder) used now and in use by this process until it ends: a
+    shared lock on its ``.inuse`` file, kept open, whose time is the folder's last use."""
+    path = _lock_file(target, "inuse")
+    held = _HELD.get(str(target))
+    if held is None or not _same_file(held, path):  # a cache removed and made again (tests) holds new files
+        if held is not None:
+            held.close()
+        held = open(path, "a")
+        fcntl.flock(held, fcntl.LOCK_SH)  # released when the process (and its forked children) end
+        _HELD[str(target)] = held
+    os.utime(path)
+
+
+def _same_file(opened: IO[str], path: Path) -> bool:
+    try:
+        here, there = os.fstat(opened.fileno()), path.stat()
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def keep_seconds() -> float:
+    """``$TESSERA_CODE_CACHE_KEEP_DAYS`` in seconds; ValueError naming the variable if it is no
+    number of days >= 0."""
+    raw = os.environ.get(KEEP_DAYS_ENV) or str(DEFAULT_KEEP_DAYS)
+    try:
+        days = float(raw)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:  # also NaN
+        raise ValueError(f"{KEEP_DAYS_ENV}={raw!r}: allowed: a number of days >= 0 (default {DEFAULT_KEEP_DAYS:g})")
+    return days * 86400
+
+
+def prune(cache: Path, *, keep_s: float) -> list[str]:
+    """Remove the folders of ``cache`` last used more than ``keep_s`` seconds ago (their
+    ``.inuse`` file's time, else the folder's own) that no process holds (``hold``) and none is
+    placing (``place``); the names removed. Never waits on a lock and never raises: a folder it
+    cannot take now is left for a later prune."""
+    removed, now = [], time.time()
+    try:
+        entries = [entry for entry in cache.iterdir() if not entry.name.startswith(".")]
+    except OSError as exc:
+        log.warning("could not list the code cache %s to prune it: %s", cache, exc)
+        return removed
+    for entry in entries:
+        try:
+            used = _lock_file(entry, "inuse")
+            ever_held = used.exists()
+            last_use = used.stat().st_mtime if ever_held else entry.lstat().st_mtime
+            if now - last_use <= keep_s:
+                continue
+            with open(_lock_file(entry, "lock"), "a") as placing, open(used, "a") as in_use:
+                if not ever_held:  # made just now, to lock: it keeps the folder's last use
+                    os.utime(used, (last_use, last_use))
+                try:
+                    fcntl.flock(placing, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # being placed, or imported from
+                stale = entry.with_name(f".stale-{entry.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
+                entry.rename(stale)
+            if stale.is_symlink() or not stale.is_dir():
+                stale.unlink()
+            else:
+                shutil.rmtree(stale, ignore_errors=True)
+            removed.append(entry.name)
+        except OSError as exc:
+            log.warning("could not prune %s from the code cache: %s", entry, exc)
+    if removed:
+        log.info("pruned %d folders unused for over %g days from the code cache %s: %s", len(removed),
+                 keep_s / 86400, cache, ", ".join(removed))
+    return removed

@@ -39,6 +39,7 @@ verifies the bytes, keeps the package layout, and turns every failure into the r
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import traceback
@@ -50,8 +51,11 @@ from fsspec.core import url_to_fs
 
 from api.code_package import CodePackageError, safe_extract, sha256_hex
 from api.model_specs import CodeRef, ImportedModelSpec, ImportPath
-from workers.models.code_cache import UserCodeError, code_cache_dir, own_cache, place, verified
+from workers.models.code_cache import (UserCodeError, code_cache_dir, hold, keep_seconds, own_cache, place, prune,
+                                       verified)
 from workers.paths import code_package_url
+
+log = logging.getLogger(__name__)
 
 TRACEBACK_LINES = 20
 
@@ -69,7 +73,9 @@ def install_code(code: CodeRef, *, storage_url: str | None,
     from workers.models.user_requirements import install_requirements
 
     digest = code.digest
-    target = own_cache(code_cache_dir()) / digest
+    cache = own_cache(code_cache_dir())
+    target = cache / digest
+    hold(target)  # first: a prune in another process must not take the folder between placing and importing
     if not verified(target):
         if fetch is None:
             if not storage_url:
@@ -84,7 +90,19 @@ def install_code(code: CodeRef, *, storage_url: str | None,
         _unpack(data, target)
     _put_first_on_path(target)
     install_requirements(code.requirements)
+    _prune(cache)
     return target
+
+
+def _prune(cache: Path) -> None:
+    """Remove what the machine's runs have not used for a while (``code_cache.prune``); a bad
+    ``TESSERA_CODE_CACHE_KEEP_DAYS`` is logged and nothing is removed."""
+    try:
+        keep_s = keep_seconds()
+    except ValueError as exc:
+        log.warning("not pruning the code cache: %s", exc)
+        return
+    prune(cache, keep_s=keep_s)
 
 
 def read_package(digest: str, url: str) -> tuple[bytes, str]:

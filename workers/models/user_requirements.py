@@ -48,7 +48,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from workers.models.code_cache import UserCodeError, code_cache_dir, own_cache, place
+from workers.models.code_cache import UserCodeError, code_cache_dir, hold, own_cache, place
 
 # pip resolving against an index can take long on a slow network; a run should still end.
 PIP_TIMEOUT_ENV = "TESSERA_PIP_TIMEOUT_S"
@@ -128,6 +128,7 @@ def install_requirements(requirements: list[str]) -> Path | None:
     cache = own_cache(code_cache_dir())
     installed = installed_versions(cache)
     target = cache / requirements_key(requirements, installed)
+    hold(target)  # before placing: see install_code
     try:
         place(target, lambda staging: _install_once(requirements, staging, installed, target))
     except OSError as exc:
