@@ -309,9 +309,13 @@ def test_installing_code_prunes_the_cache_but_not_what_this_process_imports_from
     (cache / ("0" * 64)).mkdir()  # an old run's package, unused for 8 days
     os.utime(cache / ("0" * 64), (time.time() - 8 * 86400,) * 2)
     package = pack_directory(write_user_package(tmp_path / "src"))
+    in_use = cache / f".{package.digest}.inuse"  # its last use, 8 days ago: installing it now is a use
+    in_use.touch()
+    os.utime(in_use, (time.time() - 8 * 86400,) * 2)
     monkeypatch.setenv(code_cache.KEEP_DAYS_ENV, "7")
     folder = install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == [package.digest]
+    assert time.time() - in_use.stat().st_mtime < 60
     assert code_cache.prune(cache, keep_s=0) == []  # this process holds it while it lives
     assert (folder / "my_project" / "nets.py").is_file()
     for bad in ("-1", "a week", "nan"):

@@ -18,6 +18,7 @@ file that another process may be opening would let two processes lock different 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import logging
 import os
@@ -43,7 +44,6 @@ DEFAULT_KEEP_DAYS = 7.0
 
 # The folders this process imports from, by path: the open ``.inuse`` file it holds a shared lock on.
 _HELD: dict[str, IO[str]] = {}
-atexit.register(lambda: [held.close() for held in _HELD.values()])  # the locks go with the process anyway
 
 
 def code_cache_dir() -> Path:
@@ -124,16 +124,33 @@ def _lock_file(target: Path, kind: str) -> Path:
 
 def hold(target: Path) -> None:
     """Mark ``target`` (a placed folder) used now and in use by this process until it ends: a
-    shared lock on its ``.inuse`` file, kept open, whose time is the folder's last use."""
+    shared lock on its ``.inuse`` file, kept open, whose time is the folder's last use (set
+    again when the process ends, ``_release``). ``UserCodeError`` if the cache's file system
+    refuses the lock."""
     path = _lock_file(target, "inuse")
     held = _HELD.get(str(target))
-    if held is None or not _same_file(held, path):  # a cache removed and made again (tests) holds new files
-        if held is not None:
-            held.close()
-        held = open(path, "a")
-        fcntl.flock(held, fcntl.LOCK_SH)  # released when the process (and its forked children) end
-        _HELD[str(target)] = held
-    os.utime(path)
+    try:
+        if held is None or not _same_file(held, path):  # a cache removed and made again (tests) holds new files
+            if held is not None:
+                held.close()
+            # Open to read as well: NFSv4 grants a shared lock only on a file open for reading.
+            held = open(path, "a+")
+            fcntl.flock(held, fcntl.LOCK_SH)  # released when the process (and its forked children) end
+            _HELD[str(target)] = held
+        os.utime(path)
+    except OSError as exc:
+        raise UserCodeError(f"the code cache {target.parent} cannot mark {target.name} in use ({path}: {exc}); set "
+                            "TESSERA_CODE_CACHE to a folder on a local file system") from None
+
+
+@atexit.register
+def _release() -> None:
+    """As the process ends: what it held was used until now (a run longer than the keep time
+    keeps its folder that long after it), then the locks go (they would with the process)."""
+    for held in _HELD.values():
+        with contextlib.suppress(OSError):
+            os.utime(held.name)
+        held.close()
 
 
 def _same_file(opened: IO[str], path: Path) -> bool:
@@ -171,18 +188,21 @@ def prune(cache: Path, *, keep_s: float) -> list[str]:
     for entry in entries:
         try:
             used = _lock_file(entry, "inuse")
-            ever_held = used.exists()
-            last_use = used.stat().st_mtime if ever_held else entry.lstat().st_mtime
-            if now - last_use <= keep_s:
+            if not used.exists():  # a folder no process has held since pruning began: its own time
+                with contextlib.suppress(FileExistsError):
+                    used.open("x").close()  # made here, to lock; one a hold made meanwhile keeps its time
+                    folder_time = entry.lstat().st_mtime
+                    os.utime(used, (folder_time, folder_time))
+            if now - used.stat().st_mtime <= keep_s:
                 continue
             with open(_lock_file(entry, "lock"), "a") as placing, open(used, "a") as in_use:
-                if not ever_held:  # made just now, to lock: it keeps the folder's last use
-                    os.utime(used, (last_use, last_use))
                 try:
                     fcntl.flock(placing, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # being placed, or imported from
+                if now - used.stat().st_mtime <= keep_s:
+                    continue  # a process used it and ended since the first look
                 stale = entry.with_name(f".stale-{entry.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
                 entry.rename(stale)
             if stale.is_symlink() or not stale.is_dir():
