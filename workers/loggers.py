@@ -32,10 +32,11 @@ outlives rank 0 and knows how the attempt ended, with one function, ``end_runnin
   tell a scheduler's stop from a cancel; so a trial's rank 0 leaves its run RUNNING on a stop
   and the sweep driver, which knows, ends it (``workers.tune.reporting``).
 
-After a SIGKILL of rank 0, of the job or of the sweep driver, or a lost node, the run's next
-start ends them FAILED as it starts (``MLflowSink.end_left_running``): a restart of the worker
-group (Ray Train's, within ``max_restarts``) or the service's next attempt. After the last
-start, nothing does, and they stay RUNNING.
+After a SIGKILL of rank 0, of the job or of the sweep driver, or a lost node, a run of the
+service has them ended FAILED by its next start (``MLflowSink.end_left_running``): a restart of
+the worker group (Ray Train's, within ``max_restarts``) or the service's next attempt. After the
+last start, and for ``tessera train`` (whose run ids are spec names, not unique), nothing does,
+and they stay RUNNING.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ RUN_ID_TAG = "tessera.run_id"
 SWEEP_ID_TAG = "tessera.sweep_id"
 TRIAL_ID_TAG = "tessera.trial_id"
 STATUS_TAG = "tessera.status"
+LEFT_RUNNING_TIMEOUT_S = 10.0  # how long rank 0 waits, as it starts, on ending what earlier starts left RUNNING
 
 # How an attempt's end reads in MLflow, whoever ends its run. STOPPED is a sweep trial that its
 # scheduler (ASHA) or the sweep's time budget ended early: a normal outcome of a sweep, neither a
@@ -257,16 +259,19 @@ class MLflowSink:
     an interruption: KILLED. A run that already ended (the sweep's driver ended it on a cancel
     while this rank still trained) is left as it ended.
 
-    A later start of the same Tessera run ``run_id`` (``attempt`` > 1, or a ``RESTARTING``
-    status: Ray Train restarted the worker group) ends FAILED the MLflow runs an earlier start
-    left RUNNING when its rank 0 died (``end_left_running``)."""
+    For a run of the service (``service_run``: its ``run_id`` names it alone), a later start of
+    it (``attempt`` > 1, or a ``RESTARTING`` status: Ray Train restarted the worker group) ends
+    FAILED the MLflow runs an earlier start left RUNNING when its rank 0 died
+    (``end_left_running``). Not for other runs: ``tessera train`` names its runs by the spec's
+    name, which another live run, on another machine, may share."""
 
     def __init__(self, spec: RunSpec, tracking_uri: str, experiment: str, *, run_id: str | None = None,
-                 trial: dict[str, str] | None = None, attempt: int = 1):
+                 trial: dict[str, str] | None = None, attempt: int = 1, service_run: bool = False):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri, self.experiment, self.tessera_run_id = tracking_uri, experiment, run_id
+        self.service_run = service_run and bool(run_id)
         self.trial = trial
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
@@ -281,33 +286,43 @@ class MLflowSink:
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         self.pending: list[Any] = []
         self._metric = Metric
-        if attempt > 1:
+        if self.service_run and attempt > 1:
             self.end_left_running()
 
-    def end_left_running(self) -> None:
-        """End FAILED this Tessera run's MLflow runs, other than this one, that are still RUNNING:
-        an earlier attempt's or worker group's, whose rank 0 died (a SIGKILL, a lost node) before
-        it could end its run. Logged, never raised. (Two ``tessera train`` of one spec name at
-        once, into one experiment, share a run id: a restart of one would end the other's run.)"""
-        if not self.tessera_run_id:
-            return
-        try:
-            ended = _end_running_mlflow_runs(self.tracking_uri, self.experiment, {RUN_ID_TAG: self.tessera_run_id},
-                                             RunStatus.FAILED, keep={self.run_id})
-        except Exception as exc:
-            log.warning("could not end the MLflow runs that earlier starts of run %s left RUNNING: %s",
-                        self.tessera_run_id, describe(exc))
-            return
-        if ended:
-            log.info("ended FAILED the MLflow runs %s, left RUNNING by earlier starts of run %s",
-                     ", ".join(ended), self.tessera_run_id)
+    def end_left_running(self, timeout_s: float = LEFT_RUNNING_TIMEOUT_S) -> threading.Thread:
+        """End FAILED this service run's MLflow runs, other than this one, that are still
+        RUNNING: an earlier attempt's or worker group's, whose rank 0 died (a SIGKILL, a lost
+        node) before it could end its run. In a daemon thread, waited for ``timeout_s`` at most
+        (a tracking server that does not answer would hold rank 0, and every rank with it, for
+        MLflow's retries); logged, never raised. The thread."""
+        run_id = self.tessera_run_id
+
+        def end() -> None:
+            try:
+                ended = _end_running_mlflow_runs(self.tracking_uri, self.experiment, {RUN_ID_TAG: run_id},
+                                                 RunStatus.FAILED, keep={self.run_id})
+            except Exception as exc:
+                log.warning("could not end the MLflow runs that earlier starts of run %s left RUNNING: %s",
+                            run_id, describe(exc))
+                return
+            if ended:
+                log.info("ended FAILED the MLflow runs %s, left RUNNING by earlier starts of run %s",
+                         ", ".join(ended), run_id)
+
+        thread = threading.Thread(target=end, name="end-left-running-mlflow-runs", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            log.warning("ending the MLflow runs earlier starts of run %s left RUNNING goes on in the background "
+                        "after %gs", run_id, timeout_s)
+        return thread
 
     def add(self, step: int, key: str, value: float) -> None:
         self.pending.append(self._metric(key, float(value), int(time.time() * 1000), int(step)))
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
                step: int | None = None) -> None:
-        if status is RunStatus.RESTARTING:
+        if status is RunStatus.RESTARTING and self.service_run:
             self.end_left_running()
         if status not in MLFLOW_STATUS:
             return
@@ -345,10 +360,10 @@ def end_mlflow_run(client: Any, mlflow_run_id: str, status: RunStatus) -> None:
 
 
 def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: str | None = None,
-                 trial: dict[str, str] | None = None, attempt: int = 1) -> MetricSink:
+                 trial: dict[str, str] | None = None, attempt: int = 1, service_run: bool = False) -> MetricSink:
     """``sink`` plus the spec's loggers (rank 0 only). A logger that cannot start is logged and
     left out; TensorBoard needs the run folder ``run``; ``trial``: a sweep trial's ids,
-    ``attempt``: the job attempt (``MLflowSink``)."""
+    ``attempt``: the job attempt, ``service_run``: ``run_id`` is the service's (``MLflowSink``)."""
     extras: list[MetricSink] = []
     for logger in spec.loggers:
         try:
@@ -359,7 +374,7 @@ def with_loggers(sink: MetricSink, spec: RunSpec, run: str | None, *, run_id: st
                 extras.append(TensorBoardSink(spec, run))
             else:
                 extras.append(MLflowSink(spec, logger.tracking_uri, logger.experiment, run_id=run_id,
-                                          trial=trial, attempt=attempt))
+                                          trial=trial, attempt=attempt, service_run=service_run))
         except Exception:
             log.warning("logger %s could not start; the run goes on without it", logger.name, exc_info=True)
     return FanoutSink(sink, extras) if extras else sink

@@ -179,7 +179,7 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     _record_rank_process(config.get("run_id"), rank)
     run = config.get("run_url")
     sink = (with_loggers(_sink_for(config), spec, run, run_id=config.get("run_id"), trial=config.get("trial"),
-                         attempt=config.get("attempt", 1))
+                         attempt=config.get("attempt", 1), service_run=_reports_to_service(config))
             if rank == 0 else NullSink())
     # Closes the sink however the attempt ends; rank 0's loggers end their runs with that outcome.
     with closed_at_end(sink):
@@ -290,11 +290,16 @@ def _is_restart(run: str, attempt: int) -> bool:
     return False
 
 
+def _reports_to_service(config: dict[str, Any]) -> bool:
+    """Whether this run reports to the service (whose run ids name one run alone)."""
+    return bool(config.get("service_url") and config.get("token"))
+
+
 def _sink_for(config: dict[str, Any]) -> "MetricSink":
     from api.client import Client
     from workers.reporter import ConsoleReporter, ServiceReporter
 
-    if config.get("service_url") and config.get("token"):
+    if _reports_to_service(config):
         # The attempt token, never a user key: worker processes run user code.
         return ServiceReporter(Client(config["service_url"], api_key=config["token"]), config["run_id"],
                                config["token"])

@@ -34,6 +34,7 @@ from workers.reporter import MemorySink
 from workers.trainer import train
 from tests.local_ray import free_port
 from tests.workers.helpers_specs import tiny_spec
+from tests.workers.test_ray_training import TOKEN, RecordingService
 
 
 @pytest.fixture
@@ -223,37 +224,55 @@ def test_rank_0_leaves_an_mlflow_run_that_the_driver_already_ended_as_it_ended(m
     assert run.data.metrics["loss"] == 0.5  # its last metrics still land
 
 
-def test_a_later_start_of_a_run_ends_failed_the_mlflow_runs_an_earlier_one_left_running(mlflow_store):
+def test_a_later_start_of_a_service_run_ends_failed_the_mlflow_runs_an_earlier_one_left_running(mlflow_store):
     # Rank 0 SIGKILLed (or its node lost) never ends its MLflow run. The run's next start does:
     # the service's next attempt as it starts, a restarted worker group when it says RESTARTING.
     spec = stopped_spec(mlflow_store, "superseded")
-    killed = MLflowSink(spec, mlflow_store, "superseded", run_id="run-a")
-    other_run = MLflowSink(spec, mlflow_store, "superseded", run_id="run-b")
-    second_attempt = MLflowSink(spec, mlflow_store, "superseded", run_id="run-a", attempt=2)
+
+    def sink(run_id, **kwargs):
+        return MLflowSink(spec, mlflow_store, "superseded", run_id=run_id, service_run=True, **kwargs)
+
+    killed, other_run = sink("run-a"), sink("run-b")
+    second_attempt = sink("run-a", attempt=2)
     assert status_of(mlflow_store, killed.run_id) == "FAILED"
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(tracking_uri=mlflow_store).get_run(killed.run_id).data.tags[STATUS_TAG] == "FAILED"
     assert status_of(mlflow_store, second_attempt.run_id) == "RUNNING"
     # Within the first attempt, a restarted worker group's rank 0 learns it is one after it starts.
-    first_group = MLflowSink(spec, mlflow_store, "superseded", run_id="run-c")
-    restarted_group = MLflowSink(spec, mlflow_store, "superseded", run_id="run-c")
+    first_group, restarted_group = sink("run-c"), sink("run-c")
     assert status_of(mlflow_store, first_group.run_id) == "RUNNING"
     restarted_group.status(RunStatus.RESTARTING, message="Ray Train restarted the worker group")
     assert status_of(mlflow_store, first_group.run_id) == "FAILED"
     assert status_of(mlflow_store, restarted_group.run_id) == "RUNNING"
     assert status_of(mlflow_store, second_attempt.run_id) == "RUNNING"  # another Tessera run's
     assert status_of(mlflow_store, other_run.run_id) == "RUNNING"
+    # A run named by its spec (tessera train) ends nothing: another live run may share the name.
+    local, local_again = (MLflowSink(spec, mlflow_store, "superseded", run_id="spec-name", attempt=a) for a in (1, 2))
+    local_again.status(RunStatus.RESTARTING)
+    assert status_of(mlflow_store, local.run_id) == "RUNNING"
+
+
+def test_ending_what_earlier_starts_left_running_waits_a_bounded_time_on_an_unreachable_server():
+    # A sink as built (bypassing __init__, which needs the server), whose server then went away:
+    # MLflow's client retries a refused connection for minutes; rank 0 waits timeout_s.
+    sink = MLflowSink.__new__(MLflowSink)
+    sink.tracking_uri, sink.experiment, sink.tessera_run_id, sink.run_id = "http://127.0.0.1:9", "x", "run-a", "m"
+    started = time.monotonic()
+    thread = sink.end_left_running(timeout_s=0.5)
+    assert time.monotonic() - started < 5 and thread.daemon  # left to the retries, or to the process's end
 
 
 def test_rank_0_of_a_restarted_group_or_a_later_attempt_ends_what_a_killed_rank_0_left_running(mlflow_store,
                                                                                                tmp_path):
     spec = ended_spec(mlflow_store, "restarts", name="restarts")
 
-    def start(attempt):  # rank 0 of a Ray run, in this process; the run's id is its spec's name
-        config = worker_config(spec, run_id=spec.name, storage_url=f"file://{tmp_path}", attempt=attempt)
-        train_rank(config, rank=0, world_size=1, device_for=lambda use_gpu: torch.device("cpu"), on_eval=None,
-                   entered=time.time())
+    def start(attempt):  # rank 0 of a service's run under Ray, in this process, reporting to a recording service
+        with RecordingService() as service:
+            config = worker_config(spec, run_id=spec.name, storage_url=f"file://{tmp_path}", attempt=attempt,
+                                   service_url=service.url, token=TOKEN)
+            train_rank(config, rank=0, world_size=1, device_for=lambda use_gpu: torch.device("cpu"), on_eval=None,
+                       entered=time.time())
 
     killed = MLflowSink(spec, mlflow_store, "restarts", run_id=spec.name)  # a rank 0 SIGKILLed in attempt 1
     start(1)  # attempt 1's first start (in a real run it would be the killed one): nothing to end
