@@ -98,7 +98,7 @@ def place(target: Path, fill: Callable[[Path], None]) -> None:
     moved aside and removed; a verified one is never touched, so a process importing from it
     keeps it. The code package (``install_code``) and its pip requirements
     (``workers.models.user_requirements``) are both placed so."""
-    with open(target.parent / f".{target.name}.lock", "a") as lock:
+    with open(_lock_file(target, "lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if verified(target):
             return  # another worker's copy: the same content
@@ -107,15 +107,24 @@ def place(target: Path, fill: Callable[[Path], None]) -> None:
             fill(staging)
             (staging / VERIFIED_MARKER).write_text(target.name)
             if os.path.lexists(target):
-                stale = target.with_name(f".stale-{target.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
-                target.rename(stale)
-                if stale.is_symlink() or not stale.is_dir():
-                    stale.unlink()
-                else:
-                    shutil.rmtree(stale, ignore_errors=True)
+                _remove(_moved_aside(target))
             staging.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _moved_aside(target: Path) -> Path:
+    """``target`` renamed to a hidden name beside it, at once: no process finds it half-removed."""
+    stale = target.with_name(f".stale-{target.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
+    target.rename(stale)
+    return stale
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _lock_file(target: Path, kind: str) -> Path:
@@ -203,12 +212,8 @@ def prune(cache: Path, *, keep_s: float) -> list[str]:
                     continue  # being placed, or imported from
                 if now - used.stat().st_mtime <= keep_s:
                     continue  # a process used it and ended since the first look
-                stale = entry.with_name(f".stale-{entry.name[:12]}-{os.getpid()}-{time.monotonic_ns()}")
-                entry.rename(stale)
-            if stale.is_symlink() or not stale.is_dir():
-                stale.unlink()
-            else:
-                shutil.rmtree(stale, ignore_errors=True)
+                stale = _moved_aside(entry)
+            _remove(stale)
             removed.append(entry.name)
         except OSError as exc:
             log.warning("could not prune %s from the code cache: %s", entry, exc)
