@@ -1,7 +1,8 @@
 """Bring your own data, end to end: Fashion-MNIST packed as WebDataset shards into S3 (moto over
 HTTP) by ``tessera data pack``, a user model written here and shipped with ``--code``, trained by
 a live service on Ray with 2 DDP workers to a real accuracy; an ``image_folder`` of PNGs in S3
-trained through the SDK; and a run over a shard that does not exist, which must fail naming it."""
+trained through the SDK; a run over a shard that does not exist, which must fail naming it; and
+the README's text example, on padded sentences, through the service and Ray."""
 
 from __future__ import annotations
 
@@ -101,3 +102,23 @@ def test_a_run_over_a_missing_shard_fails_naming_its_url(s3_service, s3_server, 
     assert run.status is RunStatus.FAILED
     assert f"shard '{s3_server.url('nowhere/train-00000')}" in run.error, run.error
     assert "cannot be opened" in run.error, run.error
+
+
+def test_your_own_padded_text_trains_a_language_model_through_the_service_on_ray(s3_service, tmp_path):
+    # examples/byo as a user submits it, on the package's padded sentences (targets of -100):
+    # items pickled to the Ray worker, tokens counted, perplexity over the kept characters only.
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+
+    example = REPO_ROOT / "examples" / "byo"
+    spec = yaml.safe_load((example / "text_spec.yaml").read_text())
+    for split in ("train", "eval"):
+        spec["data"][split]["import"] = "my_project.text:char_sentences"
+    spec |= {"name": "byo-text-e2e", "max_duration": "6ba"}
+    client = s3_service.client()
+    run = client.create_run(spec, code=example / "my_project")
+    run = wait_for_status(client, run.id, {RunStatus.COMPLETED, RunStatus.FAILED}, timeout=240)
+    assert run.status is RunStatus.COMPLETED, run.error
+    vocabulary = len(set((example / "my_project" / "corpus.txt").read_text()))
+    assert run.summary["time/batch"] == 6 and 1.0 < run.summary["eval/perplexity"] < 0.7 * vocabulary

@@ -174,6 +174,33 @@ def test_the_readme_text_example_trains_a_language_model_on_the_packages_corpus(
     assert 1.0 < metrics["eval/perplexity"] < 0.7 * vocabulary
 
 
+def test_the_examples_padded_sentences_train_with_their_padding_left_out(tmp_path, fresh_imports):
+    """my_project.text:char_sentences: a sentence per item, padded with targets of -100; the run
+    evaluates only the characters it has."""
+    import yaml
+
+    from tests.conftest import REPO_ROOT
+    from workers.loss import eval_sums
+
+    example = REPO_ROOT / "examples" / "byo"
+    package = pack_directory(example / "my_project")
+    install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
+    body = yaml.safe_load((example / "text_spec.yaml").read_text())
+    for split in ("train", "eval"):
+        body["data"][split]["import"] = "my_project.text:char_sentences"
+    trainer = Trainer(RunSpec.model_validate({**body, "code": {"digest": package.digest}, "max_duration": "6ba",
+                                              "algorithms": []}))
+    metrics = trainer.fit()
+    vocabulary = len(set((example / "my_project" / "corpus.txt").read_text()))
+    assert 1.0 < metrics["eval/perplexity"] < 0.7 * vocabulary
+    trainer.eval_loader.set_epoch(0)
+    counted = sum(int(eval_sums(trainer.state.model(tokens), targets)[2]) for tokens, targets in trainer.eval_loader)
+    from my_project.text import char_sentences  # the package's own module, installed above
+
+    sentences = char_sentences("eval", 64)
+    assert counted == sum(int((targets != -100).sum()) for _, targets in sentences) < len(sentences) * 64
+
+
 def test_the_builder_gets_classes_and_channels_for_images_and_vocab_size_for_text(tmp_path, fresh_imports):
     from api.model_specs import ImportedModelSpec
     from workers.models import build_model

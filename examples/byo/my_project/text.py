@@ -1,10 +1,15 @@
-"""A character-level text data set for a language model (``task: language_model``).
+"""Character-level text data sets for a language model (``task: language_model``).
 
 Every rank calls ``char_windows(split=..., seq_len=...)``: the corpus shipped beside this file,
 cut into windows of ``seq_len`` characters; each item is ``(tokens, targets)``, the window's
 character ids and the ids of the characters one position later.
+
+``char_sentences(split=..., seq_len=...)`` makes one item per sentence instead, padded on the
+right to ``seq_len``: its tokens with id 0 (any id would do) and its targets with -100, which the
+run leaves out of the loss and of ``eval/perplexity``.
 """
 
+import re
 from pathlib import Path
 
 import torch
@@ -33,3 +38,28 @@ def char_windows(split: str = "train", seq_len: int = 64, holdout: float = 0.1) 
     vocabulary = "".join(sorted(set(text)))  # from the whole corpus: train and eval share the ids
     cut = int(len(text) * (1 - holdout))
     return CharWindows(text[:cut] if split == "train" else text[cut:], vocabulary, seq_len)
+
+
+class PaddedSentences(Dataset):
+    def __init__(self, text: str, vocabulary: str, seq_len: int):
+        self.items = []
+        for sentence in re.split(r"(?<=[.;?!])\s+", text):
+            ids = [vocabulary.index(c) for c in sentence.strip()]
+            for start in range(0, len(ids) - 1, seq_len):  # a long sentence: several items
+                piece = ids[start:start + seq_len + 1]
+                pad = seq_len - (len(piece) - 1)
+                self.items.append((torch.tensor(piece[:-1] + [0] * pad), torch.tensor(piece[1:] + [-100] * pad)))
+        self.num_classes = len(vocabulary)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def char_sentences(split: str = "train", seq_len: int = 64, holdout: float = 0.1) -> PaddedSentences:
+    text = CORPUS.read_text()
+    vocabulary = "".join(sorted(set(text)))
+    cut = int(len(text) * (1 - holdout))
+    return PaddedSentences(text[:cut] if split == "train" else text[cut:], vocabulary, seq_len)
