@@ -289,33 +289,14 @@ class MLflowSink:
         if self.service_run and attempt > 1:
             self.end_left_running()
 
-    def end_left_running(self, timeout_s: float = LEFT_RUNNING_TIMEOUT_S) -> threading.Thread:
+    def end_left_running(self, timeout_s: float = LEFT_RUNNING_TIMEOUT_S) -> threading.Thread | None:
         """End FAILED this service run's MLflow runs, other than this one, that are still
         RUNNING: an earlier attempt's or worker group's, whose rank 0 died (a SIGKILL, a lost
-        node) before it could end its run. In a daemon thread, waited for ``timeout_s`` at most
-        (a tracking server that does not answer would hold rank 0, and every rank with it, for
-        MLflow's retries); logged, never raised. The thread."""
-        run_id = self.tessera_run_id
-
-        def end() -> None:
-            try:
-                ended = _end_running_mlflow_runs(self.tracking_uri, self.experiment, {RUN_ID_TAG: run_id},
-                                                 RunStatus.FAILED, keep={self.run_id})
-            except Exception as exc:
-                log.warning("could not end the MLflow runs that earlier starts of run %s left RUNNING: %s",
-                            run_id, describe(exc))
-                return
-            if ended:
-                log.info("ended FAILED the MLflow runs %s, left RUNNING by earlier starts of run %s",
-                         ", ".join(ended), run_id)
-
-        thread = threading.Thread(target=end, name="end-left-running-mlflow-runs", daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        if thread.is_alive():
-            log.warning("ending the MLflow runs earlier starts of run %s left RUNNING goes on in the background "
-                        "after %gs", run_id, timeout_s)
-        return thread
+        node) before it could end its run. As ``end_running_mlflow_runs`` does, in a daemon
+        thread waited for ``timeout_s`` at most (a tracking server that does not answer would hold
+        rank 0, and every rank with it, for MLflow's retries); logged, never raised. The thread."""
+        return _end_in_background([(self.tracking_uri, self.experiment)], {RUN_ID_TAG: self.tessera_run_id},
+                                  RunStatus.FAILED, timeout_s=timeout_s, keep={self.run_id})[0]
 
     def add(self, step: int, key: str, value: float) -> None:
         self.pending.append(self._metric(key, float(value), int(time.time() * 1000), int(step)))
@@ -436,9 +417,16 @@ def end_running_mlflow_runs(spec: RunSpec, tags: dict[str, str], status: RunStat
     the runs it ended by then are returned; None if it did not finish in time (the thread is
     left to run on, or to the process's exit). A failure is logged, never raised. ``[]`` at once
     for a spec without an MLflow logger. ``prepare_mlflow_end`` at the start makes it faster."""
-    targets = mlflow_targets(spec)
+    return _end_in_background(mlflow_targets(spec), tags, status, timeout_s=timeout_s)[1]
+
+
+def _end_in_background(targets: list[tuple[str, str]], tags: dict[str, str], status: RunStatus, *,
+                       timeout_s: float, keep: Collection[str] = ()) -> tuple[threading.Thread | None, list[str] | None]:
+    """``end_running_mlflow_runs`` on ``targets`` (``(tracking_uri, experiment)`` pairs), leaving
+    the MLflow runs in ``keep`` running: its daemon thread (None if none was started) and the runs
+    it ended within ``timeout_s`` (None if it did not finish by then, or could not start)."""
     if not targets:
-        return []
+        return None, []
     what = ", ".join(f"{key}={value}" for key, value in tags.items())
     ended: list[str] = []
     done = threading.Event()
@@ -447,7 +435,7 @@ def end_running_mlflow_runs(spec: RunSpec, tags: dict[str, str], status: RunStat
         try:
             for tracking_uri, experiment in targets:
                 try:
-                    ended.extend(_end_running_mlflow_runs(tracking_uri, experiment, tags, status))
+                    ended.extend(_end_running_mlflow_runs(tracking_uri, experiment, tags, status, keep=keep))
                 except Exception as exc:
                     log.warning("could not end the MLflow runs of %s in experiment %s at %s: %s",
                                 what, experiment, tracking_uri, describe(exc))
@@ -455,18 +443,19 @@ def end_running_mlflow_runs(spec: RunSpec, tags: dict[str, str], status: RunStat
             done.set()
 
     started = time.monotonic()
+    thread = threading.Thread(target=end_all, name="end-mlflow-runs", daemon=True)
     try:
-        threading.Thread(target=end_all, name="end-mlflow-runs", daemon=True).start()
+        thread.start()
     except RuntimeError as exc:  # no new threads (the interpreter is shutting down)
         log.warning("could not end the MLflow runs of %s: %s", what, describe(exc))
-        return None
+        return None, None
     if not done.wait(timeout_s):
         log.warning("ending the MLflow runs of %s did not finish within %gs (ended so far: %s); "
                     "the others stay RUNNING", what, timeout_s, ", ".join(ended) or "none")
-        return None
+        return thread, None
     log.info("ended %d MLflow run(s) of %s as %s (%s) in %.2fs%s", len(ended), what, MLFLOW_STATUS[status],
              status.value, time.monotonic() - started, f": {', '.join(ended)}" if ended else "")
-    return list(ended)
+    return thread, list(ended)
 
 
 _clients: dict[str, Any] = {}  # MlflowClient by tracking URI, for the driver's preparation and stop

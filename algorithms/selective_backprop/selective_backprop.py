@@ -26,14 +26,12 @@ def per_example_loss(outputs: torch.Tensor, targets: torch.Tensor, reduction: st
     tokens whose target is not ``IGNORE_INDEX``); class indices or dense target rows."""
     if is_index_target(targets):
         loss = F.cross_entropy(outputs.movedim(-1, 1).float(), targets.long(), reduction="none")  # ignored: 0
-        if loss.dim() > 1:
-            kept = (targets != IGNORE_INDEX).flatten(1).sum(1).clamp_min(1)
-            loss = loss.flatten(1).sum(1) / kept
+        kept = targets != IGNORE_INDEX
     else:
         loss = -(targets * F.log_softmax(outputs.float(), dim=-1)).sum(-1)
-        if loss.dim() > 1:  # a row of zeros is an ignored token's (smooth_labels)
-            kept = (targets.sum(-1) > 0).flatten(1).sum(1).clamp_min(1)
-            loss = loss.flatten(1).sum(1) / kept
+        kept = targets.sum(-1) > 0  # a row of zeros is an ignored token's (smooth_labels)
+    if loss.dim() > 1:
+        loss = loss.flatten(1).sum(1) / kept.flatten(1).sum(1).clamp_min(1)
     return loss if reduction == "none" else loss.mean()
 
 

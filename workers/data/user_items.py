@@ -119,7 +119,7 @@ class UserItems(Dataset):
                                            f"nothing; allowed: {ALLOWED_TOKENS}, at least one target kept")
             else:
                 kept = ids
-            low, high = (int(kept.min()), int(kept.max())) if kept.numel() else (0, 0)
+            low, high = int(kept.min()), int(kept.max())  # seq_len >= 2 ids; targets keep one at least
             if low < 0 or high >= self.num_classes:
                 bad = low if low < 0 else high
                 allowed = f"ids in [0, {self.num_classes})" + (f", and {IGNORE_INDEX} to ignore a position"

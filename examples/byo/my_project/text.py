@@ -33,11 +33,16 @@ class CharWindows(Dataset):
         return self.inputs[i], self.targets[i]
 
 
-def char_windows(split: str = "train", seq_len: int = 64, holdout: float = 0.1) -> CharWindows:
+def _split_text(split: str, holdout: float) -> tuple[str, str]:
+    """The corpus's ``split`` ("train": all but its last ``holdout``; else that), and the vocabulary."""
     text = CORPUS.read_text()
     vocabulary = "".join(sorted(set(text)))  # from the whole corpus: train and eval share the ids
     cut = int(len(text) * (1 - holdout))
-    return CharWindows(text[:cut] if split == "train" else text[cut:], vocabulary, seq_len)
+    return (text[:cut] if split == "train" else text[cut:]), vocabulary
+
+
+def char_windows(split: str = "train", seq_len: int = 64, holdout: float = 0.1) -> CharWindows:
+    return CharWindows(*_split_text(split, holdout), seq_len)
 
 
 class PaddedSentences(Dataset):
@@ -59,7 +64,4 @@ class PaddedSentences(Dataset):
 
 
 def char_sentences(split: str = "train", seq_len: int = 64, holdout: float = 0.1) -> PaddedSentences:
-    text = CORPUS.read_text()
-    vocabulary = "".join(sorted(set(text)))
-    cut = int(len(text) * (1 - holdout))
-    return PaddedSentences(text[:cut] if split == "train" else text[cut:], vocabulary, seq_len)
+    return PaddedSentences(*_split_text(split, holdout), seq_len)
