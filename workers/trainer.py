@@ -38,6 +38,7 @@ from workers.export import export_metadata, full_model_state, write_exports
 from workers.fault_injection import install_fault_injection
 from workers.loss import eval_metrics, eval_sums, soft_cross_entropy
 from workers.metric_buffer import MetricBuffer
+from workers.loss_weights import microbatch_shares, rank_weight
 from workers.microbatch import Microbatches
 from workers.models import build_model
 from workers.models.user_code import loss_of
@@ -292,11 +293,14 @@ class Trainer:
         batch_inputs, batch_targets = state.inputs, state.targets
         batch_size = batch_inputs.shape[0]
         lr = state.optimizer.param_groups[0]["lr"]
+        # Text on several ranks: each rank's loss weighs by its kept tokens (one all-reduce).
+        weight = rank_weight(batch_targets, world_size=self.world_size) if self.counts_tokens else None
         if not microbatches.auto:  # only 'auto' retries a batch that ran out of memory
-            batch_loss = self._accumulate_gradients(batch_inputs, batch_targets)
+            batch_loss = self._accumulate_gradients(batch_inputs, batch_targets, weight)
         else:
-            while (batch_loss := microbatches.attempt(self._accumulate_gradients, batch_inputs,
-                                                      batch_targets)) is None:
+            while (batch_loss := microbatches.attempt(
+                    lambda inputs, targets: self._accumulate_gradients(inputs, targets, weight),
+                    batch_inputs, batch_targets)) is None:
                 if not microbatches.halve(batch_size, state):
                     raise torch.OutOfMemoryError(f"out of memory on this batch with microbatches of "
                                                  f"{microbatches.size or batch_size}, on this rank or another")
@@ -308,7 +312,7 @@ class Trainer:
             state.scaler.unscale_(state.optimizer)
         if dispatch:
             # SAM takes a second forward/backward of this batch at other weights.
-            state.recompute_gradients = lambda: self._recompute_gradients(batch_inputs, batch_targets)
+            state.recompute_gradients = lambda: self._recompute_gradients(batch_inputs, batch_targets, weight)
             engine.run_event(Event.AFTER_TRAIN_BATCH, state)
             state.recompute_gradients = None
         if self.scaling:
@@ -324,43 +328,48 @@ class Trainer:
             engine.run_event(Event.BATCH_END, state)
         self.metrics.add_step(state.timestamp.batch, batch_loss, lr)
 
-    def _recompute_gradients(self, batch_inputs: torch.Tensor, batch_targets: torch.Tensor) -> None:
+    def _recompute_gradients(self, batch_inputs: torch.Tensor, batch_targets: torch.Tensor,
+                             weight: torch.Tensor | None) -> None:
         """Zero the gradients and run the batch's forward/backward again at the current weights,
         synced across ranks like the first pass; the new gradients are scaled (fp16), not unscaled."""
-        self._accumulate_gradients(batch_inputs, batch_targets)
+        self._accumulate_gradients(batch_inputs, batch_targets, weight)
         if self.microbatches.defer_gradient_sync:
             average_gradients(self.state.model)
 
-    def _accumulate_gradients(self, batch_inputs: torch.Tensor, batch_targets: torch.Tensor) -> torch.Tensor:
-        """Forward and backward over the batch's microbatches; returns the batch's mean loss."""
+    def _accumulate_gradients(self, batch_inputs: torch.Tensor, batch_targets: torch.Tensor,
+                              weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward and backward over the batch's microbatches; returns this rank's mean loss.
+        ``weight``: this rank's loss's weight in the ranks' average (``loss_weights.rank_weight``;
+        None: the same as every rank's)."""
         state = self.state
         batch_size = batch_inputs.shape[0]
         size, defer_sync = self.microbatches.size, self.microbatches.defer_gradient_sync
         state.optimizer.zero_grad(set_to_none=True)
         if size is None or size >= batch_size:
-            # The whole batch at once (the usual case): no slices, no weighting, no running sum.
-            # Four fewer tensor ops per step, which a small model's step time feels (bench/loop.py).
+            # The whole batch at once (the usual case): no slices, no running sum, and on one
+            # rank no weighting. Four fewer tensor ops per step, which a small model's step time
+            # feels (bench/loop.py).
             state.inputs, state.targets = batch_inputs, batch_targets
             if self.sync_control:
                 with no_sync(state.model, skip=defer_sync):
-                    self._forward_backward(1.0)
+                    self._forward_backward(weight)
             else:
-                self._forward_backward(1.0)
+                self._forward_backward(weight)
             return state.loss.detach()
         bounds = self.microbatches.bounds(batch_size)
         batch_loss = torch.zeros((), device=self.device)
-        for i, (start, end) in enumerate(bounds):
+        # Weighting each microbatch's mean loss by its share of the batch (of its items, or for
+        # text of its kept tokens) makes the summed gradients equal the full batch's.
+        shares = microbatch_shares(batch_targets, bounds, by_tokens=self.counts_tokens)
+        for i, ((start, end), share) in enumerate(zip(bounds, shares)):
             state.inputs, state.targets = batch_inputs[start:end], batch_targets[start:end]
-            # Weighting each microbatch's mean loss by its share of the batch makes the summed
-            # gradients equal the full batch's.
-            weight = (end - start) / batch_size
             # DDP all-reduces gradients only on the last microbatch (or, deferred, after the batch).
             with no_sync(state.model, skip=defer_sync or i < len(bounds) - 1):
-                self._forward_backward(weight)
-            batch_loss += state.loss.detach() * weight
+                self._forward_backward(share if weight is None else share * weight)
+            batch_loss += state.loss.detach() * share
         return batch_loss
 
-    def _forward_backward(self, weight: float) -> None:
+    def _forward_backward(self, weight: float | torch.Tensor | None) -> None:
         state, engine, forward_context = self.state, self.engine, self.forward_context
         dispatch = engine.algorithms or engine.callbacks  # as in train_batch
         if dispatch:
@@ -381,7 +390,7 @@ class Trainer:
         if dispatch:
             engine.run_event(Event.AFTER_LOSS, state)
             engine.run_event(Event.BEFORE_BACKWARD, state)
-        loss = state.loss if weight == 1.0 else state.loss * weight
+        loss = state.loss if weight is None else state.loss * weight
         (state.scaler.scale(loss) if self.scaling else loss).backward()
         if dispatch:
             engine.run_event(Event.AFTER_BACKWARD, state)
