@@ -10,9 +10,11 @@ The service's dispatcher submits this as a Ray job with the environment:
   storage (optional).
 
 It fetches and validates the spec, trains with ``fit_with_ray``, and reports COMPLETED, or
-FAILED with the root cause as ``"Type: message"`` and exit code 1. Reading the run and the final
-status report retry through service and database outages for ``TESSERA_REPORT_PATIENCE_S``
-(``workers.retry``); rank 0's reports in between go through its spool (``workers.spool``).
+FAILED with the root cause as ``"Type: message"`` and exit code 1; before that report it ends
+FAILED the run's MLflow runs a SIGKILLed rank 0 left RUNNING (``workers.loggers.
+end_failed_mlflow_runs``, 10 s at most). Reading the run and the final status report retry
+through service and database outages for ``TESSERA_REPORT_PATIENCE_S`` (``workers.retry``);
+rank 0's reports in between go through its spool (``workers.spool``).
 
 Stopped by Ray (the service canceled the run), it reports nothing (the service ends the run
 CANCELED), ends the run's MLflow runs that are still RUNNING as KILLED
@@ -29,7 +31,7 @@ import sys
 
 from api.client import Client
 from api.specs import RunSpec
-from workers.loggers import end_interrupted_mlflow_runs, prepare_mlflow_end
+from workers.loggers import end_failed_mlflow_runs, end_interrupted_mlflow_runs, prepare_mlflow_end
 from workers.outcome import RunOutcome, summary_of
 from workers.paths import ray_storage_path
 from workers.retry import call_with_retries
@@ -85,6 +87,8 @@ def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, stor
                                storage_path=ray_storage_path(storage_url, attempt=attempt),
                                storage_url=storage_url, attempt=attempt, fork=view.fork)
     except Exception as exc:
+        if spec is not None:  # before the report: the service may start the next attempt on it
+            end_failed_mlflow_runs(spec, run_id)
         log.error("run %s attempt %d failed: %s", run_id, attempt, outcome.failed(exc))
         return 1
     except BaseException:  # stopped: SystemExit from Ray's stop signal (see above), KeyboardInterrupt

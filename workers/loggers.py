@@ -34,9 +34,10 @@ outlives rank 0 and knows how the attempt ended, with one function, ``end_runnin
 
 After a SIGKILL of rank 0, of the job or of the sweep driver, or a lost node, a run of the
 service has them ended FAILED by its next start (``MLflowSink.end_left_running``): a restart of
-the worker group (Ray Train's, within ``max_restarts``) or the service's next attempt. After the
-last start, and for ``tessera train`` (whose run ids are spec names, not unique), nothing does,
-and they stay RUNNING.
+the worker group (Ray Train's, within ``max_restarts``) or the service's next attempt. When the
+worker group fails for good, the job's driver ends them FAILED (``end_failed_mlflow_runs``,
+called by ``workers.launch``). What a SIGKILLed driver on the last attempt leaves, and what a
+killed ``tessera train`` leaves (its run ids are spec names, not unique), stays RUNNING.
 """
 
 from __future__ import annotations
@@ -401,6 +402,16 @@ def end_interrupted_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float 
     killed after it, so rank 0 never ends its MLflow run (``closed_at_end``). Every RUNNING one
     of the run goes, also one an earlier attempt's killed ranks left."""
     return end_running_mlflow_runs(spec, {RUN_ID_TAG: run_id}, RunStatus.CANCELED, timeout_s=timeout_s)
+
+
+def end_failed_mlflow_runs(spec: RunSpec, run_id: str, *,
+                           timeout_s: float = LEFT_RUNNING_TIMEOUT_S) -> list[str] | None:
+    """End as FAILED the MLflow runs of Tessera run ``run_id`` that are still RUNNING
+    (``end_running_mlflow_runs``). For the process that started the ranks, when training failed
+    (``workers.launch``): Ray Train has stopped the worker group by then, so no rank is left to
+    end one. A rank 0 that raised ended its own run FAILED; one SIGKILLed (out of memory, say) or
+    lost with its node left it RUNNING, on this start or an earlier one of the worker group."""
+    return end_running_mlflow_runs(spec, {RUN_ID_TAG: run_id}, RunStatus.FAILED, timeout_s=timeout_s)
 
 
 def end_running_mlflow_runs(spec: RunSpec, tags: dict[str, str], status: RunStatus, *,

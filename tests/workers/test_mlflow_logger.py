@@ -361,3 +361,42 @@ def test_the_driver_spends_rays_stop_grace_less_a_second_on_mlflow(monkeypatch):
     assert mlflow_end_budget_s() == 10.0
     monkeypatch.setenv("RAY_JOB_STOP_WAIT_TIME_S", "1")
     assert mlflow_end_budget_s() == 0.5
+
+
+def test_a_driver_whose_training_failed_ends_what_a_killed_rank_0_left_running_before_it_reports(
+        mlflow_store, monkeypatch):
+    """The worker group failed for good (Ray Train gave up): its rank 0 was SIGKILLed, say out of
+    memory, and left its MLflow run RUNNING; the job's driver ends it FAILED, then reports the
+    failure. Another Tessera run's live MLflow run is left alone."""
+    import httpx
+    import ray
+
+    import workers.ray_train
+    from api.client import Client
+    from workers.errors import TrainingError
+    from workers.launch import run_attempt
+
+    spec = stopped_spec(mlflow_store, "driver-failed")
+    killed_rank_0 = MLflowSink(spec, mlflow_store, "driver-failed", run_id="run-fails")
+    other_run = MLflowSink(spec, mlflow_store, "driver-failed", run_id="run-lives")
+    statuses_at_report = []
+
+    def service(request):
+        if request.method == "GET":
+            return httpx.Response(200, json={"id": "run-fails", "name": "n", "status": "STARTING", "attempt": 1,
+                                             "spec": spec.model_dump(mode="json"),
+                                             "created_at": "2026-01-01T00:00:00Z"})
+        statuses_at_report.append(status_of(mlflow_store, killed_rank_0.run_id))
+        return httpx.Response(200, json={"id": "run-fails", "name": "n", "status": "FAILED", "attempt": 1,
+                                         "spec": {}, "created_at": "2026-01-01T00:00:00Z"})
+
+    def fit_fails(*args, **kwargs):  # what fit_with_ray raises once Ray Train gave up on the group
+        raise TrainingError("ActorDiedError: the worker died unexpectedly (SIGKILL)")
+
+    monkeypatch.setattr(workers.ray_train, "fit_with_ray", fit_fails)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no Ray: the fit is faked above
+    client = Client("http://tessera.test", transport=httpx.MockTransport(service))
+    assert run_attempt("run-fails", service_url="http://tessera.test", token="tok", attempt=1,
+                       storage_url=None, client=client) == 1
+    assert statuses_at_report == ["FAILED"]  # ended before the service heard of the failure
+    assert status_of(mlflow_store, other_run.run_id) == "RUNNING"
