@@ -324,6 +324,42 @@ def test_the_cache_prunes_folders_unused_for_its_keep_time_unless_a_process_hold
         ["being_placed", "imported_from", "recent", "used_lately"]
     assert sorted(code_cache.prune(cache, keep_s=7 * 86400)) == ["being_placed", "imported_from"]  # let go
     assert not [p for p in cache.iterdir() if p.name.startswith(".stale-")]
+    # A removed folder's lock files go with it; a kept one's stay.
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == \
+        [".recent.inuse", ".used_lately.inuse"]
+
+
+def test_a_lock_granted_on_a_lock_file_a_prune_deleted_meanwhile_is_taken_again_on_the_new_file(tmp_path,
+                                                                                             monkeypatch):
+    """A process opens a folder's lock file; before its lock is granted, a prune that held it
+    removes the folder and deletes the file. The lock it then gets is on a file nobody else will
+    open: it locks the file now at the path instead, or a second process could lock that one
+    and both would place (or a prune take what the other imports from)."""
+    import fcntl
+    import os
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    target = cache / "package"
+    locked = []
+    real_flock = fcntl.flock
+
+    def pruned_meanwhile(file, operation):
+        if not locked:
+            os.unlink(file.name)  # what a prune holding the lock does before it lets go
+        real_flock(file, operation)
+        locked.append((file.name, os.fstat(file.fileno()).st_nlink))
+
+    monkeypatch.setattr(code_cache.fcntl, "flock", pruned_meanwhile)
+    code_cache.place(target, lambda staging: (staging / "a.py").write_text("x = 1\n"))
+    assert locked == [(str(cache / ".package.lock"), 0), (str(cache / ".package.lock"), 1)]
+    assert (target / "a.py").read_text() == "x = 1\n"
+    locked.clear()
+    code_cache.hold(target)  # the same for the shared lock of a process importing from it
+    assert locked == [(str(cache / ".package.inuse"), 0), (str(cache / ".package.inuse"), 1)]
+    assert code_cache.prune(cache, keep_s=0) == []  # held: the file at the path is the one locked
+    code_cache._HELD.pop(str(target)).close()  # this process lets go: the next prune takes it
+    assert code_cache.prune(cache, keep_s=0) == ["package"] and not list(cache.iterdir())
 
 
 def test_installing_code_prunes_the_cache_but_not_what_this_process_imports_from(tmp_path, fresh_imports,

@@ -11,8 +11,10 @@ It is pruned: a process that imports from a folder holds a shared lock on the fo
 ``.{name}.inuse`` file for as long as it lives (``hold``; loader worker processes forked from it
 share it) and sets that file's time, the folder's last use. Whenever a run's code is installed,
 the folders last used more than ``$TESSERA_CODE_CACHE_KEEP_DAYS`` ago (default 7) that no process
-holds and none is placing are removed (``prune``). The small lock files stay: removing a lock
-file that another process may be opening would let two processes lock different files.
+holds and none is placing are removed (``prune``), with their two lock files. A process that
+opened a lock file just before a prune deleted it gets its lock on a file that is gone; it checks,
+once granted, that the lock file is still the one at its path, and locks again if it is not
+(``_locked``), so no two processes ever lock different files for one folder.
 """
 
 from __future__ import annotations
@@ -98,8 +100,7 @@ def place(target: Path, fill: Callable[[Path], None]) -> None:
     moved aside and removed; a verified one is never touched, so a process importing from it
     keeps it. The code package (``install_code``) and its pip requirements
     (``workers.models.user_requirements``) are both placed so."""
-    with open(_lock_file(target, "lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with _locked(_lock_file(target, "lock"), "a", fcntl.LOCK_EX):  # released when the file closes
         if verified(target):
             return  # another worker's copy: the same content
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}-", dir=target.parent))
@@ -131,6 +132,23 @@ def _lock_file(target: Path, kind: str) -> Path:
     return target.parent / f".{target.name}.{kind}"
 
 
+def _locked(path: Path, mode: str, operation: int) -> IO[str]:
+    """``path`` opened (``mode``) and locked (``flock``'s ``operation``, which waits): the file
+    that is at ``path`` once the lock is granted. One granted on a file a prune deleted meanwhile
+    (``prune`` deletes a removed folder's lock files while it holds them) is let go, and the new
+    file at ``path`` is locked instead."""
+    while True:
+        opened = open(path, mode)
+        try:
+            fcntl.flock(opened, operation)
+            if _same_file(opened, path):
+                return opened
+        except BaseException:
+            opened.close()
+            raise
+        opened.close()
+
+
 def hold(target: Path) -> None:
     """Mark ``target`` (a placed folder) used now and in use by this process until it ends: a
     shared lock on its ``.inuse`` file, kept open, whose time is the folder's last use (set
@@ -143,8 +161,8 @@ def hold(target: Path) -> None:
             if held is not None:
                 held.close()
             # Open to read as well: NFSv4 grants a shared lock only on a file open for reading.
-            held = open(path, "a+")
-            fcntl.flock(held, fcntl.LOCK_SH)  # released when the process (and its forked children) end
+            # Released when the process (and its forked children) end.
+            held = _locked(path, "a+", fcntl.LOCK_SH)
             _HELD[str(target)] = held
         os.utime(path)
     except OSError as exc:
@@ -204,15 +222,21 @@ def prune(cache: Path, *, keep_s: float) -> list[str]:
                     os.utime(used, (folder_time, folder_time))
             if now - used.stat().st_mtime <= keep_s:
                 continue
-            with open(_lock_file(entry, "lock"), "a") as placing, open(used, "a") as in_use:
+            lock = _lock_file(entry, "lock")
+            with open(lock, "a") as placing, open(used, "a") as in_use:
                 try:
                     fcntl.flock(placing, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # being placed, or imported from
+                if not (_same_file(placing, lock) and _same_file(in_use, used)):
+                    continue  # another prune removed it (and its lock files) meanwhile
                 if now - used.stat().st_mtime <= keep_s:
                     continue  # a process used it and ended since the first look
                 stale = _moved_aside(entry)
+                # Deleted while locked: whoever opened them meanwhile locks again (``_locked``).
+                used.unlink()
+                lock.unlink()
             _remove(stale)
             removed.append(entry.name)
         except OSError as exc:
