@@ -88,7 +88,10 @@ def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, stor
                                storage_url=storage_url, attempt=attempt, fork=view.fork)
     except Exception as exc:
         if spec is not None:  # before the report: the service may start the next attempt on it
-            end_failed_mlflow_runs(spec, run_id)
+            try:
+                end_failed_mlflow_runs(spec, run_id)
+            except Exception as mlflow_exc:  # it logs its own failures; nothing may keep the report from going
+                log.warning("could not end run %s's MLflow runs: %s", run_id, mlflow_exc)
         log.error("run %s attempt %d failed: %s", run_id, attempt, outcome.failed(exc))
         return 1
     except BaseException:  # stopped: SystemExit from Ray's stop signal (see above), KeyboardInterrupt

@@ -37,8 +37,8 @@ from workers.events import Event
 from workers.export import export_metadata, full_model_state, write_exports
 from workers.fault_injection import install_fault_injection
 from workers.loss import eval_metrics, eval_sums, soft_cross_entropy
-from workers.metric_buffer import MetricBuffer
 from workers.loss_weights import microbatch_shares, rank_weight
+from workers.metric_buffer import MetricBuffer
 from workers.microbatch import Microbatches
 from workers.models import build_model
 from workers.models.user_code import loss_of

@@ -83,11 +83,13 @@ def _rank_gradients(rank: int, init_file: str, spec_json: str, out: str) -> None
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("strategy,microbatch_size", [("ddp", None), ("ddp", 3), ("fsdp", 3)])
+@pytest.mark.parametrize("strategy,microbatch_size", [("ddp", None), ("ddp", 3), ("ddp", "auto"), ("fsdp", None),
+                                                     ("fsdp", 3)])
 def test_two_ranks_of_padded_text_train_on_the_whole_batch_gradient(strategy, microbatch_size, tmp_path):
     """Rank 0 holds 52 of the batch's 72 kept tokens: averaging the ranks' mean losses equally
     would weigh each of rank 1's tokens 2.6 times as much as one of rank 0's. Each rank's 4
-    items go whole, or as microbatches of 3 and 1."""
+    items go whole, or as microbatches of 3 and 1; ``auto`` on several ranks averages DDP's
+    gradients itself, after the ranks agreed that the batch fit."""
     inputs, targets = padded_batch()
     whole = gradients_after_one_batch(text_spec(), inputs, targets)
     spec = text_spec(parallelism={"strategy": strategy, "num_workers": 2}, microbatch_size=microbatch_size)

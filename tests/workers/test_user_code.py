@@ -329,6 +329,42 @@ def test_the_cache_prunes_folders_unused_for_its_keep_time_unless_a_process_hold
         [".recent.inuse", ".used_lately.inuse"]
 
 
+def test_prunes_at_once_remove_a_folder_once_and_leave_no_lock_files_and_no_warning(tmp_path, monkeypatch, caplog):
+    """Every worker of a machine installs its run's code, and prunes, at about the same time. A
+    prune whose listing holds a folder another one has removed since, or that opened a folder's
+    lock files just before another one took it and deleted them, passes it by quietly and leaves
+    no lock file behind."""
+    import fcntl
+    import logging
+    import os
+    import time
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = time.time() - 8 * 86400
+    for name in ("listed_then_gone", "taken_while_opening"):
+        (cache / name).mkdir()
+        os.utime(cache / name, (old, old))
+    listed = cache / "listed_then_gone"
+    assert code_cache._prune_one(listed, now=time.time(), keep_s=86400)  # another prune, first
+    with pytest.raises(FileNotFoundError):  # a stale listing's folder: prune() logs it at debug level
+        code_cache._prune_one(listed, now=time.time(), keep_s=86400)
+
+    real_flock, other = fcntl.flock, []
+
+    def another_prune_first(file, operation):  # between this prune's opening a lock file and locking it
+        if not other:
+            monkeypatch.setattr(code_cache.fcntl, "flock", real_flock)
+            other.append(code_cache._prune_one(cache / "taken_while_opening", now=time.time(), keep_s=86400))
+        real_flock(file, operation)
+
+    monkeypatch.setattr(code_cache.fcntl, "flock", another_prune_first)
+    caplog.set_level(logging.DEBUG, logger=code_cache.__name__)
+    assert code_cache.prune(cache, keep_s=86400) == [] and other == [True]
+    assert not list(cache.iterdir())  # no folder, no lock file, nothing moved aside
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+
+
 def test_a_lock_granted_on_a_lock_file_a_prune_deleted_meanwhile_is_taken_again_on_the_new_file(tmp_path,
                                                                                              monkeypatch):
     """A process opens a folder's lock file; before its lock is granted, a prune that held it

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -143,6 +144,11 @@ def _locked(path: Path, mode: str, operation: int) -> IO[str]:
             fcntl.flock(opened, operation)
             if _same_file(opened, path):
                 return opened
+        except OSError as exc:
+            opened.close()
+            if exc.errno != errno.ESTALE:  # NFS: another machine's prune deleted it: lock again
+                raise
+            continue
         except BaseException:
             opened.close()
             raise
@@ -214,34 +220,50 @@ def prune(cache: Path, *, keep_s: float) -> list[str]:
         return removed
     for entry in entries:
         try:
-            used = _lock_file(entry, "inuse")
-            if not used.exists():  # a folder no process has held since pruning began: its own time
-                with contextlib.suppress(FileExistsError):
-                    used.open("x").close()  # made here, to lock; one a hold made meanwhile keeps its time
-                    folder_time = entry.lstat().st_mtime
-                    os.utime(used, (folder_time, folder_time))
-            if now - used.stat().st_mtime <= keep_s:
-                continue
-            lock = _lock_file(entry, "lock")
-            with open(lock, "a") as placing, open(used, "a") as in_use:
-                try:
-                    fcntl.flock(placing, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # being placed, or imported from
-                if not (_same_file(placing, lock) and _same_file(in_use, used)):
-                    continue  # another prune removed it (and its lock files) meanwhile
-                if now - used.stat().st_mtime <= keep_s:
-                    continue  # a process used it and ended since the first look
-                stale = _moved_aside(entry)
-                # Deleted while locked: whoever opened them meanwhile locks again (``_locked``).
-                used.unlink()
-                lock.unlink()
-            _remove(stale)
-            removed.append(entry.name)
+            if _prune_one(entry, now=now, keep_s=keep_s):
+                removed.append(entry.name)
+        except FileNotFoundError as exc:  # another prune took it, or its lock files, first
+            log.debug("%s left the code cache while this prune looked at it: %s", entry, exc)
         except OSError as exc:
             log.warning("could not prune %s from the code cache: %s", entry, exc)
     if removed:
         log.info("pruned %d folders unused for over %g days from the code cache %s: %s", len(removed),
                  keep_s / 86400, cache, ", ".join(removed))
     return removed
+
+
+def _prune_one(entry: Path, *, now: float, keep_s: float) -> bool:
+    """``prune`` of one folder: whether it removed it. Its two lock files go with it, deleted
+    while this prune holds them; so do those of a folder another prune removed meanwhile (every
+    worker of a machine installs, and prunes, at once), which this one may have made again."""
+    used, lock = _lock_file(entry, "inuse"), _lock_file(entry, "lock")
+    folder_time = entry.lstat().st_mtime
+    if not used.exists():  # a folder no process has held since pruning began: its own time
+        with contextlib.suppress(FileExistsError):
+            used.open("x").close()  # made here, to lock; one a hold made meanwhile keeps its time
+            os.utime(used, (folder_time, folder_time))
+    if now - used.stat().st_mtime <= keep_s:
+        return False
+    stale = None
+    try:
+        with open(lock, "a") as placing, open(used, "a") as in_use:
+            try:
+                fcntl.flock(placing, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(in_use, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # being placed, or imported from
+            if not (_same_file(placing, lock) and _same_file(in_use, used)):
+                return False  # another prune removed it, and deleted these, meanwhile
+            gone = not os.path.lexists(entry)  # another prune removed it since the first look
+            if not gone and now - used.stat().st_mtime <= keep_s:
+                return False  # a process used it and ended since the first look
+            if not gone:
+                stale = _moved_aside(entry)
+            # Deleted while locked: whoever opened them meanwhile locks again (``_locked``).
+            for path in (used, lock):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+    finally:
+        if stale is not None:
+            _remove(stale)
+    return stale is not None
