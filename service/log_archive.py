@@ -98,7 +98,8 @@ def archive_final_log(jobs: JobsClient, store: LogStore, attempt: Attempt, text:
         return False  # still stopping: copy once it has ended
     text = jobs.job_logs(attempt.job_id) if text is None else text
     if text:  # an empty answer (Ray lost the file) never replaces a stored copy
-        store.save(attempt.record_id, attempt.attempt, text, project=attempt.project, kind=attempt.kind)
+        store.save(attempt.record_id, attempt.attempt, text, project=attempt.project, kind=attempt.kind,
+                   final=state is not None)
     return True
 
 

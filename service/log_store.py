@@ -17,6 +17,7 @@ from service.db.models import DEFAULT_PROJECT
 from service.storage_paths import attempt_log_url, project_storage_url, sweep_log_url
 
 LOG_URLS = {"run": attempt_log_url, "sweep": sweep_log_url}  # by job kind (``JobKind.name``)
+FINAL_SUFFIX = ".final"  # beside a log: the empty marker of a finished job's whole log
 
 
 class LogStore:
@@ -32,11 +33,22 @@ class LogStore:
         return url_to_fs(LOG_URLS[kind](project_storage_url(self.storage_url, project), record_id, attempt))[1]
 
     def save(self, record_id: str, attempt: int, text: str, *, project: str = DEFAULT_PROJECT,
-             kind: str = "run") -> None:
+             kind: str = "run", final: bool = False) -> None:
         """Store (replace) the attempt's log; readers see the old copy or the new one, never half.
-        ``kind``: ``"run"`` (``record_id`` is a run's) or ``"sweep"`` (a sweep driver's)."""
+        ``kind``: ``"run"`` (``record_id`` is a run's) or ``"sweep"`` (a sweep driver's).
+        ``final``: this is the log of a job that has finished, so nothing more will come: a
+        marker beside it, written after it, says so (``is_final``)."""
         path = self._path(record_id, attempt, project, kind)
         bounded(f"saving log {path}", self.timeout_s, write_whole, self.fs, path, text.encode())
+        if final:
+            bounded(f"marking log {path} final", self.timeout_s, write_whole, self.fs, path + FINAL_SUFFIX, b"")
+
+    def is_final(self, record_id: str, attempt: int, *, project: str = DEFAULT_PROJECT, kind: str = "run") -> bool:
+        """Whether the stored log is its finished job's whole log (``save(final=True)``). A log
+        stored before there were markers reads as not final: its reader asks Ray once more."""
+        path = self._path(record_id, attempt, project, kind) + FINAL_SUFFIX
+        self.fs.invalidate_cache(path)
+        return bool(bounded(f"looking for {path}", self.timeout_s, self.fs.exists, path))
 
     def read(self, record_id: str, attempt: int, *, project: str = DEFAULT_PROJECT,
              kind: str = "run") -> bytes | None:

@@ -3,8 +3,11 @@ and ``GET /api/v1/sweeps/{sweep_id}/logs``, one sweep driver attempt's log (read
 
 A live attempt is read from Ray's job log (the freshest), falling back to the stored copy when
 Ray cannot be asked; an ended attempt is read from storage (``service.log_store``), where the
-dispatcher copies it. An ended attempt not copied yet (the service was down when it ended) is
-read from Ray and stored on the way.
+dispatcher copies it, once the copy there is its finished job's whole log. Until then (a run
+ends as its worker reports it, a moment before its job's driver writes its last lines and
+exits; or the service was down when it ended) it is read from Ray, stored on the way once the
+job has finished, and the page stays ``live`` while the job is still finishing: a reader that
+follows the log until ``live`` turns false gets every line, the failure's traceback included.
 
 A sweep's trial has no job of its own: an attempt that started under a sweep driver (its start
 event names the driver attempt) shows that driver attempt's log, read as the sweep's own route
@@ -31,6 +34,7 @@ from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.json_body import ParsedBodyRoute
 from service.log_archive import Attempt, archive_final_log
 from service.log_store import LogStore, get_log_store
+from service.ray_client import FINISHED_JOB_STATES
 from service.routes.runs import scoped_run
 from service.routes.sweeps import scoped_sweep
 from service.sweep_repository import trial_driver_attempt
@@ -62,8 +66,8 @@ def get_run_logs(run_id: str, repo: RepoDep, sweeps: SweepsDep, caller: CallerDe
     # Decided per attempt: a trial resumed by hand runs its later attempts as jobs of its own.
     driver_attempt = _started_by_driver(repo, run.id, attempt) if run.sweep_id else None
     if driver_attempt is None:
-        data, source = _read(Attempt(run_id, attempt, attempt_job_id("run", run_id, attempt), run.project),
-                             live=live, jobs=jobs, store=store)
+        data, source, live = _read(Attempt(run_id, attempt, attempt_job_id("run", run_id, attempt), run.project),
+                                   live=live, jobs=jobs, store=store)
     else:
         sweep = sweeps.get_sweep(run.sweep_id)
         data, source, _ = _read_driver(sweep, driver_attempt, jobs=jobs, store=store)
@@ -107,25 +111,39 @@ def _page(data: bytes, after: int, limit: int) -> dict:
             "size": len(data)}
 
 
-def _read(attempt: Attempt, *, live: bool, jobs, store: LogStore) -> tuple[bytes, str]:
-    """A run attempt's or sweep driver attempt's whole log and where it came from (see the
-    module docstring for the order)."""
+def _read(attempt: Attempt, *, live: bool, jobs, store: LogStore) -> tuple[bytes, str, bool]:
+    """A run attempt's or sweep driver attempt's whole log, where it came from, and whether more
+    may come: ``live`` (the record's status says the attempt runs), or its record ended and its
+    job is still finishing (see the module docstring for the order)."""
     if live and attempt.job_id:
         text = _from_ray(jobs, attempt.job_id)
         if text is not None:
-            return text.encode(), "ray"
-    stored = store.read(attempt.record_id, attempt.attempt, project=attempt.project, kind=attempt.kind)
-    if stored is not None:
-        return stored, "storage"
-    if not live and attempt.job_id:
-        text = _from_ray(jobs, attempt.job_id)
-        if text is not None:
-            try:  # an attempt that ended while the service was down: store it now
-                archive_final_log(jobs, store, attempt, text)
-            except Exception as exc:  # the reader still gets the log; a later read stores it
-                log.info("could not store the log of %s: %s", attempt.job_id, exc)
-            return text.encode(), "ray"
-    return b"", "none"
+            return text.encode(), "ray", True
+    where = {"project": attempt.project, "kind": attempt.kind}
+    stored = store.read(attempt.record_id, attempt.attempt, **where)
+    if live or not attempt.job_id or (stored is not None and store.is_final(attempt.record_id, attempt.attempt,
+                                                                              **where)):
+        return (stored, "storage", live) if stored is not None else (b"", "none", live)
+    state = _state_in_ray(jobs, attempt.job_id)
+    text = _from_ray(jobs, attempt.job_id) if state is not None else None
+    if text is None:  # Ray forgot the job, or cannot be asked: the stored copy is all there is
+        return (stored, "storage", False) if stored is not None else (b"", "none", False)
+    if state not in FINISHED_JOB_STATES:
+        return text.encode(), "ray", True  # the job's driver is still writing its last lines
+    try:  # its finished job's whole log: stored (if the archiver has not yet) and marked final
+        archive_final_log(jobs, store, attempt, text)
+    except Exception as exc:  # the reader still gets the log; a later read stores it
+        log.info("could not store the log of %s: %s", attempt.job_id, exc)
+    return text.encode(), "ray", False
+
+
+def _state_in_ray(jobs, job_id: str) -> str | None:
+    """The job's state in Ray; None when Ray has no such job or cannot be asked."""
+    try:
+        return jobs.status(job_id)
+    except Exception as exc:
+        log.info("could not ask Ray about %s: %s", job_id, exc)
+        return None
 
 
 def _started_by_driver(repo, run_id: str, attempt: int) -> int | None:
@@ -144,8 +162,7 @@ def _read_driver(sweep, attempt: int, *, jobs, store: LogStore) -> tuple[bytes, 
     live = attempt == sweep.attempt and not sweep.status.is_terminal
     # The current attempt's job is the sweep's (none while it is queued); an earlier one's, by its id.
     job_id = sweep.ray_job_id if attempt == sweep.attempt else attempt_job_id("sweep", sweep.id, attempt)
-    data, source = _read(Attempt(sweep.id, attempt, job_id, sweep.project, "sweep"), live=live, jobs=jobs, store=store)
-    return data, source, live
+    return _read(Attempt(sweep.id, attempt, job_id, sweep.project, "sweep"), live=live, jobs=jobs, store=store)
 
 
 def _from_ray(jobs, job_id: str) -> str | None:

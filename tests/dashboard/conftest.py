@@ -123,13 +123,16 @@ def live_service(tmp_path_factory, ray_head, postgres_url):
 # --- an in-process service over SQLite with a do-nothing Ray client ---------------------
 
 class IdleJobs:
-    """A Ray Jobs client whose jobs never run: runs stay where the test puts them."""
+    """A Ray Jobs client whose jobs never run: runs stay where the test puts them. Every job reads
+    RUNNING until a test ends it (``ended``), as a run's job ends after its run does."""
 
     def submit(self, submission_id: str, entrypoint: str, env_vars: dict[str, str]) -> None:
         pass
 
+    ended: dict[str, str] = {}  # job id -> SUCCEEDED, FAILED or STOPPED (shared: job ids are unique per run)
+
     def status(self, submission_id: str) -> str | None:
-        return "RUNNING"
+        return self.ended.get(submission_id, "RUNNING")
 
     def stop(self, submission_id: str) -> None:
         pass

@@ -32,6 +32,11 @@ def test_log_pane_follows_a_live_run_then_shows_the_traceback_of_its_failure(pag
     jobs.logs[job_id] += TRACEBACK
     local_service.repo.transition(run.id, RunStatus.FAILED, error="RuntimeError: CUDA out of memory")
     expect(log).to_contain_text("RuntimeError: CUDA out of memory")
+    # The run has ended; its job, whose driver writes its last lines as it exits, not yet.
+    expect(page.locator("#run-log-note")).to_contain_text("following the live attempt")
+    jobs.logs[job_id] += "workers.launch: run failed\n"
+    jobs.ended[job_id] = "FAILED"
+    expect(log).to_contain_text("workers.launch: run failed")
     expect(page.locator("#run-log-note")).to_contain_text("ended")
     assert log.inner_text().count("batch 1 loss") == 1  # nothing fetched twice
     offsets = [int(re.search(r"after=(\d+)", url).group(1)) for url in log_requests]
@@ -49,6 +54,7 @@ def test_an_earlier_attempts_traceback_is_read_after_a_resume_and_the_choice_sta
     run = make_run(repo, "logs-attempts")
 
     def next_attempt(log: str) -> None:
+        jobs.ended[f"run-{run.id}-attempt-{repo.get_run(run.id).attempt}"] = "FAILED"
         repo.resume_run(run.id)
         repo.begin_attempt(run.id, token=f"token-{log[:8]}")
         repo.transition(run.id, RunStatus.RUNNING)
@@ -108,6 +114,7 @@ def test_sweep_page_shows_its_driver_log_and_stops_asking_once_the_sweep_ended(p
 
     jobs.logs[job_id] += "Trial t1 TERMINATED\n"
     sweeps.apply_driver_report(sweep.id, SweepStatus.COMPLETED)
+    jobs.ended[job_id] = "SUCCEEDED"
     expect(log).to_contain_text("Trial t1 TERMINATED")
     expect(page.locator("#sweep-log-note")).to_contain_text("ended")
     assert log.inner_text().count("Trial t1 RUNNING") == 1  # nothing fetched twice

@@ -41,8 +41,11 @@ def test_logs_tensorboard_and_the_exported_model_of_a_completed_run(s3_service, 
     run = wait_for_status(client, run_id, {RunStatus.FAILED, RunStatus.COMPLETED}, timeout=300)
     assert run.status is RunStatus.COMPLETED, run.error
 
+    # Followed until it is no longer live (the job's driver writes its last lines after the run
+    # ended), the log holds the driver's last line.
+    wait_until(lambda: not client.logs(run_id).live, timeout=60, what="the job to finish")
     page = client.logs(run_id)
-    assert page.attempt == 1 and not page.live and page.text and page.next_offset == page.size
+    assert page.attempt == 1 and page.next_offset == page.size and f"run {run_id} completed" in page.text
     prefix = f"{s3_service.storage_prefix}/runs/{run_id}"
     wait_until(lambda: f"{prefix}/logs/attempt-1.log" in _keys(s3_server, f"{prefix}/logs/"), timeout=60,
                what="the attempt's log copied to S3")

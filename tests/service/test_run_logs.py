@@ -51,6 +51,31 @@ def test_a_failed_attempt_s_traceback_is_stored_and_outlives_ray(client, fake_jo
     assert "ValueError: boom" in page["text"]
 
 
+def test_a_log_read_as_its_run_ends_stays_live_until_the_job_has_written_its_last_lines(client, fake_jobs,
+                                                                                      example_body, settings):
+    """A run ends as its worker reports it; its job's driver then writes the failure's traceback
+    and exits. A reader that follows the log until ``live`` turns false gets those lines too, and
+    not the shorter copy stored while the run was live."""
+    dispatcher = client.app.state.dispatcher
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    client.app.state.repo.apply_worker_report(run_id, S.RUNNING)
+    fake_jobs.logs[job_id] = "epoch 1\n"
+    dispatcher.tick()  # a live attempt's copy
+    store = LogStore(settings.storage_url)
+    assert store.read(run_id, 1) == b"epoch 1\n" and not store.is_final(run_id, 1)
+    client.app.state.repo.apply_worker_report(run_id, S.FAILED, error="ValueError: boom")
+    fake_jobs.logs[job_id] = TRACEBACK  # the driver writes on, its job still running
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert (page["text"], page["source"], page["live"]) == (TRACEBACK, "ray", True)
+    fake_jobs.logs[job_id] = TRACEBACK + "run failed\n"
+    fake_jobs.set_status(job_id, "FAILED")
+    page = client.get(f"/api/v1/runs/{run_id}/logs", params={"after": page["next_offset"]}).json()
+    assert (page["text"], page["source"], page["live"]) == ("run failed\n", "ray", False)
+    assert store.is_final(run_id, 1)  # stored on the way, marked as the whole log
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert (page["text"], page["source"], page["live"]) == (TRACEBACK + "run failed\n", "storage", False)
+
+
 def test_a_finished_job_is_forgotten_by_ray_only_once_its_final_log_is_stored(client, fake_jobs, example_body,
                                                                             settings):
     run_id, job_id = _start(client, fake_jobs, example_body)
