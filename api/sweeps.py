@@ -187,11 +187,14 @@ class SweepSpec(_Spec):
             if problem:
                 raise ValueError(problem)
         searched = {name for s in sets for name in s}
-        for path, domain in self.search.params.items():
-            problem = _param_problem(self, path, domain, searched)
-            if problem:
-                # Named as a 422's field names it: search.params['optimizer.lr'], search.params.seed.
-                raise ValueError(f"{join_field(('search', 'params', path))}: {problem}")
+        # Every refused param, not only the first: one line each, which the 422 turns into an item
+        # each (api.validation_errors), named as a 422's field names it: search.params['optimizer.lr'],
+        # search.params.seed.
+        problems = [f"{join_field(('search', 'params', path))}: {problem}"
+                    for path, domain in self.search.params.items()
+                    if (problem := _param_problem(self, path, domain, searched))]
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 

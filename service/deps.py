@@ -80,14 +80,22 @@ SweepTokenDep = Annotated[str, Depends(require_sweep_token)]
 
 KEY_UNAUTHORIZED = ("a valid API key is required: send Authorization: Bearer tsk_... (the embedded service "
                     "writes its first key to $TESSERA_HOME/credentials)")
+# A key was sent and is refused. One wording for an unknown key and a revoked one, and never the
+# key itself: the answer tells nobody whether a key they try existed once.
+KEY_INVALID = ("the API key sent is not valid (unknown or revoked): send a current key as Authorization: "
+               "Bearer tsk_... (an admin makes one with tessera keys create; the embedded service writes its first "
+               "key to $TESSERA_HOME/credentials)")
 
 
 def require_caller(request: Request, access: AccessDep) -> Caller:
-    """The holder of the request's API key; 401 without one, or with an unknown or revoked key."""
+    """The holder of the request's API key; 401 without one (``KEY_UNAUTHORIZED``), or with an
+    unknown or revoked key (``KEY_INVALID``, the same for both)."""
     token = bearer_token(request.headers.get("authorization", ""))
-    caller = access.authenticate(token) if token is not None else None
-    if caller is None:
+    if token is None:
         raise HTTPException(status_code=401, detail=KEY_UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+    caller = access.authenticate(token)
+    if caller is None:
+        raise HTTPException(status_code=401, detail=KEY_INVALID, headers={"WWW-Authenticate": "Bearer"})
     return caller
 
 

@@ -223,6 +223,30 @@ def test_a_refused_param_is_named_by_its_key_whichever_rule_refused_it(case):
     assert format_detail([item]) == f"{field}: {item['msg']} (got {value!r})"
 
 
+SEVERAL_REFUSED_PARAMS = {
+    "model.widht": {"grid": [8]},  # a path the base lacks...
+    "seed": {"grid": [1, 2]},  # (one the base has, with values it accepts: not named)
+    "optimizer.lrr": {"grid": [0.1]},  # ...another...
+    "optimizer.lr": {"grid": [-0.1]},  # ...and a value the base refuses
+}
+SEVERAL_REFUSED_ITEMS = [
+    ("search.params['model.widht']", {"grid": [8]}, "'model.widht' is not a field of the base RunSpec"),
+    ("search.params['optimizer.lrr']", {"grid": [0.1]}, "'optimizer.lrr' is not a field of the base RunSpec"),
+    ("search.params['optimizer.lr']", {"grid": [-0.1]},
+     "value -0.1 is not allowed: optimizer.lr: Input should be greater than 0"),
+]
+
+
+def test_every_refused_param_is_an_item_of_its_own_not_only_the_first():
+    from api.errors import format_detail
+
+    _, items = _refused_items(SEVERAL_REFUSED_PARAMS)
+    assert [(i["field"], i["input"]) for i in items] == [(f, v) for f, v, _ in SEVERAL_REFUSED_ITEMS], items
+    for item, (field, value, words) in zip(items, SEVERAL_REFUSED_ITEMS):
+        assert words in item["msg"] and "\n" not in item["msg"], item
+        assert format_detail([item]) == f"{field}: {item['msg']} (got {value!r})"  # each worded as one alone
+
+
 def test_the_sweep_s_own_rule_and_the_domain_s_validation_name_a_dotted_key_alike():
     _, [by_the_sweep] = _refused_items({"optimizer.lr": {"grid": [-0.1]}})
     _, [by_the_domain] = _refused_items({"optimizer.lr": {"uniform": [0.1, "x"]}})
@@ -248,6 +272,11 @@ def test_the_422_of_post_sweeps_names_the_refused_params_by_their_keys(tmp_path)
             assert response.status_code == 422, response.text
             [item] = response.json()["detail"]
             assert (item["field"], item["input"]) == (field, value) and words in item["msg"], item
+        response = client.post("/api/v1/sweeps", json=sweep(search={"params": SEVERAL_REFUSED_PARAMS}))
+        assert response.status_code == 422, response.text
+        items = response.json()["detail"]
+        assert [(i["field"], i["input"]) for i in items] == [(f, v) for f, v, _ in SEVERAL_REFUSED_ITEMS], items
+        assert all(words in i["msg"] for i, (_, _, words) in zip(items, SEVERAL_REFUSED_ITEMS)), items
         assert client.get("/api/v1/sweeps").json() == {"data": [], "next_cursor": None}
 
 

@@ -147,6 +147,30 @@ def test_no_key_a_wrong_key_and_a_revoked_key_get_401(admin, two_projects):
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
 
 
+def test_the_401_says_whether_no_key_was_sent_or_the_key_sent_is_not_valid_alike_for_unknown_and_revoked(admin):
+    from service.deps import KEY_INVALID, KEY_UNAUTHORIZED
+
+    revoked = _key(admin, _project(admin), "member")
+    assert admin.get(f"{API}/runs", headers=revoked).status_code == 200  # valid (and remembered) until revoked
+    key_id = admin.get(f"{API}/me", headers=revoked).json()["key_id"]
+    assert admin.delete(f"{API}/keys/{key_id}").status_code == 200
+    made_up = _bearer(f"tsk_{uuid.uuid4().hex}")
+    answers = {}
+    for name, headers in [("revoked", revoked), ("made-up", made_up), ("not a tsk_ key", _bearer("hunter2"))]:
+        for method, path in [("GET", "runs"), ("GET", "me"), ("POST", "projects")]:
+            response = admin.request(method, f"{API}/{path}", headers=headers, json={"name": "x"})
+            assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer", response.text
+            assert response.json() == {"detail": KEY_INVALID}, (name, path)
+            assert headers["Authorization"].removeprefix("Bearer ") not in response.text  # the key is not echoed
+            answers.setdefault(path, set()).add(response.text)
+    assert all(len(texts) == 1 for texts in answers.values())  # unknown and revoked read the same
+    assert "not valid (unknown or revoked)" in KEY_INVALID
+    for headers in ({"Authorization": ""}, {"Authorization": "Bearer "}, {"Authorization": "Basic dXNlcg=="}):
+        response = admin.get(f"{API}/runs", headers=headers)
+        assert response.status_code == 401 and response.json() == {"detail": KEY_UNAUTHORIZED}, headers
+    assert KEY_UNAUTHORIZED.startswith("a valid API key is required: send Authorization: Bearer tsk_...")
+
+
 def test_the_first_admin_key_is_rotated_through_a_new_every_project_key_never_revoked_last(client):
     """On SQLite only: it revokes the admin key that PostgreSQL's tests share across the session."""
     admin = client
