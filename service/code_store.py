@@ -18,12 +18,13 @@ from collections.abc import Iterator
 from fastapi import Request
 from fsspec.core import url_to_fs
 
+from api.code_modules import ModuleTree
 from api.code_package import CodePackageError, CodeView, inspect_package
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.storage_paths import code_url, project_storage_url
 
 CHUNK_BYTES = 1 << 20  # what one storage read hands a download
-NAMES_CACHED = 256  # packages whose importable names a store remembers (a digest's never change)
+NAMES_CACHED = 256  # packages whose importable names and modules a store remembers (a digest's never change)
 # A top-level extension module: name.so, name.pyd, name.cpython-312-x86_64-linux-gnu.so.
 _EXTENSION = re.compile(r"^([A-Za-z_]\w*)(?:\.[^/]*)?\.(?:so|pyd)$")
 
@@ -47,7 +48,8 @@ class CodeStore:
         self.storage_url = storage_url.rstrip("/")
         self.fs, self.root = url_to_fs(self.storage_url)
         self.timeout_s = timeout_s  # each storage call gives up after this (StorageTimeout)
-        self._names: OrderedDict[str, frozenset[str]] = OrderedDict()  # importable_names, newest last
+        # importable_names and module_tree, newest last
+        self._names: OrderedDict[str, tuple[frozenset[str], ModuleTree]] = OrderedDict()
         self._names_lock = threading.Lock()
 
     def _path(self, digest: str) -> str:
@@ -79,6 +81,17 @@ class CodeStore:
         Python files without ``__init__.py`` (namespace packages) and its extension modules; None
         if there is no such package or it cannot be read as one (the worker then says why). Read
         once per digest (its content never changes)."""
+        read = self._read_names(digest)
+        return None if read is None else read[0]
+
+    def module_tree(self, digest: str) -> ModuleTree | None:
+        """The modules and packages below the stored package's top level
+        (``api.code_modules.ModuleTree``, from the zip's file names: nothing is unpacked or
+        imported); None as for ``importable_names``. Read once per digest."""
+        read = self._read_names(digest)
+        return None if read is None else read[1]
+
+    def _read_names(self, digest: str) -> tuple[frozenset[str], ModuleTree] | None:
         with self._names_lock:
             if digest in self._names:
                 self._names.move_to_end(digest)
@@ -98,7 +111,7 @@ class CodeStore:
                 names.add(top)  # a package, or a namespace package (no __init__.py)
             elif not rest and (match := _EXTENSION.match(top)):
                 names.add(match[1])
-        found = frozenset(names)
+        found = (frozenset(names), ModuleTree.of(files))
         with self._names_lock:
             self._names[digest] = found
             while len(self._names) > NAMES_CACHED:

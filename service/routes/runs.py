@@ -10,6 +10,7 @@ import pydantic_core
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ValidationError
 
+from api.code_modules import missing_module
 from api.data_roots import data_root_problems
 from api.data_specs import ImportedDataSpec
 from api.run_edits import order_by_key
@@ -156,7 +157,10 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
                         searched_imports: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> list[dict]:
     """422 items for a ``code.digest`` the project does not hold, and for each import
     (``model.import``, ``data.train.import``, ``data.eval.import``) whose top-level package the
-    held package lacks (the worker's import would fail: ModuleNotFoundError). A sweep's
+    held package lacks, or whose module below that top level it lacks
+    (``api.code_modules.missing_module``: ``my_project.textz`` without ``my_project/textz.py``,
+    ``my_project/textz/__init__.py`` or a folder ``my_project/textz/``); the worker's import
+    would fail: ModuleNotFoundError. Only the zip's file names are read. A sweep's
     ``searched_imports`` (``api.sweeps.searched_imports``) replace the base's own: each of their
     ``(field, import path)`` values is checked instead."""
     searched_imports = searched_imports or {}
@@ -170,7 +174,8 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
                if isinstance(target, (ImportedModelSpec, ImportedDataSpec)) and field + ".import" not in searched_imports]
     imports += [pair for values in searched_imports.values() for pair in values]
     names = store.importable_names(digest) if imports else None
-    if names is None:
+    tree = store.module_tree(digest) if names is not None else None
+    if names is None or tree is None:
         return []
     held = sorted(names)
     example = f" (e.g. '{held[0]}.module:callable' for a package, '{held[0]}:callable' for a module)" if held else ""
@@ -182,6 +187,10 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
                 field, f"the code package {digest[:12]} (code.digest) holds no top-level package "
                 f"or module {top!r}; it holds: {', '.join(held) or 'none'}. Import from one of those{example}, or "
                 f"pack the folder that holds {top} (tessera submit --code DIR)", import_path))
+        elif (why := missing_module(tree, import_path)) is not None:
+            # Its top level is the package's: the module below it must be there too (only file
+            # names are read; the callable after the colon is the workers' to find).
+            refused.append(body_error(field, f"the code package {digest[:12]} (code.digest) {why}", import_path))
     return refused
 
 

@@ -220,6 +220,105 @@ def test_a_model_import_the_package_holds_is_accepted(code_client, example_body,
     assert response.status_code == 201, response.text
 
 
+TEXT_PROJECT = ("my_project/__init__.py", "my_project/data.py", "my_project/nets.py", "my_project/text.py",
+                "my_project/corpus.txt")
+
+
+def test_an_import_of_a_module_the_package_does_not_hold_is_refused_naming_what_it_holds(code_client, example_body,
+                                                                                         sweep_body):
+    """The top-level package is there but the module below it is not (a typo): the workers'
+    import would fail, so the submit does, naming the field, the value, the modules held and
+    the closest one. Only the zip's file names are read: the callable is not checked."""
+    data = zip_of(*TEXT_PROJECT)
+    digest = sha256_hex(data)
+    upload(code_client, data)
+    body = with_own_data(imported_run(example_body, digest),
+                         train={"import": "my_project.textz:char_windows", "params": {"size": 64}})
+    body["model"]["import"] = "my_project.netz:build"
+    refused = code_client.post(f"{API}/runs", json=body)
+    assert refused.status_code == 422, refused.text
+    items = refused.json()["detail"]
+    assert [(i["field"], i["loc"], i["input"]) for i in items] == [
+        ("model.import", ["body", "model", "import"], "my_project.netz:build"),
+        ("data.train.import", ["body", "data", "train", "import"], "my_project.textz:char_windows")]
+    assert items[1]["msg"] == (
+        f"the code package {digest[:12]} (code.digest) holds no module 'my_project.textz' (neither "
+        "my_project/textz.py nor my_project/textz/__init__.py nor a folder my_project/textz/); my_project holds: "
+        "my_project.data, my_project.nets, my_project.text. Did you mean 'my_project.text:char_windows'?")
+    assert items[0]["msg"].endswith("Did you mean 'my_project.nets:build'?")
+    assert code_client.get(f"{API}/runs").json()["data"] == []
+
+    # A sweep's base goes through the same check, its fields under base.; so do searched imports.
+    sweep = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": body, "search": {}})
+    assert sweep.status_code == 422
+    assert [(i["field"], i["input"]) for i in sweep.json()["detail"]] == [
+        ("base.model.import", "my_project.netz:build"), ("base.data.train.import", "my_project.textz:char_windows")]
+    body["model"]["import"] = body["data"]["train"]["import"] = "my_project.nets:build"
+    search = {"params": {"model.import": {"choice": ["my_project.nets:build", "my_project.nets_v2:build"]}}}
+    searched = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": body, "search": search})
+    assert searched.status_code == 422
+    [item] = searched.json()["detail"]
+    assert (item["field"], item["input"]) == ("search.params['model.import'].choice", "my_project.nets_v2:build")
+    assert "holds no module 'my_project.nets_v2'" in item["msg"]
+    assert item["msg"].endswith("Did you mean 'my_project.nets:build'?")
+    assert code_client.get(f"{API}/sweeps").json()["data"] == []
+
+    # The module held, the callable is the workers' to find (the service does not read the code).
+    body["data"]["train"]["import"] = "my_project.text:char_windowz"
+    accepted = code_client.post(f"{API}/runs", json=body)
+    assert accepted.status_code == 201, accepted.text
+
+
+@pytest.mark.parametrize(("files", "target", "message"), [
+    (["my_project/__init__.py", "my_project/nets.py"], "my_project.nets.wide:build",
+     "holds 'my_project.nets' as a module, not a package, so it holds no module 'my_project.nets.wide'; name a "
+     "callable of that module as 'my_project.nets:callable'"),
+    (["single.py"], "single.nets:build",
+     "holds 'single' as a module, not a package, so it holds no module 'single.nets'"),
+    (["helpers.py", "src/models/net.py"], "src.model.net:build",  # namespace packages: folders without __init__
+     "holds no module 'src.model' (neither src/model.py nor src/model/__init__.py nor a folder src/model/); "
+     "src holds: src.models. Did you mean 'src.models.net:build'?"),
+    (["my_project/__init__.py", "my_project/models/__init__.py", "my_project/models/resnet.py"],
+     "my_project.models.resnett:build", "my_project.models holds: my_project.models.resnet. Did you mean "
+     "'my_project.models.resnet:build'?"),
+    (["my_project/__init__.py", "my_project/nets.py", "my_project/__pycache__/text.cpython-312.pyc"],
+     "my_project.text:build", "nor a folder my_project/text/); my_project holds: my_project.nets"),  # no .pyc cache
+    (["my_project/__init__.py", *(f"my_project/m{i:02}.py" for i in range(25))], "my_project.other:build",
+     "my_project holds: my_project.m00, my_project.m01, "),
+], ids=["a_module_not_a_package", "a_top_level_module", "namespace_packages", "a_subpackage", "no_pyc_cache",
+        "a_long_listing"])
+def test_a_module_below_a_held_package_is_checked_as_import_would_find_it(code_client, example_body, files, target,
+                                                                           message):
+    data = zip_of(*files)
+    assert upload(code_client, data).status_code == 201
+    body = {**imported_run(example_body, sha256_hex(data)), "model": {"import": target}}
+    response = code_client.post(f"{API}/runs", json=body)
+    assert response.status_code == 422, response.text
+    [item] = response.json()["detail"]
+    assert (item["field"], item["input"]) == ("model.import", target)
+    assert item["msg"].startswith(f"the code package {sha256_hex(data)[:12]} (code.digest) ") and message in item["msg"]
+    assert "__pycache__" not in item["msg"]
+    if len(files) > 20:  # a long listing is cut, and nothing close is guessed
+        assert item["msg"].endswith("my_project.m19 and 5 more") and "m20" not in item["msg"]
+
+
+@pytest.mark.parametrize(("files", "target"), [
+    (["my_project/__init__.py", "my_project/text/__init__.py"], "my_project.text:char_windows"),
+    (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text:char_windows"),  # a namespace package
+    (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text.windows:char_windows"),
+    (["my_project/__init__.py", "my_project/assets/corpus.txt"], "my_project.assets:load"),  # a folder: imported too
+    (["my_project/__init__.py", "my_project/fast.cpython-312-x86_64-linux-gnu.so"], "my_project.fast:build"),
+    (["my_project/__init__.py", "my_project/nets/__init__.py", "my_project/nets/deep.py"],
+     "my_project.nets.deep:build"),
+])
+def test_a_module_below_a_held_package_that_import_would_find_is_accepted(code_client, example_body, files, target):
+    data = zip_of(*files)
+    assert upload(code_client, data).status_code == 201
+    body = {**imported_run(example_body, sha256_hex(data)), "model": {"import": target}}
+    response = code_client.post(f"{API}/runs", json=body)
+    assert response.status_code == 201, response.text
+
+
 MODEL_ERRORS = {
     "unknown_arch": ({"name": "torchvision", "arch": "resnet5"}, "model.arch", "resnet5",
                      "close names: resnet50, resnet152"),
@@ -405,8 +504,17 @@ def with_own_data(body: dict, **data) -> dict:
     return {**body, "data": {**body["data"], **OWN_DATA, **data}}
 
 
-def test_your_own_data_set_is_checked_against_the_package_like_a_model_import(code_client, example_body, package,
-                                                                               sweep_body):
+@pytest.fixture
+def data_package(tmp_path):
+    """The stub project with ``my_project/data.py`` too: the module ``OWN_DATA`` imports from."""
+    root = stub_project(tmp_path)
+    (root / "data.py").write_text("def train_set(size):\n    return []\n")
+    return pack_directory(root)
+
+
+def test_your_own_data_set_is_checked_against_the_package_like_a_model_import(code_client, example_body,
+                                                                               data_package, sweep_body):
+    package = data_package
     upload(code_client, package.data)
     body = with_own_data(imported_run(example_body, package.digest))
     accepted = code_client.post(f"{API}/runs", json=body)
@@ -429,9 +537,10 @@ def test_your_own_data_set_is_checked_against_the_package_like_a_model_import(co
     assert [i["field"] for i in sweep.json()["detail"]] == ["base.data.train.import", "base.data.eval.import"]
 
 
-def test_your_own_token_data_is_a_text_run_that_may_be_swept_on_perplexity(code_client, example_body, package,
-                                                                             sweep_body):
+def test_your_own_token_data_is_a_text_run_that_may_be_swept_on_perplexity(code_client, example_body,
+                                                                             data_package, sweep_body):
     """task: language_model makes a run text data: a text model, times in tokens, perplexity."""
+    package = data_package
     upload(code_client, package.data)
     tokens = {"import": "my_project.data:tokens", "task": "language_model", "seq_len": 16}
     body = {**imported_run(example_body, package.digest), "max_duration": "4096tok",

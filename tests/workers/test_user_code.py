@@ -3,12 +3,13 @@ run-visible notes of surgery that found nothing to change."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
 
 from api.code_package import pack_directory
-from api.model_specs import CodeRef
+from api.model_specs import CodeRef, ImportedModelSpec
 from api.specs import RunSpec
 from workers.models import code_cache, user_code
 from workers.models.user_code import UserCodeError, install_code
@@ -119,6 +120,65 @@ def test_an_import_error_names_the_module_the_error_and_the_users_line(tmp_path,
     assert "model.import 'my_project.nets:build': importing module 'my_project.nets' failed" in message
     assert "ModuleNotFoundError: No module named 'not_installed_anywhere'" in message
     assert "my_project/nets.py\", line 1" in message and "import not_installed_anywhere" in message
+
+
+def test_a_callable_the_module_lacks_is_named_with_the_closest_public_name(tmp_path, fresh_imports):
+    from api.data_specs import ImportedDataSpec
+
+    package = pack_directory(write_user_package(tmp_path / "src"))
+    folder = install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
+    body = user_spec("typo", package.digest)
+    body["model"]["import"] = "my_project.nets:biuld"
+    with pytest.raises(UserCodeError) as caught:
+        Trainer(RunSpec.model_validate(body))
+    assert str(caught.value) == (f"model.import 'my_project.nets:biuld': 'biuld' does not exist in "
+                                 f"{folder / 'my_project' / 'nets.py'}; did you mean 'build'?")
+    data = ImportedDataSpec.model_validate({"import": "my_project.data:train_sett"})
+    with pytest.raises(UserCodeError, match=r"^data.train.import 'my_project.data:train_sett': 'train_sett' does not "
+                                            r"exist in .*my_project/data.py; did you mean 'train_set'\?$"):
+        user_code.load_callable(data, field="data.train.import")
+    with pytest.raises(UserCodeError, match=r"'_private_thing' does not exist in .*my_project/nets.py$"):  # none close
+        user_code.load_callable(ImportedModelSpec.model_validate({"import": "my_project.nets:_private_thing"}))
+
+
+def traceback_files(message: str) -> list[tuple[str, int]]:
+    """The ``(file, line)`` of each frame in an error's "Traceback (last frames)" tail."""
+    tail = message.partition("Traceback (last frames):")[2]
+    return [(file, int(line)) for file, line in re.findall(r'File "([^"]+)", line (\d+)', tail)]
+
+
+def test_a_traceback_tail_shows_the_users_frames_not_the_loaders(tmp_path, fresh_imports):
+    """importlib's frames (frozen, and importlib/__init__.py's import_module) and Tessera's own
+    loader's are left out: the tail ends, and here consists, in the user's own lines."""
+    root = tmp_path / "src" / "my_project"
+    root.mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "at_import.py").write_text("WIDTH = 8\nHIDDEN = WIDTHH * 2\n")
+    (root / "nets.py").write_text("def helper(width):\n    return widht\n\n\n"
+                                  "def build(num_classes, in_channels, width=8):\n    return helper(width)\n")
+    (root / "syntax.py").write_text("def build(:\n")
+    package = pack_directory(root)
+    folder = install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
+    own = folder / "my_project"
+
+    with pytest.raises(UserCodeError) as at_import:
+        user_code.load_callable(ImportedModelSpec.model_validate({"import": "my_project.at_import:build"}))
+    message = str(at_import.value)
+    assert "importing module 'my_project.at_import' failed: NameError: name 'WIDTHH' is not defined" in message
+    assert traceback_files(message) == [(str(own / "at_import.py"), 2)]
+    assert "HIDDEN = WIDTHH * 2" in message
+
+    with pytest.raises(UserCodeError) as in_build:
+        user_code.call_user(ImportedModelSpec.model_validate({"import": "my_project.nets:build"}),
+                            {"num_classes": 4, "in_channels": 1})
+    message = str(in_build.value)
+    assert "calling it with num_classes=4, in_channels=1 failed: NameError: name 'widht' is not defined" in message
+    assert traceback_files(message) == [(str(own / "nets.py"), 6), (str(own / "nets.py"), 2)]
+
+    # Nothing of the user's ran (compiling failed): the frames are kept as they were.
+    with pytest.raises(UserCodeError) as syntax:
+        user_code.load_callable(ImportedModelSpec.model_validate({"import": "my_project.syntax:build"}))
+    assert "SyntaxError" in str(syntax.value) and traceback_files(str(syntax.value))
 
 
 def test_a_builder_that_does_not_return_a_module_is_refused(tmp_path, fresh_imports):

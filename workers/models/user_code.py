@@ -38,6 +38,7 @@ verifies the bytes, keeps the package layout, and turns every failure into the r
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 import os
@@ -155,9 +156,18 @@ def load_callable(spec: ImportPath, *, field: str = "model.import") -> Callable[
     target = getattr(module, spec.attribute, None)
     if not callable(target):
         found = "is not callable" if target is not None else "does not exist"
+        guess = "" if target is not None else did_you_mean(spec.attribute, module)
         raise UserCodeError(f"{field} {spec.import_path!r}: {spec.attribute!r} {found} in "
-                            f"{getattr(module, '__file__', spec.module_name)}")
+                            f"{getattr(module, '__file__', spec.module_name)}{guess}")
     return target
+
+
+def did_you_mean(name: str, module: Any) -> str:
+    """``"; did you mean 'close'?"`` naming the public name of ``module`` closest to ``name``
+    (``difflib``), or "" when none is close."""
+    public = [n for n in dir(module) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def call_user(spec: ImportPath, kwargs: dict[str, Any], *, field: str = "model.import") -> Any:
@@ -184,11 +194,26 @@ def build_user_model(spec: ImportedModelSpec, *, num_classes: int, in_channels: 
 
 
 def error_with_tail(exc: BaseException) -> str:
-    """``Type: message`` and the last frames of its traceback (importlib's own frames left out)."""
+    """``Type: message`` and the last frames of its traceback: the user's, with importlib's
+    (frozen ones and ``importlib/__init__.py``) and this module's own frames left out; when
+    nothing else is left (a SyntaxError raised while compiling), the frames but importlib's frozen ones."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen importlib")]
+    frames = [f for f in frames if not _loader_frame(f.filename)] or frames
     lines = "".join(traceback.format_list(frames)).rstrip().splitlines()[-TRACEBACK_LINES:]
     tail = "\n".join(lines)
     return f"{type(exc).__name__}: {exc}\nTraceback (last frames):\n{tail}" if tail else f"{type(exc).__name__}: {exc}"
+
+
+_IMPORTLIB_FOLDER = os.path.dirname(os.path.abspath(importlib.__file__))
+_THIS_FILE = os.path.abspath(__file__)
+
+
+def _loader_frame(filename: str) -> bool:
+    """Whether a frame of ``filename`` is Tessera's loading of the user's code rather than the
+    code itself: the importlib package's (``importlib/__init__.py``'s ``import_module``) or this
+    module's (``load_callable``, ``call_user``)."""
+    path = os.path.abspath(filename)
+    return os.path.dirname(path) == _IMPORTLIB_FOLDER or path == _THIS_FILE
 
 
 def loss_of(model: nn.Module, default: Callable[..., Any]) -> Callable[..., Any]:
