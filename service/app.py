@@ -16,6 +16,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
+from api.process_logging import quiet_http_clients
 from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
 from service.dispatch_lease import lease_for
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
     off (tests call ``app.state.dispatcher.tick()`` themselves).
     """
     settings = settings or load_settings()
+    quiet_http_clients()  # the dispatcher's calls to Ray: a line each on the console otherwise
     catalog.pages()  # build the catalog now: a name without a spec fails startup, not a request
 
     app = FastAPI(

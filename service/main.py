@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
+from api.process_logging import configure_logging
 from service.app import create_app
 from service.settings import load_settings
 
@@ -32,8 +32,7 @@ def run(host: str | None = None, port: int | None = None, workers: int | None = 
     overrides = {key: value for key, value in (("host", host), ("port", port), ("workers", workers))
                  if value is not None}
     settings = load_settings(**overrides)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level)
     if settings.workers > 1:
         from service.processes import serve_processes
 

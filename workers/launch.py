@@ -30,6 +30,7 @@ import os
 import sys
 
 from api.client import Client
+from api.process_logging import configure_logging
 from api.specs import RunSpec
 from workers.loggers import end_failed_mlflow_runs, end_interrupted_mlflow_runs, prepare_mlflow_end
 from workers.outcome import RunOutcome, summary_of
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.launch", description=__doc__.splitlines()[0])
     parser.add_argument("--run-id", required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     missing = [name for name in ("TESSERA_SERVICE_URL", "TESSERA_RUN_TOKEN") if not os.environ.get(name)]
     if missing:
         print(f"workers.launch: set {' and '.join(missing)} in the environment", file=sys.stderr)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 
 from api.client import Client
+from api.process_logging import quiet_http_clients
 from api.lineage import ForkInfo
 from api.specs import RunSpec
 from workers.errors import TrainingError, describe
@@ -152,6 +153,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     import ray.train
     import ray.train.torch
 
+    quiet_http_clients()  # rank 0's metric reports: a line each in the run's log otherwise
     context = ray.train.get_context()
     return train_rank(config, rank=context.get_world_rank(), world_size=context.get_world_size(),
                       device_for=lambda use_gpu: ray.train.torch.get_device() if use_gpu else torch.device("cpu"),

@@ -23,6 +23,7 @@ from typing import Any
 from ray import tune
 
 from api.client import Client
+from api.process_logging import configure_logging
 from api.sweeps import SweepSpec
 from api.views import SweepStatus
 from workers.errors import describe
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.tune", description=__doc__.splitlines()[0])
     parser.add_argument("--sweep-id", default=os.environ.get("TESSERA_SWEEP_ID"))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     missing = [name for name in ("TESSERA_SERVICE_URL", "TESSERA_SWEEP_TOKEN") if not os.environ.get(name)]
     if missing or not args.sweep_id:
         print(f"workers.tune: set {' and '.join(missing) or 'TESSERA_SWEEP_ID'} (or pass --sweep-id)",
