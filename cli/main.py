@@ -212,8 +212,12 @@ def resume(
     With --json, stdout is the RunView as JSON (the final one with --follow; progress on stderr)."""
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
+    from api.views import RunStatus
+
     run = _call(client.resume_run, run_id, num_workers=workers)
-    out.print(f"run {run.id} is {run.status.value} (attempt {run.attempt})", highlight=False)
+    resumed = [e for e in _call(client.run_events, run.id).data if e.to_status is RunStatus.QUEUED]
+    said = f": {resumed[-1].message}" if resumed and resumed[-1].message else ""  # e.g. that it starts over
+    out.print(f"run {run.id} is {run.status.value} (attempt {run.attempt}){said}", highlight=False)
     _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
 
 

@@ -294,6 +294,7 @@ class Repository(AttemptStore):
                 spec["parallelism"] = {**spec["parallelism"], "num_workers": num_workers}
                 run.spec = RunSpec.model_validate(spec).model_dump(mode="json")
                 message += f" on {num_workers} worker(s)"
+            message += _resumes_from(session, run)
             apply_run_status(session, run, RunStatus.QUEUED, message=message, error=None)
             session.flush()
             return RunRecord.from_row(run)
@@ -438,3 +439,16 @@ class Repository(AttemptStore):
     def count_metrics(self, run_id: str) -> int:
         with self.db.read() as session:
             return session.execute(select(func.count()).select_from(Metric).where(Metric.run_id == run_id)).scalar_one()
+
+
+def _resumes_from(session, run: Run) -> str:
+    """What a resumed run's event adds when the run has no committed checkpoint of its own (none
+    was reported): it starts again from its parent's checkpoint (a fork), or from the start."""
+    saved = session.execute(select(Checkpoint.id).where(Checkpoint.run_id == run.id, Checkpoint.committed)
+                            .limit(1)).first()
+    if saved is not None:
+        return ""
+    if (run.fork or {}).get("checkpoint_url"):
+        return "; it has no checkpoint of its own, so it starts again from its parent's"
+    return ("; it has no checkpoint (none was saved: checkpoint.interval sets how often), so it trains "
+            "again from the start")

@@ -22,3 +22,37 @@ def test_resume_requeues_a_failed_run_as_its_next_attempt_and_refuses_a_queued_o
         assert resumed.exit_code == 0, resumed.output
         assert "QUEUED (attempt 2)" in resumed.output
         assert service.repo.get_run(run.id).spec["parallelism"]["num_workers"] == 1
+        # It saved no checkpoint: the user hears that it trains again from the start.
+        assert "no checkpoint (none was saved: checkpoint.interval sets how often), so it trains again from the start" \
+            in " ".join(resumed.output.split())
+
+
+def test_a_resumed_run_with_a_checkpoint_says_nothing_more_and_a_fork_without_one_starts_from_its_parents(
+        tmp_path, example_spec):
+    from datetime import datetime, timezone
+
+    from api.lineage import ForkInfo
+    from api.views import CheckpointReport
+    from service.db.models import Run
+
+    runner = CliRunner()
+    with LocalService(tmp_path) as service:
+        url = ["--url", service.url]
+        saved = service.repo.create_run(example_spec)
+        service.repo.begin_attempt(saved.id, token="t")
+        service.repo.transition(saved.id, RunStatus.RUNNING)
+        service.repo.add_checkpoint(saved.id, CheckpointReport(step=4, epoch=0, time=datetime.now(timezone.utc),
+                                                               url=f"file:///c/{saved.id}/ep0-ba4", committed=True,
+                                                               bytes=10, world_size=1))
+        service.repo.transition(saved.id, RunStatus.FAILED, error="worker lost")
+        resumed = runner.invoke(app, ["resume", saved.id, *url])
+        assert resumed.exit_code == 0, resumed.output
+        assert resumed.output.strip().endswith("QUEUED (attempt 2): resumed by user")
+        fork = ForkInfo.model_validate({"from": "latest", "checkpoint_url": f"file:///c/{saved.id}/ep0-ba4", "step": 4})
+        child = service.repo.create_run(example_spec)
+        with service.repo.db.write() as session:  # as a fork of it is stored (service.lineage)
+            session.get(Run, child.id).fork = fork.model_dump(mode="json", by_alias=True)
+        service.repo.begin_attempt(child.id, token="t2")
+        service.repo.transition(child.id, RunStatus.FAILED, error="worker lost")
+        resumed = runner.invoke(app, ["resume", child.id, *url])
+        assert "no checkpoint of its own, so it starts again from its parent's" in " ".join(resumed.output.split())
