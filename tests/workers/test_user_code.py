@@ -120,6 +120,19 @@ def test_an_import_error_names_the_module_the_error_and_the_users_line(tmp_path,
     assert "model.import 'my_project.nets:build': importing module 'my_project.nets' failed" in message
     assert "ModuleNotFoundError: No module named 'not_installed_anywhere'" in message
     assert "my_project/nets.py\", line 1" in message and "import not_installed_anywhere" in message
+    assert "tessera submit --code" not in message  # the package is there; one of its own imports failed
+
+
+def test_an_import_of_a_package_the_run_did_not_send_says_how_to_send_it():
+    from api.model_specs import ImportedModelSpec
+    from workers.models.user_code import load_callable
+
+    with pytest.raises(UserCodeError) as caught:
+        load_callable(ImportedModelSpec.model_validate({"import": "my_unsent_project.nets:build"}))
+    assert "No module named 'my_unsent_project'" in str(caught.value)
+    assert str(caught.value).endswith("'my_unsent_project' is neither in the run's code package nor installed on the "
+                                      "workers: send your code with the run (tessera submit --code DIR, or "
+                                      "code.digest), or install it on the workers")
 
 
 def test_a_callable_the_module_lacks_is_named_with_the_closest_public_name(tmp_path, fresh_imports):

@@ -151,8 +151,12 @@ def load_callable(spec: ImportPath, *, field: str = "model.import") -> Callable[
     try:
         module = importlib.import_module(spec.module_name)
     except Exception as exc:
+        top = spec.module_name.split(".")[0]
+        hint = (f"\n{top!r} is neither in the run's code package nor installed on the workers: send your code "
+                f"with the run (tessera submit --code DIR, or code.digest), or install it on the workers"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")
         raise UserCodeError(f"{field} {spec.import_path!r}: importing module {spec.module_name!r} failed: "
-                            f"{error_with_tail(exc)}") from None
+                            f"{error_with_tail(exc)}{hint}") from None
     target = getattr(module, spec.attribute, None)
     if not callable(target):
         found = "is not callable" if target is not None else "does not exist"
