@@ -211,6 +211,14 @@ def test_a_searched_import_the_package_does_not_hold_is_refused_naming_the_value
     (["my_project/__init__.py", "my_project/nets.py"], "my_project.nets:build"),
     (["single.py"], "single:build"),
     (["helpers.py", "src/models/net.py"], "src.models.net:build"),  # src: a namespace package (no __init__.py)
+    # Below a held package, as import would find the module:
+    (["my_project/__init__.py", "my_project/text/__init__.py"], "my_project.text:char_windows"),
+    (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text:char_windows"),  # a namespace package
+    (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text.windows:char_windows"),
+    (["my_project/__init__.py", "my_project/assets/corpus.txt"], "my_project.assets:load"),  # a folder: imported too
+    (["my_project/__init__.py", "my_project/fast.cpython-312-x86_64-linux-gnu.so"], "my_project.fast:build"),
+    (["my_project/__init__.py", "my_project/nets/__init__.py", "my_project/nets/deep.py"],
+     "my_project.nets.deep:build"),
 ])
 def test_a_model_import_the_package_holds_is_accepted(code_client, example_body, files, target):
     data = zip_of(*files)
@@ -300,23 +308,6 @@ def test_a_module_below_a_held_package_is_checked_as_import_would_find_it(code_c
     assert "__pycache__" not in item["msg"]
     if len(files) > 20:  # a long listing is cut, and nothing close is guessed
         assert item["msg"].endswith("my_project.m19 and 5 more") and "m20" not in item["msg"]
-
-
-@pytest.mark.parametrize(("files", "target"), [
-    (["my_project/__init__.py", "my_project/text/__init__.py"], "my_project.text:char_windows"),
-    (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text:char_windows"),  # a namespace package
-    (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text.windows:char_windows"),
-    (["my_project/__init__.py", "my_project/assets/corpus.txt"], "my_project.assets:load"),  # a folder: imported too
-    (["my_project/__init__.py", "my_project/fast.cpython-312-x86_64-linux-gnu.so"], "my_project.fast:build"),
-    (["my_project/__init__.py", "my_project/nets/__init__.py", "my_project/nets/deep.py"],
-     "my_project.nets.deep:build"),
-])
-def test_a_module_below_a_held_package_that_import_would_find_is_accepted(code_client, example_body, files, target):
-    data = zip_of(*files)
-    assert upload(code_client, data).status_code == 201
-    body = {**imported_run(example_body, sha256_hex(data)), "model": {"import": target}}
-    response = code_client.post(f"{API}/runs", json=body)
-    assert response.status_code == 201, response.text
 
 
 MODEL_ERRORS = {
