@@ -10,7 +10,10 @@ It follows Python's path finder on the package's root (the folder the workers pu
 ``.pyc``, or an extension ``__init__``) exists, else a module when ``name.py``, ``name.pyc`` or an
 extension module (``name.so``, ``name.cpython-312-x86_64-linux-gnu.so``, ``name.pyd``) exists,
 else a namespace package when the folder ``name/`` exists; only packages (regular or namespace)
-have submodules. The callable after the colon is not checked: that needs the code itself.
+have submodules. Nothing below a namespace package is checked: Python merges a namespace
+package's portions from every folder on ``sys.path``, so a module below it may come from one
+installed on the workers. The callable after the colon is not checked: that needs the code
+itself.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 MAX_LISTED = 20  # modules a message lists; the rest are counted
-# A module file: name.py, name.pyc, name.so, name.pyd, name.cpython-312-x86_64-linux-gnu.so.
-_MODULE_FILE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\.pyc?|(?:\.[^/]*)?\.(?:so|pyd))$")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A module file: name.py, name.pyc, name.so, name.pyd, name.cpython-312-x86_64-linux-gnu.so (its
+# name an identifier, Unicode ones too, as ``str.isidentifier`` has it).
+_MODULE_FILE = re.compile(r"^([^\W\d]\w*)(?:\.pyc?|(?:\.[^/]*)?\.(?:so|pyd))$")
 _NOT_LISTED = frozenset({"__init__", "__pycache__"})
 
 
@@ -40,15 +44,17 @@ class ModuleTree:
     def of(cls, names: Iterable[str]) -> "ModuleTree":
         packages, modules, folders, python_folders = set(), set(), set(), set()
         for name in names:
-            parts = name.split("/")
+            parts = PurePosixPath(name).parts  # "a//b.py" and "./a/b.py" are a/b.py, as they unpack
+            if not parts or name.endswith("/"):  # a folder's own entry: its files name it
+                continue
             folder_parts, file_name = parts[:-1], parts[-1]
             dotted: list[str] = []
             for part in folder_parts:
-                if not _IDENTIFIER.match(part):
+                if not part.isidentifier():
                     break  # this folder and what lies below it cannot be named in an import
                 dotted.append(part)
                 folders.add(".".join(dotted))
-            if len(dotted) < len(folder_parts) or not file_name:  # under a folder import cannot name; a folder entry
+            if len(dotted) < len(folder_parts):  # under a folder import cannot name
                 continue
             match = _MODULE_FILE.match(file_name)
             if match is None:
@@ -58,6 +64,11 @@ class ModuleTree:
                 packages.add(".".join(dotted))
             modules.add(".".join([*dotted, match[1]]))
         return cls(frozenset(packages), frozenset(modules), frozenset(folders), frozenset(python_folders))
+
+    def top_level(self) -> frozenset[str]:
+        """The names an import may begin with: top-level packages, modules, and folders with a
+        module below them (namespace packages)."""
+        return frozenset(name for name in self.packages | self.modules | self.python_folders if "." not in name)
 
     def kind(self, name: str) -> str | None:
         """``"package"``, ``"module"``, ``"namespace"`` (a folder without ``__init__``), or None
@@ -104,12 +115,13 @@ def missing_module(tree: ModuleTree, import_path: str) -> str | None:
 
 
 def _first_missing(tree: ModuleTree, parts: list[str]) -> int | None:
-    """The index of the first dotted part below the top level that import would not find, or None."""
-    if tree.kind(parts[0]) is None:
-        return None
+    """The index of the first dotted part below the top level that import would not find, or None
+    (also when a namespace package comes first: what lies below it may come from elsewhere)."""
     for depth in range(1, len(parts)):
-        parent = ".".join(parts[:depth])
-        if tree.kind(parent) == "module" or tree.kind(".".join(parts[:depth + 1])) is None:
+        parent = tree.kind(".".join(parts[:depth]))
+        if parent is None or parent == "namespace":
+            return None
+        if parent == "module" or tree.kind(".".join(parts[:depth + 1])) is None:
             return depth
     return None
 

@@ -22,7 +22,10 @@ def quiet_http_clients() -> None:
 
 def configure_logging(level: str | int = logging.INFO) -> None:
     """A process's own logging (the service, a job's driver): ``LINE_FORMAT`` to stderr at
-    ``level``, unless the root logger has a handler already, and quiet HTTP clients."""
+    ``level``, unless the root logger has a handler already, and quiet HTTP clients unless
+    ``level`` is DEBUG (then every request shows, as asked)."""
+    level = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=level.upper() if isinstance(level, str) else level, format=LINE_FORMAT)
-    quiet_http_clients()
+        logging.basicConfig(level=level, format=LINE_FORMAT)
+    if not (isinstance(level, int) and level <= logging.DEBUG):
+        quiet_http_clients()

@@ -215,8 +215,12 @@ def resume(
     from api.views import RunStatus
 
     run = _call(client.resume_run, run_id, num_workers=workers)
-    resumed = [e for e in _call(client.run_events, run.id).data if e.to_status is RunStatus.QUEUED]
-    said = f": {resumed[-1].message}" if resumed and resumed[-1].message else ""  # e.g. that it starts over
+    try:  # what the resume's event says (e.g. that it starts over); the resume is done either way
+        events = client.run_events(run.id).data
+    except Exception:
+        events = []
+    resumed = [e for e in events if e.to_status is RunStatus.QUEUED and e.attempt == run.attempt]
+    said = f": {resumed[-1].message}" if resumed and resumed[-1].message else ""
     out.print(f"run {run.id} is {run.status.value} (attempt {run.attempt}){said}", highlight=False)
     _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
 

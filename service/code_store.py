@@ -8,7 +8,6 @@ imports or runs them (``api.code_package.inspect_package`` reads the zip's direc
 from __future__ import annotations
 
 import io
-import re
 import secrets
 import threading
 import zipfile
@@ -25,8 +24,6 @@ from service.storage_paths import code_url, project_storage_url
 
 CHUNK_BYTES = 1 << 20  # what one storage read hands a download
 NAMES_CACHED = 256  # packages whose importable names and modules a store remembers (a digest's never change)
-# A top-level extension module: name.so, name.pyd, name.cpython-312-x86_64-linux-gnu.so.
-_EXTENSION = re.compile(r"^([A-Za-z_]\w*)(?:\.[^/]*)?\.(?:so|pyd)$")
 
 
 def write_whole(fs, path: str, data: bytes) -> None:
@@ -101,17 +98,11 @@ class CodeStore:
         path = self._path(digest)
         data = bounded(f"reading {path}", self.timeout_s, self.fs.cat_file, path)
         try:
-            names = set(inspect_package(data).top_level)
-            files = zipfile.ZipFile(io.BytesIO(data)).namelist()
+            inspect_package(data)  # a package it would refuse to store: none, as one not stored
+            tree = ModuleTree.of(zipfile.ZipFile(io.BytesIO(data)).namelist())
         except (CodePackageError, zipfile.BadZipFile):
             return None
-        for name in files:
-            top, _, rest = name.partition("/")
-            if rest.endswith(".py") and top.isidentifier():
-                names.add(top)  # a package, or a namespace package (no __init__.py)
-            elif not rest and (match := _EXTENSION.match(top)):
-                names.add(match[1])
-        found = (frozenset(names), ModuleTree.of(files))
+        found = (tree.top_level(), tree)
         with self._names_lock:
             self._names[digest] = found
             while len(self._names) > NAMES_CACHED:

@@ -41,11 +41,17 @@ class LogStore:
         path = self._path(record_id, attempt, project, kind)
         bounded(f"saving log {path}", self.timeout_s, write_whole, self.fs, path, text.encode())
         if final:
-            bounded(f"marking log {path} final", self.timeout_s, write_whole, self.fs, path + FINAL_SUFFIX, b"")
+            self.mark_final(record_id, attempt, project=project, kind=kind)
+
+    def mark_final(self, record_id: str, attempt: int, *, project: str = DEFAULT_PROJECT, kind: str = "run") -> None:
+        """Mark the stored log as its job's whole log: nothing more will come (``is_final``)."""
+        path = self._path(record_id, attempt, project, kind) + FINAL_SUFFIX
+        bounded(f"marking log {path} final", self.timeout_s, write_whole, self.fs, path, b"")
 
     def is_final(self, record_id: str, attempt: int, *, project: str = DEFAULT_PROJECT, kind: str = "run") -> bool:
-        """Whether the stored log is its finished job's whole log (``save(final=True)``). A log
-        stored before there were markers reads as not final: its reader asks Ray once more."""
+        """Whether the stored log is its finished job's whole log (``mark_final``). A log stored
+        before there were markers reads as not final until a reader finds Ray has forgotten its
+        job, and marks it (``service.routes.logs``)."""
         path = self._path(record_id, attempt, project, kind) + FINAL_SUFFIX
         self.fs.invalidate_cache(path)
         return bool(bounded(f"looking for {path}", self.timeout_s, self.fs.exists, path))

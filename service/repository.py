@@ -442,13 +442,14 @@ class Repository(AttemptStore):
 
 
 def _resumes_from(session, run: Run) -> str:
-    """What a resumed run's event adds when the run has no committed checkpoint of its own (none
-    was reported): it starts again from its parent's checkpoint (a fork), or from the start."""
+    """What a resumed run's event adds when no committed checkpoint of the run was reported: it
+    starts again from its parent's checkpoint (a fork), or from the start. (The worker resumes
+    from storage's newest: a report lost on the way would make this wrong, and it says so.)"""
     saved = session.execute(select(Checkpoint.id).where(Checkpoint.run_id == run.id, Checkpoint.committed)
                             .limit(1)).first()
     if saved is not None:
         return ""
     if (run.fork or {}).get("checkpoint_url"):
         return "; it has no checkpoint of its own, so it starts again from its parent's"
-    return ("; it has no checkpoint (none was saved: checkpoint.interval sets how often), so it trains "
-            "again from the start")
+    return ("; it has no checkpoint (none was reported: checkpoint.interval sets how often one is saved), so "
+            "it trains again from the start")

@@ -7,6 +7,7 @@ Layout under the storage root (``TESSERA_STORAGE_URL``, ``file://`` or ``s3://``
         checkpoints/ep{E}-ba{B}/   one checkpoint (its files: ``workers.checkpoint.manager``)
         attempts/{n}.started       rank 0's marker: this job attempt started training once
         logs/attempt-{n}.log       attempt n's Ray job log, copied by the service
+        logs/attempt-{n}.log.final empty: that copy is its finished job's whole log
         exports/step-{N}.{safetensors,pt}  the trained model as one file (``workers.export``)
         tensorboard/               TensorBoard event files of the spec's tensorboard logger
     ray/attempt-{n}/               Ray Train's own storage for attempt n

@@ -153,7 +153,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, float] | None:
     import ray.train
     import ray.train.torch
 
-    quiet_http_clients()  # rank 0's metric reports: a line each in the run's log otherwise
     context = ray.train.get_context()
     return train_rank(config, rank=context.get_world_rank(), world_size=context.get_world_size(),
                       device_for=lambda use_gpu: ray.train.torch.get_device() if use_gpu else torch.device("cpu"),
@@ -173,6 +172,8 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     from workers.reporter import NullSink
     from workers.surgery_notes import with_notes
     from workers.trainer import Trainer, process_settings
+
+    quiet_http_clients()  # rank 0's metric reports: a line each in the run's log otherwise
 
     imported = time.time()
     spec = RunSpec.model_validate_json(config["spec"])

@@ -20,6 +20,7 @@ its own copy of the same log.
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -45,6 +46,9 @@ sweep_router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VAL
                          route_class=ParsedBodyRoute)
 
 MAX_PAGE_BYTES = 1 << 20
+# How long after its record ended a job may still be writing its log (its driver's last lines and
+# exit): a page stays ``live`` that long at most for a job that does not finish (a hung driver).
+FINISHING_S = 120.0
 # The query of both routes
 AttemptQuery = Annotated[int | None, Query(ge=1, description="default: the newest attempt")]
 AfterQuery = Annotated[int, Query(ge=0, le=2**62, description="byte offset to read from")]
@@ -66,8 +70,8 @@ def get_run_logs(run_id: str, repo: RepoDep, sweeps: SweepsDep, caller: CallerDe
     # Decided per attempt: a trial resumed by hand runs its later attempts as jobs of its own.
     driver_attempt = _started_by_driver(repo, run.id, attempt) if run.sweep_id else None
     if driver_attempt is None:
-        data, source, live = _read(Attempt(run_id, attempt, attempt_job_id("run", run_id, attempt), run.project),
-                                   live=live, jobs=jobs, store=store)
+        data, source, live = _read(Attempt(run_id, attempt, _job_of(run, attempt), run.project), live=live,
+                                   ended_at=run.finished_at, jobs=jobs, store=store)
     else:
         sweep = sweeps.get_sweep(run.sweep_id)
         data, source, _ = _read_driver(sweep, driver_attempt, jobs=jobs, store=store)
@@ -111,39 +115,69 @@ def _page(data: bytes, after: int, limit: int) -> dict:
             "size": len(data)}
 
 
-def _read(attempt: Attempt, *, live: bool, jobs, store: LogStore) -> tuple[bytes, str, bool]:
+def _job_of(run, attempt: int) -> str:
+    """The Ray job whose log is the run's ``attempt``'s: the current attempt's is the run's own (a
+    Ray Train restart goes on in the job it restarted in); an earlier one's by its id, or "" when
+    that is the current attempt's job too: Ray's log of it goes on with the later attempt, and
+    the earlier attempt's own log is the copy stored under it."""
+    if attempt == run.attempt:
+        return run.ray_job_id or attempt_job_id("run", run.id, attempt)
+    job_id = attempt_job_id("run", run.id, attempt)
+    return "" if job_id == run.ray_job_id else job_id
+
+
+def _read(attempt: Attempt, *, live: bool, ended_at: datetime | None, jobs, store: LogStore
+          ) -> tuple[bytes, str, bool]:
     """A run attempt's or sweep driver attempt's whole log, where it came from, and whether more
-    may come: ``live`` (the record's status says the attempt runs), or its record ended and its
-    job is still finishing (see the module docstring for the order)."""
+    may come: ``live`` (the record's status says the attempt runs), or its record ended at
+    ``ended_at`` and its job is still finishing, for ``FINISHING_S`` at most (see the module
+    docstring for the order)."""
     if live and attempt.job_id:
         text = _from_ray(jobs, attempt.job_id)
         if text is not None:
             return text.encode(), "ray", True
     where = {"project": attempt.project, "kind": attempt.kind}
+    # The marker first: it is written after the log, so a log read after it is the final one.
+    final = not live and bool(attempt.job_id) and store.is_final(attempt.record_id, attempt.attempt, **where)
     stored = store.read(attempt.record_id, attempt.attempt, **where)
-    if live or not attempt.job_id or (stored is not None and store.is_final(attempt.record_id, attempt.attempt,
-                                                                              **where)):
-        return (stored, "storage", live) if stored is not None else (b"", "none", live)
-    state = _state_in_ray(jobs, attempt.job_id)
-    text = _from_ray(jobs, attempt.job_id) if state is not None else None
-    if text is None:  # Ray forgot the job, or cannot be asked: the stored copy is all there is
-        return (stored, "storage", False) if stored is not None else (b"", "none", False)
-    if state not in FINISHED_JOB_STATES:
-        return text.encode(), "ray", True  # the job's driver is still writing its last lines
-    try:  # its finished job's whole log: stored (if the archiver has not yet) and marked final
-        archive_final_log(jobs, store, attempt, text)
-    except Exception as exc:  # the reader still gets the log; a later read stores it
-        log.info("could not store the log of %s: %s", attempt.job_id, exc)
-    return text.encode(), "ray", False
-
-
-def _state_in_ray(jobs, job_id: str) -> str | None:
-    """The job's state in Ray; None when Ray has no such job or cannot be asked."""
+    if live or final or not attempt.job_id:
+        return _stored(stored, live)
     try:
-        return jobs.status(job_id)
-    except Exception as exc:
-        log.info("could not ask Ray about %s: %s", job_id, exc)
-        return None
+        state = jobs.status(attempt.job_id)
+    except Exception as exc:  # Ray cannot be asked: the stored copy is the answer for now
+        log.info("could not ask Ray about %s: %s", attempt.job_id, exc)
+        return _stored(stored, False)
+    if state is None:  # Ray has forgotten the job (after its final copy): nothing more will come
+        if stored is not None:
+            _mark_final(store, attempt)  # a copy stored before there were markers: read as final from now on
+        return _stored(stored, False)
+    text = _from_ray(jobs, attempt.job_id)
+    if text is None:
+        return _stored(stored, False)
+    if state in FINISHED_JOB_STATES:
+        try:  # its finished job's whole log: stored (if the archiver has not yet) and marked final
+            archive_final_log(jobs, store, attempt, text)
+        except Exception as exc:  # the reader still gets the log; a later read stores it
+            log.info("could not store the log of %s: %s", attempt.job_id, exc)
+        return text.encode(), "ray", False
+    # Still running after its record ended: its driver writing its last lines, unless it hangs.
+    return text.encode(), "ray", ended_at is None or _seconds_since(ended_at) < FINISHING_S
+
+
+def _stored(stored: bytes | None, live: bool) -> tuple[bytes, str, bool]:
+    return (stored, "storage", live) if stored is not None else (b"", "none", live)
+
+
+def _mark_final(store: LogStore, attempt: Attempt) -> None:
+    try:
+        store.mark_final(attempt.record_id, attempt.attempt, project=attempt.project, kind=attempt.kind)
+    except Exception as exc:  # the next read tries again
+        log.info("could not mark the log of %s final: %s", attempt.job_id, exc)
+
+
+def _seconds_since(moment: datetime) -> float:
+    moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)  # SQLite's: naive UTC
+    return (datetime.now(timezone.utc) - moment).total_seconds()
 
 
 def _started_by_driver(repo, run_id: str, attempt: int) -> int | None:
@@ -162,7 +196,9 @@ def _read_driver(sweep, attempt: int, *, jobs, store: LogStore) -> tuple[bytes, 
     live = attempt == sweep.attempt and not sweep.status.is_terminal
     # The current attempt's job is the sweep's (none while it is queued); an earlier one's, by its id.
     job_id = sweep.ray_job_id if attempt == sweep.attempt else attempt_job_id("sweep", sweep.id, attempt)
-    return _read(Attempt(sweep.id, attempt, job_id, sweep.project, "sweep"), live=live, jobs=jobs, store=store)
+    ended_at = sweep.updated_at if sweep.status.is_terminal else None  # a terminal sweep was last updated as it ended
+    return _read(Attempt(sweep.id, attempt, job_id, sweep.project, "sweep"), live=live, ended_at=ended_at,
+                 jobs=jobs, store=store)
 
 
 def _from_ray(jobs, job_id: str) -> str | None:

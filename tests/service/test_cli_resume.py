@@ -23,8 +23,8 @@ def test_resume_requeues_a_failed_run_as_its_next_attempt_and_refuses_a_queued_o
         assert "QUEUED (attempt 2)" in resumed.output
         assert service.repo.get_run(run.id).spec["parallelism"]["num_workers"] == 1
         # It saved no checkpoint: the user hears that it trains again from the start.
-        assert "no checkpoint (none was saved: checkpoint.interval sets how often), so it trains again from the start" \
-            in " ".join(resumed.output.split())
+        assert ("no checkpoint (none was reported: checkpoint.interval sets how often one is saved), so it trains "
+                "again from the start") in " ".join(resumed.output.split())
 
 
 def test_a_resumed_run_with_a_checkpoint_says_nothing_more_and_a_fork_without_one_starts_from_its_parents(

@@ -76,6 +76,40 @@ def test_a_log_read_as_its_run_ends_stays_live_until_the_job_has_written_its_las
     assert (page["text"], page["source"], page["live"]) == (TRACEBACK + "run failed\n", "storage", False)
 
 
+def test_an_ended_run_s_log_stops_being_live_when_its_job_hangs_or_is_forgotten_and_follows_a_restart(
+        client, fake_jobs, example_body, settings, monkeypatch):
+    """Three cases of an ended attempt whose stored copy is not marked final: its job still runs
+    long after the run ended (a hung driver): live no longer; Ray has forgotten its job (a copy
+    stored before there were markers): the copy is final, and is marked so; a Ray Train restart
+    went on in the first attempt's job: the second attempt reads that job."""
+    import service.routes.logs as logs_route
+
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    repo, store = client.app.state.repo, LogStore(settings.storage_url)
+    repo.apply_worker_report(run_id, S.RUNNING)
+    repo.apply_worker_report(run_id, S.RESTARTING)  # Ray Train restarted the group: attempt 2, same job
+    repo.apply_worker_report(run_id, S.RUNNING)
+    assert repo.get_run(run_id).attempt == 2 and repo.get_run(run_id).ray_job_id == job_id
+    fake_jobs.logs[job_id] = "attempt 1\nattempt 2\n"
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert (page["attempt"], page["text"], page["source"], page["live"]) == (2, "attempt 1\nattempt 2\n", "ray", True)
+    store.save(run_id, 1, "attempt 1\n")  # the first attempt's copy; Ray's log of its job goes on with attempt 2
+    page = client.get(f"/api/v1/runs/{run_id}/logs", params={"attempt": 1}).json()
+    assert (page["text"], page["source"], page["live"]) == ("attempt 1\n", "storage", False)
+
+    repo.apply_worker_report(run_id, S.COMPLETED)
+    monkeypatch.setattr(logs_route, "FINISHING_S", 0.0)  # its job still runs: a driver that hangs
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert (page["text"], page["source"], page["live"]) == ("attempt 1\nattempt 2\n", "ray", False)
+
+    store.save(run_id, 2, "attempt 1\nattempt 2\n")  # as a service before markers stored it
+    fake_jobs.forget(job_id)
+    assert not store.is_final(run_id, 2)
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert (page["text"], page["source"], page["live"]) == ("attempt 1\nattempt 2\n", "storage", False)
+    assert store.is_final(run_id, 2)  # Ray forgot the job: nothing more will come, and later reads ask Ray no more
+
+
 def test_a_finished_job_is_forgotten_by_ray_only_once_its_final_log_is_stored(client, fake_jobs, example_body,
                                                                             settings):
     run_id, job_id = _start(client, fake_jobs, example_body)
