@@ -120,6 +120,7 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None, out
     """Pack and upload ``folder`` to ``project`` (unless it has it); returns its digest."""
     from api.code_package import CodePackageError, pack_directory
 
+    _require_folder(folder)
     try:
         package = pack_directory(folder)
     except CodePackageError as exc:
@@ -240,6 +241,8 @@ def train(
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
     from cli.specfile import SpecFileError, load_spec
 
+    if code is not None:
+        _require_folder(code)  # a usage error first
     try:
         # The folder is imported where it lies, never packed: any digest lets the spec validate.
         spec = load_spec(file, code_digest=None if code is None else LOCAL_CODE_DIGEST)
@@ -270,15 +273,22 @@ def train(
     console.print_json(json.dumps(result, default=float))
 
 
+def _require_folder(folder: str) -> None:
+    """A ``--code`` that is no folder is a bad option value: a usage error (exit 2)."""
+    from pathlib import Path
+
+    if not Path(folder).expanduser().is_dir():
+        _fail(f"--code {folder}: not a folder", EXIT_USAGE)
+
+
 def _put_code_on_path(folder: str) -> None:
     """Make ``folder`` importable here and in local Ray workers: a package folder (with
     ``__init__.py``) by its parent, any other folder as a root of packages."""
     import os
     from pathlib import Path
 
+    _require_folder(folder)
     path = Path(folder).expanduser().resolve()
-    if not path.is_dir():
-        _fail(f"--code {folder}: not a folder")
     root = str(path.parent if (path / "__init__.py").is_file() else path)
     sys.path.insert(0, root)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))

@@ -99,7 +99,8 @@ def test_a_sweep_over_your_own_model_from_the_cli_with_code_and_json(tmp_path, e
 
         not_a_folder = runner.invoke(app, ["sweeps", "submit", str(spec), "--code", str(tmp_path / "nope"), "--json",
                                            *url])
-        assert not_a_folder.exit_code == 1 and "not a folder" in not_a_folder.stderr and not_a_folder.stdout == ""
+        # A bad option value: a usage error (exit 2), as the README's table of exit codes has it.
+        assert not_a_folder.exit_code == 2 and "not a folder" in not_a_folder.stderr and not_a_folder.stdout == ""
         no_base = tmp_path / "no-base.yaml"
         no_base.write_text(yaml.safe_dump({"name": "no-base", "search": {}}))
         refused = runner.invoke(app, ["sweeps", "submit", str(no_base), "--code", str(root), *url])

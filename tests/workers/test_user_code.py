@@ -342,6 +342,15 @@ def test_a_data_import_that_fails_names_its_field(tmp_path, fresh_imports):
         Trainer(RunSpec.model_validate(body))
 
 
+def test_tessera_train_with_a_code_folder_that_is_not_there_is_a_usage_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "spec.yaml"), "--code", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "not a folder" in result.output
+
+
 def test_tessera_train_with_code_trains_your_model_on_your_data(tmp_path, fresh_imports, monkeypatch):
     import json
 
