@@ -435,6 +435,9 @@ class Trainer:
         results = eval_metrics(loss_sum, correct, count, domain=dataset_domain(self.spec.data.train))
         for key, value in results.items():
             self.metrics.record(state.timestamp.batch, key, value)
+        if self.rank == 0:  # a line in the run's log (tessera logs) at each evaluation
+            log.info("evaluation at epoch %d, batch %d (%.0f%%): %s", state.timestamp.epoch, state.timestamp.batch,
+                     100 * state.progress, ", ".join(f"{key}={value:.4g}" for key, value in sorted(results.items())))
         self.engine.run_event(Event.EVAL_END, state)
         self.sink.flush()
         if self.on_eval is not None:

@@ -37,6 +37,16 @@ def test_a_short_run_on_digits_learns_well_above_chance_and_reports_every_metric
     assert final["eval/loss"] == sink.values("eval/loss")[-1][1]
 
 
+def test_each_evaluation_is_a_line_in_the_log(caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="workers.trainer")
+    Trainer(tiny_spec(max_duration="2ba", eval_interval="1ba")).fit()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluation at")]
+    assert len(lines) == 2 and lines[0].startswith("evaluation at epoch 0, batch 1 (50%): eval/accuracy=")
+    assert lines[1].startswith("evaluation at epoch 0, batch 2 (100%): ") and "eval/loss=" in lines[1]
+
+
 def first_batch_gradients(microbatch_size):
     trainer = Trainer(tiny_spec(microbatch_size=microbatch_size))
     inputs, targets = next(iter(trainer.train_loader))
