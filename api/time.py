@@ -24,7 +24,8 @@ class TimeUnit(str, enum.Enum):
 
 
 _TIME_RE = re.compile(r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ep|ba|sp|tok|dur)\s*$")
-ALLOWED_FORMS = "an integer followed by ep, ba, sp or tok (e.g. '3ep', '100ba'), or a fraction in [0, 1] followed by dur (e.g. '0.1dur')"
+COUNT_FORMS = "an integer followed by ep, ba, sp or tok (e.g. '3ep', '100ba')"
+ALLOWED_FORMS = f"{COUNT_FORMS}, or a fraction in [0, 1] followed by dur (e.g. '0.1dur')"
 
 
 @dataclass(frozen=True, order=False)
@@ -33,15 +34,16 @@ class Time:
     unit: TimeUnit
 
     @classmethod
-    def parse(cls, text: "str | Time") -> "Time":
-        """Parse ``"3ep"``-style text; raise ``ValueError`` saying what is allowed."""
+    def parse(cls, text: "str | Time", *, forms: str = ALLOWED_FORMS) -> "Time":
+        """Parse ``"3ep"``-style text; raise ``ValueError`` saying what is allowed (``forms``:
+        the forms a field takes, e.g. ``COUNT_FORMS`` where ``dur`` is no unit)."""
         if isinstance(text, Time):
             return text
         if not isinstance(text, str):
-            raise ValueError(f"{text!r} is not a Time string; expected {ALLOWED_FORMS}")
+            raise ValueError(f"{text!r} is not a Time string; expected {forms}")
         match = _TIME_RE.match(text)
         if match is None:
-            raise ValueError(f"{text!r} is not a Time string; expected {ALLOWED_FORMS}")
+            raise ValueError(f"{text!r} is not a Time string; expected {forms}")
         unit = TimeUnit(match["unit"])
         raw = match["value"]
         if unit is TimeUnit.DURATION:
@@ -50,7 +52,7 @@ class Time:
                 raise ValueError(f"{text!r}: a 'dur' fraction must lie in [0, 1]")
             return cls(value, unit)
         if "." in raw:
-            raise ValueError(f"{text!r}: '{unit.value}' counts must be whole numbers; expected {ALLOWED_FORMS}")
+            raise ValueError(f"{text!r}: '{unit.value}' counts must be whole numbers; expected {forms}")
         return cls(int(raw), unit)
 
     def __str__(self) -> str:
@@ -81,8 +83,10 @@ def _parse_time(value: Any) -> Time:
 def _time_validator(*units: TimeUnit, positive: bool = False):
     allowed = ", ".join(u.value for u in units)
 
+    forms = ALLOWED_FORMS if TimeUnit.DURATION in units else COUNT_FORMS
+
     def check(value: Any) -> Time:
-        time = Time.parse(value)
+        time = Time.parse(value, forms=forms)
         if time.unit not in units:
             raise ValueError(f"{value!r} uses unit '{time.unit.value}'; allowed units here: {allowed}")
         if positive and time.value <= 0:

@@ -33,3 +33,17 @@ def test_comparing_times_of_different_units_fails_loudly():
         Time.parse("3ep") < Time.parse("100ba")
     assert Time.parse("3ep") < Time.parse("4ep")
     assert Time.parse("3ep") + Time.parse("2ep") == Time.parse("5ep")
+
+
+def test_a_field_that_takes_no_fraction_does_not_offer_one():
+    from pydantic import TypeAdapter, ValidationError
+
+    from api.time import DurationTime, IntervalTime
+
+    with pytest.raises(ValidationError) as duration:
+        TypeAdapter(DurationTime).validate_python("3epochs")
+    assert str(duration.value.errors()[0]["msg"]).endswith("expected an integer followed by ep, ba, sp or tok "
+                                                             "(e.g. '3ep', '100ba')")
+    with pytest.raises(ValidationError) as interval:
+        TypeAdapter(IntervalTime).validate_python("3epochs")
+    assert "or a fraction in [0, 1] followed by dur" in str(interval.value.errors()[0]["msg"])

@@ -50,7 +50,8 @@ INVALID_SPECS = {
                           "algorithms[3].name", "warp_drive",
                           "unknown algorithm 'warp_drive'; known: alibi, augmix, blurpool, channels_last"),
     "negative_lr": (lambda b: b["optimizer"].update(lr=-0.1), "optimizer.lr", -0.1, "greater than 0"),
-    "duration_in_words": (lambda b: b.update(max_duration="3 epochs"), "max_duration", "3 epochs", "'3ep'"),
+    "duration_in_words": (lambda b: b.update(max_duration="3 epochs"), "max_duration", "3 epochs",
+                          "expected an integer followed by ep, ba, sp or tok (e.g. '3ep', '100ba')"),
     "unknown_model": (lambda b: b.update(model={"name": "vit_b16"}), "model.name", "vit_b16",
                       "unknown model 'vit_b16'; did you mean {name: torchvision, arch: vit_b_16}? known: cifar_resnet20, "
                       "gpt_small, resnet18, simple_cnn, torchvision"),
@@ -60,6 +61,8 @@ INVALID_SPECS = {
                      "greater than or equal to 1"),
     "unknown_top_level_field": (lambda b: b.update(colour="red"), "colour", "red",
                                 "allowed fields here: name, model, data, optimizer"),
+    "misspelled_field": (lambda b: b.update(schedular={"name": "cosine"}), "schedular", {"name": "cosine"},
+                         "Extra inputs are not permitted; did you mean 'scheduler'? allowed fields here: name, model"),
     "parallelism_none_with_two_workers": (lambda b: b["parallelism"].update(strategy="none"),
                                           "parallelism.num_workers", 2, "exactly one worker"),
     # Accepted by RunSpec, so that stored specs still load, and refused in a new submission.
