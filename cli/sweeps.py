@@ -114,7 +114,7 @@ def _print_sweep(sweep) -> None:
         table.add_row(trial.run_id, trial.status.value, ",".join(trial.algorithms) or "-",
                       ", ".join(f"{k}={v}" for k, v in (trial.params or {}).items()) or "-",
                       f"{trial.metric:.4g}" if trial.metric is not None else "-",
-                      f"{trial.wall_time_s:.0f}" if trial.wall_time_s is not None else "-",
+                      f"{trial.wall_time_s:.3g}" if trial.wall_time_s is not None else "-",  # 0.7 s is not 1
                       "*" if trial.run_id in sweep.pareto else "")
     console.print(table)
     for skipped in sweep.skipped:
