@@ -155,14 +155,16 @@ def runs(
     page = _call(_client(url).list_runs, status=status, limit=limit, tag=tag, name=name, order_by=order_by,
                  archived=archived, project=project)
     best_key = order_by.removeprefix("best:") if order_by else None
-    columns = [kept("id", ID_WIDTH), "name", kept("status", STATUS_WIDTH), "attempt", "created", "tags",
-               kept("eval/accuracy", METRIC_WIDTH, wrap_header=True), kept("train/loss", METRIC_WIDTH, wrap_header=True)]
+    several_projects = len({run.project for run in page.data}) > 1  # an admin's listing: say whose each is
+    columns = [kept("id", ID_WIDTH), "name", *(["project"] if several_projects else []), kept("status", STATUS_WIDTH),
+               "attempt", "created", "tags", kept("eval/accuracy", METRIC_WIDTH, wrap_header=True),
+               kept("train/loss", METRIC_WIDTH, wrap_header=True)]
     table = listing(*columns, *([kept(f"best {best_key}", METRIC_WIDTH, wrap_header=True)] if best_key else []))
     for run in page.data:
         best = [_metric(run.best, best_key)] if best_key else []
-        table.add_row(run.id, run.name, _status(run), str(run.attempt), run.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      " ".join(run.tags), _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"),
-                      *best)
+        table.add_row(run.id, run.name, *([run.project] if several_projects else []), _status(run), str(run.attempt),
+                      run.created_at.strftime("%Y-%m-%d %H:%M:%S"), " ".join(run.tags),
+                      _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"), *best)
     emit(page.data, as_json=as_json, render=lambda: console.print(table))
 
 

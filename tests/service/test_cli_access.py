@@ -44,3 +44,20 @@ def test_projects_and_keys_from_the_cli(tmp_path, monkeypatch):
         monkeypatch.setenv("TESSERA_API_KEY", secret)
         refused = runner.invoke(app, ["projects", "list", *url])
         assert refused.exit_code == 1 and "401" in refused.output
+
+
+def test_runs_of_several_projects_are_listed_with_their_project(tmp_path, monkeypatch, example_spec):
+    from cli import main
+
+    monkeypatch.setattr(main.console, "_width", 240)  # tables unclipped
+    runner = CliRunner()
+    with LocalService(tmp_path) as service:
+        url = ["--url", service.url]
+        assert runner.invoke(app, ["projects", "create", "vision", *url]).exit_code == 0
+        service.repo.create_run(example_spec)
+        alone = runner.invoke(app, ["runs", *url])
+        assert alone.exit_code == 0 and "┃project" not in alone.output  # one project: no column
+        service.repo.create_run(example_spec, project="vision")
+        both = runner.invoke(app, ["runs", *url])
+        assert both.exit_code == 0 and "┃name          ┃project ┃status" in both.output
+        assert "│vision  │QUEUED" in both.output and "│default │QUEUED" in both.output
