@@ -10,8 +10,8 @@ It follows Python's path finder on the package's root (the folder the workers pu
 ``.pyc``, or an extension ``__init__``) exists, else a module when ``name.py``, ``name.pyc`` or an
 extension module (``name.so``, ``name.cpython-312-x86_64-linux-gnu.so``, ``name.pyd``) exists,
 else a namespace package when the folder ``name/`` exists; only packages (regular or namespace)
-have submodules. Nothing below a namespace package is checked: Python merges a namespace
-package's portions from every folder on ``sys.path``, so a module below it may come from one
+have submodules. A name the package lacks below a namespace package is not refused: Python
+merges a namespace package's portions from every folder on ``sys.path``, so it may come from one
 installed on the workers. The callable after the colon is not checked: that needs the code
 itself.
 """
@@ -116,13 +116,15 @@ def missing_module(tree: ModuleTree, import_path: str) -> str | None:
 
 def _first_missing(tree: ModuleTree, parts: list[str]) -> int | None:
     """The index of the first dotted part below the top level that import would not find, or None
-    (also when a namespace package comes first: what lies below it may come from elsewhere)."""
+    (also when it is missing below a namespace package: it may come from elsewhere on the path)."""
     for depth in range(1, len(parts)):
         parent = tree.kind(".".join(parts[:depth]))
-        if parent is None or parent == "namespace":
+        if parent is None:
             return None
-        if parent == "module" or tree.kind(".".join(parts[:depth + 1])) is None:
+        if parent == "module":
             return depth
+        if tree.kind(".".join(parts[:depth + 1])) is None:
+            return None if parent == "namespace" else depth
     return None
 
 

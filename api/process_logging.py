@@ -15,17 +15,17 @@ CHATTY_LOGGERS = ("httpx", "httpcore")  # a line per request at INFO, and per co
 
 
 def quiet_http_clients() -> None:
-    """Only warnings and errors from the HTTP client's loggers."""
+    """Only warnings and errors from the HTTP client's loggers, unless the process logs at DEBUG
+    (its root logger): then every request shows, as asked."""
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def configure_logging(level: str | int = logging.INFO) -> None:
     """A process's own logging (the service, a job's driver): ``LINE_FORMAT`` to stderr at
-    ``level``, unless the root logger has a handler already, and quiet HTTP clients unless
-    ``level`` is DEBUG (then every request shows, as asked)."""
-    level = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    ``level``, unless the root logger has a handler already, and quiet HTTP clients."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=level, format=LINE_FORMAT)
-    if not (isinstance(level, int) and level <= logging.DEBUG):
-        quiet_http_clients()
+        logging.basicConfig(level=level.upper() if isinstance(level, str) else level, format=LINE_FORMAT)
+    quiet_http_clients()

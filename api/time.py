@@ -24,8 +24,24 @@ class TimeUnit(str, enum.Enum):
 
 
 _TIME_RE = re.compile(r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ep|ba|sp|tok|dur)\s*$")
-COUNT_FORMS = "an integer followed by ep, ba, sp or tok (e.g. '3ep', '100ba')"
-ALLOWED_FORMS = f"{COUNT_FORMS}, or a fraction in [0, 1] followed by dur (e.g. '0.1dur')"
+_EXAMPLES = {"ep": "'3ep'", "ba": "'100ba'", "sp": "'50000sp'", "tok": "'2000000tok'"}
+
+
+def allowed_forms(units: "tuple[TimeUnit, ...]") -> str:
+    """How a Time string of ``units`` is written, for a refusal: "an integer followed by ep or ba
+    (e.g. '3ep', '100ba')", ", or a fraction in [0, 1] followed by dur (e.g. '0.1dur')" when
+    ``dur`` is one of them."""
+    counts = [unit.value for unit in units if unit is not TimeUnit.DURATION]
+    forms = []
+    if counts:
+        named = counts[0] if len(counts) == 1 else f"{', '.join(counts[:-1])} or {counts[-1]}"
+        forms.append(f"an integer followed by {named} (e.g. {', '.join(_EXAMPLES[c] for c in counts[:2])})")
+    if TimeUnit.DURATION in units:
+        forms.append("a fraction in [0, 1] followed by dur (e.g. '0.1dur')")
+    return ", or ".join(forms)
+
+
+ALLOWED_FORMS = allowed_forms(tuple(TimeUnit))
 
 
 @dataclass(frozen=True, order=False)
@@ -36,7 +52,7 @@ class Time:
     @classmethod
     def parse(cls, text: "str | Time", *, forms: str = ALLOWED_FORMS) -> "Time":
         """Parse ``"3ep"``-style text; raise ``ValueError`` saying what is allowed (``forms``:
-        the forms a field takes, e.g. ``COUNT_FORMS`` where ``dur`` is no unit)."""
+        the forms a field takes, ``allowed_forms`` of its units)."""
         if isinstance(text, Time):
             return text
         if not isinstance(text, str):
@@ -83,7 +99,7 @@ def _parse_time(value: Any) -> Time:
 def _time_validator(*units: TimeUnit, positive: bool = False):
     allowed = ", ".join(u.value for u in units)
 
-    forms = ALLOWED_FORMS if TimeUnit.DURATION in units else COUNT_FORMS
+    forms = allowed_forms(units)
 
     def check(value: Any) -> Time:
         time = Time.parse(value, forms=forms)

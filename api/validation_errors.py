@@ -342,7 +342,9 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
     elif kind == "extra_forbidden" and source == "body":
         allowed = _allowed_fields(schema, inner[:-1])
         if allowed:
-            close = difflib.get_close_matches(str(inner[-1]), allowed, n=1) if inner else []
+            # A close cutoff: batch_size is not microbatch_size (data.batch_size is meant), nor
+            # interval eval_interval (checkpoint.interval may be).
+            close = difflib.get_close_matches(str(inner[-1]), allowed, n=1, cutoff=0.85) if inner else []
             guess = f"; did you mean {close[0]!r}? allowed" if close else "; allowed"
             msg = f"{msg}{guess} fields here: {', '.join(allowed)}"
     return field_error(field, loc, msg, value)

@@ -87,6 +87,8 @@ def submit(
     With --json, stdout is the RunView as JSON (the final one with --follow; progress on stderr)."""
     from cli.specfile import SpecFileError, load_spec_dict
 
+    if code is not None:
+        _require_folder(code)  # a usage error first
     try:
         body = load_spec_dict(file)
     except SpecFileError as exc:
@@ -120,7 +122,6 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None, out
     """Pack and upload ``folder`` to ``project`` (unless it has it); returns its digest."""
     from api.code_package import CodePackageError, pack_directory
 
-    _require_folder(folder)
     try:
         package = pack_directory(folder)
     except CodePackageError as exc:
@@ -289,7 +290,6 @@ def _put_code_on_path(folder: str) -> None:
     import os
     from pathlib import Path
 
-    _require_folder(folder)
     path = Path(folder).expanduser().resolve()
     root = str(path.parent if (path / "__init__.py").is_file() else path)
     sys.path.insert(0, root)

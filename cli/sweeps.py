@@ -40,10 +40,12 @@ def submit_sweep(
     """Submit a sweep for the service to drive; its trials are runs (`tessera sweeps show ID` lists them).
 
     With --json, stdout is the SweepView as JSON (the final one with --wait; messages on stderr)."""
-    from cli.main import _upload_code
+    from cli.main import _require_folder, _upload_code
     from cli.output import err_console
     from cli.specfile import SpecFileError, load_spec_dict
 
+    if code is not None:
+        _require_folder(code)  # a usage error first
     try:
         body = load_spec_dict(file)
     except SpecFileError as exc:
@@ -114,11 +116,16 @@ def _print_sweep(sweep) -> None:
         table.add_row(trial.run_id, trial.status.value, ",".join(trial.algorithms) or "-",
                       ", ".join(f"{k}={v}" for k, v in (trial.params or {}).items()) or "-",
                       f"{trial.metric:.4g}" if trial.metric is not None else "-",
-                      f"{trial.wall_time_s:.3g}" if trial.wall_time_s is not None else "-",  # 0.7 s is not 1
+                      _seconds(trial.wall_time_s),
                       "*" if trial.run_id in sweep.pareto else "")
     console.print(table)
     for skipped in sweep.skipped:
         console.print(f"skipped {skipped.algorithms}: {skipped.reason}", highlight=False)
+
+
+def _seconds(value: float | None) -> str:
+    """A trial's wall time: 0.7 s as 0.7 (not 1), 7,200 s as 7200 (not 7.2e+03)."""
+    return "-" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
 @sweeps_app.command("cancel")

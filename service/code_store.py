@@ -74,8 +74,8 @@ class CodeStore:
 
     def importable_names(self, digest: str) -> frozenset[str] | None:
         """The top-level names ``import`` finds in the stored package once the workers put it
-        first on ``sys.path``: its packages and modules (``CodeView.top_level``), its folders of
-        Python files without ``__init__.py`` (namespace packages) and its extension modules; None
+        first on ``sys.path`` (``ModuleTree.top_level``): its packages, its modules (extension
+        modules too) and its folders of Python files without ``__init__.py`` (namespace packages); None
         if there is no such package or it cannot be read as one (the worker then says why). Read
         once per digest (its content never changes)."""
         read = self._read_names(digest)

@@ -6,8 +6,11 @@ Ray cannot be asked; an ended attempt is read from storage (``service.log_store`
 dispatcher copies it, once the copy there is its finished job's whole log. Until then (a run
 ends as its worker reports it, a moment before its job's driver writes its last lines and
 exits; or the service was down when it ended) it is read from Ray, stored on the way once the
-job has finished, and the page stays ``live`` while the job is still finishing: a reader that
-follows the log until ``live`` turns false gets every line, the failure's traceback included.
+job has finished, and the page stays ``live`` while the job is still finishing (for
+``FINISHING_S`` at most: a driver that hangs): a reader that follows the log until ``live``
+turns false gets every line, the failure's traceback included. An attempt's job is found from
+its events: its own start, or, for an attempt a Ray Train restart began, the job it restarted
+in; an attempt that never started has none.
 
 A sweep's trial has no job of its own: an attempt that started under a sweep driver (its start
 event names the driver attempt) shows that driver attempt's log, read as the sweep's own route
@@ -67,11 +70,14 @@ def get_run_logs(run_id: str, repo: RepoDep, sweeps: SweepsDep, caller: CallerDe
     if attempt > run.attempt:
         return _no_such_attempt(f"run {run_id}", attempt, run.attempt)
     live = attempt == run.attempt and not run.status.is_terminal
+    events = repo.events(run.id)
+    start = _start_of(events, attempt)
     # Decided per attempt: a trial resumed by hand runs its later attempts as jobs of its own.
-    driver_attempt = _started_by_driver(repo, run.id, attempt) if run.sweep_id else None
+    driver_attempt = trial_driver_attempt(start.message) if start is not None and run.sweep_id else None
     if driver_attempt is None:
-        data, source, live = _read(Attempt(run_id, attempt, _job_of(run, attempt), run.project), live=live,
-                                   ended_at=run.finished_at, jobs=jobs, store=store)
+        job_id = _job_of(events, start, run, attempt)
+        data, source, live = _read(Attempt(run_id, attempt, job_id, run.project), live=live,
+                                   ended_at=_ended_at(events, run, attempt), jobs=jobs, store=store)
     else:
         sweep = sweeps.get_sweep(run.sweep_id)
         data, source, _ = _read_driver(sweep, driver_attempt, jobs=jobs, store=store)
@@ -115,15 +121,38 @@ def _page(data: bytes, after: int, limit: int) -> dict:
             "size": len(data)}
 
 
-def _job_of(run, attempt: int) -> str:
-    """The Ray job whose log is the run's ``attempt``'s: the current attempt's is the run's own (a
-    Ray Train restart goes on in the job it restarted in); an earlier one's by its id, or "" when
-    that is the current attempt's job too: Ray's log of it goes on with the later attempt, and
-    the earlier attempt's own log is the copy stored under it."""
+def _start_of(events: list, attempt: int):
+    """The event that started the Ray job the run's ``attempt`` ran in: the attempt's own
+    QUEUED → STARTING, or, for an attempt a Ray Train restart began (RESTARTING), that of the
+    attempt it restarted, which goes on in the same job; None for an attempt that never started
+    (queued, or canceled while queued)."""
+    while attempt >= 1:
+        own = [event for event in events if event.attempt == attempt]
+        started = [event for event in own if event.to_status is RunStatus.STARTING]
+        if started:
+            return started[-1]
+        if not any(event.to_status is RunStatus.RESTARTING for event in own):
+            return None
+        attempt -= 1
+    return None
+
+
+def _job_of(events: list, start, run, attempt: int) -> str:
+    """The run's job that ``attempt`` ran in (``start``: ``_start_of``), or "" when it has none
+    of its own to read: it never started, or a later attempt (a Ray Train restart) goes on in
+    the same job, whose log in Ray is then the later one's too, and the attempt's own log is the
+    copy stored under it."""
+    if start is None or (attempt < run.attempt and _start_of(events, attempt + 1) is start):
+        return ""
+    return attempt_job_id("run", run.id, start.attempt)
+
+
+def _ended_at(events: list, run, attempt: int) -> datetime | None:
+    """When the run's ``attempt`` ended: the run's end for its current attempt (None while it
+    runs), else when the next attempt began."""
     if attempt == run.attempt:
-        return run.ray_job_id or attempt_job_id("run", run.id, attempt)
-    job_id = attempt_job_id("run", run.id, attempt)
-    return "" if job_id == run.ray_job_id else job_id
+        return run.finished_at
+    return min((event.time for event in events if event.attempt > attempt), default=None)
 
 
 def _read(attempt: Attempt, *, live: bool, ended_at: datetime | None, jobs, store: LogStore
@@ -176,16 +205,7 @@ def _mark_final(store: LogStore, attempt: Attempt) -> None:
 
 
 def _seconds_since(moment: datetime) -> float:
-    moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)  # SQLite's: naive UTC
-    return (datetime.now(timezone.utc) - moment).total_seconds()
-
-
-def _started_by_driver(repo, run_id: str, attempt: int) -> int | None:
-    """The sweep driver attempt the run's ``attempt`` started under, as its start event names it
-    (``TRIAL_STARTED``); None for an attempt that was not a trial's (a run's own job)."""
-    named = [trial_driver_attempt(event.message) for event in repo.events(run_id)
-             if event.attempt == attempt and event.to_status is RunStatus.STARTING]
-    return next((n for n in reversed(named) if n is not None), None)
+    return (datetime.now(timezone.utc) - moment).total_seconds()  # stored times read back aware, in UTC
 
 
 def _read_driver(sweep, attempt: int, *, jobs, store: LogStore) -> tuple[bytes, str, bool]:

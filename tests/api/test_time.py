@@ -47,3 +47,8 @@ def test_a_field_that_takes_no_fraction_does_not_offer_one():
     with pytest.raises(ValidationError) as interval:
         TypeAdapter(IntervalTime).validate_python("3epochs")
     assert "or a fraction in [0, 1] followed by dur" in str(interval.value.errors()[0]["msg"])
+    from api.algorithm_specs import BatchOrEpochTime  # a method's field: only what it takes is offered
+
+    with pytest.raises(ValidationError) as method:
+        TypeAdapter(BatchOrEpochTime).validate_python("3 epochs")
+    assert str(method.value.errors()[0]["msg"]).endswith("expected an integer followed by ba or ep (e.g. '100ba', '3ep')")

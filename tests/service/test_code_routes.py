@@ -289,11 +289,14 @@ def test_an_import_of_a_module_the_package_does_not_hold_is_refused_naming_what_
     (["my_project/__init__.py", "my_project/models/__init__.py", "my_project/models/resnet.py"],
      "my_project.models.resnett:build", "my_project.models holds: my_project.models.resnet. Did you mean "
      "'my_project.models.resnet:build'?"),
+    (["helpers.py", "src/models/__init__.py", "src/models/net.py"], "src.models.nett:build",  # below a namespace
+     "src.models holds: src.models.net. Did you mean 'src.models.net:build'?"),
     (["my_project/__init__.py", "my_project/nets.py", "my_project/__pycache__/text.cpython-312.pyc"],
      "my_project.text:build", "nor a folder my_project/text/); my_project holds: my_project.nets"),  # no .pyc cache
     (["my_project/__init__.py", *(f"my_project/m{i:02}.py" for i in range(25))], "my_project.other:build",
      "my_project holds: my_project.m00, my_project.m01, "),
-], ids=["a_module_not_a_package", "a_top_level_module", "a_subpackage", "no_pyc_cache", "a_long_listing"])
+], ids=["a_module_not_a_package", "a_top_level_module", "a_subpackage", "below_a_namespace_s_package",
+        "no_pyc_cache", "a_long_listing"])
 def test_a_module_below_a_held_package_is_checked_as_import_would_find_it(code_client, example_body, files, target,
                                                                            message):
     data = zip_of(*files)

@@ -110,6 +110,31 @@ def test_an_ended_run_s_log_stops_being_live_when_its_job_hangs_or_is_forgotten_
     assert store.is_final(run_id, 2)  # Ray forgot the job: nothing more will come, and later reads ask Ray no more
 
 
+def test_a_resumed_run_s_new_attempt_has_no_log_until_its_job_starts_and_the_old_one_keeps_its_own(
+        client, fake_jobs, example_body, settings):
+    """Resumed, a run is QUEUED as attempt 2 while attempt 1's job may still be in Ray: attempt 2
+    reads nothing (live: it has not started), attempt 1 its own job; once attempt 2's job starts,
+    it reads that job from its first byte."""
+    run_id, job_id = _start(client, fake_jobs, example_body)
+    repo = client.app.state.repo
+    repo.apply_worker_report(run_id, S.RUNNING)
+    fake_jobs.logs[job_id] = "attempt 1\n" + TRACEBACK
+    repo.apply_worker_report(run_id, S.FAILED, error="ValueError: boom")
+    assert client.post(f"/api/v1/runs/{run_id}/resume", json={}).status_code == 200
+    page = client.get(f"/api/v1/runs/{run_id}/logs").json()
+    assert (page["attempt"], page["text"], page["source"], page["live"]) == (2, "", "none", True)
+    first = client.get(f"/api/v1/runs/{run_id}/logs", params={"attempt": 1}).json()
+    assert (first["text"], first["source"], first["live"]) == ("attempt 1\n" + TRACEBACK, "ray", True)  # still ending
+    fake_jobs.set_status(job_id, "FAILED")
+    client.app.state.dispatcher.tick()  # attempt 2's job starts
+    fake_jobs.set_status(f"run-{run_id}-attempt-2", "RUNNING")
+    fake_jobs.logs[f"run-{run_id}-attempt-2"] = "attempt 2\n"
+    page = client.get(f"/api/v1/runs/{run_id}/logs", params={"after": page["next_offset"]}).json()
+    assert (page["text"], page["source"], page["live"]) == ("attempt 2\n", "ray", True)
+    first = client.get(f"/api/v1/runs/{run_id}/logs", params={"attempt": 1}).json()
+    assert (first["text"], first["live"]) == ("attempt 1\n" + TRACEBACK, False)
+
+
 def test_a_finished_job_is_forgotten_by_ray_only_once_its_final_log_is_stored(client, fake_jobs, example_body,
                                                                             settings):
     run_id, job_id = _start(client, fake_jobs, example_body)
@@ -402,6 +427,20 @@ def test_each_trial_attempt_reads_the_driver_attempt_it_ran_under_and_nothing_is
     assert [p["text"] for p in driver_pages] == [pages[1]["text"], pages[2]["text"]]
     store = LogStore(settings.storage_url)
     assert store.read(trial.id, 1) is None and store.read(trial.id, 2) is None  # one copy, the sweep's
+
+
+def test_a_trial_restarted_in_its_actor_reads_its_driver_s_log_on_its_next_attempt_too(
+        client, fake_jobs, example_body, settings):
+    """A trial that trains in its Tune actor retries there (max_restarts), reporting RESTARTING:
+    its next attempt has no start event of its own and goes on under the same driver attempt."""
+    sweep, trial, job1 = _sweep_with_a_trial(client, fake_jobs, example_body)
+    client.app.state.repo.apply_worker_report(trial.id, S.RESTARTING)
+    assert client.app.state.repo.get_run(trial.id).attempt == 2
+    fake_jobs.logs[job1] += "trial t1: restarting\n"
+    page = client.get(f"/api/v1/runs/{trial.id}/logs").json()
+    assert (page["attempt"], page["text"], page["source"], page["live"]) == \
+        (2, "trial t1: epoch 1\ntrial t1: restarting\n", "ray", True)
+    assert LogStore(settings.storage_url).read(trial.id, 2) is None  # nothing stored under the trial
 
 
 def test_a_trial_resumed_by_hand_logs_its_new_attempt_as_a_run_s_and_keeps_its_driver_s_log(
