@@ -46,3 +46,16 @@ def test_the_service_quiets_the_http_client_its_dispatcher_calls_ray_with(http_l
         logging.getLogger(name).setLevel(logging.NOTSET)
     create_app(Settings(home=tmp_path / "home"), jobs=object(), run_dispatcher=False)  # its lifespan is not run
     assert all(logging.getLogger(name).level == logging.WARNING for name in CHATTY_LOGGERS)
+
+
+def test_a_process_that_logs_at_debug_keeps_every_request(http_levels):
+    root = logging.getLogger()
+    level = root.level
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    try:
+        root.setLevel(logging.DEBUG)  # tessera serve --log-level debug
+        quiet_http_clients()
+        assert all(logging.getLogger(name).level == logging.NOTSET for name in CHATTY_LOGGERS)
+    finally:
+        root.setLevel(level)

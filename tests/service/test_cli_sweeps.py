@@ -140,3 +140,9 @@ def test_sweeps_list_filters_by_name_and_status_and_takes_a_limit(tmp_path, monk
         wrong = runner.invoke(app, ["sweeps", "list", "--status", "stopped", *url])
         said = " ".join(wrong.output.replace("│", " ").split())  # the error box wraps the line
         assert wrong.exit_code == 2 and "'stopped' is not a sweep status; one of QUEUED, STARTING, RUNNING" in said
+
+
+def test_a_trial_s_wall_time_reads_as_seconds_at_any_length():
+    from cli.sweeps import _seconds
+
+    assert [_seconds(s) for s in (None, 0.7, 12.34, 99.4, 7200.4)] == ["-", "0.7", "12.3", "99.4", "7200"]
