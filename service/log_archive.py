@@ -97,10 +97,16 @@ def archive_final_log(jobs: JobsClient, store: LogStore, attempt: Attempt, text:
     if state is not None and state not in FINISHED_JOB_STATES:
         return False  # still stopping: copy once it has ended
     text = jobs.job_logs(attempt.job_id) if text is None else text
-    if text:  # an empty answer (Ray lost the file) never replaces a stored copy
-        store.save(attempt.record_id, attempt.attempt, text, project=attempt.project, kind=attempt.kind,
-                   final=state is not None)
+    save_log(store, attempt, text, final=state is not None)
     return True
+
+
+def save_log(store: LogStore, attempt: Attempt, text: str | None, *, final: bool) -> None:
+    """Store the attempt's log (``final``: its finished job's whole log, marked so); an empty
+    answer (Ray lost the file) never replaces a stored copy."""
+    if text:
+        store.save(attempt.record_id, attempt.attempt, text, project=attempt.project, kind=attempt.kind,
+                   final=final)
 
 
 class LogArchiver:

@@ -36,7 +36,7 @@ from service.access import Role
 from service.deps import CallerDep, JobsDep, RepoDep, SweepsDep
 from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.json_body import ParsedBodyRoute
-from service.log_archive import Attempt, archive_final_log
+from service.log_archive import Attempt, save_log
 from service.log_store import LogStore, get_log_store
 from service.ray_client import FINISHED_JOB_STATES
 from service.routes.runs import scoped_run
@@ -185,7 +185,7 @@ def _read(attempt: Attempt, *, live: bool, ended_at: datetime | None, jobs, stor
         return _stored(stored, False)
     if state in FINISHED_JOB_STATES:
         try:  # its finished job's whole log: stored (if the archiver has not yet) and marked final
-            archive_final_log(jobs, store, attempt, text)
+            save_log(store, attempt, text, final=True)
         except Exception as exc:  # the reader still gets the log; a later read stores it
             log.info("could not store the log of %s: %s", attempt.job_id, exc)
         return text.encode(), "ray", False
