@@ -3,11 +3,14 @@
 Hot-path rule: no host syncs per step. Each step's loss stays on the device as a detached
 tensor; a flush (about once a second, before evaluation and at each epoch's end) converts all
 pending losses together, one host sync, and reports them with the learning rate, throughput
-and the time metrics.
+and the time metrics. Every ``PROGRESS_LOG_S`` and at each epoch's end, a flush also writes a
+line to the run's log (``tessera logs``): epoch, batch, progress, the mean training loss since
+the last line and the throughput, so a run without an evaluation set shows how it goes too.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -15,7 +18,10 @@ import torch
 from workers.reporter import MetricSink
 from workers.timekeeping import Timestamp
 
+log = logging.getLogger(__name__)
+
 FLUSH_INTERVAL_S = 1.0
+PROGRESS_LOG_S = 30.0  # how often a progress line goes to the run's log, besides each epoch's end
 
 
 class MetricBuffer:
@@ -23,12 +29,14 @@ class MetricBuffer:
     ranks it buffers nothing (their sink is a ``NullSink``). ``latest`` holds the newest value
     of every metric reported, evaluation results included (``record``)."""
 
-    def __init__(self, sink: MetricSink, *, rank: int, interval_s: float = FLUSH_INTERVAL_S):
-        self.sink, self.rank, self.interval_s = sink, rank, interval_s
+    def __init__(self, sink: MetricSink, *, rank: int, interval_s: float = FLUSH_INTERVAL_S,
+                 progress_log_s: float = PROGRESS_LOG_S):
+        self.sink, self.rank, self.interval_s, self.progress_log_s = sink, rank, interval_s, progress_log_s
         self.latest: dict[str, float] = {}
         self.pending: list[tuple[int, torch.Tensor, float]] = []  # (step, detached loss, lr)
         self._last_flush = time.monotonic()
         self._throughput_mark = (time.monotonic(), 0)  # (time, samples) training was measured from
+        self._last_line = (time.monotonic(), 0.0, 0)  # the last progress line: (time, loss sum, steps) since
 
     def add_step(self, step: int, loss: torch.Tensor, lr: float) -> None:
         """One optimizer step's detached batch loss and learning rate (no host sync)."""
@@ -57,6 +65,8 @@ class MetricBuffer:
             add(step, "lr", lr)
         if pending:
             self.latest["train/loss"], self.latest["lr"] = losses[-1], pending[-1][2]
+        line_at, loss_sum, steps = self._last_line
+        self._last_line = (line_at, loss_sum + sum(losses), steps + len(losses))
         step = timestamp.batch
         start, start_sample = self._throughput_mark
         now = time.monotonic()
@@ -66,6 +76,18 @@ class MetricBuffer:
         self.record(step, "time/epoch", timestamp.epoch)
         self.record(step, "time/batch", timestamp.batch)
         self.record(step, "time/progress", progress)
+        if epoch_end or now - line_at >= self.progress_log_s:
+            self._log_progress(timestamp, progress)
+
+    def _log_progress(self, timestamp: Timestamp, progress: float) -> None:
+        now, loss_sum, steps = time.monotonic(), *self._last_line[1:]
+        self._last_line = (now, 0.0, 0)
+        figures = [f"train/loss={loss_sum / steps:.4g} (mean of {steps} steps)"] if steps else []
+        throughput = self.latest.get("throughput/samples_per_sec")
+        if throughput is not None:
+            figures.append(f"{throughput:.4g} samples/s")
+        log.info("training %s (%.0f%%)%s", timestamp.where(), 100 * progress,
+                 ": " + ", ".join(figures) if figures else "")
 
     def restart_throughput(self, sample: int) -> None:
         """Measure throughput from now and ``sample`` on: time spent evaluating or resuming is

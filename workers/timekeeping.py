@@ -62,6 +62,13 @@ class Timestamp:
         """The timestamp once the current epoch is done."""
         return replace(self, epoch=self.epoch + 1, batch_in_epoch=0)
 
+    def where(self) -> str:
+        """Where the loop is, for a log line, epochs counted from 1: ``in epoch 2, batch 30``
+        during an epoch, ``at the end of epoch 1, batch 22`` between epochs."""
+        if self.batch_in_epoch == 0 and self.epoch > 0:
+            return f"at the end of epoch {self.epoch}, batch {self.batch}"
+        return f"in epoch {self.epoch + 1}, batch {self.batch}"
+
     def progress(self, max_batches: int) -> float:
         """Fraction of training done, in [0, 1]. Counted in batches, so it moves every step
         whatever the unit of ``max_duration`` (an ``"Nep"`` duration does not make it jump at

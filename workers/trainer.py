@@ -436,8 +436,8 @@ class Trainer:
         for key, value in results.items():
             self.metrics.record(state.timestamp.batch, key, value)
         if self.rank == 0:  # a line in the run's log (tessera logs) at each evaluation
-            log.info("evaluation at epoch %d, batch %d (%.0f%%): %s", state.timestamp.epoch, state.timestamp.batch,
-                     100 * state.progress, ", ".join(f"{key}={value:.4g}" for key, value in sorted(results.items())))
+            log.info("evaluation %s (%.0f%%): %s", state.timestamp.where(), 100 * state.progress,
+                     ", ".join(f"{key}={value:.4g}" for key, value in sorted(results.items())))
         self.engine.run_event(Event.EVAL_END, state)
         self.sink.flush()
         if self.on_eval is not None:

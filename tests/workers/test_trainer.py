@@ -9,6 +9,7 @@ import torch
 from tests.workers.helpers_specs import digits_spec, tiny_spec
 from workers.events import Event
 from workers.reporter import MemorySink
+from workers.timekeeping import Timestamp
 from workers.trainer import Trainer, train
 
 
@@ -42,9 +43,40 @@ def test_each_evaluation_is_a_line_in_the_log(caplog):
 
     caplog.set_level(logging.INFO, logger="workers.trainer")
     Trainer(tiny_spec(max_duration="2ba", eval_interval="1ba")).fit()
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluation at")]
-    assert len(lines) == 2 and lines[0].startswith("evaluation at epoch 0, batch 1 (50%): eval/accuracy=")
-    assert lines[1].startswith("evaluation at epoch 0, batch 2 (100%): ") and "eval/loss=" in lines[1]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluation ")]
+    assert len(lines) == 2 and lines[0].startswith("evaluation in epoch 1, batch 1 (50%): eval/accuracy=")
+    assert lines[1].startswith("evaluation in epoch 1, batch 2 (100%): ") and "eval/loss=" in lines[1]
+
+
+def test_a_run_without_an_eval_set_logs_its_progress_at_each_epochs_end_and_every_half_minute(caplog):
+    import logging
+
+    from workers import metric_buffer
+
+    caplog.set_level(logging.INFO, logger="workers.metric_buffer")
+    spec = digits_spec(max_duration="2ep")
+    spec = spec.model_copy(update={"data": spec.data.model_copy(update={"eval": None})})
+    train(spec, sink=MemorySink())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
+    assert [line.split(" (")[0] for line in lines] == ["training at the end of epoch 1, batch 22",
+                                                      "training at the end of epoch 2, batch 44"]
+    assert lines[0].startswith("training at the end of epoch 1, batch 22 (50%): train/loss=")
+    assert "(mean of 22 steps)" in lines[0] and "samples/s" in lines[0]
+    caplog.clear()
+    buffer = metric_buffer.MetricBuffer(MemorySink(), rank=0, progress_log_s=0.0)  # a line at every flush
+    for step, loss in ((1, 4.0), (2, 2.0), (3, 1.0)):
+        buffer.add_step(step, torch.tensor(loss), 0.1)
+        if step != 2:  # a line's loss is the mean over the steps since the line before
+            buffer.flush(Timestamp(batch=step, batch_in_epoch=step, sample=8 * step), step / 10)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "training in epoch 1, batch 1 (10%): train/loss=4 (mean of 1 steps), " \
+        + lines[0].split("steps), ")[1]
+    assert lines[1].startswith("training in epoch 1, batch 3 (30%): train/loss=1.5 (mean of 2 steps)")
+    assert len(lines) == 2
+    quiet = metric_buffer.MetricBuffer(MemorySink(), rank=0)  # every PROGRESS_LOG_S: not at a mere flush
+    quiet.add_step(1, torch.tensor(1.0), 0.1)
+    quiet.flush(Timestamp(batch=1, batch_in_epoch=1, sample=8), 0.1)
+    assert len(caplog.records) == 2
 
 
 def first_batch_gradients(microbatch_size):
