@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from datetime import datetime
 import uuid
@@ -20,7 +19,7 @@ import httpx
 from pydantic import ValidationError
 
 from api.code_package import CodePackage, CodeView, inspect_package, pack_directory, with_code_digest
-from api.credentials import find_api_key
+from api.credentials import find_api_key, find_service_url
 from api.errors import ApiError, ExportFailed, InvalidInput
 from api.logs import LogsPage, SweepLogsPage
 from api.run_edits import DeletionView, RunUpdate, apply_tag_edits
@@ -53,7 +52,7 @@ from api.views import (
 
 API = "/api/v1"
 MAX_CHILDREN = 500  # GET /runs/{id}/children's largest page
-DEFAULT_URL = "http://127.0.0.1:8000"  # the embedded service (make serve); TESSERA_URL overrides it
+DEFAULT_URL = "http://127.0.0.1:8000"  # the embedded service (make serve) on its default port
 RETRIED_STATUSES = frozenset({502, 503, 504})  # a proxy or the service is briefly away
 SUBMIT_RETRY_DELAYS_S = (0.5, 1.0, 2.0)
 METRICS_PAGE_SIZE = 10_000  # points per request of iter_metrics (the dashboard's page; the route allows 100,000)
@@ -81,9 +80,15 @@ def _every_item(list_page: Callable[..., Any], **query: Any) -> Iterator[Any]:
         cursor = page.next_cursor
 
 
+def service_url(base_url: str | None = None) -> str:
+    """``base_url``, else ``TESSERA_URL``, else the URL in the nearest credentials file
+    (``api.credentials.find_service_url``), else ``DEFAULT_URL``; without a trailing slash."""
+    return (base_url or find_service_url() or DEFAULT_URL).rstrip("/")
+
+
 class Client:
-    """``base_url``: the service; default ``TESSERA_URL``, else ``http://127.0.0.1:8000`` (as the
-    CLI). ``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
+    """``base_url``: the service; default ``TESSERA_URL``, else the URL in the credentials file the
+    key comes from (the embedded service writes it), else ``http://127.0.0.1:8000`` (as the CLI). ``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
     ``$TESSERA_HOME/credentials`` (written by the embedded service on its first start). Worker
     and driver reports carry their own per-attempt token instead.
 
@@ -100,7 +105,7 @@ class Client:
 
     def __init__(self, base_url: str | None = None, *, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None, api_key: str | None = None):
-        self.base_url = (base_url or os.environ.get("TESSERA_URL") or DEFAULT_URL).rstrip("/")
+        self.base_url = service_url(base_url)
         api_key = api_key or find_api_key()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
@@ -131,7 +136,9 @@ class Client:
         call) and is retried with it when the answer is lost (a connection error, a timeout, a
         502/503/504): the service returns the first request's run, so a retry never makes two.
 
-        Returns the new run's view (QUEUED). ``ApiError`` 422 naming the field for an invalid
+        Returns the new run's view (QUEUED); with an ``idempotency_key`` that an earlier request
+        used, that request's run, with ``replayed`` true (a fresh key's own retry is not a replay:
+        ``replayed`` is false whenever this call made the run). ``ApiError`` 422 naming the field for an invalid
         spec (also a data root outside the data directories, a code digest the project lacks, a
         size the cluster can never hold, a project cap, an ``idempotency_key`` reused for another
         spec); 404 for a ``project`` the key has no role in, 403 for a viewer there.
@@ -141,8 +148,9 @@ class Client:
         if code is not None:
             body = self._with_code(body, code, project=project)
         headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
-        return RunView.model_validate(self._post_with_retries(f"{API}/runs", json=body, params=params,
+        view = RunView.model_validate(self._post_with_retries(f"{API}/runs", json=body, params=params,
                                                               headers=headers))
+        return view if idempotency_key is not None else view.model_copy(update={"replayed": False})
 
     def _with_code(self, run_body: dict[str, Any], code: str | Path | CodePackage, *,
                    project: str | None) -> dict[str, Any]:
@@ -507,7 +515,8 @@ class Client:
         lost, as ``create_run`` is: a retry never makes two sweeps (an external sweep's retry
         gets a new ``driver_token``, and the lost answer's stops working).
 
-        Returns the new sweep's view (``skipped``: the algorithm sets refused, and why).
+        Returns the new sweep's view (``skipped``: the algorithm sets refused, and why; ``replayed``
+        true for the sweep an earlier request with ``idempotency_key`` made, as ``create_run``).
         ``ApiError`` 422 naming the field for an invalid sweep or base spec (as ``create_run``),
         404 for a ``project`` the key has no role in, 403 for a viewer there; ``InvalidInput``,
         before sending, for ``code`` without a ``base`` mapping."""
@@ -523,8 +532,9 @@ class Client:
             body = {**body, "base": self._with_code(base, code, project=project)}
         params = {"driver": driver, **({"project": project} if project is not None else {})}
         headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
-        return SweepView.model_validate(self._post_with_retries(f"{API}/sweeps", json=body, params=params,
+        view = SweepView.model_validate(self._post_with_retries(f"{API}/sweeps", json=body, params=params,
                                                                 headers=headers))
+        return view if idempotency_key is not None else view.model_copy(update={"replayed": False})
 
     def get_sweep(self, sweep_id: str) -> SweepView:
         """The sweep's view: status, trials, skipped sets, Pareto front and best run. ``ApiError``

@@ -75,6 +75,8 @@ class RunView(BaseModel):
     trial_id: str | None = Field(None, description="the trial's id within its sweep (Ray Tune's)")
     project: str = Field("default", description="the project the run belongs to")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
+    replayed: bool | None = Field(None, description="only in the answer to a create: true when an earlier request "
+                                                    "with this Idempotency-Key made it (nothing new was queued)")
     notes: str | None = Field(None, description="free text a member wrote about the run (PATCH /runs/{id})")
     archived_at: datetime | None = Field(None, description="when the run was archived (hidden from default lists)")
     final_checkpoint: Literal["saved", "missing"] | None = Field(
@@ -316,6 +318,8 @@ class SweepView(BaseModel):
     driver_token: str | None = Field(None, description="only in the answer to creating an external-driver sweep "
                                                         "(a replay of its Idempotency-Key gets a new one)")
     queue: QueueInfo | None = Field(None, description="while QUEUED: its place in the queue and why it waits")
+    replayed: bool | None = Field(None, description="only in the answer to a create: true when an earlier request "
+                                                    "with this Idempotency-Key made it (nothing new was queued)")
     archived_at: datetime | None = Field(None, description="when the sweep was archived (hidden from default lists)")
 
 

@@ -8,13 +8,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from cli.output import ID_WIDTH, JsonOption, emit, err_console, kept, listing
+from cli.output import ID_WIDTH, JsonOption, UrlOption, emit, err_console, kept, listing
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (shown once), list, revoke.")
 projects_app = typer.Typer(no_args_is_help=True, help="Projects: create, list, set quotas.")
 
-UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
-DEFAULT_URL = "http://127.0.0.1:8000"
 # ``--unset`` names: the option's name, and the API's field it clears.
 QUOTA_OPTIONS = {"max-running-runs": "max_running_runs", "max-workers": "max_workers", "max-gpus": "max_gpus",
                  "default-max-wall-time": "default_max_wall_time_s", "max-wall-time-cap": "max_wall_time_cap_s",
@@ -34,7 +32,7 @@ def create_key(
     role: Annotated[str, typer.Option(help="viewer (read), member (submit, cancel, resume), admin (keys, quotas)")]
     = "member",
     name: Annotated[str, typer.Option(help="a label to tell keys apart")] = "key",
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a key; its secret is printed once and never stored by the service.
@@ -49,7 +47,7 @@ def create_key(
 
 
 @keys_app.command("list")
-def list_keys(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+def list_keys(url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Keys you administer (never their secrets)."""
     main = _main()
     table = listing(kept("id", ID_WIDTH), "name", "prefix", "roles", "created", "revoked")
@@ -62,7 +60,7 @@ def list_keys(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None
 
 
 @keys_app.command("revoke")
-def revoke_key(key_id: str, url: UrlOption = DEFAULT_URL) -> None:
+def revoke_key(key_id: str, url: UrlOption = None) -> None:
     """Revoke a key: its next request is refused (401)."""
     main = _main()
     key = main._call(main._client(url).revoke_key, key_id)
@@ -70,7 +68,7 @@ def revoke_key(key_id: str, url: UrlOption = DEFAULT_URL) -> None:
 
 
 @projects_app.command("create")
-def create_project(name: str, url: UrlOption = DEFAULT_URL) -> None:
+def create_project(name: str, url: UrlOption = None) -> None:
     """Create a project (needs the admin key of every project: the first key)."""
     main = _main()
     main._call(main._client(url).create_project, name)
@@ -78,7 +76,7 @@ def create_project(name: str, url: UrlOption = DEFAULT_URL) -> None:
 
 
 @projects_app.command("list")
-def list_projects(url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+def list_projects(url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Projects your key has a role in, with that role and the quotas."""
     main = _main()
     table = Table("name", "your role", "max_running_runs", "max_workers", "max_gpus")
@@ -106,7 +104,7 @@ def set_quota(
              "units not given keep their caps (every-project admin only)")] = None,
     unset: Annotated[Optional[list[str]], typer.Option(
         help=f"remove this limit (repeatable): {', '.join(QUOTA_OPTIONS)}")] = None,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
 ) -> None:
     """Change a project's quotas: the options given are set, --unset ones removed, the others
     kept. Needs the project's admin."""

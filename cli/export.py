@@ -10,11 +10,11 @@ from rich.table import Table
 from cli.output import JsonOption, call, console, emit, fail
 
 
-def register(app: typer.Typer, url_option, default_url: str) -> None:
+def register(app: typer.Typer, url_option) -> None:
     """Add the ``export`` and ``exports`` commands to ``app``."""
 
     @app.command()
-    def export(run_id: str, url: url_option = default_url,
+    def export(run_id: str, url: url_option = None,
                output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file to write")] = None,
                format: Annotated[str, typer.Option(help="safetensors or torch")] = "safetensors",
                step: Annotated[Optional[int], typer.Option(
@@ -38,7 +38,7 @@ def register(app: typer.Typer, url_option, default_url: str) -> None:
         typer.echo(f"wrote {out} ({size} bytes, step {chosen})")
 
     @app.command()
-    def exports(run_id: str, url: url_option = default_url, as_json: JsonOption = False) -> None:
+    def exports(run_id: str, url: url_option = None, as_json: JsonOption = False) -> None:
         """List the run's exports by step: READY (download with export --step), PENDING (a Ray job
         is making it) or FAILED with the job's error (export --step again retries it)."""
         from api.client import Client

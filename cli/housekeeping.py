@@ -14,7 +14,7 @@ from rich.table import Table
 from cli.output import console, emit, fail
 
 
-def Client(url: str):  # noqa: N802  (the SDK, imported when a command runs: --help stays fast)
+def Client(url: str | None):  # noqa: N802  (the SDK, imported when a command runs: --help stays fast)
     from api.client import Client as SdkClient
 
     return SdkClient(url)
@@ -23,14 +23,14 @@ def Client(url: str):  # noqa: N802  (the SDK, imported when a command runs: --h
 SweepOption = Annotated[bool, typer.Option("--sweep", help="the id is a sweep's (with its trials)")]
 
 
-def register(app: typer.Typer, url_option, default_url: str, call) -> None:
+def register(app: typer.Typer, url_option, call) -> None:
     """Add ``tag``, ``note``, ``archive``, ``delete`` and ``diff`` to ``app`` (``call`` turns
     API errors into one line and exit 1)."""
 
     @app.command(context_settings={"allow_interspersed_args": False})
     def tag(run_id: str, edits: Annotated[list[str], typer.Argument(help="+NAME adds a tag, -NAME removes one")],
-            url: url_option = default_url) -> None:
-        """Add and remove a run's tags: ``tessera tag RUN +baseline -draft``."""
+            url: url_option = None) -> None:
+        """Add and remove a run's tags: tessera tag RUN +baseline -draft."""
         from api.run_edits import apply_tag_edits  # pydantic and the specs: imported when it runs
 
         with Client(url) as client:
@@ -44,7 +44,7 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
 
     @app.command()
     def note(run_id: str, text: Annotated[str, typer.Argument(help='the notes ("" clears them)')],
-             url: url_option = default_url) -> None:
+             url: url_option = None) -> None:
         """Set a run's notes (replacing the old ones)."""
         with Client(url) as client:
             run = call(client.update_run, run_id, notes=text)
@@ -53,8 +53,8 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
     @app.command()
     def archive(object_id: Annotated[str, typer.Argument(metavar="ID")], sweep: SweepOption = False,
                 undo: Annotated[bool, typer.Option("--undo", help="unarchive instead")] = False,
-                url: url_option = default_url) -> None:
-        """Hide a run (or ``--sweep`` a sweep) from default lists; ``--undo`` shows it again."""
+                url: url_option = None) -> None:
+        """Hide a run (or with --sweep a sweep) from default lists; --undo shows it again."""
         with Client(url) as client:
             view = call(client.archive_sweep if sweep else client.archive_run, object_id, archived=not undo)
         console.print(f"{'sweep' if sweep else 'run'} {view.id} {'unarchived' if undo else 'archived'}")
@@ -62,9 +62,9 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
     @app.command()
     def delete(object_id: Annotated[str, typer.Argument(metavar="ID")], sweep: SweepOption = False,
                yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
-               url: url_option = default_url) -> None:
-        """Delete an ended run (or ``--sweep`` sweep and its trials) with its checkpoints, logs and
-        exports. Asks first unless ``--yes``."""
+               url: url_option = None) -> None:
+        """Delete an ended run (or with --sweep a sweep and its trials) with its checkpoints, logs and
+        exports. Asks first unless --yes."""
         kind = "sweep" if sweep else "run"
         if not yes and not typer.confirm(f"delete {kind} {object_id} and everything it stored?"):
             raise typer.Exit(1)
@@ -74,7 +74,7 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
                       f"folder(s)", highlight=False)
 
     @app.command()
-    def diff(run_a: str, run_b: str, url: url_option = default_url,
+    def diff(run_a: str, run_b: str, url: url_option = None,
              as_json: Annotated[bool, typer.Option("--json", help="print {path: \\[a, b]} as JSON")] = False) -> None:
         """The spec fields that differ between two runs, as dotted paths. Exit 0: identical;
         1: they differ (3: a run not found, as every command)."""

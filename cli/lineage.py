@@ -47,7 +47,7 @@ def fork_source(text: str) -> str | int:
     raise BadAssignment(f"--from {text!r}: expected latest, scratch or a checkpoint's batch number")
 
 
-def register(app: typer.Typer, url_option, default_url: str, call, console) -> None:
+def register(app: typer.Typer, url_option, call, console) -> None:
     """Add ``fork`` and ``continue`` to ``app`` (``call`` turns API errors into one line and exit 1)."""
 
     @app.command()
@@ -59,7 +59,7 @@ def register(app: typer.Typer, url_option, default_url: str, call, console) -> N
              source: Annotated[str, typer.Option(
                  "--from", help="latest (the parent's newest committed checkpoint), scratch (fresh weights) "
                                 "or a checkpoint's batch number")] = "latest",
-             url: url_option = default_url, as_json: JsonOption = False) -> None:
+             url: url_option = None, as_json: JsonOption = False) -> None:
         """Fork a run: a new run with the parent's spec plus your changes, starting from its checkpoint.
 
         With --json, stdout is the new run's RunView as JSON (the message goes to stderr)."""
@@ -81,7 +81,7 @@ def register(app: typer.Typer, url_option, default_url: str, call, console) -> N
     def continue_(run_id: str,
                   max_duration: Annotated[str, typer.Option(
                       "--max-duration", help="the new, longer max_duration in the run's unit, e.g. 20ep")],
-                  url: url_option = default_url, as_json: JsonOption = False) -> None:
+                  url: url_option = None, as_json: JsonOption = False) -> None:
         """Train a COMPLETED run on to a longer max_duration as its next attempt.
 
         With --json, stdout is the run's RunView as JSON (the message goes to stderr)."""

@@ -71,11 +71,11 @@ def sweep_pages(client: "Client", sweep_id: str) -> PageReader:
     return lambda attempt, after: client.sweep_logs(sweep_id, attempt=attempt, after=after)
 
 
-def register(app: typer.Typer, url_option, default_url: str, call) -> None:
+def register(app: typer.Typer, url_option, call) -> None:
     """Add the ``logs`` command to ``app`` (``call`` turns API errors into one line and exit 1)."""
 
     @app.command()
-    def logs(run_id: str, url: url_option = default_url,
+    def logs(run_id: str, url: url_option = None,
              attempt: Annotated[Optional[int], typer.Option(help="attempt number (default: the newest)")] = None,
              follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing while the run is live, through its next attempts")] = False,
              as_json: JsonOption = False,

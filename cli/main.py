@@ -1,14 +1,16 @@
 """``tessera``: serve, submit, runs, show, cancel, train.
 
-The client commands talk to the service at ``--url`` (env ``TESSERA_URL``, default
-http://127.0.0.1:8000). ``serve`` and ``train`` import the service / the workers lazily, so the
+The client commands talk to the service at ``--url`` (env ``TESSERA_URL``, default the URL in
+the nearest ``.tessera/credentials``, else http://127.0.0.1:8000). ``serve`` and ``train`` import the service / the workers lazily, so the
 client commands work where only the SDK is installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -19,7 +21,7 @@ from cli.export import register as register_export
 from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
-from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, err_console, fail,
+from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, UrlOption, call, console, emit, err_console, fail,
                         kept, listing, needs_extra, status_value)
 from cli.run_info import register as register_run_info
 
@@ -30,25 +32,23 @@ if TYPE_CHECKING:
 app = typer.Typer(no_args_is_help=True, help="Tessera: fast PyTorch training runs as a service.", epilog=EPILOG)
 app.add_typer(data_app, name="data")
 
-UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 _fail = fail  # the names the commands (and cli/access.py) use
 _call = call
 
 
-def _client(url: str) -> Client:
+def _client(url: str | None) -> Client:
     from api.client import Client
 
     return Client(url)
 
 
-register_logs(app, UrlOption, DEFAULT_URL, _call)
-register_export(app, UrlOption, DEFAULT_URL)
-register_housekeeping(app, UrlOption, DEFAULT_URL, _call)
-register_lineage(app, UrlOption, DEFAULT_URL, _call, console)
-register_run_info(app, UrlOption, DEFAULT_URL, _call)
+register_logs(app, UrlOption, _call)
+register_export(app, UrlOption)
+register_housekeeping(app, UrlOption, _call)
+register_lineage(app, UrlOption, _call, console)
+register_run_info(app, UrlOption, _call)
 
 
 @app.command()
@@ -79,7 +79,7 @@ def submit(
     idempotency_key: Annotated[Optional[str], typer.Option(
         "--idempotency-key", help="submitting again with the same key (in the project) returns the first run "
         "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED).
@@ -100,7 +100,11 @@ def submit(
 
         body = with_code_digest(body, _upload_code(client, code, project=project, out=out))
     run = _call(client.create_run, body, project=project, idempotency_key=idempotency_key)
-    out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
+    if run.replayed:
+        out.print(f"run [bold]{run.id}[/bold] ({run.name}) was submitted earlier with this --idempotency-key: "
+                  f"nothing new queued; status {run.status.value}")
+    else:
+        out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
     _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
 
 
@@ -147,10 +151,10 @@ def runs(
     order_by: Annotated[Optional[str], typer.Option(help="best:<metric key>, e.g. best:eval/accuracy")] = None,
     archived: Annotated[str, typer.Option(help="false (hide archived runs), true (only them) or all")] = "false",
     limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List runs (``tessera runs list``), newest first or by a metric's best value (--json: a list of RunViews)."""
+    """List runs (also: tessera runs list), newest first or by a metric's best value (--json: a list of RunViews)."""
     if action not in (None, "list"):
         _fail(f"unknown action {action!r}: `tessera runs` or `tessera runs list`", EXIT_USAGE)
     page = _call(_client(url).list_runs, status=status, limit=limit, tag=tag, name=name, order_by=order_by,
@@ -170,7 +174,7 @@ def runs(
 
 
 @app.command()
-def show(run_id: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False) -> None:
+def show(run_id: str, url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Show one run: status, times, summary, error and its status events (--json: the RunView)."""
     client = _client(url)
     run = _call(client.get_run, run_id)
@@ -196,7 +200,7 @@ def show(run_id: str, url: UrlOption = DEFAULT_URL, as_json: JsonOption = False)
 
 
 @app.command()
-def cancel(run_id: str, url: UrlOption = DEFAULT_URL) -> None:
+def cancel(run_id: str, url: UrlOption = None) -> None:
     """Cancel a run (its Ray job is stopped)."""
     run = _call(_client(url).cancel_run, run_id)
     console.print(f"run {run.id} is {run.status.value}")
@@ -208,7 +212,7 @@ def resume(
     workers: Annotated[Optional[int], typer.Option(
         "--workers", help="resume on this many workers (the checkpoint reshards); default: as before")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Resume a FAILED, CANCELED or STOPPED run as a new attempt from its newest committed checkpoint.
@@ -241,7 +245,8 @@ def train(
         "lies")] = None,
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
-    Saves checkpoints (every checkpoint.interval and at the end) and resumes from them."""
+    Saves checkpoints (every checkpoint.interval and at the end) and resumes from them.
+    Ctrl-C or SIGTERM stops it, ending its MLflow run KILLED."""
     from cli.specfile import SpecFileError, load_spec
 
     if code is not None:
@@ -270,10 +275,28 @@ def train(
         else:
             console.print(f"resuming from {latest.url} (batch {latest.step})", highlight=False, soft_wrap=True)
     try:
-        result = train_local(spec, checkpoint_dir=checkpoint_dir)
+        with _sigterm_as_interrupt():
+            result = train_local(spec, checkpoint_dir=checkpoint_dir)
     except IncompatibleCheckpoint as exc:
         _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
     console.print_json(json.dumps(result, default=float))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, ``kill PID`` (SIGTERM) stops ``tessera train`` as Ctrl-C does: the run's
+    loggers end their runs (MLflow's KILLED) and its sink is closed, instead of Python dying at
+    once and leaving them RUNNING. SIGKILL still cannot be caught."""
+    import signal
+
+    def interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _require_folder(folder: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any, Callable, NoReturn
+from typing import Annotated, Any, Callable, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -32,7 +32,8 @@ EXIT_SERVICE_ERROR = 5  # the service answered 5xx
 EPILOG = (
     "Exit codes: 0 ok; 1 a run that did not complete, a request the service refused (4xx, its detail on "
     "stderr) or a bad file; 2 usage error; 3 not found (404); 4 service unreachable; 5 service error (5xx).\n\n"
-    "Environment: TESSERA_URL is the service (default http://127.0.0.1:8000; --url overrides it); "
+    "Environment: TESSERA_URL is the service (default: the URL in $TESSERA_HOME/credentials, else "
+    "http://127.0.0.1:8000; --url overrides it); "
     "TESSERA_API_KEY is your key (default: the key in $TESSERA_HOME/credentials, which a local "
     "`tessera serve` writes).\n\n"
     "Scripts: read commands, and those that create or re-queue something (their answer has its id), take --json "
@@ -41,6 +42,11 @@ EPILOG = (
     "--show-completion prints the script instead."
 )
 
+# No default here: the SDK's Client finds the service (TESSERA_URL, the credentials file, then
+# http://127.0.0.1:8000), so the CLI and a notebook in the same folder reach the same one.
+UrlOption = Annotated[Optional[str], typer.Option(
+    "--url", envvar="TESSERA_URL", show_default=False,
+    help="service base URL [default: the URL in .tessera/credentials, else http://127.0.0.1:8000]")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON (one document on stdout) for scripts")]
 
 console = Console()

@@ -20,7 +20,7 @@ VALUE_WIDTH = len("2.51734e-05")  # a value as f"{v:.6g}" writes it
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
-def Client(url: str):  # noqa: N802  (the SDK, imported when a command runs: --help stays fast)
+def Client(url: str | None):  # noqa: N802  (the SDK, imported when a command runs: --help stays fast)
     from api.client import Client as SdkClient
 
     return SdkClient(url)
@@ -67,12 +67,12 @@ def patch_text(patch: dict[str, Any], prefix: str = "") -> str:
     return " ".join(parts)
 
 
-def register(app: typer.Typer, url_option, default_url: str, call) -> None:
+def register(app: typer.Typer, url_option, call) -> None:
     """Add ``checkpoints``, ``metrics`` and ``children`` to ``app`` (``call`` turns API errors
     into one line and their exit code)."""
 
     @app.command()
-    def checkpoints(run_id: str, url: url_option = default_url, as_json: JsonOption = False) -> None:
+    def checkpoints(run_id: str, url: url_option = None, as_json: JsonOption = False) -> None:
         """List a run's committed checkpoints, oldest first (--json: a list of CheckpointViews).
 
         Their steps are what `tessera fork --from` and `tessera export --step` take; checkpoint
@@ -97,7 +97,7 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
     @app.command()
     def metrics(run_id: str,
                 key: Annotated[Optional[str], typer.Option(help="only this metric key, e.g. eval/accuracy")] = None,
-                url: url_option = default_url, as_json: JsonOption = False) -> None:
+                url: url_option = None, as_json: JsonOption = False) -> None:
         """Show a run's metrics: the latest value of each key (--json: every point).
 
         The table has each key's latest step and value and how many points it has; --json prints
@@ -119,7 +119,7 @@ def register(app: typer.Typer, url_option, default_url: str, call) -> None:
         emit(points, as_json=as_json, render=render)
 
     @app.command()
-    def children(run_id: str, url: url_option = default_url, as_json: JsonOption = False) -> None:
+    def children(run_id: str, url: url_option = None, as_json: JsonOption = False) -> None:
         """List the runs forked from a run, oldest first (--json: a list of RunViews); the first 500.
 
         The table says where each started (the parent's batch, or scratch) and what it changed, as

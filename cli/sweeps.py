@@ -9,14 +9,12 @@ from rich.table import Table
 
 sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
-from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, call, console, emit, fail, kept, listing,
+from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, UrlOption, call, console, emit, fail, kept, listing,
                         status_value)
 
-UrlOption = Annotated[str, typer.Option("--url", envvar="TESSERA_URL", help="service base URL")]
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _client(url: str):
+def _client(url: str | None):
     from api.client import Client
 
     return Client(url)
@@ -34,7 +32,7 @@ def submit_sweep(
     idempotency_key: Annotated[Optional[str], typer.Option(
         "--idempotency-key", help="submitting again with the same key (in the project) returns the first sweep "
         "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a sweep for the service to drive; its trials are runs (`tessera sweeps show ID` lists them).
@@ -61,7 +59,11 @@ def submit_sweep(
 
         body["base"] = with_code_digest(base, _upload_code(client, code, project=project, out=out))
     sweep = call(client.create_sweep, body, project=project, idempotency_key=idempotency_key)
-    out.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
+    if sweep.replayed:
+        out.print(f"sweep [bold]{sweep.id}[/bold] ({sweep.name}) was submitted earlier with this --idempotency-key: "
+                  f"nothing new queued; status {sweep.status.value}")
+    else:
+        out.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
     if not wait:
         emit(sweep, as_json=as_json, render=lambda: None)
     else:
@@ -78,7 +80,7 @@ def list_sweeps(
     archived: Annotated[str, typer.Option(help="false (hide archived sweeps), true (only them) or all")] = "false",
     limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
     as_json: JsonOption = False,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
 ) -> None:
     """Sweeps of your projects, newest first: status, trials done, best value (--json: a list of SweepViews)."""
     page = call(_client(url).list_sweeps, status=status, limit=limit, name=name, archived=archived, project=project)
@@ -96,7 +98,7 @@ def _sweeps_table(sweeps) -> Table:
 
 
 @sweeps_app.command("show")
-def show_sweep(sweep_id: str, as_json: JsonOption = False, url: UrlOption = DEFAULT_URL) -> None:
+def show_sweep(sweep_id: str, as_json: JsonOption = False, url: UrlOption = None) -> None:
     """One sweep: status, trials (best first), the Pareto front and skipped sets."""
     sweep = call(_client(url).get_sweep, sweep_id)
     emit(sweep, as_json=as_json, render=lambda: _print_sweep(sweep))
@@ -129,7 +131,7 @@ def _seconds(value: float | None) -> str:
 
 
 @sweeps_app.command("cancel")
-def cancel_sweep(sweep_id: str, url: UrlOption = DEFAULT_URL) -> None:
+def cancel_sweep(sweep_id: str, url: UrlOption = None) -> None:
     """Cancel a sweep: its driver stops and its running trials end CANCELED."""
     sweep = call(_client(url).cancel_sweep, sweep_id)
     console.print(f"sweep {sweep.id}: {sweep.status.value}", highlight=False)
@@ -141,7 +143,7 @@ def sweep_logs(
     attempt: Annotated[Optional[int], typer.Option(help="driver attempt (default: the newest)")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing while the driver runs")] = False,
     as_json: JsonOption = False,
-    url: UrlOption = DEFAULT_URL,
+    url: UrlOption = None,
 ) -> None:
     """Print a sweep driver's log: the Tune driver's output and every trial's (one driver
     attempt; --json: the log so far as one page: sweep_id, attempt, text, size, live)."""
@@ -153,12 +155,12 @@ def sweep_logs(
 
 
 @sweeps_app.command("wait")
-def wait_sweep(sweep_id: str, url: UrlOption = DEFAULT_URL) -> None:
+def wait_sweep(sweep_id: str, url: UrlOption = None) -> None:
     """Poll a sweep until it ends; exit 1 unless it COMPLETED."""
     _wait(sweep_id, url)
 
 
-def _wait(sweep_id: str, url: str, *, as_json: bool = False) -> None:
+def _wait(sweep_id: str, url: str | None, *, as_json: bool = False) -> None:
     """Poll until the sweep ends and say how (stdout: the final SweepView with ``as_json``; the
     line on stderr then); exit 1 unless it COMPLETED."""
     from cli.output import err_console

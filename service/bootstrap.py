@@ -1,6 +1,7 @@
 """The embedded default stays two commands: on a first start (a database without API keys)
 the service makes an admin key for every project and writes it to ``$TESSERA_HOME/credentials``
-(mode 0600), where the CLI, the SDK and notebooks find it.
+(mode 0600), where the CLI, the SDK and notebooks find it, with the service's URL. Later starts
+keep the key and rewrite the URL, so a client finds a service restarted on another port.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 
-from api.credentials import credentials_path, write_credentials
+from api.credentials import credentials_path, record_service_url, write_credentials
 from service.access import EVERY_PROJECT, KEY_PREFIX, MAX_KEY_CHARS, AccessStore, Role
 from service.settings import Settings
 
@@ -17,8 +18,10 @@ log = logging.getLogger(__name__)
 
 def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
     """Make the first admin key if the database has none; return the credentials file's path
-    then, else None (the keys already made stay as they are)."""
+    then, else None (the keys already made stay as they are, and the URL in an existing
+    credentials file becomes this start's)."""
     if access.has_keys():
+        record_service_url(credentials_path(settings.home), settings.public_url)
         return None
     # Stripped: a Secret made from a file usually ends in a newline, which no request could send.
     secret = settings.bootstrap_api_key.strip() if settings.bootstrap_api_key is not None else None

@@ -132,10 +132,11 @@ def load_model(source: str, *, step: int | None = None, service_url: str | None 
 
 
 def _service_url(service_url: str | None) -> str:
-    """``service_url``, else where the SDK's ``Client`` finds the service (``TESSERA_URL``)."""
-    from api.client import DEFAULT_URL
+    """``service_url``, else where the SDK's ``Client`` finds the service (``TESSERA_URL``, the
+    credentials file)."""
+    from api.client import service_url as find_url
 
-    return service_url or os.environ.get("TESSERA_URL") or DEFAULT_URL
+    return find_url(service_url)
 
 
 def _as_url(source: str) -> str | None:

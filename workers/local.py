@@ -1,7 +1,8 @@
 """Training without the service, for ``tessera train FILE`` and notebooks.
 
 A single-worker run (strategy ``none``) trains in this process: no Ray, no process group.
-A DDP/FSDP run starts a local Ray (unless one is connected) and goes through ``fit_with_ray``.
+A DDP/FSDP run starts a local Ray (unless one is connected) and goes through ``fit_with_ray``;
+when it fails or is interrupted, this process ends the MLflow runs its ranks left RUNNING.
 
 Checkpoints use the service's layout (``workers.paths``) with ``checkpoint_dir`` as the storage
 root and the spec's name as the run id (the CLI's default ``checkpoint_dir`` is
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
-from workers.loggers import closed_at_end, with_loggers
+from workers.loggers import closed_at_end, end_failed_mlflow_runs, end_interrupted_mlflow_runs, with_loggers
 from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
 from workers.reporter import ConsoleReporter, MetricSink
 from workers.trainer import train
@@ -81,15 +82,23 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
         ray.init(num_cpus=max(4, needed), include_dashboard=False,
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
         started = True
+    run_id = spec.name if storage_url is not None else f"local-{spec.name}-{uuid.uuid4().hex[:8]}"
     try:
-        if storage_url is None:
-            metrics = fit_with_ray(spec, run_id=f"local-{spec.name}-{uuid.uuid4().hex[:8]}")
-        else:  # the same run folder as in-process runs: the spec's name is the run id
-            attempt = _next_attempt(run_url(storage_url, spec.name))
-            metrics = fit_with_ray(spec, run_id=spec.name, storage_url=storage_url, attempt=attempt)
-    finally:
-        if started:
-            ray.shutdown()
+        try:
+            if storage_url is None:
+                metrics = fit_with_ray(spec, run_id=run_id)
+            else:  # the same run folder as in-process runs: the spec's name is the run id
+                attempt = _next_attempt(run_url(storage_url, spec.name))
+                metrics = fit_with_ray(spec, run_id=run_id, storage_url=storage_url, attempt=attempt)
+        finally:
+            if started:
+                ray.shutdown()
+    except BaseException as exc:
+        # A rank 0 that raised ended its MLflow run FAILED; one Ctrl-C (or a SIGTERM: see
+        # ``tessera train``) stopped, or one killed, could not: its ranks die with Ray.
+        ended = end_interrupted_mlflow_runs if not isinstance(exc, Exception) else end_failed_mlflow_runs
+        ended(spec, run_id)
+        raise
     if sink is not None:
         step = int(metrics.get("time/batch", 0))
         for key, value in metrics.items():

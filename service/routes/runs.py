@@ -109,10 +109,10 @@ def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep
         return validation_response(refused)
     # A run made just now is in no plan of the queue yet: its view has no ``queue``.
     if idempotency_key is None:
-        return view_json(repo.create_run(spec, project=name).to_view(), 201)
+        return view_json(repo.create_run(spec, project=name).to_view().model_copy(update=MADE), 201)
     run, created = repo.create_run_once(spec, project=name, idempotency_key=idempotency_key)
     if created:
-        return view_json(run.to_view(), 201)
+        return view_json(run.to_view().model_copy(update=MADE), 201)
     problem = idempotency.replay_problem(idempotency_key, run.spec, spec)  # a concurrent request won the race
     return validation_response([problem]) if problem is not None else _replayed(request, run)
 
@@ -130,8 +130,12 @@ def replayed_run(repo: Repository, project: str, key: str, spec: RunSpec) -> Run
     return validation_response([problem]) if problem is not None else run
 
 
+MADE = {"replayed": False}  # a create's answer says whether it made what it shows (201) ...
+REPLAYED = {"replayed": True}  # ... or an earlier request with its Idempotency-Key did (200)
+
+
 def _replayed(request: Request, run: RunRecord) -> Response:
-    return view_json(queued_view(request, run), 200)
+    return view_json(queued_view(request, run).model_copy(update=REPLAYED), 200)
 
 
 def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "",

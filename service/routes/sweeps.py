@@ -30,7 +30,7 @@ from service.sweep_repository import SweepNotFound, SweepRecord, SweepRepository
 from service.errors import VALIDATION_RESPONSES, ErrorBody, validation_response
 from service.spec_caps import searched_duration_problems
 from service import idempotency
-from service.routes.runs import (IDEMPOTENCY_HEADER, NOT_MODIFIED, PROJECT_QUERY, conditional_json,
+from service.routes.runs import (IDEMPOTENCY_HEADER, MADE, NOT_MODIFIED, REPLAYED, PROJECT_QUERY, conditional_json,
                                  ignored_field_errors, submit_problems, view_json)
 
 router = APIRouter(prefix="/api/v1/sweeps", tags=["sweeps"], responses=VALIDATION_RESPONSES,
@@ -95,7 +95,7 @@ def create_sweep(spec: SweepSpec, request: Request, sweeps: SweepsDep, caller: C
                                                    idempotency_key=idempotency_key)
         if not created:  # a concurrent request with the key won the race
             return _replayed(request, sweeps, record, spec, driver, idempotency_key)
-    return view_json(sweeps.sweep_view(record.id).model_copy(update={"driver_token": token}), 201)
+    return view_json(sweeps.sweep_view(record.id).model_copy(update={"driver_token": token, **MADE}), 201)
 
 
 def _sizes_the_data(path: str) -> bool:
@@ -157,7 +157,7 @@ def _replayed(request: Request, sweeps: SweepRepository, sweep: SweepRecord, spe
                 "driver token is not given again: use a new key for a new sweep")})
         if replaced == "ended":
             token = None  # there is nothing left to drive
-    view = queued_sweep(request, sweeps.sweep_view(sweep.id)).model_copy(update={"driver_token": token})
+    view = queued_sweep(request, sweeps.sweep_view(sweep.id)).model_copy(update={"driver_token": token, **REPLAYED})
     return view_json(view, 200)
 
 

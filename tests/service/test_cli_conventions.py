@@ -26,9 +26,14 @@ def tessera(*args: str, **env: str):
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory) -> str:
+def service(tmp_path_factory) -> LocalService:
     with LocalService(tmp_path_factory.mktemp("cli-conventions")) as service:
-        yield service.url
+        yield service
+
+
+@pytest.fixture
+def url(service) -> str:
+    return service.url
 
 
 def test_every_read_command_prints_json_that_parses(url, tmp_path):
@@ -55,6 +60,27 @@ def test_every_read_command_prints_json_that_parses(url, tmp_path):
     sweep = json.loads(tessera("sweeps", "list", "--json", "--url", url).stdout)[0]
     log = json.loads(tessera("sweeps", "logs", sweep["id"], "--json", "--url", url).stdout)  # queued: no job yet
     assert (log["sweep_id"], log["text"], log["attempt"], log["source"]) == (sweep["id"], "", 1, "none")
+
+
+def test_a_submit_again_with_its_idempotency_key_says_it_queued_nothing_new(url, tmp_path):
+    spec = str(REPO_ROOT / "examples" / "digits_resnet.yaml")
+    first = tessera("submit", spec, "--idempotency-key", "nightly-7", "--json", "--url", url)
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["replayed"] is False and "submitted run" in first.stderr
+    again = tessera("submit", spec, "--idempotency-key", "nightly-7", "--url", url)
+    run_id = json.loads(first.stdout)["id"]
+    assert again.exit_code == 0
+    assert f"run {run_id}" in again.stdout and "submitted earlier with this --idempotency-key: nothing new queued" \
+        in " ".join(again.stdout.split())
+    assert json.loads(tessera("submit", spec, "--json", "--url", url).stdout)["replayed"] is False  # a fresh key
+    sweep_file = tmp_path / "sweep.json"
+    base = json.loads(first.stdout)["spec"]
+    sweep_file.write_text(json.dumps({"name": "cli-replay", "base": base, "search": {"algorithms": {"sets": [[]]}}}))
+    made = tessera("sweeps", "submit", str(sweep_file), "--idempotency-key", "sweep-7", "--json", "--url", url)
+    replayed = tessera("sweeps", "submit", str(sweep_file), "--idempotency-key", "sweep-7", "--json", "--url", url)
+    assert json.loads(made.stdout)["replayed"] is False and json.loads(replayed.stdout)["replayed"] is True
+    assert json.loads(made.stdout)["id"] == json.loads(replayed.stdout)["id"]
+    assert "submitted earlier" in " ".join(replayed.stderr.split())
 
 
 def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_on_stderr(url):
@@ -106,6 +132,19 @@ def test_an_unreachable_service_exits_4_and_names_the_url():
     assert f"cannot reach the service at {nowhere}" in result.stderr and result.stdout == ""
 
 
+def test_without_url_the_cli_finds_the_service_where_its_credentials_file_says(service, tmp_path, monkeypatch):
+    """The service wrote its URL beside its key: no --url or TESSERA_URL is needed on another port."""
+    monkeypatch.delenv("TESSERA_URL", raising=False)
+    monkeypatch.delenv("TESSERA_API_KEY", raising=False)
+    monkeypatch.setenv("TESSERA_HOME", str(service.home))
+    assert not service.url.endswith(":8000")
+    listed = tessera("projects", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert "default" in [p["name"] for p in json.loads(listed.stdout)]
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert tessera("projects", "list", "--url", nowhere).exit_code == EXIT_UNREACHABLE  # --url still wins
+
+
 def test_a_server_error_exits_5():
     def broken():
         raise ApiError(503, "the database is down")
@@ -146,3 +185,17 @@ def test_importing_the_cli_loads_neither_the_sdk_nor_httpx_nor_pydantic():
     code = "import sys, cli.main; print(sorted(m for m in ('httpx', 'api.client', 'pydantic') if m in sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_no_help_page_shows_restructuredtext_markup():
+    """Docstrings become help text as they are: a command's docstring is written for the terminal."""
+    from typer.main import get_command
+
+    def paths(command, path):
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from paths(sub, [*path, name])
+
+    pages = [tessera(*path, "--help", COLUMNS="200").stdout for path in paths(get_command(app), [])]
+    assert len(pages) > 30 and all(isinstance(page, str) and "Usage:" in page for page in pages)
+    assert [line.strip() for page in pages for line in page.splitlines() if "``" in line] == []

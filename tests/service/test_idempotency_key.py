@@ -27,8 +27,10 @@ def test_a_retried_submit_with_the_same_key_returns_the_first_run(any_client, ex
     first = any_client.post(f"{API}/runs", json=example_body, headers={"Idempotency-Key": "submit-1"})
     again = any_client.post(f"{API}/runs", json=example_body, headers={"Idempotency-Key": "submit-1"})
     assert (first.status_code, again.status_code) == (201, 200)
-    assert again.json() == first.json()
+    assert (first.json()["replayed"], again.json()["replayed"]) == (False, True)
+    assert again.json() == first.json() | {"replayed": True}
     assert [run["id"] for run in _runs(any_client)] == [first.json()["id"]]
+    assert _runs(any_client)[0]["replayed"] is None  # only a create's answer says it
     other = any_client.post(f"{API}/runs", json=example_body, headers={"Idempotency-Key": "submit-2"})
     assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
 

@@ -400,3 +400,52 @@ def test_a_driver_whose_training_failed_ends_what_a_killed_rank_0_left_running_b
                        storage_url=None, client=client) == 1
     assert statuses_at_report == ["FAILED"]  # ended before the service heard of the failure
     assert status_of(mlflow_store, other_run.run_id) == "RUNNING"
+
+
+@pytest.mark.parametrize("stop, ended_as", [(KeyboardInterrupt(), "KILLED"), (RuntimeError("a rank died"), "FAILED")])
+def test_tessera_train_of_a_ddp_spec_ends_what_its_killed_ranks_left_running(stop, ended_as, mlflow_store, tmp_path,
+                                                                                monkeypatch):
+    """A DDP ``tessera train`` trains in local Ray workers, which Ctrl-C (or a rank's death)
+    kills with Ray before rank 0 can end its MLflow run: this process ends it."""
+    import ray
+
+    import workers.ray_train
+
+    spec = stopped_spec(mlflow_store, f"local-ddp-{ended_as}").model_copy(
+        update={"parallelism": tiny_spec(parallelism={"strategy": "ddp", "num_workers": 2}).parallelism})
+    left = []
+
+    def fit_stopped(spec, *, run_id, **kwargs):  # rank 0 started its MLflow run, then the ranks were killed
+        left.append(MLflowSink(spec, mlflow_store, f"local-ddp-{ended_as}", run_id=run_id))
+        raise stop
+
+    monkeypatch.setattr(workers.ray_train, "fit_with_ray", fit_stopped)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no Ray: the fit is faked above
+    with pytest.raises(type(stop)):
+        train_local(spec, checkpoint_dir=str(tmp_path))
+    assert status_of(mlflow_store, left[0].run_id) == ended_as
+
+
+def test_sigterm_stops_tessera_train_as_ctrl_c_does_and_only_while_it_trains(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import workers.local
+    from cli.main import app
+
+    seen = []
+
+    def train_local(spec, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()  # not reached if the handler ran at once; else the signal ends it
+        except KeyboardInterrupt:
+            seen.append("interrupted")
+            raise
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(workers.local, "train_local", train_local)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(tiny_spec().model_dump_json())
+    result = CliRunner().invoke(app, ["train", str(spec_file), "--no-checkpoints"])
+    assert seen == ["interrupted"] and result.exit_code != 0
+    assert signal.getsignal(signal.SIGTERM) is before  # the CLI's handler is gone once it returns
