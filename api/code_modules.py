@@ -12,8 +12,8 @@ extension module (``name.so``, ``name.cpython-312-x86_64-linux-gnu.so``, ``name.
 else a namespace package when the folder ``name/`` exists; only packages (regular or namespace)
 have submodules. A name the package lacks below a namespace package is not refused: Python
 merges a namespace package's portions from every folder on ``sys.path``, so it may come from one
-installed on the workers. The callable after the colon is not checked: that needs the code
-itself.
+installed on the workers. The callable after the colon is checked apart, from the module's
+source (``api.module_names``).
 """
 
 from __future__ import annotations

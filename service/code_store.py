@@ -13,17 +13,20 @@ import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
+from pathlib import PurePosixPath
 
 from fastapi import Request
 from fsspec.core import url_to_fs
 
 from api.code_modules import ModuleTree
+from api.module_names import MAX_SOURCE_BYTES, defined_names
 from api.code_package import CodePackageError, CodeView, inspect_package
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.storage_paths import code_url, project_storage_url
 
 CHUNK_BYTES = 1 << 20  # what one storage read hands a download
 NAMES_CACHED = 256  # packages whose importable names and modules a store remembers (a digest's never change)
+MODULES_CACHED = 1024  # modules whose top-level names a store remembers
 
 
 def write_whole(fs, path: str, data: bytes) -> None:
@@ -48,6 +51,8 @@ class CodeStore:
         # importable_names and module_tree, newest last
         self._names: OrderedDict[str, tuple[frozenset[str], ModuleTree]] = OrderedDict()
         self._names_lock = threading.Lock()
+        # module_names, newest last: (digest, module) -> (file, names or None)
+        self._modules: OrderedDict[tuple[str, str], tuple[str, frozenset[str] | None] | None] = OrderedDict()
 
     def _path(self, digest: str) -> str:
         return url_to_fs(code_url(self.storage_url, digest))[1]
@@ -109,6 +114,29 @@ class CodeStore:
                 self._names.popitem(last=False)
         return found
 
+    def module_names(self, digest: str, module: str, tree: ModuleTree) -> tuple[str, frozenset[str] | None] | None:
+        """(the file of ``module`` in the stored package, the names its source binds at its top
+        level: ``api.module_names.defined_names``, None when they cannot be known), or None when
+        the module is no Python source there (a namespace package, a ``.pyc``, an extension module)
+        or the package cannot be read. Parsed, never imported; read once per digest and module."""
+        key = (digest, module)
+        with self._names_lock:
+            if key in self._modules:
+                self._modules.move_to_end(key)
+                return self._modules[key]
+        kind = tree.kind(module)
+        file = module.replace(".", "/") + ("/__init__.py" if kind == "package" else ".py")
+        found = None
+        if kind in ("package", "module") and self.exists(digest):
+            path = self._path(digest)
+            data = bounded(f"reading {path}", self.timeout_s, self.fs.cat_file, path)
+            found = _parsed(data, file)
+        with self._names_lock:
+            self._modules[key] = found
+            while len(self._modules) > MODULES_CACHED:
+                self._modules.popitem(last=False)
+        return found
+
     def size(self, digest: str) -> int | None:
         """The stored package's size in bytes, or None if there is none."""
         path = self._path(digest)
@@ -141,3 +169,20 @@ def project_code_store(request: Request, project: str) -> CodeStore:
         stores[project] = CodeStore(project_storage_url(settings.storage_url, project),
                                     timeout_s=settings.storage_timeout_s)
     return stores[project]
+
+
+def _parsed(data: bytes, file: str) -> tuple[str, frozenset[str] | None] | None:
+    """(``file``, the names its source binds) from the zip ``data``; None when the zip holds no
+    such source file (the module is a ``.pyc`` or an extension) or cannot be read."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as package:
+            # Entry names as the workers' unpacking reads them ("./a//b.py" is a/b.py).
+            entry = next((info for info in package.infolist()
+                          if "/".join(PurePosixPath(info.filename).parts) == file), None)
+            if entry is None:
+                return None
+            if entry.file_size > MAX_SOURCE_BYTES:
+                return file, None
+            return file, defined_names(package.read(entry))
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):  # NotImplementedError: a compression zipfile lacks
+        return None

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from api.code_modules import missing_module
+from api.module_names import missing_name
 from api.data_roots import data_root_problems
 from api.data_specs import ImportedDataSpec
 from api.run_edits import order_by_key
@@ -164,7 +165,9 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
     held package lacks, or whose module below that top level it lacks
     (``api.code_modules.missing_module``: ``my_project.textz`` without ``my_project/textz.py``,
     ``my_project/textz/__init__.py`` or a folder ``my_project/textz/``); the worker's import
-    would fail: ModuleNotFoundError. Only the zip's file names are read. A sweep's
+    would fail: ModuleNotFoundError. Only the zip's file names are read for that; then the
+    module's source is parsed (never run) for the callable after the colon
+    (``api.module_names``: ``my_project.nets:buidl`` when nets.py binds no ``buidl``). A sweep's
     ``searched_imports`` (``api.sweeps.searched_imports``) replace the base's own: each of their
     ``(field, import path)`` values is checked instead."""
     searched_imports = searched_imports or {}
@@ -191,11 +194,21 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
                 field, f"the code package {digest[:12]} (code.digest) holds no top-level package "
                 f"or module {top!r}; it holds: {', '.join(held) or 'none'}. Import from one of those{example}, or "
                 f"pack the folder that holds {top} (tessera submit --code DIR)", import_path))
-        elif (why := missing_module(tree, import_path)) is not None:
-            # Its top level is the package's: the module below it must be there too (only file
-            # names are read; the callable after the colon is the workers' to find).
+        elif (why := missing_module(tree, import_path) or missing_callable(store, digest, tree, import_path)):
+            # Its top level is the package's: the module below it must be there too, and the
+            # callable after the colon in its source, when the parse can tell.
             refused.append(body_error(field, f"the code package {digest[:12]} (code.digest) {why}", import_path))
     return refused
+
+
+def missing_callable(store, digest: str, tree, import_path: str) -> str | None:
+    """Why the module of ``import_path`` has no callable of its name (``api.module_names``), or
+    None when its source binds it or cannot tell (the workers then look for it)."""
+    found = store.module_names(digest, module_name(import_path), tree)
+    if found is None or found[1] is None:
+        return None
+    file, names = found
+    return missing_name(names, import_path, file)
 
 
 def ignored_field_errors(spec: RunSpec, *, prefix: str = "") -> list[dict]:

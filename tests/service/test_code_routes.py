@@ -40,7 +40,8 @@ def code_client(request, tmp_path, fake_jobs):
 
 # A builder the contract accepts; the service stores packages and never imports them.
 NETS = ("import torch.nn as nn\n\n\ndef build(num_classes, in_channels, width=8):\n"
-        "    return nn.Sequential(nn.Flatten(), nn.LazyLinear(width), nn.ReLU(), nn.Linear(width, num_classes))\n")
+        "    return nn.Sequential(nn.Flatten(), nn.LazyLinear(width), nn.ReLU(), nn.Linear(width, num_classes))\n"
+        "\n\nbuild_wide = build\n")
 
 
 def stub_project(folder):
@@ -152,11 +153,15 @@ def test_code_requirements_are_parsed_at_submit_and_kept_with_the_spec(code_clie
     assert good.json()["spec"]["code"] == {"digest": package.digest, "requirements": ["einops==0.8.1", "scipy>=1.11,<2"]}
 
 
+# Every module of a zip_of package: NETS, and the other callables the tests import.
+STUB_MODULE = NETS + "\n\ndef char_windows(size):\n    return []\n\n\ntrain_set = test_set = tokens = char_windows\n"
+
+
 def zip_of(*names: str) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name in names:
-            archive.writestr(name, NETS)
+            archive.writestr(name, STUB_MODULE)
     return buffer.getvalue()
 
 
@@ -212,7 +217,7 @@ def test_a_searched_import_the_package_does_not_hold_is_refused_naming_the_value
     (["single.py"], "single:build"),
     (["helpers.py", "src/models/net.py"], "src.models.net:build"),  # src: a namespace package (no __init__.py)
     # Below a held package, as import would find the module:
-    (["my_project/__init__.py", "my_project/text/__init__.py"], "my_project.text:char_windows"),
+    (["my_project/__init__.py", "my_project/text/__init__.py"], "my_project.text:build"),
     (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text:char_windows"),  # a namespace package
     (["my_project/__init__.py", "my_project/text/windows.py"], "my_project.text.windows:char_windows"),
     (["my_project/__init__.py", "my_project/assets/corpus.txt"], "my_project.assets:load"),  # a folder: imported too
@@ -239,7 +244,7 @@ def test_an_import_of_a_module_the_package_does_not_hold_is_refused_naming_what_
                                                                                          sweep_body):
     """The top-level package is there but the module below it is not (a typo): the workers'
     import would fail, so the submit does, naming the field, the value, the modules held and
-    the closest one. Only the zip's file names are read: the callable is not checked."""
+    the closest one. Only the zip's file names are read for this."""
     data = zip_of(*TEXT_PROJECT)
     digest = sha256_hex(data)
     upload(code_client, data)
@@ -274,8 +279,53 @@ def test_an_import_of_a_module_the_package_does_not_hold_is_refused_naming_what_
     assert item["msg"].endswith("Did you mean 'my_project.nets:build'?")
     assert code_client.get(f"{API}/sweeps").json()["data"] == []
 
-    # The module held, the callable is the workers' to find (the service does not read the code).
-    body["data"]["train"]["import"] = "my_project.text:char_windowz"
+    # The module held, its source binds the callable: accepted.
+    accepted = code_client.post(f"{API}/runs", json=body)
+    assert accepted.status_code == 201, accepted.text
+
+
+def zip_with(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return buffer.getvalue()
+
+
+TEXT_SOURCE = ("import torch\n\nSEQ = 64\n\n\ndef char_windows(size):\n    return []\n\n\n"
+               "class Corpus:\n    pass\n\n\ndef _helper():\n    pass\n")
+
+
+def test_a_callable_the_modules_source_does_not_bind_is_refused_naming_what_it_binds(code_client, example_body,
+                                                                                     sweep_body):
+    """The module is there, but its source binds no such name at its top level: the workers'
+    getattr would fail, so the submit does. The source is parsed, not run."""
+    data = zip_with({"my_project/__init__.py": "", "my_project/text.py": TEXT_SOURCE,
+                     "my_project/nets.py": NETS, "my_project/data.py": "test_set = list\n",
+                     "my_project/magic.py": "from torch.nn import *\n"})
+    digest = sha256_hex(data)
+    upload(code_client, data)
+    body = with_own_data(imported_run(example_body, digest),
+                         train={"import": "my_project.text:char_windowz", "params": {"size": 64}})
+    body["model"]["import"] = "my_project.nets:biuld"
+    refused = code_client.post(f"{API}/runs", json=body)
+    assert refused.status_code == 422, refused.text
+    items = refused.json()["detail"]
+    assert [(i["field"], i["input"]) for i in items] == [("model.import", "my_project.nets:biuld"),
+                                                         ("data.train.import", "my_project.text:char_windowz")]
+    assert items[1]["msg"] == (
+        f"the code package {digest[:12]} (code.digest) has no 'char_windowz' at the top level of my_project/text.py "
+        "(it defines: Corpus, SEQ, char_windows, torch); did you mean 'my_project.text:char_windows'?")
+    assert items[0]["msg"].endswith("did you mean 'my_project.nets:build'?")
+    # The same check for a sweep's base and its searched imports.
+    base = {**body, "model": {"import": "my_project.nets:build"}}
+    search = {"params": {"data.train.import": {"choice": ["my_project.text:char_windows", "my_project.text:Corpuz"]}}}
+    searched = code_client.post(f"{API}/sweeps", json={**sweep_body, "base": base, "search": search})
+    assert searched.status_code == 422
+    [item] = searched.json()["detail"]
+    assert item["input"] == "my_project.text:Corpuz" and "did you mean 'my_project.text:Corpus'?" in item["msg"]
+    # A module whose names a parse cannot know (a star import) is the workers' to check.
+    body["model"]["import"], body["data"]["train"]["import"] = "my_project.magic:Linear", "my_project.text:char_windows"
     accepted = code_client.post(f"{API}/runs", json=body)
     assert accepted.status_code == 201, accepted.text
 
@@ -501,7 +551,7 @@ def with_own_data(body: dict, **data) -> dict:
 def data_package(tmp_path):
     """The stub project with ``my_project/data.py`` too: the module ``OWN_DATA`` imports from."""
     root = stub_project(tmp_path)
-    (root / "data.py").write_text("def train_set(size):\n    return []\n")
+    (root / "data.py").write_text("def train_set(size):\n    return []\n\n\ntest_set = tokens = train_set\n")
     return pack_directory(root)
 
 

@@ -1,0 +1,99 @@
+"""The names a Python module binds at its top level, read from its source with ``ast``.
+
+The service checks the callable after an import path's colon (``my_project.nets:build``)
+against the module's source in the run's code package, so a misspelt name is a 422 at submit
+rather than a failed run a minute later. The source is parsed, never compiled, imported or run.
+
+It answers only when it can be sure: ``defined_names`` returns None, and the name is let
+through for the workers to find, when the module could bind names the parse cannot see: a
+``from x import *``, a module-level ``__getattr__`` or ``setattr``, ``globals()``, ``vars()``,
+``exec``, ``eval`` or ``sys.modules`` anywhere; and when the source does not
+parse here (it may use syntax of the workers' newer Python) or is too large. Everything the
+parse could count as bound counts (a loop variable, a name bound in an ``if`` or ``try``
+branch, a ``global`` declaration in a function), so a name it refuses is one that no run of the
+module's top level binds.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+
+MAX_SOURCE_BYTES = 1 << 20  # a larger module is let through unread
+MAX_LISTED = 20  # names a message lists; the rest are counted
+_OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def defined_names(source: bytes) -> frozenset[str] | None:
+    """The names the module whose source is ``source`` binds at its top level, or None when
+    they cannot be known from the source alone (see the module docstring)."""
+    if len(source) > MAX_SOURCE_BYTES:
+        return None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):  # the whole module: what can bind a top-level name from anywhere
+        if isinstance(node, ast.Global):
+            names.update(node.names)
+        elif isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
+            return None
+        elif _is_dynamic(node):
+            return None
+    for node in _top_level_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__" and not isinstance(node, ast.ClassDef):
+                return None
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            return None  # at the top level: on this module, or on an object the parse cannot follow
+    return frozenset(names)
+
+
+def _is_dynamic(node: ast.AST) -> bool:
+    """Code that can bind module names the parse cannot see: ``globals()``, ``vars()`` (of this
+    module: without arguments), ``exec`` or ``eval`` anywhere, or a use of ``sys.modules``
+    (``setattr(sys.modules[__name__], ...)``)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        name = node.func.id
+        return name in ("globals", "exec", "eval") or (name == "vars" and not node.args)
+    return (isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name)
+            and node.value.id == "sys")
+
+
+def _top_level_nodes(tree: ast.Module):
+    """Every node in the module's own scope: inside ``if``, ``try``, ``with`` and loops, but not
+    inside a function's, a class's or a lambda's body (their names are not the module's)."""
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, _OWN_SCOPE):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def missing_name(names: frozenset[str], import_path: str, file: str) -> str | None:
+    """Why ``getattr(module, callable)`` of ``import_path`` (``package.module:callable``) would
+    find nothing, as the end of a sentence that begins "the code package ... ", given the
+    ``names`` its source ``file`` binds; None when it binds the name."""
+    module, _, attribute = import_path.partition(":")
+    if attribute in names:
+        return None
+    public = sorted(name for name in names if not name.startswith("_"))
+    close = difflib.get_close_matches(attribute, public, n=1)
+    guess = f"; did you mean '{module}:{close[0]}'?" if close else ""
+    listed = ", ".join(public[:MAX_LISTED]) + (f" and {len(public) - MAX_LISTED} more" if len(public) > MAX_LISTED
+                                               else "")
+    defines = f"it defines: {listed}" if public else "it defines no public names"
+    return f"has no {attribute!r} at the top level of {file} ({defines}){guess}"
