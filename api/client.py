@@ -87,9 +87,10 @@ def service_url(base_url: str | None = None) -> str:
 
 
 class Client:
-    """``base_url``: the service; default ``TESSERA_URL``, else the URL in the credentials file the
-    key comes from (the embedded service writes it), else ``http://127.0.0.1:8000`` (as the CLI). ``api_key``: the user's key (``tsk_...``); default ``TESSERA_API_KEY``, else the key in
-    ``$TESSERA_HOME/credentials`` (written by the embedded service on its first start). Worker
+    """``base_url``: the service; default ``TESSERA_URL``, else the URL in the credentials file
+    (``api.credentials.find_credentials``, which the embedded service rewrites on every start),
+    else ``http://127.0.0.1:8000`` (as the CLI). ``api_key``: the user's key (``tsk_...``);
+    default ``TESSERA_API_KEY``, else the key in that credentials file. Worker
     and driver reports carry their own per-attempt token instead.
 
     Errors: an answer of 400 or more raises ``api.errors.ApiError``; its ``status_code`` is the
@@ -136,9 +137,11 @@ class Client:
         call) and is retried with it when the answer is lost (a connection error, a timeout, a
         502/503/504): the service returns the first request's run, so a retry never makes two.
 
-        Returns the new run's view (QUEUED); with an ``idempotency_key`` that an earlier request
-        used, that request's run, with ``replayed`` true (a fresh key's own retry is not a replay:
-        ``replayed`` is false whenever this call made the run). ``ApiError`` 422 naming the field for an invalid
+        Returns the new run's view (QUEUED), ``replayed`` false; with an ``idempotency_key`` an
+        earlier request used, that request's run, ``replayed`` true. Without an
+        ``idempotency_key`` a replay can only be this call's own retry, so ``replayed`` is false;
+        with one, a replay answered to a retry is None (unknown: this call's lost first try may
+        have made the run). ``ApiError`` 422 naming the field for an invalid
         spec (also a data root outside the data directories, a code digest the project lacks, a
         size the cluster can never hold, a project cap, an ``idempotency_key`` reused for another
         spec); 404 for a ``project`` the key has no role in, 403 for a viewer there.
@@ -148,9 +151,8 @@ class Client:
         if code is not None:
             body = self._with_code(body, code, project=project)
         headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
-        view = RunView.model_validate(self._post_with_retries(f"{API}/runs", json=body, params=params,
-                                                              headers=headers))
-        return view if idempotency_key is not None else view.model_copy(update={"replayed": False})
+        answer = self._post_with_retries(f"{API}/runs", json=body, params=params, headers=headers)
+        return RunView.model_validate(self._made_here(answer, idempotency_key))
 
     def _with_code(self, run_body: dict[str, Any], code: str | Path | CodePackage, *,
                    project: str | None) -> dict[str, Any]:
@@ -159,8 +161,10 @@ class Client:
         ``code.requirements`` are kept."""
         return with_code_digest(run_body, self.upload_code(code, project=project).digest)
 
-    def _post_with_retries(self, path: str, **kwargs: Any) -> Any:
-        """POST that is safe to repeat (it carries an Idempotency-Key), retried on a lost answer."""
+    def _post_with_retries(self, path: str, **kwargs: Any) -> tuple[Any, bool]:
+        """POST that is safe to repeat (it carries an Idempotency-Key), retried on a lost answer:
+        (the answer's JSON, whether an earlier try may have reached the service)."""
+        retried = False
         for delay in (*SUBMIT_RETRY_DELAYS_S, None):
             try:
                 response = self._http.request("POST", path, **kwargs)
@@ -170,8 +174,23 @@ class Client:
             else:
                 if response.status_code not in RETRIED_STATUSES or delay is None:
                     _raise_for_status(response)
-                    return response.json() if response.content else None
+                    return (response.json() if response.content else None), retried
+            retried = True
             time.sleep(delay)
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    @staticmethod
+    def _made_here(answer: tuple[Any, bool], user_key: str | None) -> dict[str, Any]:
+        """A create's answer with ``replayed`` as this call knows it: false for a fresh key of
+        its own (a replay is its own retry's), None (unknown) for the caller's key when a retry
+        was answered as a replay (a lost first answer, or an earlier request with the key)."""
+        body, retried = answer
+        if isinstance(body, dict) and body.get("replayed"):
+            if user_key is None:
+                return {**body, "replayed": False}
+            if retried:
+                return {**body, "replayed": None}
+        return body
 
     def download_model(self, run_id: str, out: str | Path, *, fmt: str = "safetensors",
                        step: int | None = None) -> tuple[int, str]:
@@ -532,9 +551,8 @@ class Client:
             body = {**body, "base": self._with_code(base, code, project=project)}
         params = {"driver": driver, **({"project": project} if project is not None else {})}
         headers = {"Idempotency-Key": idempotency_key or f"sdk-{uuid.uuid4().hex}"}
-        view = SweepView.model_validate(self._post_with_retries(f"{API}/sweeps", json=body, params=params,
-                                                                headers=headers))
-        return view if idempotency_key is not None else view.model_copy(update={"replayed": False})
+        answer = self._post_with_retries(f"{API}/sweeps", json=body, params=params, headers=headers)
+        return SweepView.model_validate(self._made_here(answer, idempotency_key))
 
     def get_sweep(self, sweep_id: str) -> SweepView:
         """The sweep's view: status, trials, skipped sets, Pareto front and best run. ``ApiError``

@@ -12,14 +12,19 @@ user must not decide which service and project a client works in. The file holds
 and ``#`` comments.
 
 The service URL comes the same way: ``TESSERA_URL``, else the URL in the credentials file found
-above. The service writes it on its first start and rewrites it on every later start, so a
-``make serve PORT=8123`` is found on its port by the CLI and a notebook in the checkout.
+above (if this user owns it). The service writes the URL a client on its machine reaches it at
+(``Settings.local_url``: its host and port, 0.0.0.0 read as 127.0.0.1) on its first start and
+rewrites it on every later start, so a ``make serve PORT=8123`` is found on its port by the CLI
+and a notebook in the checkout.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 KEY_VARIABLE = "TESSERA_API_KEY"
 URL_VARIABLE = "TESSERA_URL"
@@ -74,11 +79,17 @@ def find_api_key(home: str | os.PathLike[str] | None = None) -> str | None:
 
 
 def find_service_url(home: str | os.PathLike[str] | None = None) -> str | None:
-    """``TESSERA_URL``, else the service URL in the credentials file (``find_credentials``), else None."""
+    """``TESSERA_URL``, else the service URL in the credentials file (``find_credentials``) if this
+    user owns it, else None. Owned, also under ``TESSERA_HOME``: a file another user wrote must
+    not decide where this user's key (``TESSERA_API_KEY`` too) is sent."""
     if os.environ.get(URL_VARIABLE):
         return os.environ[URL_VARIABLE]
     path = find_credentials(home)
-    return read_credentials(path, URL_VARIABLE) if path is not None else None
+    try:
+        owned = path is not None and path.stat().st_uid == os.getuid()
+    except OSError:
+        return None
+    return read_credentials(path, URL_VARIABLE) if owned else None
 
 
 def write_credentials(path: Path, key: str, *, url: str | None = None) -> None:
@@ -95,10 +106,13 @@ def write_credentials(path: Path, key: str, *, url: str | None = None) -> None:
 
 
 def record_service_url(path: Path, url: str) -> bool:
-    """Put ``url`` in the credentials file at ``path`` in place of the one it holds, keeping the
-    rest; True if the file changed. A missing file, one without a key or one another user owns
-    is left alone (False): the service started elsewhere, or its key was made another way."""
+    """Put ``url`` in the credentials file at ``path`` (through a link, in the file it names) in
+    place of the one it holds, keeping the rest; True if the file changed. A missing file, one
+    without a key or one another user owns is left alone (False): the service started elsewhere,
+    or its key was made another way. A file that cannot be written is logged and left as it was
+    (False): the service starts anyway, and clients find it with ``--url``."""
     try:
+        path = path.resolve()
         if path.stat().st_uid != os.getuid():
             return False
         text = path.read_text()
@@ -106,13 +120,21 @@ def record_service_url(path: Path, url: str) -> bool:
         return False
     if read_credentials(path) is None or read_credentials(path, URL_VARIABLE) == url:
         return False
-    lines = [line for line in text.splitlines() if line.strip().partition("=")[0].strip() != URL_VARIABLE]
+    # An earlier version wrote the URL as a "# service: URL" comment: one URL per file.
+    lines = [line for line in text.splitlines()
+             if line.strip().partition("=")[0].strip() != URL_VARIABLE and not line.startswith("# service: ")]
     at = next(i for i, line in enumerate(lines) if line.strip().partition("=")[0].strip() == KEY_VARIABLE)
     lines.insert(at, f"{URL_VARIABLE}={url}")
     # Written beside it and renamed over it: a client reading at that moment sees one whole file.
     fresh = path.with_name(f".{path.name}.{os.getpid()}")
-    _write_private(fresh, "\n".join(lines) + "\n")
-    os.replace(fresh, path)
+    try:
+        _write_private(fresh, "\n".join(lines) + "\n")
+        os.replace(fresh, path)
+    except OSError as exc:
+        log.warning("could not write the service's URL %s into %s (%s); clients there need --url or TESSERA_URL",
+                    url, path, exc)
+        fresh.unlink(missing_ok=True)
+        return False
     return True
 
 

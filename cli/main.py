@@ -286,8 +286,15 @@ def train(
 def _sigterm_as_interrupt() -> Iterator[None]:
     """Within the block, ``kill PID`` (SIGTERM) stops ``tessera train`` as Ctrl-C does: the run's
     loggers end their runs (MLflow's KILLED) and its sink is closed, instead of Python dying at
-    once and leaving them RUNNING. SIGKILL still cannot be caught."""
+    once and leaving them RUNNING. SIGKILL still cannot be caught. A DDP run's local Ray
+    replaces the handler with its own (``sys.exit``): its MLflow runs end KILLED all the same
+    (``workers.local``). Outside the main thread, where no handler can be set, nothing changes."""
     import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
 
     def interrupt(signum, frame) -> None:
         raise KeyboardInterrupt

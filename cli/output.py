@@ -44,8 +44,25 @@ EPILOG = (
 
 # No default here: the SDK's Client finds the service (TESSERA_URL, the credentials file, then
 # http://127.0.0.1:8000), so the CLI and a notebook in the same folder reach the same one.
+def _checked_url(value: str | None) -> str | None:
+    """``--url`` (or ``TESSERA_URL``): an http(s) URL with a host, else a usage error naming it."""
+    if value is None:
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{value!r} is not a URL ({exc}); e.g. http://127.0.0.1:8000") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise typer.BadParameter(f"{value!r} is not an http:// or https:// URL with a host; "
+                                 "e.g. http://127.0.0.1:8000")
+    return value
+
+
 UrlOption = Annotated[Optional[str], typer.Option(
-    "--url", envvar="TESSERA_URL", show_default=False,
+    "--url", envvar="TESSERA_URL", show_default=False, callback=_checked_url,
     help="service base URL [default: the URL in .tessera/credentials, else http://127.0.0.1:8000]")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON (one document on stdout) for scripts")]
 
@@ -94,8 +111,24 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     except httpx.HTTPError as exc:
         url = exc.request.url if _has_request(exc) else None
         where = f" at {url.scheme}://{url.netloc.decode()}" if url else ""
-        fail(f"cannot reach the service{where}: {exc or type(exc).__name__}\n"
+        source = _url_source(f"{url.scheme}://{url.netloc.decode()}") if url else ""
+        fail(f"cannot reach the service{where}{source}: {exc or type(exc).__name__}\n"
              "(is it running? set --url or TESSERA_URL)", EXIT_UNREACHABLE)
+
+
+def _url_source(url: str | None = None) -> str:
+    """Where ``url`` came from when it is the one in the credentials file the service last wrote
+    it to (a service since stopped, or moved to another port), and TESSERA_URL did not give it."""
+    import os
+
+    from api.credentials import URL_VARIABLE, find_credentials, find_service_url
+
+    if os.environ.get(URL_VARIABLE):
+        return ""
+    found = find_service_url()
+    if found is None or (url is not None and found.rstrip("/") != url):
+        return ""
+    return f" (the URL in {find_credentials()}, which the service writes as it starts)"
 
 
 def _code_of(status: int) -> int:

@@ -21,7 +21,7 @@ def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
     then, else None (the keys already made stay as they are, and the URL in an existing
     credentials file becomes this start's)."""
     if access.has_keys():
-        record_service_url(credentials_path(settings.home), settings.public_url)
+        record_service_url(credentials_path(settings.home), settings.local_url)
         return None
     # Stripped: a Secret made from a file usually ends in a newline, which no request could send.
     secret = settings.bootstrap_api_key.strip() if settings.bootstrap_api_key is not None else None
@@ -30,7 +30,7 @@ def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
                          f"most {MAX_KEY_CHARS} characters in all (got {len(secret)} characters)")
     _record, secret = access.create_key(name="first admin", roles={EVERY_PROJECT: Role.ADMIN}, secret=secret)
     path = credentials_path(settings.home)
-    write_credentials(path, secret, url=settings.public_url)
+    write_credentials(path, secret, url=settings.local_url)
     message = f"Tessera: created an admin API key; it is in {path} (clients read it from there)"
     log.warning(message)
     print(message, flush=True)

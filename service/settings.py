@@ -6,6 +6,7 @@ file and a storage folder under ``TESSERA_HOME`` and a Ray head started by the s
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -152,6 +153,22 @@ class Settings(BaseSettings):
     def embedded_ray(self) -> bool:
         """True when the service starts (and owns) its own Ray head."""
         return self.ray_address is None
+
+    @property
+    def local_url(self) -> str:
+        """Where a client on this machine reaches the service: ``http://{host}:{port}``, with an
+        address that listens on every interface read as loopback (``0.0.0.0``: 127.0.0.1, ``::``:
+        [::1]) and an IPv6 address in brackets. The credentials file gives it to clients
+        (``service.bootstrap``); ``public_url`` is the workers' and may be a name only the cluster
+        resolves, or carry credentials."""
+        host = self.host
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:  # a name
+            return f"http://{host}:{self.port}"
+        if address.is_unspecified:
+            address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+        return f"http://[{address}]:{self.port}" if address.version == 6 else f"http://{address}:{self.port}"
 
     def redacted(self) -> dict[str, Any]:
         """The settings as plain data with passwords in URLs masked: safe to log."""

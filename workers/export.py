@@ -118,8 +118,8 @@ def load_model(source: str, *, step: int | None = None, service_url: str | None 
                fmt: str = "safetensors", project: str | None = None) -> torch.nn.Module:
     """The trained model of ``source`` ready for inference (eval mode, on CPU).
 
-    ``source``: a run id (its export fetched from the service at ``service_url``, default
-    ``$TESSERA_URL``), or an fsspec URL / local path of an exported file. A model built from
+    ``source``: a run id (its export fetched from the service at ``service_url``, default where
+    the SDK's ``Client`` finds it: ``$TESSERA_URL``, else the credentials file's URL), or an fsspec URL / local path of an exported file. A model built from
     your own code is rebuilt from the run's code package (``install_export_code``; ``project``:
     the project it was uploaded to, where the run id does not say).
     """
@@ -173,7 +173,7 @@ def install_export_code(metadata: dict[str, str], source: str, *, service_url: s
 
     Only a package the cache lacks is fetched: from the storage the export lies in when
     ``source`` is an export's URL or path there and the package is stored beside it, else
-    from the service at ``service_url`` (default ``$TESSERA_URL``; ``GET /api/v1/code/{digest}/package``
+    from the service at ``service_url`` (default as ``load_model``'s; ``GET /api/v1/code/{digest}/package``
     with your API key) in ``project`` (default: the run's project for a run id, else the key's
     only project, else ``default``). It runs in your process, as your model's code does.
 

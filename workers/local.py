@@ -14,6 +14,7 @@ before (a one-worker checkpoint reshards onto DDP workers and back).
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
         started = True
     run_id = spec.name if storage_url is not None else f"local-{spec.name}-{uuid.uuid4().hex[:8]}"
+    started_ms = int(time.time() * 1000)  # a run id of a spec's name: another train of it may be running
     try:
         try:
             if storage_url is None:
@@ -97,7 +99,7 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
         # A rank 0 that raised ended its MLflow run FAILED; one Ctrl-C (or a SIGTERM: see
         # ``tessera train``) stopped, or one killed, could not: its ranks die with Ray.
         ended = end_interrupted_mlflow_runs if not isinstance(exc, Exception) else end_failed_mlflow_runs
-        ended(spec, run_id)
+        ended(spec, run_id, started_after_ms=started_ms)
         raise
     if sink is not None:
         step = int(metrics.get("time/batch", 0))

@@ -395,27 +395,30 @@ def prepare_mlflow_end(spec: RunSpec) -> threading.Thread | None:
     return thread
 
 
-def end_interrupted_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float = 2.0) -> list[str] | None:
+def end_interrupted_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float = 2.0,
+                                started_after_ms: int | None = None) -> list[str] | None:
     """End as KILLED (CANCELED) the MLflow runs of Tessera run ``run_id`` that are still RUNNING
     (``end_running_mlflow_runs``). For the process that started the ranks, when it is stopped
     (``workers.launch``: the service canceled the run and Ray stops its job): the ranks are
     killed after it, so rank 0 never ends its MLflow run (``closed_at_end``). Every RUNNING one
     of the run goes, also one an earlier attempt's killed ranks left."""
-    return end_running_mlflow_runs(spec, {RUN_ID_TAG: run_id}, RunStatus.CANCELED, timeout_s=timeout_s)
+    return end_running_mlflow_runs(spec, {RUN_ID_TAG: run_id}, RunStatus.CANCELED, timeout_s=timeout_s,
+                                   started_after_ms=started_after_ms)
 
 
-def end_failed_mlflow_runs(spec: RunSpec, run_id: str, *,
-                           timeout_s: float = LEFT_RUNNING_TIMEOUT_S) -> list[str] | None:
+def end_failed_mlflow_runs(spec: RunSpec, run_id: str, *, timeout_s: float = LEFT_RUNNING_TIMEOUT_S,
+                           started_after_ms: int | None = None) -> list[str] | None:
     """End as FAILED the MLflow runs of Tessera run ``run_id`` that are still RUNNING
     (``end_running_mlflow_runs``). For the process that started the ranks, when training failed
     (``workers.launch``): Ray Train has stopped the worker group by then, so no rank is left to
     end one. A rank 0 that raised ended its own run FAILED; one SIGKILLed (out of memory, say) or
     lost with its node left it RUNNING, on this start or an earlier one of the worker group."""
-    return end_running_mlflow_runs(spec, {RUN_ID_TAG: run_id}, RunStatus.FAILED, timeout_s=timeout_s)
+    return end_running_mlflow_runs(spec, {RUN_ID_TAG: run_id}, RunStatus.FAILED, timeout_s=timeout_s,
+                                   started_after_ms=started_after_ms)
 
 
 def end_running_mlflow_runs(spec: RunSpec, tags: dict[str, str], status: RunStatus, *,
-                            timeout_s: float = 2.0) -> list[str] | None:
+                            timeout_s: float = 2.0, started_after_ms: int | None = None) -> list[str] | None:
     """End the MLflow runs that carry every one of ``tags`` and are still RUNNING, in the
     experiment of each of ``spec``'s MLflow loggers, as attempts that ended ``status``
     (``end_mlflow_run``); the ids of those it ended. For whoever outlives a rank 0 that could
@@ -427,12 +430,16 @@ def end_running_mlflow_runs(spec: RunSpec, tags: dict[str, str], status: RunStat
     (an unreachable tracking server would otherwise have MLflow's client retry for minutes), and
     the runs it ended by then are returned; None if it did not finish in time (the thread is
     left to run on, or to the process's exit). A failure is logged, never raised. ``[]`` at once
-    for a spec without an MLflow logger. ``prepare_mlflow_end`` at the start makes it faster."""
-    return _end_in_background(mlflow_targets(spec), tags, status, timeout_s=timeout_s)[1]
+    for a spec without an MLflow logger. ``prepare_mlflow_end`` at the start makes it faster.
+    ``started_after_ms``: only runs started then or later (epoch milliseconds), for a caller
+    whose run id another process may share (``tessera train`` of one spec, twice at once)."""
+    return _end_in_background(mlflow_targets(spec), tags, status, timeout_s=timeout_s,
+                              started_after_ms=started_after_ms)[1]
 
 
 def _end_in_background(targets: list[tuple[str, str]], tags: dict[str, str], status: RunStatus, *,
-                       timeout_s: float, keep: Collection[str] = ()) -> tuple[threading.Thread | None, list[str] | None]:
+                       timeout_s: float, keep: Collection[str] = (),
+                       started_after_ms: int | None = None) -> tuple[threading.Thread | None, list[str] | None]:
     """``end_running_mlflow_runs`` on ``targets`` (``(tracking_uri, experiment)`` pairs), leaving
     the MLflow runs in ``keep`` running: its daemon thread (None if none was started) and the runs
     it ended within ``timeout_s`` (None if it did not finish by then, or could not start)."""
@@ -446,7 +453,8 @@ def _end_in_background(targets: list[tuple[str, str]], tags: dict[str, str], sta
         try:
             for tracking_uri, experiment in targets:
                 try:
-                    ended.extend(_end_running_mlflow_runs(tracking_uri, experiment, tags, status, keep=keep))
+                    ended.extend(_end_running_mlflow_runs(tracking_uri, experiment, tags, status, keep=keep,
+                                                          started_after_ms=started_after_ms))
                 except Exception as exc:
                     log.warning("could not end the MLflow runs of %s in experiment %s at %s: %s",
                                 what, experiment, tracking_uri, describe(exc))
@@ -486,7 +494,7 @@ def _mlflow_client(tracking_uri: str) -> Any:
 
 
 def _end_running_mlflow_runs(tracking_uri: str, experiment: str, tags: dict[str, str], status: RunStatus, *,
-                             keep: Collection[str] = ()) -> list[str]:
+                             keep: Collection[str] = (), started_after_ms: int | None = None) -> list[str]:
     """``end_running_mlflow_runs`` on one tracking server and experiment; the MLflow runs in
     ``keep`` are left running."""
     for key, value in tags.items():
@@ -497,6 +505,8 @@ def _end_running_mlflow_runs(tracking_uri: str, experiment: str, tags: dict[str,
     if found is None:  # rank 0 never created a run there
         return []
     match = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
+    if started_after_ms is not None:
+        match += f" and attributes.start_time >= {int(started_after_ms)}"
     running = client.search_runs([found.experiment_id], filter_string=f"{match} and attributes.status = 'RUNNING'")
     ended = []
     for run in running:

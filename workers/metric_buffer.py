@@ -3,9 +3,10 @@
 Hot-path rule: no host syncs per step. Each step's loss stays on the device as a detached
 tensor; a flush (about once a second, before evaluation and at each epoch's end) converts all
 pending losses together, one host sync, and reports them with the learning rate, throughput
-and the time metrics. Every ``PROGRESS_LOG_S`` and at each epoch's end, a flush also writes a
-line to the run's log (``tessera logs``): epoch, batch, progress, the mean training loss since
-the last line and the throughput, so a run without an evaluation set shows how it goes too.
+and the time metrics. Every ``PROGRESS_LOG_S`` and at each epoch's end a flush also writes a
+line to the run's log (``tessera logs``), and the trainer writes one as training ends: epoch,
+batch, progress, the mean training loss since the last line and the throughput, so a run
+without an evaluation set shows how it goes too.
 """
 
 from __future__ import annotations
@@ -77,12 +78,16 @@ class MetricBuffer:
         self.record(step, "time/batch", timestamp.batch)
         self.record(step, "time/progress", progress)
         if epoch_end or now - line_at >= self.progress_log_s:
-            self._log_progress(timestamp, progress)
+            self.log_progress(timestamp, progress)
 
-    def _log_progress(self, timestamp: Timestamp, progress: float) -> None:
+    def log_progress(self, timestamp: Timestamp, progress: float, *, unless_logged: bool = False) -> None:
+        """Write the progress line now (rank 0); ``unless_logged``: only if steps were flushed
+        since the last line (the trainer's last line, as training ends)."""
         now, loss_sum, steps = time.monotonic(), *self._last_line[1:]
+        if self.rank != 0 or (unless_logged and not steps):
+            return
         self._last_line = (now, 0.0, 0)
-        figures = [f"train/loss={loss_sum / steps:.4g} (mean of {steps} steps)"] if steps else []
+        figures = [f"train/loss={loss_sum / steps:.4g} (mean of {steps} step{'s' if steps > 1 else ''})"] if steps else []
         throughput = self.latest.get("throughput/samples_per_sec")
         if throughput is not None:
             figures.append(f"{throughput:.4g} samples/s")

@@ -240,6 +240,7 @@ class Trainer:
                     self.evaluate()
                 self.sink.flush()
         self._flush_metrics_to_spool()
+        self.metrics.log_progress(state.timestamp, state.progress, unless_logged=True)  # the last line: 100%
         self.checkpoints.save_final(state.timestamp.batch)  # always end with the final state
         if self._last_eval_batch != state.timestamp.batch:
             self.evaluate()  # always end with an evaluation of the final model

@@ -39,6 +39,22 @@ def test_a_lost_answer_is_retried_with_the_same_key_and_returns_the_first_run():
     assert len(seen) == 3 and len(keys) == 1 and next(iter(keys)).startswith("sdk-")
 
 
+def test_replayed_says_what_this_call_knows_about_who_made_the_run():
+    replay = httpx.Response(200, json=RUN | {"replayed": True})
+    client, _ = _client([httpx.ReadTimeout("lost"), replay])
+    assert client.create_run({"name": "n"}).replayed is False  # its own fresh key: its own lost first try
+    client, _ = _client([httpx.ReadTimeout("lost"), replay])
+    assert client.create_run({"name": "n"}, idempotency_key="nightly").replayed is None  # this call, or an earlier
+    client, _ = _client([replay])
+    assert client.create_run({"name": "n"}, idempotency_key="nightly").replayed is True  # answered at once
+    client, _ = _client([httpx.Response(201, json=RUN | {"replayed": False})])
+    assert client.create_run({"name": "n"}, idempotency_key="nightly").replayed is False
+    sweep = {"id": "s1", "name": "n", "status": "QUEUED", "spec": {}, "created_at": "2026-01-01T00:00:00Z",
+             "attempt": 1, "driver": "service", "metric": "eval/accuracy", "mode": "max", "replayed": True}
+    client, _ = _client([httpx.ConnectError("down"), httpx.Response(200, json=sweep)])
+    assert client.create_sweep({"name": "n"}, idempotency_key="nightly").replayed is None
+
+
 def test_each_call_gets_its_own_key_unless_one_is_given():
     client, seen = _client([httpx.Response(201, json=RUN) for _ in range(3)])
     client.create_run({"name": "n"})

@@ -51,9 +51,12 @@ def test_the_client_finds_the_service_where_the_cli_does(tmp_path, monkeypatch):
     monkeypatch.delenv("TESSERA_URL", raising=False)
     monkeypatch.delenv("TESSERA_HOME", raising=False)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TESSERA_HOME", str(tmp_path / ".tessera"))  # no file found above tmp_path counts
     assert Client(api_key="tsk_x").base_url == DEFAULT_URL
     write_credentials(tmp_path / ".tessera" / "credentials", "tsk_root", url="http://127.0.0.1:8123/")
     assert Client(api_key="tsk_x").base_url == "http://127.0.0.1:8123"
+    monkeypatch.setattr("os.getuid", lambda: 4242)  # another user's file: its URL would get this user's key
+    assert Client(api_key="tsk_x").base_url == DEFAULT_URL
     monkeypatch.setenv("TESSERA_URL", "http://tessera.lab:9000/")
     assert Client(api_key="tsk_x").base_url == "http://tessera.lab:9000"
     assert Client("http://other:1", api_key="tsk_x").base_url == "http://other:1"
@@ -64,7 +67,6 @@ def test_the_service_url_comes_from_the_variable_else_the_file_the_key_comes_fro
     monkeypatch.delenv(URL_VARIABLE, raising=False)
     monkeypatch.delenv("TESSERA_HOME", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert find_service_url() is None
     write_credentials(tmp_path / ".tessera" / "credentials", "tsk_root", url="http://127.0.0.1:8123")
     assert find_service_url() == "http://127.0.0.1:8123"
     monkeypatch.setenv(URL_VARIABLE, "http://tessera.lab:9000")
@@ -88,10 +90,25 @@ def test_a_later_start_rewrites_the_url_and_keeps_the_key_and_its_mode(tmp_path)
     assert path.read_text().count(f"{URL_VARIABLE}=") == 1 and path.read_text().startswith("# Tessera API key")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert os.listdir(path.parent) == ["credentials"]  # the file written beside it was renamed over it
-    # A file from before URLs were written gets one, before its key line.
-    path.write_text(f"# service: http://old\n{KEY_VARIABLE}=tsk_old\n")
+    # A file from before URLs were written gets one, before its key line, and loses the old comment.
+    path.write_text(f"# the key\n# service: http://old\n{KEY_VARIABLE}=tsk_old\n")
     assert record_service_url(path, "http://127.0.0.1:8124") is True
-    assert path.read_text().splitlines()[1:] == [f"{URL_VARIABLE}=http://127.0.0.1:8124", f"{KEY_VARIABLE}=tsk_old"]
+    assert path.read_text().splitlines() == ["# the key", f"{URL_VARIABLE}=http://127.0.0.1:8124",
+                                             f"{KEY_VARIABLE}=tsk_old"]
+
+
+def test_a_linked_file_is_rewritten_where_it_lies_and_one_that_cannot_be_written_is_left(tmp_path, monkeypatch):
+    real = tmp_path / "secrets" / "credentials"
+    write_credentials(real, "tsk_linked", url="http://127.0.0.1:8000")
+    link = tmp_path / "home" / "credentials"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert record_service_url(link, "http://127.0.0.1:8123") is True
+    assert link.is_symlink() and read_credentials(real, URL_VARIABLE) == "http://127.0.0.1:8123"
+    monkeypatch.setattr("os.replace", lambda *args: (_ for _ in ()).throw(PermissionError(13, "read-only")))
+    assert record_service_url(real, "http://127.0.0.1:9000") is False  # logged; the service starts anyway
+    assert read_credentials(real, URL_VARIABLE) == "http://127.0.0.1:8123"
+    assert sorted(os.listdir(real.parent)) == ["credentials"]  # no half-written file left beside it
 
 
 def test_a_file_without_a_key_or_owned_by_another_user_is_left_alone(tmp_path, monkeypatch):

@@ -161,7 +161,7 @@ class LocalService:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.home = tmp_path / "home"
-        settings = Settings(home=self.home, public_url=self.url)
+        settings = Settings(home=self.home, public_url=self.url, port=self.port)
         self.app = create_app(settings, jobs=IdleJobs(), run_dispatcher=False)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)

@@ -145,6 +145,23 @@ def test_without_url_the_cli_finds_the_service_where_its_credentials_file_says(s
     assert tessera("projects", "list", "--url", nowhere).exit_code == EXIT_UNREACHABLE  # --url still wins
 
 
+def test_a_url_from_a_credentials_file_is_named_when_nothing_answers_there_and_a_bad_url_is_a_usage_error(
+        tmp_path, monkeypatch):
+    from api.credentials import write_credentials
+
+    monkeypatch.delenv("TESSERA_URL", raising=False)
+    monkeypatch.setenv("TESSERA_HOME", str(tmp_path))
+    stopped = f"http://127.0.0.1:{free_port()}"  # a service that wrote its URL, then stopped
+    write_credentials(tmp_path / "credentials", "tsk_gone", url=stopped)
+    result = tessera("runs")
+    assert result.exit_code == EXIT_UNREACHABLE
+    assert f"cannot reach the service at {stopped} (the URL in {tmp_path / 'credentials'}" in result.stderr
+    for bad in ("localhost:8000", "http://:::8000", "ftp://host/"):
+        refused = tessera("runs", "--url", bad)
+        assert refused.exit_code == EXIT_USAGE and "Invalid value for '--url'" in refused.output, refused.output
+        assert bad in " ".join(refused.output.replace("│", " ").split())
+
+
 def test_a_server_error_exits_5():
     def broken():
         raise ApiError(503, "the database is down")

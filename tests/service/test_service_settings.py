@@ -24,6 +24,18 @@ def test_environment_overrides_and_public_url_follows_host_and_port(monkeypatch)
     assert not settings.embedded_ray
 
 
+@pytest.mark.parametrize(("host", "local_url"), [
+    ("127.0.0.1", "http://127.0.0.1:9100"),
+    ("0.0.0.0", "http://127.0.0.1:9100"),  # every interface: a client here uses loopback
+    ("::", "http://[::1]:9100"),
+    ("fe80::1", "http://[fe80::1]:9100"),
+    ("tessera.lab", "http://tessera.lab:9100"),
+])
+def test_the_local_url_is_where_a_client_on_this_machine_reaches_the_service(host, local_url):
+    settings = Settings(host=host, port=9100, public_url="http://user:secret@tessera.internal:8000")
+    assert settings.local_url == local_url  # never the workers' URL, which may carry a secret or not resolve here
+
+
 def test_blank_ray_address_means_embedded(monkeypatch):
     monkeypatch.setenv("TESSERA_RAY_ADDRESS", "")
     assert load_settings().embedded_ray

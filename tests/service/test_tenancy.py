@@ -208,11 +208,12 @@ def test_the_first_start_writes_an_admin_key_0600_and_later_starts_reuse_it(tmp_
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert first.get(f"{API}/runs", headers=_bearer(key)).status_code == 200
         assert first.get(f"{API}/runs", headers={"Authorization": ""}).status_code == 401
-        assert read_credentials(path, "TESSERA_URL") == "http://tessera.test:8000"
-    moved = settings.model_copy(update={"public_url": "http://tessera.test:8123"})
+        # Where a client on this machine reaches it (not the workers' public URL, which may not resolve here).
+        assert read_credentials(path, "TESSERA_URL") == "http://127.0.0.1:8000"
+    moved = settings.model_copy(update={"host": "0.0.0.0", "port": 8123})
     with TestClient(create_app(moved, jobs=fake_jobs, run_dispatcher=False)) as second:
         assert read_credentials(path) == key  # not replaced: the database already has keys
-        assert read_credentials(path, "TESSERA_URL") == "http://tessera.test:8123"  # where clients find it now
+        assert read_credentials(path, "TESSERA_URL") == "http://127.0.0.1:8123"  # where clients find it now
         assert second.get(f"{API}/me", headers=_bearer(key)).json()["roles"] == {"*": "admin"}
 
 

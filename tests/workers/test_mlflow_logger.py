@@ -27,7 +27,7 @@ from api.views import RunStatus
 from workers.checkpoint import IncompatibleCheckpoint
 from workers.local import train_local
 from workers.launch import mlflow_end_budget_s
-from workers.loggers import (STATUS_TAG, SWEEP_ID_TAG, TRIAL_ID_TAG, MLflowSink, end_interrupted_mlflow_runs,
+from workers.loggers import (RUN_ID_TAG, STATUS_TAG, SWEEP_ID_TAG, TRIAL_ID_TAG, MLflowSink, end_interrupted_mlflow_runs,
                              end_running_mlflow_runs, flatten, prepare_mlflow_end, with_loggers)
 from workers.ray_train import train_rank, worker_config
 from workers.reporter import MemorySink
@@ -413,6 +413,14 @@ def test_tessera_train_of_a_ddp_spec_ends_what_its_killed_ranks_left_running(sto
 
     spec = stopped_spec(mlflow_store, f"local-ddp-{ended_as}").model_copy(
         update={"parallelism": tiny_spec(parallelism={"strategy": "ddp", "num_workers": 2}).parallelism})
+    # Another tessera train of the same spec (another --checkpoint-dir), running since a minute ago.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_store)
+    experiment = client.get_experiment_by_name(f"local-ddp-{ended_as}") or client.get_experiment(
+        client.create_experiment(f"local-ddp-{ended_as}"))
+    other = client.create_run(experiment.experiment_id, start_time=int(time.time() * 1000) - 60_000,
+                              tags={RUN_ID_TAG: spec.name}).info
     left = []
 
     def fit_stopped(spec, *, run_id, **kwargs):  # rank 0 started its MLflow run, then the ranks were killed
@@ -424,6 +432,7 @@ def test_tessera_train_of_a_ddp_spec_ends_what_its_killed_ranks_left_running(sto
     with pytest.raises(type(stop)):
         train_local(spec, checkpoint_dir=str(tmp_path))
     assert status_of(mlflow_store, left[0].run_id) == ended_as
+    assert status_of(mlflow_store, other.run_id) == "RUNNING"  # not this train's to end
 
 
 def test_sigterm_stops_tessera_train_as_ctrl_c_does_and_only_while_it_trains(monkeypatch, tmp_path):
@@ -442,10 +451,35 @@ def test_sigterm_stops_tessera_train_as_ctrl_c_does_and_only_while_it_trains(mon
             seen.append("interrupted")
             raise
 
-    before = signal.getsignal(signal.SIGTERM)
+    def unhandled(signum, frame):  # what catches the SIGTERM if the CLI set no handler: not pytest's death
+        seen.append("not handled by the CLI")
+
     monkeypatch.setattr(workers.local, "train_local", train_local)
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(tiny_spec().model_dump_json())
-    result = CliRunner().invoke(app, ["train", str(spec_file), "--no-checkpoints"])
+    before = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        result = CliRunner().invoke(app, ["train", str(spec_file), "--no-checkpoints"])
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the CLI's handler is gone once it returns
+    finally:
+        signal.signal(signal.SIGTERM, before)
     assert seen == ["interrupted"] and result.exit_code != 0
-    assert signal.getsignal(signal.SIGTERM) is before  # the CLI's handler is gone once it returns
+
+
+def test_tessera_train_runs_outside_the_main_thread_where_no_signal_handler_can_be_set(monkeypatch, tmp_path):
+    import threading
+
+    from typer.testing import CliRunner
+
+    import workers.local
+    from cli.main import app
+
+    monkeypatch.setattr(workers.local, "train_local", lambda spec, **kwargs: {"train/loss": 1.0})
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(tiny_spec().model_dump_json())
+    results = []
+    thread = threading.Thread(target=lambda: results.append(
+        CliRunner().invoke(app, ["train", str(spec_file), "--no-checkpoints"])))
+    thread.start()
+    thread.join()
+    assert results[0].exit_code == 0, results[0].output

@@ -59,9 +59,13 @@ def test_a_run_without_an_eval_set_logs_its_progress_at_each_epochs_end_and_ever
     train(spec, sink=MemorySink())
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
     assert [line.split(" (")[0] for line in lines] == ["training at the end of epoch 1, batch 22",
-                                                      "training at the end of epoch 2, batch 44"]
+                                                      "training at the end of epoch 2, batch 44"]  # no third
     assert lines[0].startswith("training at the end of epoch 1, batch 22 (50%): train/loss=")
     assert "(mean of 22 steps)" in lines[0] and "samples/s" in lines[0]
+    caplog.clear()
+    train(tiny_spec(max_duration="3ba"), sink=MemorySink())  # ends mid-epoch: a last line at 100%
+    last = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
+    assert len(last) == 1 and last[0].startswith("training in epoch 1, batch 3 (100%): train/loss=")
     caplog.clear()
     buffer = metric_buffer.MetricBuffer(MemorySink(), rank=0, progress_log_s=0.0)  # a line at every flush
     for step, loss in ((1, 4.0), (2, 2.0), (3, 1.0)):
@@ -69,8 +73,8 @@ def test_a_run_without_an_eval_set_logs_its_progress_at_each_epochs_end_and_ever
         if step != 2:  # a line's loss is the mean over the steps since the line before
             buffer.flush(Timestamp(batch=step, batch_in_epoch=step, sample=8 * step), step / 10)
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0] == "training in epoch 1, batch 1 (10%): train/loss=4 (mean of 1 steps), " \
-        + lines[0].split("steps), ")[1]
+    assert lines[0] == "training in epoch 1, batch 1 (10%): train/loss=4 (mean of 1 step), " \
+        + lines[0].split("step), ")[1]
     assert lines[1].startswith("training in epoch 1, batch 3 (30%): train/loss=1.5 (mean of 2 steps)")
     assert len(lines) == 2
     quiet = metric_buffer.MetricBuffer(MemorySink(), rank=0)  # every PROGRESS_LOG_S: not at a mere flush
