@@ -2,6 +2,7 @@
 (``tessera sweeps logs SWEEP`` reads a sweep driver's log the same way)."""
 
 
+import re
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Callable, Optional
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from api.client import Client
     from api.logs import LogPage
 
+# Terminal escape sequences (colours, bold): ESC [ parameters, then a letter.
+TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Reads one page: (attempt or None for the newest, byte offset) -> page
 PageReader = Callable[[Optional[int], int], "LogPage"]
 
@@ -24,8 +27,9 @@ def print_logs(read: PageReader, *, attempt: int | None, follow: bool, poll_inte
     attempts that follow it (a worker-group restart, a resume), each announced on stderr, until
     the run ends."""
     page = read(attempt, 0)
+    plain = not sys.stdout.isatty()  # a file or a pipe: no colour codes (Ray's, Rich's) to read through
     while True:
-        sys.stdout.write(page.text)
+        sys.stdout.write(TERMINAL_CODES.sub("", page.text) if plain else page.text)
         sys.stdout.flush()
         if page.next_offset < page.size:  # more already there: read on without waiting
             page = read(page.attempt, page.next_offset)

@@ -1,8 +1,9 @@
 """``tessera``: serve, submit, runs, show, cancel, train.
 
 The client commands talk to the service at ``--url`` (env ``TESSERA_URL``, default the URL in
-the nearest ``.tessera/credentials``, else http://127.0.0.1:8000). ``serve`` and ``train`` import the service / the workers lazily, so the
-client commands work where only the SDK is installed.
+the nearest ``.tessera/credentials``, else http://127.0.0.1:8000). ``serve`` and ``train``
+import the service / the workers lazily, so the client commands work where only the SDK is
+installed.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from cli.export import register as register_export
 from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
-from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, UrlOption, call, console, emit, err_console, fail,
-                        kept, listing, needs_extra, status_value)
+from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, SetOption, UrlOption, call, console,
+                        emit, err_console, fail, kept, listing, needs_extra, status_value)
 from cli.run_info import register as register_run_info
 
 if TYPE_CHECKING:
@@ -79,20 +80,16 @@ def submit(
     idempotency_key: Annotated[Optional[str], typer.Option(
         "--idempotency-key", help="submitting again with the same key (in the project) returns the first run "
         "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
+    assignments: SetOption = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a run; with --follow, watch it until it ends (exit 1 unless COMPLETED).
 
     With --json, stdout is the RunView as JSON (the final one with --follow; progress on stderr)."""
-    from cli.specfile import SpecFileError, load_spec_dict
-
     if code is not None:
         _require_folder(code)  # a usage error first
-    try:
-        body = load_spec_dict(file)
-    except SpecFileError as exc:
-        _fail(str(exc))
+    body = _spec_file(file, assignments)
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is not None:
@@ -243,19 +240,23 @@ def train(
     code: Annotated[Optional[str], typer.Option(
         "--code", help="a folder with the code model.import (and data.*.import) name, imported from where it "
         "lies")] = None,
+    assignments: SetOption = None,
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them.
     Ctrl-C or SIGTERM stops it, ending its MLflow run KILLED."""
+    from cli.lineage import BadAssignment
     from cli.specfile import SpecFileError, load_spec
 
     if code is not None:
         _require_folder(code)  # a usage error first
     try:
         # The folder is imported where it lies, never packed: any digest lets the spec validate.
-        spec = load_spec(file, code_digest=None if code is None else LOCAL_CODE_DIGEST)
+        spec = load_spec(file, code_digest=None if code is None else LOCAL_CODE_DIGEST, assignments=assignments)
     except SpecFileError as exc:
         _fail(str(exc))
+    except BadAssignment as exc:
+        _fail(str(exc), EXIT_USAGE)
     try:
         from workers.checkpoint import IncompatibleCheckpoint
         from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
@@ -304,6 +305,20 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _spec_file(file: str, assignments: list[str] | None) -> dict:
+    """The spec file's mapping with the ``--set`` changes; a file that cannot be read fails (exit
+    1), a bad ``--set`` is a usage error (exit 2)."""
+    from cli.lineage import BadAssignment
+    from cli.specfile import SpecFileError, load_spec_dict
+
+    try:
+        return load_spec_dict(file, assignments)
+    except SpecFileError as exc:
+        _fail(str(exc))
+    except BadAssignment as exc:
+        _fail(str(exc), EXIT_USAGE)
 
 
 def _require_folder(folder: str) -> None:

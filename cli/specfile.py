@@ -19,8 +19,22 @@ class SpecFileError(Exception):
     """A spec file that cannot be read or does not validate; the message lists every problem."""
 
 
-def load_spec_dict(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+def load_spec_dict(path: str | Path, assignments: list[str] | None = None) -> dict[str, Any]:
+    """The mapping in the YAML or JSON file at ``path``, with ``assignments`` (``--set
+    dotted.key=value``, as ``tessera fork`` reads them: ``cli.lineage.patch_from_assignments``)
+    merged into it as a fork's patch is (``api.lineage.merge_patch``). ``SpecFileError`` for a
+    file that cannot be read or holds no mapping; ``cli.lineage.BadAssignment`` for a bad
+    assignment (a usage error)."""
+    data = _read_mapping(Path(path))
+    if assignments:
+        from api.lineage import merge_patch
+        from cli.lineage import patch_from_assignments
+
+        data = merge_patch(data, patch_from_assignments(assignments))
+    return data
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -34,11 +48,12 @@ def load_spec_dict(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_spec(path: str | Path, *, code_digest: str | None = None) -> RunSpec:
-    """Load and validate; ``SpecFileError`` lists ``field: message (got value)`` per problem,
-    worded as the service's 422 for the same spec (``api.validation_errors``). ``code_digest``:
-    the spec's ``code.digest`` (``--code DIR``'s package), its ``code.requirements`` kept."""
-    data = load_spec_dict(path)
+def load_spec(path: str | Path, *, code_digest: str | None = None, assignments: list[str] | None = None) -> RunSpec:
+    """Load (with ``assignments``, as ``load_spec_dict``) and validate; ``SpecFileError`` lists
+    ``field: message (got value)`` per problem, worded as the service's 422 for the same spec
+    (``api.validation_errors``). ``code_digest``: the spec's ``code.digest`` (``--code DIR``'s
+    package), its ``code.requirements`` kept."""
+    data = load_spec_dict(path, assignments)
     if code_digest is not None:
         data = with_code_digest(data, code_digest)
     try:

@@ -9,8 +9,8 @@ from rich.table import Table
 
 sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
-from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, UrlOption, call, console, emit, fail, kept, listing,
-                        status_value)
+from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, SetOption, UrlOption, call, console, emit, fail, kept,
+                        listing, status_value)
 
 
 
@@ -32,22 +32,19 @@ def submit_sweep(
     idempotency_key: Annotated[Optional[str], typer.Option(
         "--idempotency-key", help="submitting again with the same key (in the project) returns the first sweep "
         "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
+    assignments: SetOption = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a sweep for the service to drive; its trials are runs (`tessera sweeps show ID` lists them).
 
     With --json, stdout is the SweepView as JSON (the final one with --wait; messages on stderr)."""
-    from cli.main import _require_folder, _upload_code
+    from cli.main import _require_folder, _spec_file, _upload_code
     from cli.output import err_console
-    from cli.specfile import SpecFileError, load_spec_dict
 
     if code is not None:
         _require_folder(code)  # a usage error first
-    try:
-        body = load_spec_dict(file)
-    except SpecFileError as exc:
-        fail(str(exc))
+    body = _spec_file(file, assignments)  # --set base.max_duration=1ep changes the base
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is not None:
@@ -165,12 +162,37 @@ def _wait(sweep_id: str, url: str | None, *, as_json: bool = False) -> None:
     line on stderr then); exit 1 unless it COMPLETED."""
     from cli.output import err_console
 
-    sweep = call(_client(url).wait_sweep, sweep_id, timeout=7 * 86400)
-    (err_console if as_json else console).print(
-        f"sweep {sweep.id}: {sweep.status.value}, best run {sweep.best_run_id or '-'}", highlight=False)
+    out = err_console if as_json else console
+    sweep = call(_client(url).wait_sweep, sweep_id, timeout=7 * 86400, on_poll=_ProgressLines(out))
+    out.print(f"sweep {sweep.id}: {sweep.status.value}, best run {sweep.best_run_id or '-'}", highlight=False)
     emit(sweep, as_json=as_json, render=lambda: None)
     if sweep.status.value != "COMPLETED":
         raise typer.Exit(1)
+
+
+class _ProgressLines:
+    """``sweeps wait``'s progress: a line each time the sweep's status, its trials' counts or
+    its best run change (``RUNNING: 3 trials (1 RUNNING, 2 COMPLETED), best 5c1e... eval/accuracy
+    0.9712``), nothing while they stay the same."""
+
+    def __init__(self, out):
+        self.out, self.last = out, None
+
+    def __call__(self, sweep) -> None:
+        line = _progress_line(sweep)
+        if line != self.last:
+            self.out.print(line, highlight=False, soft_wrap=True)
+            self.last = line
+
+
+def _progress_line(sweep) -> str:
+    trials = sum(sweep.counts.values())
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(sweep.counts.items()))
+    line = f"{_status(sweep)}: {trials} trial{'' if trials == 1 else 's'}" + (f" ({counts})" if counts else "")
+    best = next((t for t in sweep.trials if t.run_id == sweep.best_run_id), None)
+    if best is not None and best.metric is not None:
+        line += f", best {best.run_id} {sweep.metric} {best.metric:.4g}"
+    return line
 
 
 def _status(sweep) -> str:

@@ -184,5 +184,6 @@ def _parsed(data: bytes, file: str) -> tuple[str, frozenset[str] | None] | None:
             if entry.file_size > MAX_SOURCE_BYTES:
                 return file, None
             return file, defined_names(package.read(entry))
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):  # NotImplementedError: a compression zipfile lacks
+    # NotImplementedError: a compression method zipfile cannot read.
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
         return None

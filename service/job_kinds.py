@@ -68,6 +68,9 @@ class JobKind:
         env = forwarded_env()
         for name, value in self.env_defaults.items():
             env.setdefault(name, value)
+        # The job's log is read as text (tessera logs, the dashboard), not on a terminal: Ray
+        # prefixes its workers' lines without colour codes then (ray/_private/worker.py).
+        env.setdefault("RAY_COLOR_PREFIX", "0")
         prefix = f"TESSERA_{self.name.upper()}"
         env.update({
             "TESSERA_SERVICE_URL": settings.public_url,

@@ -78,12 +78,10 @@ def run_attempt(run_id: str, *, service_url: str, token: str, attempt: int, stor
         view = call_with_retries(lambda: client.get_run(run_id), what=f"fetching run {run_id}")
         spec = RunSpec.model_validate(view.spec)
         prepare_mlflow_end(spec)  # in the background: a stop has seconds (see above)
-        import ray
-
+        from workers.ray_job import connect_driver
         from workers.ray_train import fit_with_ray
 
-        if not ray.is_initialized():
-            ray.init()  # inside a Ray job this connects to the job's cluster
+        connect_driver()  # inside a Ray job: the job's cluster
         metrics = fit_with_ray(spec, run_id=run_id, service_url=service_url, token=token,
                                storage_path=ray_storage_path(storage_url, attempt=attempt),
                                storage_url=storage_url, attempt=attempt, fork=view.fork)

@@ -87,7 +87,9 @@ class MetricBuffer:
         if self.rank != 0 or (unless_logged and not steps):
             return
         self._last_line = (now, 0.0, 0)
-        figures = [f"train/loss={loss_sum / steps:.4g} (mean of {steps} step{'s' if steps > 1 else ''})"] if steps else []
+        figures = []
+        if steps:
+            figures.append(f"train/loss={loss_sum / steps:.4g} (mean of {steps} step{'s' if steps > 1 else ''})")
         throughput = self.latest.get("throughput/samples_per_sec")
         if throughput is not None:
             figures.append(f"{throughput:.4g} samples/s")

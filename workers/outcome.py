@@ -33,9 +33,12 @@ FINAL_SAVED_KEY = "checkpoint/final_saved"
 
 
 def summary_of(metrics: Mapping[str, float]) -> str:
-    """``"eval/accuracy=0.91, eval/loss=0.3"``: the final evaluation, or ``"completed"``."""
+    """``"eval/accuracy=0.91, eval/loss=0.3"``: the final evaluation; without one (no eval set)
+    the last training loss, ``"train/loss=0.42"``; ``"no metrics reported"`` without either."""
     text = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("eval/"))
-    return text[:MAX_MESSAGE_CHARS] or "completed"
+    if not text and "train/loss" in metrics:
+        text = f"train/loss={metrics['train/loss']:.4g}"
+    return text[:MAX_MESSAGE_CHARS] or "no metrics reported"
 
 
 class RunOutcome:

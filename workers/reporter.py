@@ -53,22 +53,25 @@ class ConsoleReporter:
         self._step = 0
         self._fresh = False
 
+    SHOWN = frozenset({*KEYS, "time/epoch", "time/progress"})
+
     def add(self, step: int, key: str, value: float) -> None:
         self.latest[key] = float(value)
         self._step = max(self._step, step)
-        self._fresh = True
+        # A key the line does not show (checkpoint/final_saved, after the last flush) prints nothing new.
+        self._fresh = self._fresh or key in self.SHOWN
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
                step: int | None = None) -> None:
         detail = error or message
-        print(f"{self.prefix}status {status.value}" + (f": {detail}" if detail else ""), file=self.stream, flush=True)
+        self._line(f"status {status.value}" + (f": {detail}" if detail else ""))
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         outcome = "committed" if report["committed"] else f"NOT committed: {report.get('error')}"
-        print(f"{self.prefix}checkpoint {report['url']} {outcome}", file=self.stream, flush=True)
+        self._line(f"checkpoint {report['url']} {outcome}")
 
     def note(self, message: str) -> None:
-        print(f"{self.prefix}note: {message}", file=self.stream, flush=True)
+        self._line(f"note: {message}")
 
     def flush(self) -> None:
         if not self._fresh:
@@ -80,10 +83,17 @@ class ConsoleReporter:
         if "time/progress" in self.latest:
             parts.append(f"{100 * self.latest['time/progress']:.0f}%")
         parts += [f"{key} {self.latest[key]:.4g}" for key in self.KEYS if key in self.latest]
-        print(self.prefix + " | ".join(parts), file=self.stream, flush=True)
+        self._line(" | ".join(parts))
 
     def close(self) -> None:
         self.flush()
+
+    def _line(self, text: str) -> None:
+        # Written, not print()ed: in a Ray Train worker print is Ray's (ray/train/v2/_internal/
+        # logging/patch_print.py), which sends a line for a wrapped sys.stdout both to the
+        # stream and to the root logger, and every line then showed twice in the worker's output.
+        self.stream.write(f"{self.prefix}{text}\n")
+        self.stream.flush()
 
 
 class MemorySink:

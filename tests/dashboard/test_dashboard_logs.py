@@ -20,12 +20,15 @@ def test_log_pane_follows_a_live_run_then_shows_the_traceback_of_its_failure(pag
     run = make_run(local_service.repo, "logs-pane")
     jobs = local_service.app.state.jobs
     job_id = f"run-{run.id}-attempt-1"
-    jobs.logs[job_id] = "".join(f"[rank 0] epoch 1 batch {b} loss {2.0 / b:.4f}\n" for b in range(1, 30))
+    # As Ray prefixes a worker's lines on a terminal: the pane shows the text without the colour codes.
+    jobs.logs[job_id] = "".join(f"\x1b[36m(RayTrainWorker pid=7)\x1b[0m [rank 0] epoch 1 batch {b} loss {2.0 / b:.4f}\n"
+                                for b in range(1, 30))
     log_requests = api_requests(page, "/logs?")
     run_polls = api_requests(page, f"/api/v1/runs/{run.id}/events")
     page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
     log = page.locator("#run-log")
     expect(log).to_contain_text("batch 29 loss")
+    assert "(RayTrainWorker pid=7) [rank 0] epoch 1 batch 1 loss" in log.inner_text() and "[36m" not in log.inner_text()
     expect(page.locator("#run-log-note")).to_contain_text("following the live attempt")
     expect(page.locator("#run-log-attempt")).to_be_hidden()  # one attempt: nothing to choose
 

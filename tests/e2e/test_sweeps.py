@@ -77,6 +77,8 @@ def test_a_sweep_runs_its_trials_as_runs_and_a_failing_trial_does_not_fail_it(se
     # run drivers are. (This suite sets Ray Train's start timeout for every job; `make serve`
     # sets it for sweep drivers only, which the server's key leaves out: test_fork_server.)
     assert "workers.tune forked as pid" in client.logs(good.id).text
+    assert "evaluation at the end of epoch 1, batch" in client.logs(good.id).text  # rank 0's lines, as a run's
+    assert "\x1b[36m(" not in client.logs(good.id).text  # Ray's line prefixes without colour codes
     # Once the driver's job ended, the service stored its log under the sweep and had Ray forget
     # the job (so Ray's job list, read every tick, does not grow with every sweep); the trials'
     # logs are read from the stored copy.

@@ -83,6 +83,25 @@ def test_a_submit_again_with_its_idempotency_key_says_it_queued_nothing_new(url,
     assert "submitted earlier" in " ".join(replayed.stderr.split())
 
 
+def test_set_changes_the_files_spec_before_it_is_sent_or_checked(url, tmp_path):
+    spec = str(REPO_ROOT / "examples" / "digits_resnet.yaml")
+    submitted = tessera("submit", spec, "--set", "max_duration=1ep", "--set", "optimizer.lr=0.05",
+                        "--set", "algorithms.cutmix.alpha=0.5", "--json", "--url", url)
+    assert submitted.exit_code == 0, submitted.output
+    sent = json.loads(submitted.stdout)["spec"]
+    assert (sent["max_duration"], sent["optimizer"]["lr"]) == ("1ep", 0.05)
+    assert [a["alpha"] for a in sent["algorithms"] if a["name"] == "cutmix"] == [0.5]  # a method by its name
+    bad = tessera("submit", spec, "--set", "max_duration", "--url", url)
+    assert bad.exit_code == EXIT_USAGE and "expected dotted.key=value" in bad.stderr
+    refused = tessera("train", spec, "--set", "max_duration=soon", "--no-checkpoints")
+    assert refused.exit_code == EXIT_USER_ERROR and "max_duration" in refused.stderr and "'soon'" in refused.stderr
+    sweep_file = tmp_path / "sweep.json"
+    sweep_file.write_text(json.dumps({"name": "cli-set", "base": sent, "search": {"algorithms": {"sets": [[]]}}}))
+    sweep = tessera("sweeps", "submit", str(sweep_file), "--set", "base.max_duration=2ep", "--json", "--url", url)
+    assert sweep.exit_code == 0, sweep.output
+    assert json.loads(sweep.stdout)["spec"]["base"]["max_duration"] == "2ep"
+
+
 def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_on_stderr(url):
     missing = tessera("show", "doesnotexist", "--json", "--url", url)
     assert missing.exit_code == EXIT_NOT_FOUND

@@ -146,3 +146,30 @@ def test_a_trial_s_wall_time_reads_as_seconds_at_any_length():
     from cli.sweeps import _seconds
 
     assert [_seconds(s) for s in (None, 0.7, 12.34, 99.4, 7200.4)] == ["-", "0.7", "12.3", "99.4", "7200"]
+
+
+def test_sweeps_wait_prints_a_line_each_time_the_sweeps_progress_changes():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from api.views import SweepView
+    from cli.sweeps import _ProgressLines
+
+    def view(counts, trials=(), best=None):
+        return SweepView.model_validate({
+            "id": "s1", "name": "n", "status": "RUNNING", "attempt": 1, "driver": "service", "metric": "eval/accuracy",
+            "mode": "max", "spec": {}, "created_at": "2026-01-01T00:00:00Z", "counts": counts, "best_run_id": best,
+            "trials": [{"run_id": run, "trial_id": run, "name": run, "status": status, "attempt": 1, "algorithms": [],
+                        "metric": metric} for run, status, metric in trials]})
+
+    buffer = StringIO()
+    lines = _ProgressLines(Console(file=buffer, width=200))
+    lines(view({}))
+    lines(view({}))  # unchanged: no second line
+    lines(view({"RUNNING": 2}, [("r1", "RUNNING", None), ("r2", "RUNNING", None)]))
+    lines(view({"COMPLETED": 1, "RUNNING": 1}, [("r1", "COMPLETED", 0.97123), ("r2", "RUNNING", None)], best="r1"))
+    assert buffer.getvalue().splitlines() == [
+        "RUNNING: 0 trials",
+        "RUNNING: 2 trials (2 RUNNING)",
+        "RUNNING: 2 trials (1 COMPLETED, 1 RUNNING), best r1 eval/accuracy 0.9712"]

@@ -82,3 +82,19 @@ def test_the_json_form_reads_every_page_of_the_log_so_far():
     assert (page.text, page.offset, page.next_offset, page.attempt) == (text.decode(), 0, len(text), 2)
     assert (sweep_page.sweep_id, sweep_page.text) == ("s", text.decode())
     assert set(paths) == {"/api/v1/runs/r/logs", "/api/v1/sweeps/s/logs"}
+
+
+def test_colour_codes_go_when_the_log_is_written_to_a_file_or_pipe_and_stay_on_a_terminal(capsys, monkeypatch):
+    coloured = "\x1b[36m(RayTrainWorker pid=7)\x1b[0m epoch 1\n\x1b[1m\x1b[32mhttp://127.0.0.1:8265 \x1b[39m\x1b[22m\n"
+
+    def service(request: httpx.Request) -> httpx.Response:
+        size = len(coloured.encode())
+        return httpx.Response(200, json={"run_id": "r", "attempt": 1, "attempts": 1, "text": coloured, "offset": 0,
+                                         "next_offset": size, "size": size, "live": False, "source": "storage"})
+
+    with Client("http://tessera.test", transport=httpx.MockTransport(service)) as client:
+        print_logs(run_pages(client, "r"), attempt=None, follow=False)  # capsys: not a terminal
+        assert capsys.readouterr().out == "(RayTrainWorker pid=7) epoch 1\nhttp://127.0.0.1:8265 \n"
+        monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+        print_logs(run_pages(client, "r"), attempt=None, follow=False)
+        assert capsys.readouterr().out == coloured

@@ -65,3 +65,12 @@ def test_a_run_whose_final_state_is_committed_says_saved(tmp_path):
     metrics = Trainer(spec, sink=sink, checkpoint_url=f"file://{tmp_path}/checkpoints").fit()
     assert sink.values(FINAL_SAVED_KEY) == [(3, 1.0)] and metrics[FINAL_SAVED_KEY] == 1.0
     assert sink.notes == []
+
+
+def test_a_completed_runs_message_is_its_final_evaluation_else_its_last_training_loss():
+    from workers.outcome import summary_of
+
+    assert summary_of({"eval/accuracy": 0.91234, "eval/loss": 0.3, "train/loss": 0.2}) == \
+        "eval/accuracy=0.9123, eval/loss=0.3"
+    assert summary_of({"train/loss": 0.4242, "lr": 0.1}) == "train/loss=0.4242"  # no eval set: not "completed"
+    assert summary_of({}) == "no metrics reported"

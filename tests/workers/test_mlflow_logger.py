@@ -27,8 +27,9 @@ from api.views import RunStatus
 from workers.checkpoint import IncompatibleCheckpoint
 from workers.local import train_local
 from workers.launch import mlflow_end_budget_s
-from workers.loggers import (RUN_ID_TAG, STATUS_TAG, SWEEP_ID_TAG, TRIAL_ID_TAG, MLflowSink, end_interrupted_mlflow_runs,
-                             end_running_mlflow_runs, flatten, prepare_mlflow_end, with_loggers)
+from workers.loggers import (RUN_ID_TAG, STATUS_TAG, SWEEP_ID_TAG, TRIAL_ID_TAG, MLflowSink,
+                             end_interrupted_mlflow_runs, end_running_mlflow_runs, flatten, prepare_mlflow_end,
+                             with_loggers)
 from workers.ray_train import train_rank, worker_config
 from workers.reporter import MemorySink
 from workers.trainer import train

@@ -159,5 +159,32 @@ def test_console_reporter_prints_one_line_per_flush_with_new_values():
     sink.add(22, "time/progress", 0.5)
     sink.flush()
     sink.flush()  # nothing new: no second line
+    sink.add(22, "checkpoint/final_saved", 1.0)  # recorded after the last flush, and not on the line
+    sink.close()  # no repeat of the same line
     lines = out.getvalue().splitlines()
     assert lines == ["step 22 | epoch 1 | 50% | train/loss 0.5 | eval/accuracy 0.875"]
+
+
+def test_console_lines_show_once_in_a_ray_train_worker_whose_print_ray_patched(monkeypatch):
+    """Ray Train sends print() on a wrapped stdout to the stream and to the root logger; a
+    worker's own log handler writes to that same stream: a printed line would show twice."""
+    import builtins
+    import logging
+    import sys
+
+    from ray.train.v2._internal.logging.patch_print import redirected_print
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)  # not sys.__stdout__, as in a Ray worker
+    monkeypatch.setattr(builtins, "print", redirected_print)
+    handler, root = logging.StreamHandler(out), logging.getLogger()
+    monkeypatch.setattr(root, "level", logging.INFO)
+    root.addHandler(handler)
+    try:
+        sink = ConsoleReporter(prefix="[r] ")
+        sink.status(RunStatus.RUNNING, message="training on 2 worker(s)")
+        sink.add(1, "train/loss", 0.5)
+        sink.flush()
+    finally:
+        root.removeHandler(handler)
+    assert out.getvalue().splitlines() == ["[r] status RUNNING: training on 2 worker(s)", "[r] step 1 | train/loss 0.5"]

@@ -24,6 +24,7 @@ from ray import tune
 
 from api.client import Client
 from api.process_logging import configure_logging
+from workers.ray_job import connect_driver
 from api.sweeps import SweepSpec
 from api.views import SweepStatus
 from workers.errors import describe
@@ -57,8 +58,7 @@ def _run_tune(spec: SweepSpec, session: _DriverSession, *, storage_url: str | No
     elif in_actor and not trains_in_trial_actor(spec):
         raise ValueError("in_actor=True needs trials of one shape (nothing under 'parallelism' searched) "
                          "that are one worker or CPU DDP/FSDP; this sweep's trials need a Ray Train worker group")
-    if not ray.is_initialized():
-        ray.init()  # inside a Ray job this connects to the job's cluster
+    connect_driver()  # inside a Ray job: the job's cluster
     session.base = spec.base  # its MLflow loggers: the driver ends what trials leave RUNNING
     prepare_mlflow_end(spec.base)  # in the background: a stop has seconds (workers.launch)
     context = TrialContext(

@@ -34,6 +34,7 @@ from typing import Any
 from ray import tune
 
 from api.client import Client
+from api.process_logging import configure_logging
 from api.errors import ApiError
 from api.specs import RunSpec
 from api.sweeps import SweepSpec, trial_spec
@@ -77,6 +78,10 @@ class TrialContext:
 def train_trial(config: dict[str, Any], context: TrialContext) -> None:
     """One Tune trial: register it (with a service), train it, report COMPLETED or FAILED."""
     from workers.ray_train import fit_with_ray, worker_config
+
+    # A Tune actor logs warnings only (Ray configures INFO in Ray Train's workers, not here):
+    # rank 0's progress and evaluation lines, which train here, reach the driver's log too.
+    configure_logging()
 
     os.environ.setdefault(START_TIMEOUT_ENV, context.start_timeout_s)
     os.environ.setdefault(THREAD_TIMEOUT_ENV, THREAD_TIMEOUT_S)  # read by this actor's next reset

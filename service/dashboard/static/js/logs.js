@@ -8,6 +8,9 @@
 import { errorText, getJSON } from "./api.js";
 import { el, setText } from "./ui.js";
 
+// Terminal escape sequences (colours, bold): ESC [ parameters, then a letter.
+const TERMINAL_CODES = /\x1b\[[0-9;?]*[A-Za-z]/g;
+
 const MAX_PAGES_PER_POLL = 4; // a long backlog arrives over a few polls, not one huge render
 const NEWEST = ""; // the selector's value that follows the newest attempt
 
@@ -86,6 +89,7 @@ export class LogPane {
   }
 
   append(text) {
+    text = text?.replace(TERMINAL_CODES, ""); // colour codes Ray's lines carry: read as text here
     if (!text) return;
     const pinned = this.text.scrollTop + this.text.clientHeight >= this.text.scrollHeight - 4;
     this.text.append(document.createTextNode(text));
