@@ -10,7 +10,8 @@ on a fresh model), the classes, input channels and image size, and the final eva
 ``load_model(source)`` takes a run id (fetched from the service), a URL or a local path, and
 returns the ``nn.Module`` in eval mode with the surgery replayed and the weights loaded. A model
 built from your own code (the spec's ``code.digest``) gets its code package installed first, as
-workers install it (``install_export_code``).
+workers install it (``install_export_code``). ``load_export(source)`` returns it with the input
+transform that turns raw images into what it was trained on (``workers.data.inference``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,21 +116,49 @@ def rebuild_model(metadata: dict[str, str]) -> torch.nn.Module:
     return state.model
 
 
-def load_model(source: str, *, step: int | None = None, service_url: str | None = None,
-               fmt: str = "safetensors", project: str | None = None) -> torch.nn.Module:
-    """The trained model of ``source`` ready for inference (eval mode, on CPU).
+@dataclass(frozen=True)
+class LoadedExport:
+    """A run's exported model ready for inference, with what it expects: ``input_transform``
+    (``workers.data.inference``: raw images to the model's inputs; None when the data set has no
+    raw image form, e.g. your own data set's code), the run's ``spec``, the ``step`` it was
+    exported at and its final evaluation ``metrics``."""
+
+    model: torch.nn.Module
+    input_transform: Any
+    spec: RunSpec
+    step: int
+    metrics: dict[str, float]
+
+
+def load_export(source: str, *, step: int | None = None, service_url: str | None = None,
+                fmt: str = "safetensors", project: str | None = None) -> LoadedExport:
+    """The trained model of ``source`` ready for inference (eval mode, on CPU), with its input
+    transform and what the run recorded (``LoadedExport``).
 
     ``source``: a run id (its export fetched from the service at ``service_url``, default where
-    the SDK's ``Client`` finds it: ``$TESSERA_URL``, else the credentials file's URL), or an fsspec URL / local path of an exported file. A model built from
-    your own code is rebuilt from the run's code package (``install_export_code``; ``project``:
-    the project it was uploaded to, where the run id does not say).
+    the SDK's ``Client`` finds it: ``$TESSERA_URL``, else the credentials file's URL), or an
+    fsspec URL / local path of an exported file. A model built from your own code is rebuilt
+    from the run's code package (``install_export_code``; ``project``: the project it was
+    uploaded to, where the run id does not say).
     """
+    from workers.data.inference import input_transform
+
     data = _fetch(source, step=step, service_url=service_url, fmt=fmt)
     state, metadata = read_export(data)
     install_export_code(metadata, source, service_url=service_url, project=project)
     model = rebuild_model(metadata)
     model.load_state_dict(state)
-    return model.eval()
+    spec = RunSpec.model_validate_json(metadata["tessera.spec"])
+    return LoadedExport(model=model.eval(), input_transform=input_transform(spec), spec=spec,
+                        step=int(metadata["tessera.step"]), metrics=json.loads(metadata.get("tessera.metrics", "{}")))
+
+
+def load_model(source: str, *, step: int | None = None, service_url: str | None = None,
+               fmt: str = "safetensors", project: str | None = None) -> torch.nn.Module:
+    """The trained model of ``source`` ready for inference (eval mode, on CPU): ``load_export``'s
+    ``model``. Its inputs are what the run's data set made, not raw pixels: ``load_export``
+    gives the ``input_transform`` that makes them."""
+    return load_export(source, step=step, service_url=service_url, fmt=fmt, project=project).model
 
 
 def _service_url(service_url: str | None) -> str:

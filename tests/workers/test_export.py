@@ -49,6 +49,56 @@ def test_export_reloads_with_surgery_and_matches_the_reported_accuracy(tmp_path)
         assert eval_metrics_of(model, spec)["eval/accuracy"] == reported
 
 
+def test_the_input_transform_turns_raw_images_into_what_the_model_trained_on(tmp_path):
+    """scikit-learn's raw 8x8 digits (pixels 0..16), through the export's input transform, score
+    what the run reported on its eval set; fed raw, the model does not know them."""
+    from sklearn.datasets import load_digits as sk_load_digits
+    from sklearn.model_selection import train_test_split
+
+    from workers.export import load_export
+
+    spec = digits_spec(max_duration="1ep")
+    run = run_url(f"file://{tmp_path}", "r2")
+    sink = MemorySink()
+    train(spec, sink=sink, checkpoint_url=checkpoints_url(run))
+    reported, step = sink.values("eval/accuracy")[-1][1], sink.values("eval/accuracy")[-1][0]
+    loaded = load_export(export_url(run, step, "safetensors"))
+    assert (loaded.step, loaded.metrics["eval/accuracy"], loaded.spec.name) == (step, reported, spec.name)
+    assert "0..16 -> 16x16" in repr(loaded.input_transform)
+
+    bunch = sk_load_digits()  # the test split, as the data set makes it, but raw
+    _, test = train_test_split(range(len(bunch.target)), test_size=0.2, random_state=0, stratify=bunch.target)
+    raw, labels = torch.from_numpy(bunch.images[test]), torch.from_numpy(bunch.target[test])
+    with torch.no_grad():
+        predicted = loaded.model(loaded.input_transform(raw)).argmax(1)
+    assert (predicted == labels).float().mean().item() == pytest.approx(reported, abs=1e-6)
+    assert loaded.input_transform(raw[0]).shape == (1, 1, 16, 16)  # one image too
+    with pytest.raises(ValueError, match="expected grayscale images"):
+        loaded.input_transform(torch.zeros(2, 3, 8, 8))
+
+
+def test_image_files_go_through_the_data_sets_evaluation_transforms():
+    from api.specs import RunSpec
+    from workers.data.inference import input_transform
+    from workers.data.transforms import SampleTransform
+
+    body = digits_spec().model_dump(mode="json")
+    body["data"] = {"train": {"name": "image_folder", "root": "/data/pets", "channels": 3,
+                              "transforms": {"resize": 40, "crop": 32, "hflip": True,
+                                             "normalize": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]}}},
+                    "batch_size": 8}
+    spec = RunSpec.model_validate(body)
+    transform = input_transform(spec)
+    images = torch.randint(0, 256, (2, 3, 50, 60), dtype=torch.uint8)
+    expected = SampleTransform(spec.data.train.transforms, train=False)
+    out = transform(images)
+    assert out.shape == (2, 3, 32, 32) and torch.equal(out[1], expected(images[1], None))  # no flip, centred crop
+    with pytest.raises(ValueError, match="uint8 images"):
+        transform(images.float())
+    body["data"] = {"train": {"name": "synthetic", "num_samples": 8}, "batch_size": 8}
+    assert input_transform(RunSpec.model_validate(body)) is None  # no raw form to start from
+
+
 def test_an_earlier_checkpoint_exports_on_request_and_the_final_one_matches_the_trainers_export(tmp_path):
     """``export_checkpoint`` (what a requested export runs on a worker) consolidates a committed
     DCP checkpoint: the final checkpoint gives bit for bit the trainer's own final export, and an
