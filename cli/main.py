@@ -99,9 +99,9 @@ def submit(
     run = _call(client.create_run, body, project=project, idempotency_key=idempotency_key)
     if run.replayed:
         out.print(f"run [bold]{run.id}[/bold] ({run.name}) was submitted earlier with this --idempotency-key: "
-                  f"nothing new queued; status {run.status.value}")
+                  f"nothing new queued; status {run.status.value}", soft_wrap=True)
     else:
-        out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}")
+        out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}", soft_wrap=True)
     _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
 
 
@@ -179,7 +179,7 @@ def show(run_id: str, url: UrlOption = None, as_json: JsonOption = False) -> Non
         emit(run, as_json=True, render=lambda: None)
         return
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
-    console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}")
+    console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}", soft_wrap=True)
     console.print(f"project {run.project}", highlight=False)
     if run.parent_id is not None:
         origin = f"its checkpoint at batch {run.fork.step}" if run.fork and run.fork.step is not None else "scratch"

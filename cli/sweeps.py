@@ -58,9 +58,9 @@ def submit_sweep(
     sweep = call(client.create_sweep, body, project=project, idempotency_key=idempotency_key)
     if sweep.replayed:
         out.print(f"sweep [bold]{sweep.id}[/bold] ({sweep.name}) was submitted earlier with this --idempotency-key: "
-                  f"nothing new queued; status {sweep.status.value}")
+                  f"nothing new queued; status {sweep.status.value}", soft_wrap=True)
     else:
-        out.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}")
+        out.print(f"submitted sweep [bold]{sweep.id}[/bold] ({sweep.name}) status {sweep.status.value}", soft_wrap=True)
     if not wait:
         emit(sweep, as_json=as_json, render=lambda: None)
     else:
