@@ -144,7 +144,7 @@ def _merged_by_name(key: str, base: list[dict[str, Any]], patch: dict[str, Any])
         if _POSITION.fullmatch(str(name)):
             at: int | None = int(name)
             if at >= len(base):
-                raise PatchError(f"{key}.{name}", f"the parent's {key} has {len(base)} item(s), positions 0 to "
+                raise PatchError(f"{key}.{name}", f"the spec's {key} has {len(base)} item(s), positions 0 to "
                                  f"{len(base) - 1}; name a method instead (e.g. {key}.<name>.<field>)", value)
         else:
             at = next((i for i, item in enumerate(items) if isinstance(item, dict) and item.get("name") == name), None)

@@ -6,12 +6,15 @@ rather than a failed run a minute later. The source is parsed, never compiled, i
 
 It answers only when it can be sure: ``defined_names`` returns None, and the name is let
 through for the workers to find, when the module could bind names the parse cannot see: a
-``from x import *``, a module-level ``__getattr__`` or ``setattr``, ``globals()``, ``vars()``,
-``exec``, ``eval`` or ``sys.modules`` anywhere; and when the source does not
-parse here (it may use syntax of the workers' newer Python) or is too large. Everything the
-parse could count as bound counts (a loop variable, a name bound in an ``if`` or ``try``
-branch, a ``global`` declaration in a function), so a name it refuses is one that no run of the
-module's top level binds.
+``from x import *``, a module-level ``__getattr__`` (defined, assigned or imported: a lazy
+loader), a top-level ``setattr`` or ``locals()``, and ``globals()``, ``vars()``, ``exec``,
+``eval``, ``.modules`` (``sys.modules``) or a run-time import (``import_module``,
+``__import__``, ``reload``) anywhere; and when the source does not parse here (it may use syntax
+of the workers' newer Python) or is too large. Everything the parse could count as bound counts
+(a loop variable, a name bound in an ``if`` or ``try`` branch, a ``global`` declaration in a
+function, a walrus in a decorator), so a name it refuses is one that the module's top level
+binds in none of the ways Python code usually does; a module that reaches its own namespace by
+other means (an alias of itself it imports by name and assigns to) is the rare case it misses.
 """
 
 from __future__ import annotations
@@ -37,14 +40,12 @@ def defined_names(source: bytes) -> frozenset[str] | None:
     for node in ast.walk(tree):  # the whole module: what can bind a top-level name from anywhere
         if isinstance(node, ast.Global):
             names.update(node.names)
-        elif isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
-            return None
+        elif isinstance(node, ast.ImportFrom) and any(alias.name in ("*", "modules") for alias in node.names):
+            return None  # a star import; sys.modules by another name
         elif _is_dynamic(node):
             return None
     for node in _top_level_nodes(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if node.name == "__getattr__" and not isinstance(node, ast.ClassDef):
-                return None
             names.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
@@ -56,20 +57,25 @@ def defined_names(source: bytes) -> frozenset[str] | None:
             names.add(node.rest)
         elif isinstance(node, ast.ExceptHandler) and node.name:
             names.add(node.name)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
-            return None  # at the top level: on this module, or on an object the parse cannot follow
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "locals"):
+            return None  # at the top level: on this module (locals() is globals() there), or an object unfollowed
+    if "__getattr__" in names:  # defined, assigned or imported (a lazy loader): any name may answer
+        return None
     return frozenset(names)
 
 
 def _is_dynamic(node: ast.AST) -> bool:
     """Code that can bind module names the parse cannot see: ``globals()``, ``vars()`` (of this
-    module: without arguments), ``exec`` or ``eval`` anywhere, or a use of ``sys.modules``
-    (``setattr(sys.modules[__name__], ...)``)."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        name = node.func.id
-        return name in ("globals", "exec", "eval") or (name == "vars" and not node.args)
-    return (isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name)
-            and node.value.id == "sys")
+    module: without arguments), ``exec`` or ``eval`` anywhere (``builtins.exec`` too), any
+    ``.modules`` (``sys.modules[__name__]``, under any name ``sys`` was imported as), or an
+    import made at run time (``importlib.import_module``, ``__import__``, ``reload``: the module
+    may import itself and set names on what it gets)."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        return (name in ("globals", "exec", "eval", "import_module", "__import__", "reload")
+                or (name == "vars" and not node.args))
+    return isinstance(node, ast.Attribute) and node.attr == "modules"
 
 
 def _top_level_nodes(tree: ast.Module):
@@ -79,7 +85,14 @@ def _top_level_nodes(tree: ast.Module):
     while stack:
         node = stack.pop()
         yield node
-        if not isinstance(node, _OWN_SCOPE):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            # Its decorators, defaults and bases run in the module's scope (a walrus there binds).
+            stack.extend(node.decorator_list)
+            if isinstance(node, ast.ClassDef):
+                stack.extend([*node.bases, *node.keywords])
+            else:
+                stack.extend([*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)])
+        elif not isinstance(node, _OWN_SCOPE):
             stack.extend(ast.iter_child_nodes(node))
 
 

@@ -100,6 +100,9 @@ def submit(
     if run.replayed:
         out.print(f"run [bold]{run.id}[/bold] ({run.name}) was submitted earlier with this --idempotency-key: "
                   f"nothing new queued; status {run.status.value}", soft_wrap=True)
+    elif run.replayed is None and idempotency_key is not None:  # a retry answered as a replay
+        out.print(f"run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}: submitted by this command or "
+                  "an earlier one with this --idempotency-key (an answer was lost and retried)", soft_wrap=True)
     else:
         out.print(f"submitted run [bold]{run.id}[/bold] ({run.name}) status {run.status.value}", soft_wrap=True)
     _emit_or_follow(client, run, follow=follow, as_json=as_json, out=out)
@@ -245,6 +248,7 @@ def train(
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them.
     Ctrl-C or SIGTERM stops it, ending its MLflow run KILLED."""
+    from api.lineage import PatchError
     from cli.lineage import BadAssignment
     from cli.specfile import SpecFileError, load_spec
 
@@ -255,8 +259,8 @@ def train(
         spec = load_spec(file, code_digest=None if code is None else LOCAL_CODE_DIGEST, assignments=assignments)
     except SpecFileError as exc:
         _fail(str(exc))
-    except BadAssignment as exc:
-        _fail(str(exc), EXIT_USAGE)
+    except (BadAssignment, PatchError) as exc:
+        _fail(f"--set {exc}" if isinstance(exc, PatchError) else str(exc), EXIT_USAGE)
     try:
         from workers.checkpoint import IncompatibleCheckpoint
         from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
@@ -307,18 +311,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _spec_file(file: str, assignments: list[str] | None) -> dict:
+def _spec_file(file: str, assignments: list[str] | None, *, sweep: bool = False) -> dict:
     """The spec file's mapping with the ``--set`` changes; a file that cannot be read fails (exit
     1), a bad ``--set`` is a usage error (exit 2)."""
+    from api.lineage import PatchError
     from cli.lineage import BadAssignment
     from cli.specfile import SpecFileError, load_spec_dict
 
     try:
-        return load_spec_dict(file, assignments)
+        return load_spec_dict(file, assignments, sweep=sweep)
     except SpecFileError as exc:
         _fail(str(exc))
-    except BadAssignment as exc:
-        _fail(str(exc), EXIT_USAGE)
+    except (BadAssignment, PatchError) as exc:
+        _fail(f"--set {exc}" if isinstance(exc, PatchError) else str(exc), EXIT_USAGE)
 
 
 def _require_folder(folder: str) -> None:

@@ -19,18 +19,24 @@ class SpecFileError(Exception):
     """A spec file that cannot be read or does not validate; the message lists every problem."""
 
 
-def load_spec_dict(path: str | Path, assignments: list[str] | None = None) -> dict[str, Any]:
+def load_spec_dict(path: str | Path, assignments: list[str] | None = None, *, sweep: bool = False) -> dict[str, Any]:
     """The mapping in the YAML or JSON file at ``path``, with ``assignments`` (``--set
     dotted.key=value``, as ``tessera fork`` reads them: ``cli.lineage.patch_from_assignments``)
-    merged into it as a fork's patch is (``api.lineage.merge_patch``). ``SpecFileError`` for a
-    file that cannot be read or holds no mapping; ``cli.lineage.BadAssignment`` for a bad
-    assignment (a usage error)."""
+    merged into it as a fork's patch is (``api.lineage.merge_patch``); for a ``sweep`` the
+    ``base.`` ones merge into its base RunSpec the same way (``base.algorithms.cutmix.alpha``
+    names a method). ``SpecFileError`` for a file that cannot be read or holds no mapping;
+    ``cli.lineage.BadAssignment`` for a bad assignment, ``api.lineage.PatchError`` for one that
+    cannot be merged (a list position past its end): usage errors."""
     data = _read_mapping(Path(path))
     if assignments:
         from api.lineage import merge_patch
         from cli.lineage import patch_from_assignments
 
-        data = merge_patch(data, patch_from_assignments(assignments))
+        patch = patch_from_assignments(assignments)
+        base_patch = patch.pop("base", None) if sweep else None
+        data = merge_patch(data, patch)
+        if base_patch is not None:
+            data["base"] = merge_patch(data.get("base") if isinstance(data.get("base"), dict) else {}, base_patch)
     return data
 
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
-from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, SetOption, UrlOption, call, console, emit, fail, kept,
+from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, UrlOption, call, console, emit, fail, kept,
                         listing, status_value)
 
 
@@ -32,7 +32,10 @@ def submit_sweep(
     idempotency_key: Annotated[Optional[str], typer.Option(
         "--idempotency-key", help="submitting again with the same key (in the project) returns the first sweep "
         "instead of making a second; default: a fresh key, reused on this command's own retries")] = None,
-    assignments: SetOption = None,
+    assignments: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="a change to the file's sweep, dotted.key=value (repeatable), e.g. base.max_duration=1ep, "
+                      "base.algorithms.cutmix.alpha=0.5 (a method by its name), num_samples=4; a searched param's "
+                      "dotted name goes whole: search.params='{optimizer.lr: {grid: [0.01, 0.1]}}'")] = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -44,7 +47,7 @@ def submit_sweep(
 
     if code is not None:
         _require_folder(code)  # a usage error first
-    body = _spec_file(file, assignments)  # --set base.max_duration=1ep changes the base
+    body = _spec_file(file, assignments, sweep=True)  # --set base.max_duration=1ep changes the base
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is not None:

@@ -11,6 +11,7 @@ import io
 import secrets
 import threading
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -172,18 +173,33 @@ def project_code_store(request: Request, project: str) -> CodeStore:
 
 
 def _parsed(data: bytes, file: str) -> tuple[str, frozenset[str] | None] | None:
-    """(``file``, the names its source binds) from the zip ``data``; None when the zip holds no
-    such source file (the module is a ``.pyc`` or an extension) or cannot be read."""
+    """(``file``, the names its source binds) from the zip ``data``; None when the workers would
+    not import that source: the zip holds none, holds it twice under one name once unpacked
+    ("a/b.py" and "./a/b.py": which one lands is the unpacker's), or holds an extension module
+    beside it (``b.cpython-311-x86_64-linux-gnu.so``, which Python's finder tries first); and
+    when the zip cannot be read."""
+    where, _, file_name = file.rpartition("/")
+    name = file_name.removesuffix(".py")  # "__init__" for a package
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as package:
             # Entry names as the workers' unpacking reads them ("./a//b.py" is a/b.py).
-            entry = next((info for info in package.infolist()
-                          if "/".join(PurePosixPath(info.filename).parts) == file), None)
-            if entry is None:
+            entries = {}
+            for info in package.infolist():
+                entries.setdefault("/".join(PurePosixPath(info.filename).parts), []).append(info)
+            found = entries.get(file, [])
+            extension = any(path.rpartition("/")[0] == where and _is_extension(path.rpartition("/")[2], name)
+                            for path in entries)
+            if len(found) != 1 or extension:
                 return None
-            if entry.file_size > MAX_SOURCE_BYTES:
+            if found[0].file_size > MAX_SOURCE_BYTES:
                 return file, None
-            return file, defined_names(package.read(entry))
-    # NotImplementedError: a compression method zipfile cannot read.
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
+            return file, defined_names(package.read(found[0]))
+    # NotImplementedError: a compression method zipfile cannot read; zlib.error, EOFError: corrupt data.
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, zlib.error, EOFError):
         return None
+
+
+def _is_extension(file_name: str, module: str) -> bool:
+    """Whether ``file_name`` is an extension module named ``module`` (``nets.so``, ``nets.pyd``,
+    ``nets.cpython-311-x86_64-linux-gnu.so``)."""
+    return file_name.startswith(module + ".") and file_name.endswith((".so", ".pyd"))

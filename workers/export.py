@@ -16,6 +16,7 @@ transform that turns raw images into what it was trained on (``workers.data.infe
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -116,7 +117,7 @@ def rebuild_model(metadata: dict[str, str]) -> torch.nn.Module:
     return state.model
 
 
-@dataclass(frozen=True)
+@dataclass
 class LoadedExport:
     """A run's exported model ready for inference, with what it expects: ``input_transform``
     (``workers.data.inference``: raw images to the model's inputs; None when the data set has no
@@ -124,10 +125,16 @@ class LoadedExport:
     exported at and its final evaluation ``metrics``."""
 
     model: torch.nn.Module
-    input_transform: Any
     spec: RunSpec
     step: int
     metrics: dict[str, float]
+
+    @functools.cached_property
+    def input_transform(self) -> Any:
+        """Built when first read (the digits' statistics load scikit-learn's data set)."""
+        from workers.data.inference import input_transform
+
+        return input_transform(self.spec)
 
 
 def load_export(source: str, *, step: int | None = None, service_url: str | None = None,
@@ -141,16 +148,14 @@ def load_export(source: str, *, step: int | None = None, service_url: str | None
     from the run's code package (``install_export_code``; ``project``: the project it was
     uploaded to, where the run id does not say).
     """
-    from workers.data.inference import input_transform
-
     data = _fetch(source, step=step, service_url=service_url, fmt=fmt)
     state, metadata = read_export(data)
     install_export_code(metadata, source, service_url=service_url, project=project)
     model = rebuild_model(metadata)
     model.load_state_dict(state)
     spec = RunSpec.model_validate_json(metadata["tessera.spec"])
-    return LoadedExport(model=model.eval(), input_transform=input_transform(spec), spec=spec,
-                        step=int(metadata["tessera.step"]), metrics=json.loads(metadata.get("tessera.metrics", "{}")))
+    return LoadedExport(model=model.eval(), spec=spec, step=int(metadata["tessera.step"]),
+                        metrics=json.loads(metadata.get("tessera.metrics", "{}")))
 
 
 def load_model(source: str, *, step: int | None = None, service_url: str | None = None,

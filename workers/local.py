@@ -81,7 +81,8 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
         needed = spec.parallelism.num_workers * spec.parallelism.cpus_per_worker + 1
         pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         # A private, short-lived Ray, as the service's embedded head is (service/ray_head.py):
-        # Ray 2.60 would otherwise make a cluster token and leave it in ~/.ray/auth_token.
+        # Ray 2.60 would otherwise make a cluster token and leave it in ~/.ray/auth_token. Left
+        # set in this process after: Ray reads the mode again as its driver connects later.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(num_cpus=max(4, needed), include_dashboard=False,

@@ -18,13 +18,18 @@ from __future__ import annotations
 import os
 
 ADDRESS_VARIABLE = "RAY_ADDRESS"
+# Set by Ray's job supervisor for a job's entrypoint (ray/_private/runtime_env/constants.py).
+JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 def connect_driver() -> None:
-    """``ray.init()`` unless connected, passing this job's cluster address on to its workers."""
+    """``ray.init()`` unless connected; inside a Ray job, passing its cluster's GCS address on to
+    its workers. Elsewhere (a notebook's ``run_sweep``) ``RAY_ADDRESS`` may be a Ray Client
+    ``ray://`` address or one only this machine resolves: it is left to Ray as it was."""
     import ray
 
     if ray.is_initialized():
         return
     address = os.environ.get(ADDRESS_VARIABLE)
-    ray.init(runtime_env={"env_vars": {ADDRESS_VARIABLE: address}} if address else None)
+    in_job = JOB_CONFIG_VARIABLE in os.environ and address and "://" not in address
+    ray.init(runtime_env={"env_vars": {ADDRESS_VARIABLE: address}} if in_job else None)

@@ -44,9 +44,13 @@ class Model:
     attribute = 1
     def method(self): inner = 1
 f = lambda x: (y := x)
+@register(name := "decorated")
+def g(arg=(default := 1)): pass
+class Sub(base_of(base := object)): pass
 """
     assert names(source) >= {"nn", "os", "Block", "H", "Any", "Callable", "A", "B", "C", "D", "E", "F", "G", "build",
-                             "H2", "I", "Net", "run", "J", "K", "L", "M", "make", "LATER", "Model", "f"}
+                             "H2", "I", "Net", "run", "J", "K", "L", "M", "make", "LATER", "Model", "f", "name", "g",
+                             "default", "Sub", "base"}
     found = names(source)
     assert not {"local_only", "attribute", "method", "inner", "x", "y"} & found
 
@@ -61,6 +65,13 @@ f = lambda x: (y := x)
     "import sys\nsys.modules[__name__] = object()\n",
     "import sys\ndef f():\n    setattr(sys.modules[__name__], 'build', f)\n",
     "setattr(registry, 'build', 1)\n",
+    "import lazy_loader as lazy\n__getattr__, __dir__, __all__ = lazy.attach(__name__, submod_attrs={})\n",
+    "from ._lazy import __getattr__\n",
+    "import sys as _sys\n_sys.modules[__name__].__dict__['build'] = 1\n",
+    "from sys import modules\nmodules[__name__].build = 1\n",
+    "locals()['build'] = 1\n",
+    "import importlib\ndef f():\n    setattr(importlib.import_module(__name__), 'build', f)\n",
+    "import builtins\nbuiltins.exec('def build(): pass')\n",
     "def broken(:\n",  # a syntax error here: the workers' Python may be newer
     "x = 1\n" + "#" * MAX_SOURCE_BYTES,
 ])

@@ -98,9 +98,15 @@ def test_set_changes_the_files_spec_before_it_is_sent_or_checked(url, tmp_path):
     assert refused.exit_code == EXIT_USER_ERROR and "max_duration" in refused.stderr and "'soon'" in refused.stderr
     sweep_file = tmp_path / "sweep.json"
     sweep_file.write_text(json.dumps({"name": "cli-set", "base": sent, "search": {"algorithms": {"sets": [[]]}}}))
-    sweep = tessera("sweeps", "submit", str(sweep_file), "--set", "base.max_duration=2ep", "--json", "--url", url)
+    sweep = tessera("sweeps", "submit", str(sweep_file), "--set", "base.max_duration=2ep", "--set", "base.name=other",
+                    "--set", "base.algorithms.cutmix.alpha=0.25", "--json", "--url", url)
     assert sweep.exit_code == 0, sweep.output
-    assert json.loads(sweep.stdout)["spec"]["base"]["max_duration"] == "2ep"
+    base = json.loads(sweep.stdout)["spec"]["base"]  # the base merges as a run's spec does, not as a nested object
+    assert (base["max_duration"], base["name"], base["optimizer"]) == ("2ep", "other", sent["optimizer"])
+    assert [a["alpha"] for a in base["algorithms"] if a["name"] == "cutmix"] == [0.25]
+    past_end = tessera("submit", spec, "--set", "algorithms.7.alpha=1", "--url", url)
+    assert past_end.exit_code == EXIT_USAGE and "--set algorithms.7: the spec's algorithms has 3 item(s)" in \
+        " ".join(past_end.stderr.split()) and "Traceback" not in past_end.output
 
 
 def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_on_stderr(url):

@@ -623,3 +623,35 @@ def test_your_own_data_set_specs_are_checked_at_submit(code_client, example_body
     response = code_client.post(f"{API}/runs", json=with_own_data({**example_body, "algorithms": []}, **data))
     assert response.status_code == 422
     assert any(i["field"] == field and hint in i["msg"] for i in response.json()["detail"]), response.json()
+
+
+@pytest.mark.parametrize(("files", "why"), [
+    ({"my_project/__init__.py": "", "my_project/nets.py": "x = 1\n",
+      "my_project/nets.cpython-311-x86_64-linux-gnu.so": "binary"}, "an extension module beside it: imported first"),
+    ({"my_project/__init__.py": "", "my_project/nets.py": "x = 1\n", "./my_project/nets.py": "def build(): pass\n"},
+     "two entries unpack to one file: which one lands is the unpacker's"),
+])
+def test_a_source_the_workers_might_not_import_is_not_judged(code_client, example_body, files, why):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    data = buffer.getvalue()
+    assert upload(code_client, data).status_code == 201
+    body = {**imported_run(example_body, sha256_hex(data)), "model": {"import": "my_project.nets:build"}}
+    accepted = code_client.post(f"{API}/runs", json=body)
+    assert accepted.status_code == 201, (why, accepted.text)
+
+
+def test_a_package_whose_module_cannot_be_decompressed_is_let_through_not_a_500(code_client, example_body):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("my_project/__init__.py", "")
+        archive.writestr("my_project/nets.py", "def build(num_classes, in_channels):\n    return None\n" * 50)
+    data = bytearray(buffer.getvalue())
+    start = data.index(b"my_project/nets.py") + len("my_project/nets.py")  # the local header's name, then the data
+    data[start + 10:start + 40] = b"\xff" * 30  # corrupt deflate data: the directory still reads
+    assert upload(code_client, bytes(data)).status_code == 201
+    body = {**imported_run(example_body, sha256_hex(bytes(data))), "model": {"import": "my_project.nets:build"}}
+    response = code_client.post(f"{API}/runs", json=body)
+    assert response.status_code == 201, response.text  # the workers' unpacking says what is wrong
