@@ -88,6 +88,12 @@ def test_tessera_submit_sends_the_given_key(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert [request.headers["Idempotency-Key"] for request in seen] == ["nightly-2026-12-01"]
 
+    # Its answer lost, the retry is answered as a replay: this command's run, or an earlier one's.
+    client, seen = _client([httpx.ReadTimeout("lost"), httpx.Response(200, json=RUN | {"replayed": True})])
+    result = CliRunner().invoke(cli.main.app, ["submit", str(spec), "--idempotency-key", "nightly-2026-12-01"])
+    assert result.exit_code == 0 and "submitted by this command or an earlier one with this --idempotency-key" in \
+        result.output and len(seen) == 2
+
 
 SWEEP = {"id": "s1", "name": "n", "status": "QUEUED", "attempt": 1, "driver": "service", "spec": {},
          "metric": "eval/accuracy", "mode": "max", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
