@@ -90,12 +90,17 @@ def test_a_digest_that_does_not_match_the_body_is_refused(code_client, package, 
     assert malformed.status_code == 422 and malformed.json()["detail"][0]["field"] == "digest"
 
 
-def zip_with(name: str) -> bytes:
+def zip_of_sources(files: dict[str, str]) -> bytes:
+    """A zip holding each of ``files`` (its path in the zip: its text), in order."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("pkg/__init__.py", b"")
-        archive.writestr(name, b"print('hi')")
+        for name, text in files.items():
+            archive.writestr(name, text)
     return buffer.getvalue()
+
+
+def zip_with(name: str) -> bytes:
+    return zip_of_sources({"pkg/__init__.py": "", name: "print('hi')"})
 
 
 @pytest.mark.parametrize(("data", "problem"), [
@@ -158,11 +163,7 @@ STUB_MODULE = NETS + "\n\ndef char_windows(size):\n    return []\n\n\ntrain_set 
 
 
 def zip_of(*names: str) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name in names:
-            archive.writestr(name, STUB_MODULE)
-    return buffer.getvalue()
+    return zip_of_sources(dict.fromkeys(names, STUB_MODULE))
 
 
 def test_a_model_import_the_package_does_not_hold_is_refused_naming_what_it_holds(code_client, example_body,
@@ -236,6 +237,17 @@ def test_a_model_import_the_package_holds_is_accepted(code_client, example_body,
     assert response.status_code == 201, response.text
 
 
+def refused_imports(code_client, example_body, data: bytes, *, model: str, train: str) -> tuple[dict, list[dict]]:
+    """Upload ``data``, submit a run importing ``model`` and training on ``train`` from it (each
+    with the parameters the stubs take), and return (the body sent, the 422's items)."""
+    upload(code_client, data)
+    body = with_own_data(imported_run(example_body, sha256_hex(data)), train={"import": train, "params": {"size": 64}})
+    body["model"]["import"] = model
+    refused = code_client.post(f"{API}/runs", json=body)
+    assert refused.status_code == 422, refused.text
+    return body, refused.json()["detail"]
+
+
 TEXT_PROJECT = ("my_project/__init__.py", "my_project/data.py", "my_project/nets.py", "my_project/text.py",
                 "my_project/corpus.txt")
 
@@ -247,13 +259,8 @@ def test_an_import_of_a_module_the_package_does_not_hold_is_refused_naming_what_
     the closest one. Only the zip's file names are read for this."""
     data = zip_of(*TEXT_PROJECT)
     digest = sha256_hex(data)
-    upload(code_client, data)
-    body = with_own_data(imported_run(example_body, digest),
-                         train={"import": "my_project.textz:char_windows", "params": {"size": 64}})
-    body["model"]["import"] = "my_project.netz:build"
-    refused = code_client.post(f"{API}/runs", json=body)
-    assert refused.status_code == 422, refused.text
-    items = refused.json()["detail"]
+    body, items = refused_imports(code_client, example_body, data, model="my_project.netz:build",
+                                  train="my_project.textz:char_windows")
     assert [(i["field"], i["loc"], i["input"]) for i in items] == [
         ("model.import", ["body", "model", "import"], "my_project.netz:build"),
         ("data.train.import", ["body", "data", "train", "import"], "my_project.textz:char_windows")]
@@ -284,14 +291,6 @@ def test_an_import_of_a_module_the_package_does_not_hold_is_refused_naming_what_
     assert accepted.status_code == 201, accepted.text
 
 
-def zip_with(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(name, text)
-    return buffer.getvalue()
-
-
 TEXT_SOURCE = ("import torch\n\nSEQ = 64\n\n\ndef char_windows(size):\n    return []\n\n\n"
                "class Corpus:\n    pass\n\n\ndef _helper():\n    pass\n")
 
@@ -300,17 +299,12 @@ def test_a_callable_the_modules_source_does_not_bind_is_refused_naming_what_it_b
                                                                                      sweep_body):
     """The module is there, but its source binds no such name at its top level: the workers'
     getattr would fail, so the submit does. The source is parsed, not run."""
-    data = zip_with({"my_project/__init__.py": "", "my_project/text.py": TEXT_SOURCE,
-                     "my_project/nets.py": NETS, "my_project/data.py": "test_set = list\n",
-                     "my_project/magic.py": "from torch.nn import *\n"})
+    data = zip_of_sources({"my_project/__init__.py": "", "my_project/text.py": TEXT_SOURCE,
+                           "my_project/nets.py": NETS, "my_project/data.py": "test_set = list\n",
+                           "my_project/magic.py": "from torch.nn import *\n"})
     digest = sha256_hex(data)
-    upload(code_client, data)
-    body = with_own_data(imported_run(example_body, digest),
-                         train={"import": "my_project.text:char_windowz", "params": {"size": 64}})
-    body["model"]["import"] = "my_project.nets:biuld"
-    refused = code_client.post(f"{API}/runs", json=body)
-    assert refused.status_code == 422, refused.text
-    items = refused.json()["detail"]
+    body, items = refused_imports(code_client, example_body, data, model="my_project.nets:biuld",
+                                  train="my_project.text:char_windowz")
     assert [(i["field"], i["input"]) for i in items] == [("model.import", "my_project.nets:biuld"),
                                                          ("data.train.import", "my_project.text:char_windowz")]
     assert items[1]["msg"] == (
@@ -632,11 +626,7 @@ def test_your_own_data_set_specs_are_checked_at_submit(code_client, example_body
      "two entries unpack to one file: which one lands is the unpacker's"),
 ])
 def test_a_source_the_workers_might_not_import_is_not_judged(code_client, example_body, files, why):
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(name, text)
-    data = buffer.getvalue()
+    data = zip_of_sources(files)
     assert upload(code_client, data).status_code == 201
     body = {**imported_run(example_body, sha256_hex(data)), "model": {"import": "my_project.nets:build"}}
     accepted = code_client.post(f"{API}/runs", json=body)
