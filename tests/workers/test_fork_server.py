@@ -210,9 +210,10 @@ def test_the_server_environment_leaves_out_per_job_variables_and_secrets():
     env = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "TESSERA_RUN_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
            "RAY_JOB_CONFIG_JSON_ENV_VAR": "{}", "RAY_ADDRESS": "10.0.0.1:6379"}
     assert server_env(env) == {"PATH": "/bin", "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "10.0.0.1:6379"}
-    # A sweep driver's job adds Ray Train's worker-group start timeout: the same server serves it.
+    # A sweep driver's job adds Ray Train's worker-group start timeout, and every job of the service
+    # a plain colour prefix, which the start-up probe that warms the server lacks: one server serves all.
     again = {**env, "TESSERA_RUN_TOKEN": "other", "RAY_JOB_CONFIG_JSON_ENV_VAR": '{"a": 1}',
-             "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
+             "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30", "RAY_COLOR_PREFIX": "0"}
     assert server_key(again, "/usr/bin/python3") == server_key(env, "/usr/bin/python3")
     assert server_key(env, "/usr/bin/python3") != server_key(env, "/opt/venv/bin/python")
 
