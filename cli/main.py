@@ -248,7 +248,6 @@ def train(
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them.
     Ctrl-C or SIGTERM stops it, ending its MLflow run KILLED."""
-    from api.lineage import PatchError
     from cli.lineage import BadAssignment
     from cli.specfile import SpecFileError, load_spec
 
@@ -259,8 +258,8 @@ def train(
         spec = load_spec(file, code_digest=None if code is None else LOCAL_CODE_DIGEST, assignments=assignments)
     except SpecFileError as exc:
         _fail(str(exc))
-    except (BadAssignment, PatchError) as exc:
-        _fail(f"--set {exc}" if isinstance(exc, PatchError) else str(exc), EXIT_USAGE)
+    except BadAssignment as exc:
+        _fail(str(exc), EXIT_USAGE)
     try:
         from workers.checkpoint import IncompatibleCheckpoint
         from workers.local import default_checkpoint_dir, latest_local_checkpoint, local_run_url, train_local
@@ -314,7 +313,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def _spec_file(file: str, assignments: list[str] | None, *, sweep: bool = False) -> dict:
     """The spec file's mapping with the ``--set`` changes; a file that cannot be read fails (exit
     1), a bad ``--set`` is a usage error (exit 2)."""
-    from api.lineage import PatchError
     from cli.lineage import BadAssignment
     from cli.specfile import SpecFileError, load_spec_dict
 
@@ -322,8 +320,8 @@ def _spec_file(file: str, assignments: list[str] | None, *, sweep: bool = False)
         return load_spec_dict(file, assignments, sweep=sweep)
     except SpecFileError as exc:
         _fail(str(exc))
-    except (BadAssignment, PatchError) as exc:
-        _fail(f"--set {exc}" if isinstance(exc, PatchError) else str(exc), EXIT_USAGE)
+    except BadAssignment as exc:
+        _fail(str(exc), EXIT_USAGE)
 
 
 def _require_folder(folder: str) -> None:

@@ -25,18 +25,21 @@ def load_spec_dict(path: str | Path, assignments: list[str] | None = None, *, sw
     merged into it as a fork's patch is (``api.lineage.merge_patch``); for a ``sweep`` the
     ``base.`` ones merge into its base RunSpec the same way (``base.algorithms.cutmix.alpha``
     names a method). ``SpecFileError`` for a file that cannot be read or holds no mapping;
-    ``cli.lineage.BadAssignment`` for a bad assignment, ``api.lineage.PatchError`` for one that
-    cannot be merged (a list position past its end): usage errors."""
+    ``cli.lineage.BadAssignment`` for a bad assignment or one that cannot be merged (a list
+    position past its end): a usage error."""
     data = _read_mapping(Path(path))
     if assignments:
-        from api.lineage import merge_patch
-        from cli.lineage import patch_from_assignments
+        from api.lineage import PatchError, merge_patch
+        from cli.lineage import BadAssignment, patch_from_assignments
 
         patch = patch_from_assignments(assignments)
         base_patch = patch.pop("base", None) if sweep else None
-        data = merge_patch(data, patch)
-        if base_patch is not None:
-            data["base"] = merge_patch(data.get("base") if isinstance(data.get("base"), dict) else {}, base_patch)
+        try:
+            data = merge_patch(data, patch)
+            if base_patch is not None:
+                data["base"] = merge_patch(data.get("base") if isinstance(data.get("base"), dict) else {}, base_patch)
+        except PatchError as exc:  # a list position past its end: as bad an assignment as any
+            raise BadAssignment(f"--set {exc}") from exc
     return data
 
 
