@@ -242,3 +242,24 @@ def test_no_help_page_shows_restructuredtext_markup():
     pages = [tessera(*path, "--help", COLUMNS="200").stdout for path in paths(get_command(app), [])]
     assert len(pages) > 30 and all(isinstance(page, str) and "Usage:" in page for page in pages)
     assert [line.strip() for page in pages for line in page.splitlines() if "``" in line] == []
+
+
+def test_no_help_text_is_swallowed_as_rich_markup():
+    """Typer renders help through rich, which drops ``[word ...]`` as a style tag: an option's
+    ``[default: ...]`` vanished from every page. Such brackets are escaped (``\\[``)."""
+    import re
+
+    from typer.main import get_command
+
+    def commands(command, path):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, [*path, name])
+
+    tag = re.compile(r"(?<!\\)\[[a-z#/@][^\[]*?\]")  # rich.markup's tag pattern, less its escapes
+    found = [(path, text) for path, command in commands(get_command(app), [])
+             for text in [command.help or "", *(getattr(param, "help", None) or "" for param in command.params)]
+             if tag.search(text)]
+    assert found == []
+    page = tessera("show", "--help", COLUMNS="200").stdout
+    assert "[default: the URL in .tessera/credentials, else http://127.0.0.1:8000]" in page
