@@ -1,9 +1,9 @@
 """Where clients find their API key without configuration.
 
-In order: the ``TESSERA_API_KEY`` environment variable, then the credentials file
-``$TESSERA_HOME/credentials``, which the service writes, mode 0600, when it starts for the first
-time with an empty database. ``TESSERA_HOME`` defaults to ``.tessera`` in the folder the service
-started in; a client without ``TESSERA_HOME`` looks for ``.tessera/credentials`` in its current
+In order: the ``TESSERA_API_KEY`` environment variable (set but empty counts as unset), then
+the credentials file ``$TESSERA_HOME/credentials``, which the service writes, mode 0600, when it
+starts for the first time with an empty database. ``TESSERA_HOME`` defaults to ``.tessera`` in
+the folder the service started in; a client without ``TESSERA_HOME`` looks for ``.tessera/credentials`` in its current
 folder and then in each folder above it, as git finds ``.git``, so a notebook or a shell in a
 subfolder of the checkout finds the key of the ``make serve`` started at its root. A file found
 that way counts only if this user owns it: a ``/tmp/.tessera/credentials`` planted by another
@@ -71,7 +71,9 @@ def find_credentials(home: str | os.PathLike[str] | None = None) -> Path | None:
 
 
 def find_api_key(home: str | os.PathLike[str] | None = None) -> str | None:
-    """``TESSERA_API_KEY``, else the key in the credentials file (``find_credentials``), else None."""
+    """``TESSERA_API_KEY``, else the key in the credentials file (``find_credentials``), else None.
+    An empty ``TESSERA_API_KEY=`` counts as unset: the file's key (an admin's, if the service
+    wrote it) is used, as ``tessera --help`` and the README say."""
     if os.environ.get(KEY_VARIABLE):
         return os.environ[KEY_VARIABLE]
     path = find_credentials(home)

@@ -1,5 +1,6 @@
 """``tessera keys`` and ``tessera projects``: API keys and projects (see README, "Authentication
-and projects"). The CLI's own key comes from ``TESSERA_API_KEY`` or ``$TESSERA_HOME/credentials``."""
+and projects"). The CLI's own key comes from ``TESSERA_API_KEY`` or the credentials file
+(``api.credentials.find_api_key``)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def create_key(
     main = _main()
     key = main._call(main._client(url).create_key, project, role, name)
     out = err_console if as_json else main.console  # with --json, stdout carries only the JSON
-    out.print(f"key {key['id']} ({role} of {project}); the secret is shown only now:", highlight=False)
+    shown = 'the secret ("key" in the JSON on stdout) is shown only now' if as_json else "the secret is shown only now:"
+    out.print(f"key {key['id']} ({role} of {project}); {shown}", highlight=False, markup=False)
     emit(key, as_json=as_json, render=lambda: print(key["key"]))
 
 

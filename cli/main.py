@@ -23,7 +23,7 @@ from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
 from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, SetOption, UrlOption, call, console,
-                        emit, err_console, fail, kept, listing, needs_extra, status_value)
+                        emit, err_console, fail, kept, listing, needs_extra, none_listed, status_value)
 from cli.run_info import register as register_run_info
 
 if TYPE_CHECKING:
@@ -148,7 +148,9 @@ def runs(
     name: Annotated[Optional[str], typer.Option(help="only runs whose name contains this")] = None,
     project: Annotated[Optional[str], typer.Option(help="only this project's runs (default: every project of "
                                                         "your key)")] = None,
-    order_by: Annotated[Optional[str], typer.Option(help="best:<metric key>, e.g. best:eval/accuracy")] = None,
+    order_by: Annotated[Optional[str], typer.Option(
+        help="best:<metric key>, e.g. best:eval/accuracy: that key's best value first; only runs that reported "
+             "the key")] = None,
     archived: Annotated[str, typer.Option(help="false (hide archived runs), true (only them) or all")] = "false",
     limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
     url: UrlOption = None,
@@ -170,7 +172,19 @@ def runs(
         table.add_row(run.id, run.name, *([run.project] if several_projects else []), _status(run), str(run.attempt),
                       run.created_at.strftime("%Y-%m-%d %H:%M:%S"), " ".join(run.tags),
                       _metric(run.summary, "eval/accuracy"), _metric(run.summary, "train/loss"), *best)
-    emit(page.data, as_json=as_json, render=lambda: console.print(table))
+
+    def render() -> None:
+        console.print(table)
+        if page.data:
+            return
+        notes = [f"only runs that reported {best_key} are listed (a mistyped key lists none; tessera metrics RUN "
+                 "shows a run's keys)"] if best_key else []
+        if archived == "false":
+            notes.append("archived runs are hidden (--archived all lists them too)")
+        none_listed("runs", {"status": status, "tag": tag, "name": name, "project": project, "order-by": order_by,
+                             "archived": None if archived == "false" else archived}, *notes)
+
+    emit(page.data, as_json=as_json, render=render)
 
 
 @app.command()

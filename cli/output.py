@@ -18,7 +18,7 @@ import sys
 from typing import Annotated, Any, Callable, NoReturn, Optional
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Column, Table
 
@@ -32,10 +32,11 @@ EXIT_SERVICE_ERROR = 5  # the service answered 5xx
 EPILOG = (
     "Exit codes: 0 ok; 1 a run that did not complete, a request the service refused (4xx, its detail on "
     "stderr) or a bad file; 2 usage error; 3 not found (404); 4 service unreachable; 5 service error (5xx).\n\n"
-    "Environment: TESSERA_URL is the service (default: the URL in $TESSERA_HOME/credentials, else "
+    "Environment: TESSERA_URL is the service (default: the URL in the credentials file, else "
     "http://127.0.0.1:8000; --url overrides it); "
-    "TESSERA_API_KEY is your key (default: the key in $TESSERA_HOME/credentials, which a local "
-    "`tessera serve` writes).\n\n"
+    "TESSERA_API_KEY is your key (default: the key in the credentials file, which a local `tessera serve` writes; "
+    "set but empty counts as unset, so the file's key is sent). The credentials file: $TESSERA_HOME/credentials "
+    "if TESSERA_HOME is set, else the nearest .tessera/credentials you own in this folder or one above it.\n\n"
     "Scripts: read commands, and those that create or re-queue something (their answer has its id), take --json "
     "(one JSON document on stdout; messages and errors on stderr).\n\n"
     "Shell completion: tessera --install-completion (bash, zsh, fish, PowerShell); "
@@ -70,8 +71,37 @@ SetOption = Annotated[Optional[list[str]], typer.Option(
                   "the key (as tessera fork --set)")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON (one document on stdout) for scripts")]
 
-console = Console()
-err_console = Console(stderr=True)
+PIPED_WIDTH = 1000  # the width of a console that writes to a pipe or a file (rich's own: 80)
+
+
+class _Console(Console):
+    """A console whose tables a pipe, a file or a script's capture get whole: where its output is
+    no terminal and ``COLUMNS`` is not set, rich lays lines out for 80 columns and cuts a wide
+    table's cells (``optimizer…``); this one lays them out for ``PIPED_WIDTH`` columns, and a table
+    takes only the width it needs. A terminal's width, ``COLUMNS`` and a width set on the console
+    are kept as rich has them."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is not None or self._environ.get("COLUMNS", "").isdigit() or _isatty(self.file):
+            return size
+        return ConsoleDimensions(PIPED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
+def _isatty(file: Any) -> bool:
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed file
+        return False
+
+
+console = _Console()
+err_console = _Console(stderr=True)
 
 ID_WIDTH = 12  # runs, sweeps and keys: 12 hex digits (service.db.session.new_id)
 STATUS_WIDTH = len("RESTARTING")  # the longest run status (a test holds it to api.views.RunStatus)
@@ -88,6 +118,17 @@ def listing(*columns: Column | str) -> Table:
     """A list's table: one space between columns, none at the edges, so that 80 columns hold a
     run's id, status and figures whole."""
     return Table(*columns, padding=(0, 1), collapse_padding=True, pad_edge=False)
+
+
+def none_listed(what: str, options: dict[str, str | None], *notes: str) -> None:
+    """An empty list's human view: one line on stderr (stdout, which a script may read, keeps the
+    table's bare header) that says no ``what`` matched, with the options given that filtered it
+    (``--tag nightly``, None: not given) and ``notes`` on why a list can come back empty."""
+    import shlex
+
+    given = " ".join(f"--{name} {shlex.quote(value)}" for name, value in options.items() if value is not None)
+    line = "; ".join([f"no {what} match {given}" if given else f"no {what}", *notes])
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:

@@ -10,7 +10,7 @@ from rich.table import Table
 sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
 from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, UrlOption, call, console, emit, fail, kept,
-                        listing, status_value)
+                        listing, none_listed, status_value)
 
 
 
@@ -84,7 +84,15 @@ def list_sweeps(
 ) -> None:
     """Sweeps of your projects, newest first: status, trials done, best value (--json: a list of SweepViews)."""
     page = call(_client(url).list_sweeps, status=status, limit=limit, name=name, archived=archived, project=project)
-    emit(page.data, as_json=as_json, render=lambda: console.print(_sweeps_table(page.data)))
+
+    def render() -> None:
+        console.print(_sweeps_table(page.data))
+        if not page.data:
+            hidden = ["archived sweeps are hidden (--archived all lists them too)"] if archived == "false" else []
+            none_listed("sweeps", {"status": status, "name": name, "project": project,
+                                   "archived": None if archived == "false" else archived}, *hidden)
+
+    emit(page.data, as_json=as_json, render=render)
 
 
 def _sweeps_table(sweeps) -> Table:

@@ -110,3 +110,37 @@ def test_the_readme_runspec_reference_is_a_valid_spec():
     adamw = next(line for line in block.splitlines() if line.startswith("# or: {name: adamw"))
     spec = RunSpec.model_validate({**yaml.safe_load(block), "optimizer": yaml.safe_load(adamw.removeprefix("# or: "))})
     assert spec.optimizer.betas == (0.9, 0.999)
+
+
+def _cli_commands():
+    """``(path, command)`` of every ``tessera`` command: ``("sweeps", "wait")``, ``("runs",)``."""
+    from typer.main import get_command
+
+    from cli.main import app
+
+    def walk(command, path):
+        for name, sub in getattr(command, "commands", {}).items():
+            if getattr(sub, "commands", None):
+                yield from walk(sub, (*path, name))
+            else:
+                yield (*path, name), sub
+
+    return list(walk(get_command(app), ()))
+
+
+def test_the_readme_shows_every_command_of_the_cli_groups():
+    """``tessera sweeps wait`` was missing from the README's sweeps commands."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    missing = sorted(" ".join(path) for path, _ in _cli_commands() if len(path) > 1
+                     and f"tessera {' '.join(path)}" not in readme)
+    assert missing == []
+
+
+def test_the_readme_names_every_command_that_takes_json_and_what_a_list_prints():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    bullet = " ".join(readme.split("- `--json` on the read commands", 1)[1].split("\n- ", 1)[0].split())
+    taking = sorted(" ".join(path) for path, command in _cli_commands()
+                    if any("--json" in getattr(param, "opts", []) for param in command.params))
+    assert len(taking) > 15 and [name for name in taking if f"`{name}`" not in bullet] == []
+    # A list command prints the API's data as a JSON array (runs, sweeps list, checkpoints alike), not the page.
+    assert "for a list command a JSON array of them (the API's `data`, without the page around it" in bullet

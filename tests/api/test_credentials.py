@@ -34,6 +34,8 @@ def test_the_variable_and_an_explicit_home_come_before_the_search(tmp_path, monk
     assert find_api_key() == "tsk_found"
     monkeypatch.setenv(KEY_VARIABLE, "tsk_variable")
     assert find_api_key() == "tsk_variable"
+    monkeypatch.setenv(KEY_VARIABLE, "")  # set but empty counts as unset, as tessera --help and the README say
+    assert find_api_key() == "tsk_found"
 
 
 def test_a_credentials_file_another_user_owns_is_passed_over(tmp_path, monkeypatch):

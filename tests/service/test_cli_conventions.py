@@ -142,6 +142,67 @@ def test_on_an_80_column_terminal_the_runs_table_keeps_ids_and_statuses_whole(ur
     assert output.STATUS_WIDTH == max(len(status.value) for status in RunStatus)  # RESTARTING is whole too
 
 
+def test_piped_tables_are_not_cut_to_80_columns_unless_columns_says_so(url, monkeypatch):
+    """Rich lays out for 80 columns where stdout is no terminal (a pipe, a file, this capture): a
+    run's name and tags were cut (``…``). There they take the width they need; COLUMNS still wins."""
+    from cli import output
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(output.console, "_width", None)  # as built without COLUMNS
+    name = "a-run-name-long-enough-that-eighty-columns-cut-it"
+    submitted = tessera("submit", str(REPO_ROOT / "examples" / "digits_resnet.yaml"), "--set", f"name={name}",
+                        "--json", "--url", url)
+    assert submitted.exit_code == 0, submitted.output
+    tagged = tessera("tag", "--url", url, json.loads(submitted.stdout)["id"], "+piped-tables-stay-whole")
+    assert tagged.exit_code == 0, tagged.output
+    piped = tessera("runs", "--tag", "piped-tables-stay-whole", "--url", url)
+    row = next(line for line in piped.stdout.splitlines() if name in line)
+    assert "piped-tables-stay-whole" in row and "…" not in piped.stdout and len(row) > 80, piped.stdout
+    narrow = tessera("runs", "--tag", "piped-tables-stay-whole", "--url", url, COLUMNS="80")
+    assert name not in narrow.stdout and max(len(line) for line in narrow.stdout.splitlines()) <= 80
+
+
+def test_on_a_terminal_the_console_keeps_rich_s_width():
+    from rich.console import Console
+
+    from cli.output import PIPED_WIDTH, _Console
+
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    assert _Console(file=Terminal(), _environ={}).width == Console(file=Terminal(), _environ={}).width != PIPED_WIDTH
+    assert _Console(file=Terminal(), width=100).width == 100
+
+
+def test_an_empty_list_says_on_stderr_which_filters_and_orders_left_nothing(url):
+    """A mistyped best:KEY lists nothing (the service lists only runs that reported KEY): the
+    table's bare header stays on stdout for scripts, the reason goes to stderr."""
+    empty = tessera("runs", "list", "--tag", "nightly", "--name", "no such run", "--order-by", "best:eval/acc",
+                    "--url", url)
+    assert empty.exit_code == 0 and "┃id" in empty.stdout and "no runs" not in empty.stdout
+    hint = " ".join(empty.stderr.split())
+    assert hint.startswith("no runs match --tag nightly --name 'no such run' --order-by best:eval/acc; only runs "
+                           "that reported eval/acc are listed"), hint
+    assert "archived runs are hidden" in hint and len(empty.stderr.strip().splitlines()) == 1
+    archived = tessera("runs", "--status", "completed", "--archived", "true", "--url", url)
+    assert " ".join(archived.stderr.split()) == "no runs match --status COMPLETED --archived true"
+    assert json.loads(tessera("runs", "--tag", "nightly", "--json", "--url", url).stdout) == []
+    assert tessera("runs", "--tag", "nightly", "--json", "--url", url).stderr == ""  # [] says it: no hint
+    sweeps = tessera("sweeps", "list", "--name", "no such sweep", "--url", url)
+    assert sweeps.exit_code == 0 and "no sweeps" not in sweeps.stdout
+    assert " ".join(sweeps.stderr.split()) == ("no sweeps match --name 'no such sweep'; archived sweeps are hidden "
+                                               "(--archived all lists them too)")
+    assert tessera("submit", str(REPO_ROOT / "examples" / "digits_resnet.yaml"), "--url", url).exit_code == 0
+    assert tessera("runs", "--url", url).stderr == ""  # a list with runs: nothing said
+
+
 def test_a_usage_error_exits_2(url):
     bad_set = tessera("fork", "some-run", "--set", "optimizer.lr", "--url", url)
     assert bad_set.exit_code == EXIT_USAGE and "expected dotted.key=value" in bad_set.stderr and bad_set.stdout == ""
@@ -202,6 +263,9 @@ def test_help_documents_exit_codes_environment_json_and_completion():
     for phrase in ("Exit codes: 0 ok", "3 not found (404)", "4 service unreachable", "TESSERA_URL", "TESSERA_API_KEY", "--json",
                    "--install-completion"):
         assert phrase in text
+    # Where the key comes from, as api.credentials.find_credentials finds it, and an empty variable's meaning.
+    assert "else the nearest .tessera/credentials you own in this folder or one above it" in text
+    assert "$TESSERA_HOME/credentials if TESSERA_HOME is set" in text and "set but empty counts as unset" in text
 
 
 def test_shell_completion_completes_commands_and_options():

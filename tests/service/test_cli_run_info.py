@@ -150,6 +150,8 @@ def test_keys_create_prints_the_created_key_with_its_secret_with_json(service):
     key = json.loads(made.stdout)
     assert key["key"].startswith("tsk_") and key["roles"] == {"default": "viewer"} and key["name"] == "ci"
     assert f"key {key['id']}" in made.stderr
+    assert '("key" in the JSON on stdout) is shown only now' in made.stderr
+    assert not made.stderr.rstrip().endswith(":")  # nothing follows on stderr: the secret is in the JSON
     with Client(service.url, api_key=key["key"]) as as_viewer:  # the secret printed is the key made
         assert as_viewer.me()["key_id"] == key["id"]
     plain = tessera(service, "keys", "create", "--project", "default", "--role", "viewer")
