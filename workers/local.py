@@ -13,7 +13,9 @@ before (a one-worker checkpoint reshards onto DDP workers and back).
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -23,9 +25,13 @@ from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, stor
 from workers.loggers import closed_at_end, end_failed_mlflow_runs, end_interrupted_mlflow_runs, with_loggers
 from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
 from workers.reporter import ConsoleReporter, MetricSink
+from workers.ray_job import ADDRESS_VARIABLE
 from workers.trainer import train
 
+log = logging.getLogger(__name__)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
+GCS_PORT_VARIABLE = "RAY_GCS_SERVER_PORT"  # read by Ray's head as it starts (ray._private.ray_constants)
 
 
 def default_checkpoint_dir() -> str:
@@ -85,9 +91,9 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
         # set in this process after: Ray reads the mode again as its driver connects later.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=max(4, needed), include_dashboard=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+        address = _start_local_ray(num_cpus=max(4, needed), env_vars={"PYTHONPATH": pythonpath})
         started = True
+        log.info("started a local Ray (GCS at %s) for %d workers", address, spec.parallelism.num_workers)
     run_id = spec.name if storage_url is not None else f"local-{spec.name}-{uuid.uuid4().hex[:8]}"
     started_ms = int(time.time() * 1000)  # a run id of a spec's name: another train of it may be running
     try:
@@ -112,6 +118,43 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
             sink.add(step, key, value)
         sink.close()
     return metrics
+
+
+def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str]) -> str:
+    """``ray.init`` of a new local cluster whose GCS address every worker knows as
+    ``RAY_ADDRESS``; returns the address.
+
+    Ray Train's placement-group cleaner looks the cluster up again through Ray's state API
+    (``workers.ray_job`` says where). Without ``RAY_ADDRESS`` that lookup searches the machine,
+    and with another cluster there (the service's, in the README's tour) it failed with "Found
+    multiple active Ray instances": a traceback amid the train's output. The address is known only
+    once the cluster runs, and a job's environment is fixed as it connects, so the GCS port is
+    chosen first: Ray's head takes it from ``RAY_GCS_SERVER_PORT`` (ray/_private/node.py, 2.60)."""
+    import ray
+
+    if os.environ.get(ADDRESS_VARIABLE):  # ray.init connects there instead of starting one
+        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env_vars})
+        return os.environ[ADDRESS_VARIABLE]
+    port = _unused_port()
+    address = f"{ray.util.get_node_ip_address()}:{port}"
+    before = os.environ.get(GCS_PORT_VARIABLE)
+    os.environ[GCS_PORT_VARIABLE] = str(port)
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False,
+                 runtime_env={"env_vars": {**env_vars, ADDRESS_VARIABLE: address}})
+    finally:
+        if before is None:
+            os.environ.pop(GCS_PORT_VARIABLE, None)
+        else:
+            os.environ[GCS_PORT_VARIABLE] = before
+    return address
+
+
+def _unused_port() -> int:
+    """A TCP port no one listens on now (the kernel's pick; Ray's GCS binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def _next_attempt(run: str) -> int:

@@ -119,6 +119,10 @@ class FanoutSink:
     def flush(self) -> None:
         self._each("flush")
 
+    def deliver(self, timeout_s: float) -> bool:
+        """The primary's delivery: the loggers write as they are flushed."""
+        return self.primary.deliver(timeout_s)
+
     def close(self) -> None:
         """Close every sink, the loggers also when the primary fails to close; the loggers' runs
         stay open (``end``, ``closed_at_end`` end them)."""
@@ -222,6 +226,9 @@ class TensorBoardSink:
     def flush(self) -> None:
         self.writer.flush()
         self._upload()
+
+    def deliver(self, timeout_s: float) -> bool:
+        return True
 
     def close(self) -> None:
         """Write the last events and copy them; then the local folder goes (kept if the copy
@@ -328,6 +335,9 @@ class MLflowSink:
         while self.pending:  # at most 1000 metrics per batch
             batch, self.pending = self.pending[:1000], self.pending[1000:]
             self.client.log_batch(self.run_id, metrics=batch)
+
+    def deliver(self, timeout_s: float) -> bool:
+        return True
 
     def close(self) -> None:
         self.flush()

@@ -21,6 +21,9 @@ class MetricSink(Protocol):
     checkpoint writer's thread with ``async_save``). ``status`` with RUNNING may carry ``step``,
     the step the attempt resumes from (0: a fresh start). ``flush`` marks a natural boundary (an
     evaluation, the end of an epoch): push what is buffered; it may return before delivery.
+    ``deliver(timeout_s)`` waits up to that long until what was flushed has been delivered and
+    says whether it was (a sweep trial's evaluation reaches the service before Tune's scheduler
+    sees it); a sink that writes as it is called returns True at once.
     ``note`` is something the run's owner must see that is not a status change (retention of
     old checkpoints failed): a run event on the service. ``close`` delivers everything and
     releases resources. Rank 0 reports no terminal status itself: the service hears the end from
@@ -36,6 +39,8 @@ class MetricSink(Protocol):
     def note(self, message: str) -> None: ...
 
     def flush(self) -> None: ...
+
+    def deliver(self, timeout_s: float) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -85,6 +90,9 @@ class ConsoleReporter:
         parts += [f"{key} {self.latest[key]:.4g}" for key in self.KEYS if key in self.latest]
         self._line(" | ".join(parts))
 
+    def deliver(self, timeout_s: float) -> bool:
+        return True
+
     def close(self) -> None:
         self.flush()
 
@@ -123,6 +131,9 @@ class MemorySink:
     def flush(self) -> None:
         self.flushes += 1
 
+    def deliver(self, timeout_s: float) -> bool:
+        return True
+
     def close(self) -> None:
         self.closed = True
 
@@ -149,6 +160,9 @@ class NullSink:
 
     def flush(self) -> None:
         pass
+
+    def deliver(self, timeout_s: float) -> bool:
+        return True
 
     def close(self) -> None:
         pass

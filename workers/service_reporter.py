@@ -63,6 +63,8 @@ class ServiceReporter:
         self._lock = threading.Lock()        # guards _pending
         self._spooling = threading.Lock()    # one mover at a time: batches enter the spool in order
         self._wake = threading.Event()
+        self._answered = threading.Condition()  # notified as the sender removes a report from the spool
+        self._last_put: int | None = None  # the newest report spooled (its sequence number)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._send_loop, name="tessera-reports", daemon=True)
         self._thread.start()
@@ -96,6 +98,21 @@ class ServiceReporter:
         self._spool_pending(wait=True)
         self._wake.set()
 
+    def deliver(self, timeout_s: float) -> bool:
+        """``flush``, then wait up to ``timeout_s`` until the service has answered every report
+        spooled so far (stored it, or refused it: logged). False if it has not by then, or the
+        sender gave up (the next call raises ``ReportsUndeliverable``)."""
+        self.flush()
+        target = self._last_put
+        deadline = time.monotonic() + timeout_s
+        with self._answered:
+            while target is not None and self.spool.holds_through(target):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.failure is not None or not self._thread.is_alive():
+                    return False
+                self._answered.wait(remaining)
+        return True
+
     def close(self) -> None:
         """Deliver everything spooled; raises ``ReportsUndeliverable`` past the patience."""
         try:
@@ -119,7 +136,7 @@ class ServiceReporter:
         while True:
             self._raise_if_failed()
             try:
-                self.spool.put(kind, payload)
+                self._last_put = self.spool.put(kind, payload)
                 self._wake.set()
                 return True
             except SpoolFull:
@@ -168,20 +185,28 @@ class ServiceReporter:
                     self.refused += 1
                     log.error("the service refused %s report of run %s: %s: %s", entry.kind, self.run_id,
                               type(exc).__name__, exc)
-                    self.spool.pop(entry.seq)
+                    self._answer(entry.seq)
                     continue
                 now = time.monotonic()
                 down_since = down_since if down_since is not None else now
                 if now - down_since > self.patience_s:
                     self._fail(exc)
+                    self._answer(None)
                     return
                 log.warning("reporting to the service failed (%s: %s); %d report(s) spooled, retrying in %.1fs",
                             type(exc).__name__, exc, len(self.spool), delay)
                 time.sleep(delay)
                 delay = min(2 * delay, self.max_delay_s)
                 continue
-            self.spool.pop(entry.seq)
+            self._answer(entry.seq)
             down_since, delay = None, self.first_delay_s
+
+    def _answer(self, seq: int | None) -> None:
+        """The service answered report ``seq`` (None: the sender gave up): wake ``deliver``."""
+        if seq is not None:
+            self.spool.pop(seq)
+        with self._answered:
+            self._answered.notify_all()
 
     def _deliver(self, entry: Entry) -> None:
         if entry.kind == "metrics":

@@ -94,6 +94,11 @@ class Spool:
         raw = json.loads((self.directory / f"{seq:012d}.json").read_bytes())
         return Entry(seq, raw["kind"], raw["body"])
 
+    def holds_through(self, seq: int) -> bool:
+        """Whether a report numbered ``seq`` or lower is still undelivered."""
+        with self._lock:
+            return bool(self._sizes) and min(self._sizes) <= seq
+
     def pop(self, seq: int) -> None:
         """Forget a delivered (or refused) report."""
         with self._lock:

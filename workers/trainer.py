@@ -55,6 +55,9 @@ from workers.timekeeping import Time, to_batches
 
 log = logging.getLogger(__name__)
 
+# How long a sweep trial's evaluation waits for the service to store it before Tune sees it.
+EVAL_DELIVERY_S = 30.0
+
 
 @contextlib.contextmanager
 def process_settings(spec: RunSpec) -> Iterator[None]:
@@ -442,6 +445,13 @@ class Trainer:
         self.engine.run_event(Event.EVAL_END, state)
         self.sink.flush()
         if self.on_eval is not None:
+            # A sweep trial: the service stores this evaluation before Tune's scheduler sees it.
+            # A trial the scheduler stops on it is STOPPED at once, and a stopped run takes no
+            # more reports: sent after, the metric it was stopped on was refused and lost.
+            if not self.sink.deliver(EVAL_DELIVERY_S):
+                log.warning("the service has not stored the evaluation at batch %d within %.0fs; if the sweep's "
+                            "scheduler stops this trial on it, the run may not keep it", state.timestamp.batch,
+                            EVAL_DELIVERY_S)
             self.on_eval({**results, "time/batch": float(state.timestamp.batch),
                           "time/epoch": float(state.timestamp.epoch), "time/progress": float(state.progress)})
         self.metrics.restart_throughput(state.timestamp.sample)  # eval time is not training

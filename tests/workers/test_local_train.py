@@ -86,3 +86,20 @@ def test_a_ddp_spec_run_again_resumes_through_ray_without_reporting_a_restart(ra
     assert latest_local_checkpoint(spec_of("6ba", **body), str(tmp_path)).name == "ep1-ba6"
     # Each invocation is its own attempt: the second is not a Ray Train restart of the first.
     assert sorted(os.listdir(tmp_path / "runs" / "local-resume" / "attempts")) == ["1.started", "2.started"]
+
+
+@pytest.mark.integration
+def test_tessera_train_of_a_ddp_spec_beside_another_ray_cluster_starts_its_own_and_no_lookup_fails(ray_head,
+                                                                                                  tmp_path):
+    """The README's tour runs ``tessera train`` of a DDP spec while the service's Ray runs: the
+    train starts a Ray of its own, and Ray Train's placement-group cleaner, which looks the
+    cluster up again, found two and printed "Found multiple active Ray instances"."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec_of("3ba", parallelism={"strategy": "ddp", "num_workers": 2}).model_dump_json())
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    trained = subprocess.run([sys.executable, "-m", "cli.main", "train", str(spec_file), "--no-checkpoints"],
+                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    output = trained.stdout + trained.stderr
+    assert trained.returncode == 0, output[-3000:]
+    assert json.loads(trained.stdout[trained.stdout.rindex("\n{"):])["time/batch"] == 3
+    assert "multiple active Ray instances" not in output and "Traceback" not in output, output[-3000:]

@@ -109,6 +109,41 @@ def test_the_background_thread_posts_without_close():
     sink.close()
 
 
+def test_deliver_returns_once_the_service_stored_what_was_added_and_false_while_it_holds_it():
+    """A sweep trial's evaluation is stored before Tune sees it (workers.trainer.evaluate)."""
+    gate, entered = threading.Event(), threading.Event()
+    inner = FakeService()
+
+    def held(request):
+        if request.url.path.endswith("/report/metrics"):
+            entered.set()
+            assert gate.wait(timeout=30)
+        return inner(request)
+
+    sink = reporter(held)
+    sink.add(7, "eval/accuracy", 0.5)
+    assert sink.deliver(0.05) is False  # the service has not answered: not delivered
+    assert entered.wait(timeout=10) and inner.requests == []
+    gate.set()
+    assert sink.deliver(10.0) is True
+    [[point]] = metric_bodies(inner)
+    assert (point["step"], point["key"], point["value"]) == (7, "eval/accuracy", 0.5)
+    assert len(sink.spool) == 0 and sink.deliver(0.0) is True  # nothing left to wait for
+    sink.close()
+
+
+def test_deliver_counts_a_refused_report_as_answered_and_gives_up_with_the_sender():
+    refused = reporter(FakeService(failures=[409]))
+    refused.add(1, "eval/accuracy", 0.5)
+    assert refused.deliver(10.0) is True and refused.refused == 1
+    refused.close()
+    down = reporter(FakeService(failures=[503] * 10**6), patience_s=0.05)
+    down.add(1, "eval/accuracy", 0.5)
+    assert down.deliver(30.0) is False and down.failure is not None  # returns as the sender gives up
+    with pytest.raises(ReportsUndeliverable):
+        down.close()
+
+
 def test_status_reports_are_posted_after_pending_metrics():
     service = FakeService()
     sink = reporter(service)

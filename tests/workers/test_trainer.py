@@ -48,6 +48,33 @@ def test_each_evaluation_is_a_line_in_the_log(caplog):
     assert lines[1].startswith("evaluation in epoch 1, batch 2 (100%): ") and "eval/loss=" in lines[1]
 
 
+def test_a_sweep_trials_evaluation_is_delivered_before_tune_sees_it(caplog):
+    """A trial the scheduler stops on an evaluation is STOPPED at once and takes no more reports:
+    ``on_eval`` (Tune) gets the results only after the sink delivered them, and a sink that could
+    not in time is named in the log."""
+    import logging
+
+    class Delivering(MemorySink):
+        def __init__(self, delivered):
+            super().__init__()
+            self.calls, self.delivered = [], delivered
+
+        def deliver(self, timeout_s):
+            self.calls.append(("deliver", [key for _, key, _ in self.points if key.startswith("eval/")]))
+            return self.delivered
+
+    for delivered in (True, False):
+        sink = Delivering(delivered)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="workers.trainer"):
+            Trainer(tiny_spec(max_duration="2ba", eval_interval="1ba"), sink=sink,
+                    on_eval=lambda results: sink.calls.append(("on_eval", results["time/batch"]))).fit()
+        assert sink.calls == [("deliver", ["eval/loss", "eval/accuracy"]), ("on_eval", 1.0),
+                              ("deliver", ["eval/loss", "eval/accuracy"] * 2), ("on_eval", 2.0)]
+        warned = [r.getMessage() for r in caplog.records if "has not stored the evaluation" in r.getMessage()]
+        assert len(warned) == (0 if delivered else 2)
+
+
 def test_a_run_without_an_eval_set_logs_its_progress_at_each_epochs_end_and_every_half_minute(caplog):
     import logging
 
