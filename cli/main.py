@@ -285,6 +285,7 @@ def train(
         spec = spec.model_copy(update={"code": None})  # imported from the folder, not fetched from a service
 
     checkpoint_dir = None if no_checkpoints else checkpoint_dir or default_checkpoint_dir()
+    latest = None
     if checkpoint_dir is not None:
         latest = latest_local_checkpoint(spec, checkpoint_dir)
         if latest is None:
@@ -297,6 +298,10 @@ def train(
             result = train_local(spec, checkpoint_dir=checkpoint_dir)
     except IncompatibleCheckpoint as exc:
         _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
+    if latest is not None and "train/loss" not in result:  # resumed at (or past) its end: no step trained
+        err_console.print(f"nothing left to train: the run's newest checkpoint is at batch {latest.step}, at or past "
+                          f"max_duration {spec.max_duration}; --set max_duration=... trains on from it, "
+                          "--no-checkpoints or another --checkpoint-dir trains afresh", highlight=False, soft_wrap=True)
     console.print_json(json.dumps(result, default=float))
 
 

@@ -42,6 +42,23 @@ def test_running_a_spec_again_resumes_where_the_last_local_run_ended(tmp_path):
     assert latest_local_checkpoint(spec_of("2ba"), str(tmp_path)).step == 6
 
 
+def test_tessera_train_of_a_spec_already_trained_to_its_end_says_there_is_nothing_left(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec_of("2ba").model_dump_json())
+    command = ["train", str(spec_file), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    first = CliRunner().invoke(app, command)
+    assert first.exit_code == 0 and "nothing left to train" not in first.output, first.output
+    again = CliRunner().invoke(app, command)
+    assert again.exit_code == 0, again.output
+    assert "resuming from" in again.output and "(batch 2)" in again.output
+    assert ("nothing left to train: the run's newest checkpoint is at batch 2, at or past max_duration 2ba; "
+            "--set max_duration=... trains on from it") in " ".join(again.output.split())
+
+
 def test_a_spec_with_another_model_under_the_same_name_is_refused(tmp_path):
     train_local(spec_of("2ba"), sink=MemorySink(), checkpoint_dir=str(tmp_path))
     other = spec_of("4ba", model={"name": "simple_cnn", "params": {"width": 16, "hidden": 16}})
