@@ -195,8 +195,16 @@ def show(run_id: str, url: UrlOption = None, as_json: JsonOption = False) -> Non
     if as_json:
         emit(run, as_json=True, render=lambda: None)
         return
+    from api.views import RunStatus
+
+    events = _call(client.run_events, run_id)
+    # started_at is the run's first start; a later attempt's (resume, continue) is in its events
+    this_attempt = [e.time for e in events.data if e.to_status is RunStatus.RUNNING and e.attempt == run.attempt]
+    attempt_started = (f" (attempt {run.attempt} started {this_attempt[0]})"
+                       if run.attempt > 1 and this_attempt else "")
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
-    console.print(f"created {run.created_at}  started {run.started_at}  finished {run.finished_at}", soft_wrap=True)
+    console.print(f"created {run.created_at}  started {run.started_at}{attempt_started}  finished {run.finished_at}",
+                  soft_wrap=True)
     console.print(f"project {run.project}", highlight=False)
     if run.parent_id is not None:
         origin = f"its checkpoint at batch {run.fork.step}" if run.fork and run.fork.step is not None else "scratch"
@@ -205,7 +213,6 @@ def show(run_id: str, url: UrlOption = None, as_json: JsonOption = False) -> Non
         console.print(f"queue: position {run.queue.position}, waiting for {run.queue.reason}"
                       + (f" ({run.queue.detail})" if run.queue.detail else ""), highlight=False)
     _print_summary(run)
-    events = _call(client.run_events, run_id)
     table = Table("time", "from", "to", "attempt", "message")
     for event in events.data:
         table.add_row(str(event.time), event.from_status.value if event.from_status else "-", event.to_status.value,

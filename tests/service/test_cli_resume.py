@@ -56,3 +56,21 @@ def test_a_resumed_run_with_a_checkpoint_says_nothing_more_and_a_fork_without_on
         service.repo.transition(child.id, RunStatus.FAILED, error="worker lost")
         resumed = runner.invoke(app, ["resume", child.id, *url])
         assert "no checkpoint of its own, so it starts again from its parent's" in " ".join(resumed.output.split())
+
+
+def test_show_of_a_resumed_run_gives_its_first_start_and_this_attempts(tmp_path, example_spec):
+    runner = CliRunner()
+    with LocalService(tmp_path) as service:
+        url = ["--url", service.url]
+        run = service.repo.create_run(example_spec)
+        service.repo.begin_attempt(run.id, token="t")
+        service.repo.transition(run.id, RunStatus.RUNNING)
+        first = runner.invoke(app, ["show", run.id, *url])
+        assert first.exit_code == 0 and "(attempt 1 started" not in first.output, first.output
+        service.repo.transition(run.id, RunStatus.FAILED, error="worker lost")
+        assert runner.invoke(app, ["resume", run.id, *url]).exit_code == 0
+        service.repo.begin_attempt(run.id, token="t2")
+        service.repo.transition(run.id, RunStatus.RUNNING)
+        shown = " ".join(runner.invoke(app, ["show", run.id, *url]).output.split())
+        # started_at stays the first start; the second attempt's start follows it
+        assert shown.count(" started ") == 2 and "(attempt 2 started " in shown, shown
