@@ -232,7 +232,7 @@ class Trainer:
                 elif self.metrics.due():
                     self._flush_metrics()
                 if save_due:
-                    self.checkpoints.save()
+                    self.checkpoints.save(epoch_done=self.train_loader.exhausted)
             if self.train_loader.exhausted:
                 # An evaluation due on the epoch's last batch runs after EPOCH_END (as in
                 # Composer), so it is labelled with the completed epoch.

@@ -25,7 +25,7 @@ class KilledRun:
     service: RecordingService  # what the killed run reported
 
     def assert_final_checkpoints_bitwise_equal(self, final: str) -> int:
-        """``final``: the checkpoint folder, e.g. ``checkpoints/ep1-ba8``; returns tensors compared."""
+        """``final``: the checkpoint folder, e.g. ``checkpoints/ep2-ba8``; returns tensors compared."""
         return assert_bitwise_equal(f"{run_url(self.storage_url, self.plain_id)}/{final}",
                                     f"{run_url(self.storage_url, self.killed_id)}/{final}")
 

@@ -36,10 +36,10 @@ def test_fsdp_with_fp16_and_a_grad_scaler_resumes_exactly_with_its_weight_averag
                      checkpoint={"interval": "2ba", "keep_last": 10})
     whole = f"file://{tmp_path}/whole"
     run_on_ranks(spec, world_size=2, checkpoint_url=whole, work_dir=tmp_path)
-    shutil.copytree(tmp_path / "whole" / "ep0-ba4", tmp_path / "cut" / "ep0-ba4")
+    shutil.copytree(tmp_path / "whole" / "ep1-ba4", tmp_path / "cut" / "ep1-ba4")
     cut = f"file://{tmp_path}/cut"
     resumed = run_on_ranks(spec, world_size=2, checkpoint_url=cut, work_dir=tmp_path)
-    assert resumed["resumed_from"] == f"{cut}/ep0-ba4" and resumed["loss_steps"] == [5, 6, 7, 8]
+    assert resumed["resumed_from"] == f"{cut}/ep1-ba4" and resumed["loss_steps"] == [5, 6, 7, 8]
 
     assert_bitwise_equal(latest_url(whole), latest_url(cut))  # SWA's average is loaded into the final model
     a, b = trainer_state(latest_url(whole)), trainer_state(latest_url(cut))
@@ -55,8 +55,8 @@ def test_fsdp_with_fp16_and_a_grad_scaler_resumes_exactly_with_its_weight_averag
     for name in ema_a:
         assert torch.equal(ema_a[name].tensor, ema_b[name].tensor), name
     # Stored whole, with both ranks' shards (trainer.pt is written by rank 0 alone).
-    model_at_4 = read_checkpoint(f"{whole}/ep0-ba4")["model"]
-    ema_at_4 = trainer_state(f"{whole}/ep0-ba4")["algorithms"]["ema"]["averaged"]
+    model_at_4 = read_checkpoint(f"{whole}/ep1-ba4")["model"]
+    ema_at_4 = trainer_state(f"{whole}/ep1-ba4")["algorithms"]["ema"]["averaged"]
     assert {name: t.tensor.shape for name, t in ema_at_4.items()} == {name: t.shape for name, t in model_at_4.items()}
 
 

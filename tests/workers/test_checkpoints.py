@@ -35,7 +35,7 @@ def test_a_resumed_run_ends_bitwise_equal_to_the_uninterrupted_run(tmp_path):
         torch.manual_seed(12345)  # the resumed run must not depend on the process's RNG
         train(spec, checkpoint_url=interrupted, sink=sink)
     assert [step for step, _ in sink.values("train/loss")] == list(range(5, 13))
-    assert latest_url(whole).endswith("ep2-ba12") and latest_url(interrupted).endswith("ep2-ba12")
+    assert latest_url(whole).endswith("ep3-ba12") and latest_url(interrupted).endswith("ep3-ba12")
     assert assert_bitwise_equal(latest_url(whole), latest_url(interrupted)) > 10
 
 
@@ -56,7 +56,7 @@ def test_a_checkpoint_without_its_commit_marker_is_never_loaded_and_is_cleaned_u
     spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
     url = f"file://{tmp_path}"
     train(spec, checkpoint_url=url, sink=MemorySink())
-    (tmp_path / "ep0-ba4" / MARKER).unlink()  # a torn write: rank 0 died before committing
+    (tmp_path / "ep1-ba4" / MARKER).unlink()  # a torn write: rank 0 died before committing
     checkpointer = Checkpointer(url, fingerprint={})
     assert checkpointer.latest_committed().name == "ep0-ba2"
 
@@ -64,8 +64,8 @@ def test_a_checkpoint_without_its_commit_marker_is_never_loaded_and_is_cleaned_u
     sink = MemorySink()
     train(longer, checkpoint_url=url, sink=sink)
     assert [step for step, _ in sink.values("train/loss")][0] == 3  # resumed after batch 2, not 4
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba4", "ep1-ba6"]
-    assert (tmp_path / "ep0-ba4" / MARKER).exists()  # rewritten by the resumed run, and committed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep1-ba4", "ep1-ba6"]
+    assert (tmp_path / "ep1-ba4" / MARKER).exists()  # rewritten by the resumed run, and committed
 
 
 def test_a_checkpoint_of_another_model_is_refused_with_a_clear_error(tmp_path):
@@ -129,7 +129,7 @@ def test_checkpoints_round_trip_through_s3_over_http(s3_server):
     sink = MemorySink()
     train(spec, checkpoint_url=url, sink=sink)
     assert [c["url"] for c in sink.checkpoints][-1] == f"{url}/ep1-ba6"
-    assert storage_for(url).listdir(url) == ["ep0-ba4", "ep1-ba6"]
+    assert storage_for(url).listdir(url) == ["ep1-ba4", "ep1-ba6"]
 
     local = f"file:///tmp/tessera-s3-compare-{id(sink)}"
     storage_for(local).remove(local)
@@ -188,11 +188,11 @@ def test_an_s3_outage_during_a_save_leaves_it_uncommitted_and_training_goes_on(s
     outcome = [(c["step"], c["committed"]) for c in sink.checkpoints]
     assert outcome == [(2, True), (4, False), (6, True), (8, True)]
     failed = sink.checkpoints[1]
-    assert "Error" in failed["error"] and failed["url"] == f"{url}/ep0-ba4"
+    assert "Error" in failed["error"] and failed["url"] == f"{url}/ep1-ba4"
     assert [step for step, _ in sink.values("train/loss")] == list(range(1, 9))
     committed = Checkpointer(url, fingerprint={}).checkpoints()
     assert [(c.step, c.committed) for c in committed] == [(2, True), (6, True), (8, True)]  # torn ba4 removed
-    assert not storage_for(url).isfile(join(url, "ep0-ba4", MARKER))
+    assert not storage_for(url).isfile(join(url, "ep1-ba4", MARKER))
 
 
 @pytest.mark.integration
@@ -270,9 +270,9 @@ def test_a_committed_checkpoint_that_lost_a_file_is_skipped_and_its_step_is_save
     spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
     url = f"file://{tmp_path}"
     train(spec, checkpoint_url=url, sink=MemorySink())
-    (tmp_path / "ep0-ba4" / lost).unlink()  # lost from storage after its commit
+    (tmp_path / "ep1-ba4" / lost).unlink()  # lost from storage after its commit
     checkpointer = Checkpointer(url, fingerprint={})
-    assert checkpointer.missing_files(f"{url}/ep0-ba4", 1) == [lost]
+    assert checkpointer.missing_files(f"{url}/ep1-ba4", 1) == [lost]
     assert checkpointer.latest_committed().name == "ep0-ba2"
 
     longer = spec_with_checkpoints(max_duration="6ba", checkpoint={"interval": "2ba", "keep_last": 2})
@@ -280,16 +280,16 @@ def test_a_committed_checkpoint_that_lost_a_file_is_skipped_and_its_step_is_save
     train(longer, checkpoint_url=url, sink=sink)
     assert [step for step, _ in sink.values("train/loss")][0] == 3  # resumed after batch 2
     assert [(c["step"], c["committed"]) for c in sink.checkpoints] == [(4, True), (6, True)]
-    assert any("ep0-ba4" in note and "cannot be loaded" in note for note in sink.notes)
-    assert (tmp_path / "ep0-ba4" / lost).exists() and not checkpointer.missing_files(f"{url}/ep0-ba4", 1)
+    assert any("ep1-ba4" in note and "cannot be loaded" in note for note in sink.notes)
+    assert (tmp_path / "ep1-ba4" / lost).exists() and not checkpointer.missing_files(f"{url}/ep1-ba4", 1)
 
 
 def test_retention_never_deletes_the_last_loadable_checkpoint_for_a_newer_one_that_lost_a_file(tmp_path):
     spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
     train(spec, checkpoint_url=f"file://{tmp_path}", sink=MemorySink())
-    (tmp_path / "ep0-ba4" / "rank0.pt").unlink()
+    (tmp_path / "ep1-ba4" / "rank0.pt").unlink()
     assert Checkpointer(f"file://{tmp_path}", fingerprint={}, keep_last=1).retain() == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba2", "ep0-ba4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba2", "ep1-ba4"]
 
 
 def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path, monkeypatch):
@@ -297,7 +297,7 @@ def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path,
 
     def write_then_lose_trainer_state(self, url, *args):
         written = write_files(self, url, *args)
-        if url.endswith("ep0-ba4"):
+        if url.endswith("ep1-ba4"):
             storage_for(url).remove(join(url, "trainer.pt"))
         return written
 
@@ -308,14 +308,14 @@ def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path,
     outcomes = [(c["step"], c["committed"]) for c in sink.checkpoints]
     assert outcomes == [(2, True), (4, False)], outcomes
     assert "trainer.pt missing from" in sink.checkpoints[-1]["error"]
-    assert not (tmp_path / "ep0-ba4" / MARKER).exists()
+    assert not (tmp_path / "ep1-ba4" / MARKER).exists()
 
 
 @pytest.mark.parametrize("garbled", [MARKER, ".metadata"])
 def test_a_committed_checkpoint_whose_marker_or_metadata_no_longer_parses_counts_as_damaged(tmp_path, garbled):
     spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
     train(spec, checkpoint_url=f"file://{tmp_path}", sink=MemorySink())
-    (tmp_path / "ep0-ba4" / garbled).write_bytes(b"\x80not what was written")
+    (tmp_path / "ep1-ba4" / garbled).write_bytes(b"\x80not what was written")
     checkpointer = Checkpointer(f"file://{tmp_path}", fingerprint={}, keep_last=1)
     assert checkpointer.latest_committed().name == "ep0-ba2" and "unreadable" in checkpointer.damaged[0]
     assert checkpointer.retain() == []  # no error, and the loadable one stays

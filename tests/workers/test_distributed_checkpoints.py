@@ -42,16 +42,16 @@ def test_resume_on_the_same_world_size_is_exact_and_on_another_one_finishes(stra
     assert first["groups_freed_by_close"] == 1  # the checkpointer's own gloo group
 
     # 2 → 2 from batch 4: bitwise equal to the uninterrupted run.
-    cut = copy_checkpoint(tmp_path, "ep0-ba4", "whole", "cut")
+    cut = copy_checkpoint(tmp_path, "ep1-ba4", "whole", "cut")
     resumed = run_on_ranks(spec, world_size=2, checkpoint_url=cut, work_dir=tmp_path)
-    assert resumed["resumed_from"] == f"{cut}/ep0-ba4" and resumed["loss_steps"] == [5, 6, 7, 8]
+    assert resumed["resumed_from"] == f"{cut}/ep1-ba4" and resumed["loss_steps"] == [5, 6, 7, 8]
     assert_bitwise_equal(latest_url(whole), latest_url(cut))
 
     # 2 → 1 (elastic): the 2-worker checkpoint reshards onto one worker and training finishes.
     one = resnet_spec(strategy, 1, checkpoint=spec.checkpoint.model_dump())
-    shrunk = copy_checkpoint(tmp_path, "ep0-ba4", "whole", "shrunk")
+    shrunk = copy_checkpoint(tmp_path, "ep1-ba4", "whole", "shrunk")
     elastic = run_on_ranks(one, world_size=1, checkpoint_url=shrunk, work_dir=tmp_path)
-    assert elastic["resumed_from"] == f"{shrunk}/ep0-ba4" and elastic["loss_steps"] == [5, 6, 7, 8]
+    assert elastic["resumed_from"] == f"{shrunk}/ep1-ba4" and elastic["loss_steps"] == [5, 6, 7, 8]
     assert elastic["checkpoints"][-1]["world_size"] == 1 and elastic["metrics"]["time/batch"] == 8
     if strategy == "fsdp":
         return

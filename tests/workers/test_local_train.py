@@ -82,7 +82,7 @@ def test_the_cli_resumes_a_killed_run_and_ends_bitwise_equal_to_an_uninterrupted
     assert "checkpoints go to" in killed.stdout
     resumed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resuming from file://{tmp_path}/ckpt/runs/local-resume/checkpoints/ep0-ba4 (batch 4)" in resumed.stdout
+    assert f"resuming from file://{tmp_path}/ckpt/runs/local-resume/checkpoints/ep1-ba4 (batch 4)" in resumed.stdout
     metrics = json.loads(resumed.stdout[resumed.stdout.rindex("\n{"):])
     assert metrics["time/batch"] == 8
 

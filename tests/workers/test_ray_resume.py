@@ -36,4 +36,4 @@ def test_resume_after_worker_kill_matches_uninterrupted_run(ray_client, s3_serve
         # and the batches after it trained (and were reported) again after the restart.
         assert set(service.steps("train/loss")) == set(range(1, 9))
         assert [c["step"] for c in service.checkpoints if c["committed"]][-1] == 8
-        assert run.assert_final_checkpoints_bitwise_equal("checkpoints/ep1-ba8") > 0
+        assert run.assert_final_checkpoints_bitwise_equal("checkpoints/ep2-ba8") > 0

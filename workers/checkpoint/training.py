@@ -124,8 +124,11 @@ class TrainingCheckpoints:
         if self.checkpointer is not None and step != self.last_saved_batch:
             self.save()
 
-    def save(self) -> None:
-        """Save this rank's part of a checkpoint now (collective)."""
+    def save(self, *, epoch_done: bool = False) -> None:
+        """Save this rank's part of a checkpoint now (collective). ``epoch_done``: the save falls
+        on the epoch's last batch, before the trainer moves the state past the epoch's end; it is
+        labelled with the epochs done (``ep1-ba22`` for the end of the first, as Composer names
+        it, and as the final save after that epoch is), not the one in progress."""
         if self.checkpointer is None:
             return
         state = self.state
@@ -136,7 +139,7 @@ class TrainingCheckpoints:
         self.checkpointer.save(model=state.model, optimizer=state.optimizer,
                                trainer_state={name: part.state_dict() for name, part in self.shared.items()},
                                rank_state={name: part.state_dict() for name, part in self.per_rank.items()},
-                               epoch=state.timestamp.epoch, step=state.timestamp.batch)
+                               epoch=state.timestamp.epoch + (1 if epoch_done else 0), step=state.timestamp.batch)
 
     def resume(self) -> CheckpointInfo | None:
         """Load the newest committed checkpoint, if any (the same one on every rank), into the
