@@ -37,7 +37,8 @@ seed: 42
 // examples/digits_sweep.yaml (a test holds the two together).
 const SWEEP_EXAMPLE = `# Which of three speedup methods (alone or none) and which learning rate give ResNet-20 on
 # digits its best eval accuracy? 4 algorithm sets x 2 learning rates = 8 trials, two at a
-# time; ASHA stops the weak ones after the first epoch. Each trial is a run of its own.
+# time; ASHA stops the weaker half after two of the three epochs (after one, every trial is
+# still near chance). Each trial is a run of its own.
 name: digits-recipes
 base:
   name: digits-resnet
@@ -57,7 +58,7 @@ search:
   params:
     optimizer.lr: {grid: [0.05, 0.1]}
 metric: eval/accuracy                       # mode follows the metric (max)
-scheduler: {name: asha, grace_period: "1ep", reduction_factor: 2}
+scheduler: {name: asha, grace_period: "2ep", reduction_factor: 2}
 max_concurrent_trials: 2
 `;
 
