@@ -88,6 +88,11 @@ def test_a_sweeps_trials_end_their_mlflow_runs_when_asha_stops_one_and_the_sweep
     completed, stopped = trial("2ep", RunStatus.COMPLETED), trial("1ep", RunStatus.STOPPED)
     assert completed is not None and stopped is not None, [(r.spec["max_duration"], r.status)
                                                            for r in client.iter_runs(sweep_id=created.id)]
+    # The evaluation ASHA stopped it on reached the service before Tune saw it: a STOPPED run
+    # takes no more reports, and sent after the stop it was refused and lost.
+    assert "eval/accuracy" in stopped.best and "eval/accuracy" in stopped.summary, stopped.summary
+    [stopped_trial] = [t for t in client.get_sweep(created.id).trials if t.run_id == stopped.id]
+    assert stopped_trial.metric == pytest.approx(stopped.best["eval/accuracy"])
 
     def mlflow_runs() -> dict:
         """The trials' MLflow runs (this test's experiment holds nothing else), by Tessera run id."""

@@ -10,6 +10,14 @@ from cli.main import app
 from tests.dashboard.conftest import LocalService
 
 
+def running_run(service, spec):
+    """A run stored, its first attempt begun and RUNNING, as a worker's first report leaves it."""
+    run = service.repo.create_run(spec)
+    service.repo.begin_attempt(run.id, token="t")
+    service.repo.transition(run.id, RunStatus.RUNNING)
+    return run
+
+
 def test_resume_requeues_a_failed_run_as_its_next_attempt_and_refuses_a_queued_one(tmp_path, example_spec):
     runner = CliRunner()
     with LocalService(tmp_path) as service:
@@ -38,9 +46,7 @@ def test_a_resumed_run_with_a_checkpoint_says_nothing_more_and_a_fork_without_on
     runner = CliRunner()
     with LocalService(tmp_path) as service:
         url = ["--url", service.url]
-        saved = service.repo.create_run(example_spec)
-        service.repo.begin_attempt(saved.id, token="t")
-        service.repo.transition(saved.id, RunStatus.RUNNING)
+        saved = running_run(service, example_spec)
         service.repo.add_checkpoint(saved.id, CheckpointReport(step=4, epoch=0, time=datetime.now(timezone.utc),
                                                                url=f"file:///c/{saved.id}/ep0-ba4", committed=True,
                                                                bytes=10, world_size=1))
@@ -62,9 +68,7 @@ def test_show_of_a_resumed_run_gives_its_first_start_and_this_attempts(tmp_path,
     runner = CliRunner()
     with LocalService(tmp_path) as service:
         url = ["--url", service.url]
-        run = service.repo.create_run(example_spec)
-        service.repo.begin_attempt(run.id, token="t")
-        service.repo.transition(run.id, RunStatus.RUNNING)
+        run = running_run(service, example_spec)
         first = runner.invoke(app, ["show", run.id, *url])
         assert first.exit_code == 0 and "(attempt 1 started" not in first.output, first.output
         service.repo.transition(run.id, RunStatus.FAILED, error="worker lost")
