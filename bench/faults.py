@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BATCHES = 24  # 6 epochs of 4 batches; checkpoints every 3 batches (async), evaluation every 8
-FINAL_CHECKPOINT = f"checkpoints/ep5-ba{BATCHES}"  # saved at the last batch, before the epoch count moves on
+FINAL_CHECKPOINT = f"checkpoints/ep6-ba{BATCHES}"  # an interval save on the last batch: 6 epochs done
 # (kill at batch, during): "batch" = at the end of that batch (before a save or evaluation due
 # there); "eval" = as the evaluation at that batch starts; "save" = at the end of that batch
 # without waiting for the asynchronous save in flight (a torn write).

@@ -64,7 +64,7 @@ def _checked_url(value: str | None) -> str | None:
 
 UrlOption = Annotated[Optional[str], typer.Option(
     "--url", envvar="TESSERA_URL", show_default=False, callback=_checked_url,
-    help="service base URL \\[default: the URL in .tessera/credentials, else http://127.0.0.1:8000]")]
+    help="service base URL (default: the URL in .tessera/credentials, else http://127.0.0.1:8000)")]
 SetOption = Annotated[Optional[list[str]], typer.Option(
     "--set", help="a change to the file's spec, dotted.key=value (repeatable), e.g. max_duration=1ep, "
                   "optimizer.lr=0.05, algorithms.cutmix.alpha=0.5 (a method by its name); value null removes "

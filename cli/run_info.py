@@ -85,7 +85,7 @@ def register(app: typer.Typer, url_option, call) -> None:
                 console.print(f"run {run_id} has no committed checkpoint yet (the spec's checkpoint.interval says "
                               f"how often it saves one)", highlight=False, markup=False)
                 return
-            table = listing(kept("step", STEP_WIDTH), "epoch", "attempt", "time", "size", "workers", "url")
+            table = listing(kept("step", STEP_WIDTH), "epochs done", "attempt", "time", "size", "workers", "url")
             table.columns[-1].overflow = "fold"  # a URL whole, over two lines if it must
             for view in committed:
                 table.add_row(str(view.step), str(view.epoch), str(view.attempt), view.time.strftime(TIME_FORMAT),

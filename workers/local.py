@@ -93,7 +93,7 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         address = _start_local_ray(num_cpus=max(4, needed), env_vars={"PYTHONPATH": pythonpath})
         started = True
-        log.info("started a local Ray (GCS at %s) for %d workers", address, spec.parallelism.num_workers)
+        log.info("local Ray at %s for %d workers", address, spec.parallelism.num_workers)
     run_id = spec.name if storage_url is not None else f"local-{spec.name}-{uuid.uuid4().hex[:8]}"
     started_ms = int(time.time() * 1000)  # a run id of a spec's name: another train of it may be running
     try:
@@ -132,8 +132,8 @@ def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str]) -> str:
     chosen first: Ray's head takes it from ``RAY_GCS_SERVER_PORT`` (ray/_private/node.py, 2.60)."""
     import ray
 
-    if os.environ.get(ADDRESS_VARIABLE):  # ray.init connects there instead of starting one
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env_vars})
+    if os.environ.get(ADDRESS_VARIABLE):  # ray.init connects there (no num_cpus for a cluster that runs)
+        ray.init(runtime_env={"env_vars": env_vars})
         return os.environ[ADDRESS_VARIABLE]
     port = _unused_port()
     address = f"{ray.util.get_node_ip_address()}:{port}"
@@ -147,7 +147,11 @@ def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str]) -> str:
             os.environ.pop(GCS_PORT_VARIABLE, None)
         else:
             os.environ[GCS_PORT_VARIABLE] = before
-    return address
+    actual = ray.get_runtime_context().gcs_address
+    if actual.rsplit(":", 1)[-1] != str(port):  # a Ray that no longer reads the variable
+        log.warning("the local Ray's GCS is at %s, not on port %d as asked (%s): Ray Train's lookups may find "
+                    "another cluster on this machine", actual, port, GCS_PORT_VARIABLE)
+    return actual
 
 
 def _unused_port() -> int:

@@ -63,8 +63,8 @@ class ServiceReporter:
         self._lock = threading.Lock()        # guards _pending
         self._spooling = threading.Lock()    # one mover at a time: batches enter the spool in order
         self._wake = threading.Event()
-        self._answered = threading.Condition()  # notified as the sender removes a report from the spool
-        self._last_put: int | None = None  # the newest report spooled (its sequence number)
+        self._answered = threading.Condition()  # notified as the sender removes a report or fails to send one
+        self.retrying = False  # the sender's last try failed (the service is unreachable or answers 5xx)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._send_loop, name="tessera-reports", daemon=True)
         self._thread.start()
@@ -100,15 +100,17 @@ class ServiceReporter:
 
     def deliver(self, timeout_s: float) -> bool:
         """``flush``, then wait up to ``timeout_s`` until the service has answered every report
-        spooled so far (stored it, or refused it: logged). False if it has not by then, or the
-        sender gave up (the next call raises ``ReportsUndeliverable``)."""
+        spooled so far (stored it, or refused it: logged). False if it has not by then, or as soon
+        as a try fails (the service is down: the reports wait in the spool, and training does not
+        wait out ``timeout_s`` at every evaluation of an outage). Raises ``ReportsUndeliverable``
+        as ``flush`` does once the sender has given up."""
         self.flush()
-        target = self._last_put
+        target = self.spool.last_put()  # the spool's, not the caller's: the checkpoint writer puts too
         deadline = time.monotonic() + timeout_s
         with self._answered:
-            while target is not None and self.spool.holds_through(target):
+            while self.spool.holds_through(target):
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.failure is not None or not self._thread.is_alive():
+                if remaining <= 0 or self.retrying or self.failure is not None or not self._thread.is_alive():
                     return False
                 self._answered.wait(remaining)
         return True
@@ -136,7 +138,7 @@ class ServiceReporter:
         while True:
             self._raise_if_failed()
             try:
-                self._last_put = self.spool.put(kind, payload)
+                self.spool.put(kind, payload)
                 self._wake.set()
                 return True
             except SpoolFull:
@@ -183,6 +185,7 @@ class ServiceReporter:
             except Exception as exc:
                 if not is_retryable(exc):
                     self.refused += 1
+                    self.retrying = False
                     log.error("the service refused %s report of run %s: %s: %s", entry.kind, self.run_id,
                               type(exc).__name__, exc)
                     self._answer(entry.seq)
@@ -195,14 +198,18 @@ class ServiceReporter:
                     return
                 log.warning("reporting to the service failed (%s: %s); %d report(s) spooled, retrying in %.1fs",
                             type(exc).__name__, exc, len(self.spool), delay)
+                self.retrying = True
+                self._answer(None)
                 time.sleep(delay)
                 delay = min(2 * delay, self.max_delay_s)
                 continue
+            self.retrying = False
             self._answer(entry.seq)
             down_since, delay = None, self.first_delay_s
 
     def _answer(self, seq: int | None) -> None:
-        """The service answered report ``seq`` (None: the sender gave up): wake ``deliver``."""
+        """The service answered report ``seq`` (None: a try failed, or the sender gave up): wake
+        ``deliver``."""
         if seq is not None:
             self.spool.pop(seq)
         with self._answered:

@@ -94,6 +94,11 @@ class Spool:
         raw = json.loads((self.directory / f"{seq:012d}.json").read_bytes())
         return Entry(seq, raw["kind"], raw["body"])
 
+    def last_put(self) -> int:
+        """The sequence number of the newest report in the spool or delivered from it (0: none)."""
+        with self._lock:
+            return self._next - 1
+
     def holds_through(self, seq: int) -> bool:
         """Whether a report numbered ``seq`` or lower is still undelivered."""
         with self._lock:

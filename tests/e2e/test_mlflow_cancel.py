@@ -89,7 +89,8 @@ def test_a_sweeps_trials_end_their_mlflow_runs_when_asha_stops_one_and_the_sweep
     assert completed is not None and stopped is not None, [(r.spec["max_duration"], r.status)
                                                            for r in client.iter_runs(sweep_id=created.id)]
     # The evaluation ASHA stopped it on reached the service before Tune saw it: a STOPPED run
-    # takes no more reports, and sent after the stop it was refused and lost.
+    # takes no more reports, and sent after the stop it was refused and lost. (A race: seen in
+    # one trial of eight; tests/workers/test_trainer.py and test_reporters.py pin the order.)
     assert "eval/accuracy" in stopped.best and "eval/accuracy" in stopped.summary, stopped.summary
     [stopped_trial] = [t for t in client.get_sweep(created.id).trials if t.run_id == stopped.id]
     assert stopped_trial.metric == pytest.approx(stopped.best["eval/accuracy"])

@@ -310,7 +310,8 @@ def test_no_help_page_shows_restructuredtext_markup():
 
 def test_no_help_text_is_swallowed_as_rich_markup():
     """Typer renders help through rich, which drops ``[word ...]`` as a style tag: an option's
-    ``[default: ...]`` vanished from every page. Such brackets are escaped (``\\[``)."""
+    ``[default: ...]`` vanished from every page. Help text uses parentheses (an escaped ``\\[``
+    would reach shell completion's descriptions as it is)."""
     import re
 
     from typer.main import get_command
@@ -326,4 +327,4 @@ def test_no_help_text_is_swallowed_as_rich_markup():
              if tag.search(text)]
     assert found == []
     page = tessera("show", "--help", COLUMNS="200").stdout
-    assert "[default: the URL in .tessera/credentials, else http://127.0.0.1:8000]" in page
+    assert "(default: the URL in .tessera/credentials, else http://127.0.0.1:8000)" in page

@@ -37,8 +37,9 @@ seed: 42
 // examples/digits_sweep.yaml (a test holds the two together).
 const SWEEP_EXAMPLE = `# Which of three speedup methods (alone or none) and which learning rate give ResNet-20 on
 # digits its best eval accuracy? 4 algorithm sets x 2 learning rates = 8 trials, two at a
-# time; ASHA stops the weaker half after two of the three epochs (after one, every trial is
-# still near chance). Each trial is a run of its own.
+# time. ASHA's rung is at two of the three epochs: a trial below the median of those that reached
+# it before is stopped there (after one epoch every trial is still near chance). Each trial is a
+# run of its own.
 name: digits-recipes
 base:
   name: digits-resnet
