@@ -179,10 +179,8 @@ def runs(
             return
         notes = [f"only runs that reported {best_key} are listed (a mistyped key lists none; tessera metrics RUN "
                  "shows a run's keys)"] if best_key else []
-        if archived == "false":
-            notes.append("archived runs are hidden (--archived all lists them too)")
-        none_listed("runs", {"status": status, "tag": tag, "name": name, "project": project, "order-by": order_by,
-                             "archived": None if archived == "false" else archived}, *notes)
+        none_listed("runs", {"status": status, "tag": tag, "name": name, "project": project, "order-by": order_by},
+                    *notes, archived=archived)
 
     emit(page.data, as_json=as_json, render=render)
 

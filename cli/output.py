@@ -120,12 +120,17 @@ def listing(*columns: Column | str) -> Table:
     return Table(*columns, padding=(0, 1), collapse_padding=True, pad_edge=False)
 
 
-def none_listed(what: str, options: dict[str, str | None], *notes: str) -> None:
+def none_listed(what: str, options: dict[str, str | None], *notes: str, archived: str = "false") -> None:
     """An empty list's human view: one line on stderr (stdout, which a script may read, keeps the
     table's bare header) that says no ``what`` matched, with the options given that filtered it
-    (``--tag nightly``, None: not given) and ``notes`` on why a list can come back empty."""
+    (``--tag nightly``, None: not given) and ``notes`` on why a list can come back empty. The
+    list's ``--archived``: its default ("false") hides archived ones, which a note says."""
     import shlex
 
+    if archived == "false":
+        notes = (*notes, f"archived {what} are hidden (--archived all lists them too)")
+    else:
+        options = {**options, "archived": archived}
     given = " ".join(f"--{name} {shlex.quote(value)}" for name, value in options.items() if value is not None)
     line = "; ".join([f"no {what} match {given}" if given else f"no {what}", *notes])
     err_console.print(line, highlight=False, markup=False, soft_wrap=True)

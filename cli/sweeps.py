@@ -88,9 +88,7 @@ def list_sweeps(
     def render() -> None:
         console.print(_sweeps_table(page.data))
         if not page.data:
-            hidden = ["archived sweeps are hidden (--archived all lists them too)"] if archived == "false" else []
-            none_listed("sweeps", {"status": status, "name": name, "project": project,
-                                   "archived": None if archived == "false" else archived}, *hidden)
+            none_listed("sweeps", {"status": status, "name": name, "project": project}, archived=archived)
 
     emit(page.data, as_json=as_json, render=render)
 

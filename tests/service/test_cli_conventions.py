@@ -175,7 +175,7 @@ def test_on_a_terminal_the_console_keeps_rich_s_width():
             return len(text)
 
         def flush(self) -> None:
-            pass
+            """Nothing is buffered: ``write`` keeps nothing."""
 
     assert _Console(file=Terminal(), _environ={}).width == Console(file=Terminal(), _environ={}).width != PIPED_WIDTH
     assert _Console(file=Terminal(), width=100).width == 100
