@@ -42,6 +42,11 @@ def read_credentials(path: Path, name: str = KEY_VARIABLE) -> str | None:
         text = path.read_text()
     except OSError:  # missing, a folder, not readable
         return None
+    return _value_in(text, name)
+
+
+def _value_in(text: str, name: str) -> str | None:
+    """The value of ``name`` in a credentials file's ``text``; None if it names none."""
     for line in text.splitlines():
         found, _, value = line.strip().partition("=")
         if found.strip() == name and value.strip():
@@ -120,7 +125,7 @@ def record_service_url(path: Path, url: str) -> bool:
         text = path.read_text()
     except OSError:
         return False
-    if read_credentials(path) is None or read_credentials(path, URL_VARIABLE) == url:
+    if _value_in(text, KEY_VARIABLE) is None or _value_in(text, URL_VARIABLE) == url:
         return False
     # An earlier version wrote the URL as a "# service: URL" comment: one URL per file.
     lines = [line for line in text.splitlines()
