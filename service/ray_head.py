@@ -12,8 +12,10 @@ import logging
 import os
 import secrets
 import shlex
+import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,7 +62,7 @@ def start_embedded_ray(settings: "Settings", *, timeout_s: float = 120.0) -> str
 
     # Ray puts unix sockets under its temp dir; their paths must stay short.
     temp_dir = tempfile.mkdtemp(prefix="tsr", dir="/tmp")
-    with _free_dashboard_agent_port():
+    with _free_dashboard_agent_port(), _sigterm_handler_kept():
         context = ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
                            _temp_dir=temp_dir, log_to_driver=False)
     address = f"http://{context.dashboard_url}"
@@ -91,6 +93,23 @@ def _record_cluster_address(gcs_address: str, temp_dir: str) -> None:
                     "its jobs may connect there")
         return
     write_ray_address(gcs_address, temp_dir)
+
+
+@contextlib.contextmanager
+def _sigterm_handler_kept() -> Iterator[None]:
+    """Put this process's SIGTERM handler back after the block: ``ray.init`` replaces it with one
+    that calls ``sys.exit`` (ray/_private/worker.py, 2.60). Started from the app's lifespan, the
+    head would otherwise take SIGTERM from uvicorn, so ``kill``, systemd, Docker and Kubernetes
+    stopped the service with a ``SystemExit`` traceback, skipping uvicorn's graceful shutdown and
+    the app's own, where SIGINT shut it down cleanly."""
+    if threading.current_thread() is not threading.main_thread():  # no handler to keep (or set)
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, handler)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -43,6 +44,13 @@ def test_serve_with_embedded_defaults_runs_a_job_to_completion_its_driver_forked
         assert ports and ray_head.port not in ports
         assert (tmp_path / "home" / "tessera.db").is_file()
         assert client.health()["database"] == "ok"
+        # SIGTERM (kill, systemd, Docker, Kubernetes) stops it as gracefully as Ctrl-C: the
+        # embedded Ray head's start must not have taken the signal's handler from uvicorn, whose
+        # own re-raises the signal once it has shut down (Ray's exited 15 mid-request).
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.proc.wait(60) == -signal.SIGTERM, service.log_path.read_text()[-3000:]
+        log = service.log_path.read_text()
+        assert "Application shutdown complete" in log and "Traceback" not in log, log[-3000:]
     finally:
         service.stop()
         shutil.rmtree(tmp, ignore_errors=True)
