@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from api.process_logging import quiet_http_clients
+from service.api_docs import mount_api_docs
 from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, migrate
 from service.dispatch_lease import lease_for
@@ -56,7 +57,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
         summary="Experiment service for PyTorch training with Composer-style speedup algorithms",
         version="0.1.0",
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url=f"{API_PREFIX}/docs",
+        docs_url=None,  # FastAPI's loads Swagger UI from a CDN: served from the vendored copy (mount_api_docs)
         redoc_url=None,
         lifespan=_lifespan(settings, jobs, run_dispatcher),
     )
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None, *, jobs: JobsClient | None = No
         app.include_router(module.router)
     app.include_router(logs.sweep_router)
     mount_dashboard(app)
+    mount_api_docs(app, f"{API_PREFIX}/docs")
     return app
 
 

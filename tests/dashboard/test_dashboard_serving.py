@@ -63,18 +63,30 @@ def test_the_dashboard_loads_nothing_from_other_hosts():
     assert {name: hits for name, hits in offenders.items() if hits} == {}
 
 
+def test_the_api_docs_page_loads_swagger_ui_from_the_service_itself(client):
+    """FastAPI's own docs page loads Swagger UI from cdn.jsdelivr.net: blank without internet."""
+    page = client.get(f"{API}/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assets = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", page.text)
+    assert {"/static/vendor/swagger-ui-bundle.js", "/static/vendor/swagger-ui.css", f"{API}/openapi.json"} <= set(assets)
+    assert not [asset for asset in assets if "//" in asset], assets  # nothing from another host
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset
+
+
 def test_vendored_libraries_are_the_recorded_versions_with_their_licenses():
     vendor = STATIC_DIR / "vendor"
     manifest = (vendor / "VENDOR.md").read_text()
     recorded = dict((name, digest) for digest, name in re.findall(r"^([0-9a-f]{64})  (\S+)$", manifest, flags=re.M))
-    code = {p.name for p in vendor.iterdir() if p.suffix in (".js", ".mjs", ".css")}
+    code = {p.name for p in vendor.iterdir() if p.suffix in (".js", ".mjs", ".css", ".png")}
     assert set(recorded) == code, "every vendored file, and only those, has a recorded sha256"
     for name, digest in recorded.items():
         actual = hashlib.sha256((vendor / name).read_bytes()).hexdigest()
         assert actual == digest, f"{name} differs from the recorded copy"
-    for package, version in {"uplot": "1.6.32", "js-yaml": "5.5.0", "marked": "18.2.1", "dompurify": "3.5.0"}.items():
+    for package, version in {"uplot": "1.6.32", "js-yaml": "5.5.0", "marked": "18.2.1", "dompurify": "3.5.0",
+                             "swagger-ui-dist": "5.36.0"}.items():
         assert re.search(rf"\| {re.escape(package)} \| {re.escape(version)} \|", manifest), package
-        assert (vendor / f"LICENSE.{package}").is_file(), f"{package}'s license is not shipped"
+        assert (vendor / f"LICENSE.{package.removesuffix('-dist')}").is_file(), f"{package}'s license is not shipped"
     assert "uPlot (v1.6.32)" in (vendor / "uPlot.esm.js").read_text()[:400]
     assert "js-yaml 5.5.0" in (vendor / "js-yaml.mjs").read_text()[:200]
     assert "marked v18.2.1" in (vendor / "marked.esm.js").read_text()[:200]
