@@ -71,6 +71,10 @@ class JobKind:
         # The job's log is read as text (tessera logs, the dashboard), not on a terminal: Ray
         # prefixes its workers' lines without colour codes then (ray/_private/worker.py).
         env.setdefault("RAY_COLOR_PREFIX", "0")
+        # Every line of every worker, as printed: Ray's driver otherwise folds lines that several
+        # workers print within 5 s into "[repeated 3x across cluster]", which cut two ranks'
+        # tracebacks into fragments (ray/_private/ray_logging, RAY_DEDUP_LOGS).
+        env.setdefault("RAY_DEDUP_LOGS", "0")
         prefix = f"TESSERA_{self.name.upper()}"
         env.update({
             "TESSERA_SERVICE_URL": settings.public_url,

@@ -47,6 +47,7 @@ def test_queued_run_is_submitted_once_with_its_attempt_id_entrypoint_and_env(dis
     assert env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.2" and env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
     assert env["TESSERA_TEST_FAIL_AT_STEP"] == "3" and "TESSERA_DATABASE_URL" not in env
     assert env["RAY_COLOR_PREFIX"] == "0"  # the log is read as text: no colour codes in Ray's prefixes
+    assert env["RAY_DEDUP_LOGS"] == "0"  # every worker's lines as printed, not folded into "[repeated 2x ...]"
     assert dispatcher.repo.check_token(run.id, env["TESSERA_RUN_TOKEN"])
     started = dispatcher.repo.get_run(run.id)
     assert started.status is S.STARTING and started.ray_job_id == job_id
