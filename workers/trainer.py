@@ -45,6 +45,7 @@ from workers.models.user_code import loss_of
 from workers.paths import run_of_checkpoints
 from workers.optim import build_optimizer, build_scheduler
 from workers.outcome import FINAL_SAVED_KEY
+from workers.output_check import check_first_outputs
 from workers.parallel import (all_reduce_max, all_reduce_sum, average_buffers, average_gradients, device_for,
                               is_fsdp, no_sync, rank_and_world_size, unwrap, wrap_model)
 from workers.precision import autocast, grad_scaler
@@ -106,7 +107,8 @@ class Trainer:
                                                device=self.device, seed=spec.seed)
         item_shape = getattr(self.train_loader, "item_shape", None)  # your own data set's
         self.eval_loader = build_eval_loader(spec, rank=self.rank, world_size=self.world_size, device=self.device,
-                                             num_classes=self.train_loader.num_classes, item_shape=item_shape)
+                                             num_classes=self.train_loader.num_classes, item_shape=item_shape,
+                                             check_train=getattr(self.train_loader, "check_items", None))
         num_classes, in_channels = self.train_loader.num_classes, self.train_loader.in_channels
         _check_features_fit(spec, item_shape)
 
@@ -125,6 +127,8 @@ class Trainer:
         self.state = State(model=model, num_classes=num_classes, max_batches=max_batches,
                            loss_fn=loss_of(model, soft_cross_entropy), device=self.device, precision=spec.precision,
                            rank=self.rank, world_size=self.world_size, algorithms=algorithms)
+        if self.state.loss_fn is soft_cross_entropy:  # its logits' shape is known: checked on the first step
+            check_first_outputs(self.state, spec=spec, text=self.counts_tokens)
         self.engine = Engine(algorithms, callbacks)
         self.train_loader.sample_transforms = self.state.sample_transforms  # one list: FIT_START installs
         self.state.train_batches = self.train_loader.fresh_epoch  # SWA's BatchNorm pass

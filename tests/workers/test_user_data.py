@@ -156,6 +156,31 @@ def test_an_evaluation_set_of_another_shape_than_trainings_is_refused(user_packa
                        shape=(1, 8, 8))
 
 
+def test_a_training_set_whose_items_disagree_is_named_before_the_evaluation_set_is_blamed(user_package):
+    """The evaluation set's shape is compared with the training set's item 0; a training set whose
+    own items disagree (item 5 of another shape) is the error, not the evaluation set it was compared with."""
+    from api.specs import RunSpec
+    from tests.workers.byo_helpers import user_spec
+    from workers.trainer import Trainer
+
+    body = user_spec("bad-train", None, user_data=True)
+    body["data"]["train"]["params"] = {"bad_shape_at": 5}
+    body["data"]["eval"]["params"] = {"channels": 3}
+    with pytest.raises(UserCodeError, match=r"^data.train.import 'my_project.data:train_set': item 5: inputs have "
+                                            r"shape \(1, 4, 8\) but item 0 has \(1, 8, 8\)"):
+        Trainer(RunSpec.model_validate(body))
+
+
+def test_an_evaluation_set_of_another_shape_is_refused_once_the_training_sets_first_items_agree(user_package):
+    train = loader(spec())
+    assert train.check_items() == 64 and train.check_items(8) == 8  # every item of 64, or the first 8
+    with pytest.raises(UserCodeError, match=r"data.eval.import 'my_project.data:test_set': its items have shape "
+                                            r"\(3, 8, 8\), but data.train's have \(1, 8, 8\) \(its first 64 items "
+                                            r"all do\); evaluation data must have the training data's shape"):
+        UserDataLoader(spec("test_set", params={"channels": 3}), field="data.eval", batch_size=16, train=False,
+                       shape=train.item_shape, check_train=train.check_items)
+
+
 def test_feature_vectors_with_a_named_model_fail_naming_both(user_package):
     from api.specs import RunSpec
     from tests.workers.byo_helpers import user_spec

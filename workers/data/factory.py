@@ -10,7 +10,7 @@ Every loader has the interface the trainer uses: ``len``, iteration, ``set_epoch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -66,11 +66,14 @@ def build_train_loader(spec: Any, *, rank: int, world_size: int, device: torch.d
 
 
 def build_eval_loader(spec: Any, *, rank: int, world_size: int, device: torch.device | str,
-                      num_classes: int | None = None, item_shape: tuple[int, ...] | None = None) -> Any | None:
+                      num_classes: int | None = None, item_shape: tuple[int, ...] | None = None,
+                      check_train: Callable[[], int] | None = None) -> Any | None:
     """This rank's evaluation loader (no shuffling, no padding: each example once across ranks), or
     None without ``data.eval``. ``num_classes``: the training loader's, which your own evaluation
     set (``import``) has when neither its spec nor the data set says; ``item_shape``: the
-    training set's items' (your own), which your own evaluation set's must have."""
+    training set's items' (your own), which your own evaluation set's must have; ``check_train``:
+    the training loader's ``check_items``, run before your evaluation set is refused for another
+    shape, so that a training set whose own items disagree is named instead."""
     from workers.data import TensorLoader, build_dataset
 
     data = spec.data
@@ -81,7 +84,7 @@ def build_eval_loader(spec: Any, *, rank: int, world_size: int, device: torch.de
     if data.eval.name == "import":
         return _imported(data.eval, "data.eval", batch_size=per_rank * world_size, rank=rank,
                          world_size=world_size, train=False, seed=0, device=device, num_classes=num_classes,
-                         shape=item_shape)
+                         shape=item_shape, check_train=check_train)
     if data.eval.name in STREAMED:
         return _streamed(data.eval, batch_size=per_rank * world_size, rank=rank, world_size=world_size,
                          train=False, seed=0, device=device)

@@ -22,7 +22,7 @@ item's index, what it was and what is allowed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import IterableDataset
@@ -33,6 +33,10 @@ from workers.data.position import rank_batch_size
 from workers.data.user_items import UserItems, collate_items
 from workers.models.code_cache import UserCodeError
 from workers.models.user_code import call_user, error_with_tail
+
+# How many of the training set's first items are read before an evaluation set of another shape is
+# refused: enough to find a training set whose own items disagree, few enough to fail fast.
+TRAIN_ITEMS_CHECKED = 256
 
 
 def build_user_dataset(spec: ImportedDataSpec, *, field: str) -> Any:
@@ -79,11 +83,13 @@ class UserDataLoader(IndexBatchLoader):
     ``field``: where the spec is (``data.train``, ``data.eval``), for messages; ``num_classes``:
     the training set's, for evaluation: the fallback when neither the spec nor the data set gives
     one, and the number the data set's must equal;
-    ``shape``: the items' shape it must have (evaluation: the training set's)."""
+    ``shape``: the items' shape it must have (evaluation: the training set's); ``check_train``: the
+    training loader's ``check_items``, called before this data set is refused for another shape."""
 
     def __init__(self, spec: ImportedDataSpec, *, field: str, batch_size: int, rank: int = 0, world_size: int = 1,
                  train: bool = True, drop_last: bool = True, seed: int = 0, device: torch.device | str = "cpu",
-                 num_classes: int | None = None, shape: tuple[int, ...] | None = None):
+                 num_classes: int | None = None, shape: tuple[int, ...] | None = None,
+                 check_train: Callable[[], int] | None = None):
         rank_batch_size(batch_size, world_size)  # before listing or building anything
         where = f"{field}.import {spec.import_path!r}"
         dataset = build_user_dataset(spec, field=field)
@@ -97,8 +103,7 @@ class UserDataLoader(IndexBatchLoader):
         # Images and feature vectors: evaluation's must be the training data's shape. Token
         # sequences: each data set's own seq_len (a model of positions reads any length it holds).
         if shape is not None and not language_model and tuple(first.shape) != shape:
-            raise UserCodeError(f"{where}: its items have shape {tuple(first.shape)}, but data.train's have {shape}; "
-                                "evaluation data must have the training data's shape")
+            _refuse_other_shape(where, tuple(first.shape), shape, check_train)
         items.shape = self.item_shape = tuple(first.shape)
         # An image's channels, a feature vector's length, or (text) seq_len, which models ignore.
         self.in_channels = int(first.shape[0])
@@ -113,3 +118,22 @@ class UserDataLoader(IndexBatchLoader):
             raise UserCodeError(f"{where} has num_classes {self.num_classes} but the training data has {num_classes}; "
                                 f"the model has one output per {outputs}: give {field}.num_classes "
                                 f"{num_classes} (or leave it out)")
+
+    def check_items(self, count: int = TRAIN_ITEMS_CHECKED) -> int:
+        """Read the first ``count`` items now, each checked as training reads it (the shape of item 0,
+        labels in range); returns how many were read. Training reads its items in batches, later: a
+        data set whose own items disagree must be named before another is blamed for not matching it."""
+        count = min(count, len(self.dataset))
+        for index in range(1, count):  # item 0 set the shape
+            self.dataset.read(index)
+        return count
+
+
+def _refuse_other_shape(where: str, seen: tuple[int, ...], train_shape: tuple[int, ...],
+                        check_train: Callable[[], int] | None) -> None:
+    """``UserCodeError``: the evaluation set at ``where`` has items of shape ``seen``, not the training
+    set's. The training set's first items are checked first (``check_train``): when they disagree among
+    themselves, its own error names the training item, and the evaluation set is not blamed."""
+    checked = f" (its first {check_train()} items all do)" if check_train is not None else ""
+    raise UserCodeError(f"{where}: its items have shape {seen}, but data.train's have {train_shape}{checked}; "
+                        "evaluation data must have the training data's shape")

@@ -6,7 +6,8 @@ The contract (small, like Composer's ``ComposerModel``):
   calls on every worker as ``build(num_classes=C, in_channels=K, **params)`` for images
   (``(N, K, H, W)`` float tensors) or ``build(vocab_size=V, **params)`` for text (``(N, T)``
   token ids; the model returns ``(N, T, V)`` next-token logits). It returns an ``nn.Module``
-  whose ``forward(inputs)`` returns logits ``(N, C)``.
+  whose ``forward(inputs)`` returns logits ``(N, C)`` (checked on the first training batch when
+  the default loss reads them: ``workers.output_check``).
 - If the module has a ``loss(outputs, targets)`` method, the loop uses it instead of the
   task's default (soft cross-entropy). ``targets`` are class indices, or per-class
   probabilities ``(N, C)`` when CutMix, MixUp or label smoothing are on: accept both or leave
