@@ -20,7 +20,15 @@ def _report(repo, run_id: str, final_accuracy: float) -> None:
               for s in range(1, 21)]
     points += [ReportedMetric(step=s, key="eval/accuracy", value=final_accuracy * s / 20, time=now)
                for s in (5, 10, 15, 20)]
+    # The bookkeeping a real run reports beside them (README, "Metric keys").
+    points += [ReportedMetric(step=s, key=key, value=value, time=now) for s in range(1, 21) for key, value in (
+        ("time/batch", s), ("time/epoch", s // 10), ("time/progress", s / 20), ("lr", 0.1 / s),
+        ("throughput/samples_per_sec", 900.0 + s))]
+    points.append(ReportedMetric(step=20, key="checkpoint/final_saved", value=1.0, time=now))
     repo.add_metrics(run_id, points)
+
+
+BOOKKEEPING = ["checkpoint/final_saved", "lr", "time/batch", "time/epoch", "time/progress"]
 
 
 # Edge cases both diffs must agree on: a longer list, a missing key, an empty dict, true vs 1.
@@ -52,6 +60,25 @@ def test_compare_page_overlays_curves_and_shows_the_spec_fields_that_differ(page
         expected = "8" if key == "eval/accuracy" else "40"
         expect(page.locator(f'figure[data-key="{key}"]')).to_have_attribute("data-points", expected)
     expect(page.locator('figure[data-key="train/loss"] canvas')).to_have_count(1)
+    # What training measured comes first; the bookkeeping keys wait behind "show all".
+    shown = page.locator("#compare figure.chart:visible")
+    expect(shown).to_have_count(3)
+    assert shown.evaluate_all("fs => fs.map(f => f.dataset.key)") == [
+        "eval/accuracy", "train/loss", "throughput/samples_per_sec"]
+    for key in BOOKKEEPING:
+        expect(page.locator(f'figure[data-key="{key}"]')).to_be_hidden()
+    page.locator("#compare-all-keys summary").click()
+    expect(shown).to_have_count(3 + len(BOOKKEEPING))
+    expect(page.locator('figure[data-key="lr"] canvas')).to_have_count(1)
+    # Summaries: the metrics first, with their best; a bookkeeping key's "best" means nothing, so it has none.
+    summary_keys = page.locator("#compare-summary tbody tr").evaluate_all("rows => rows.map(r => r.dataset.key)")
+    assert summary_keys == ["eval/accuracy", "train/loss", "throughput/samples_per_sec", *BOOKKEEPING]
+    expect(page.locator('#compare-summary tr[data-key="train/loss"] td').first).to_contain_text("best")
+    for key in BOOKKEEPING:
+        cells = page.locator(f'#compare-summary tr[data-key="{key}"] td')
+        expect(cells.first).to_contain_text("latest")
+        expect(cells.first).not_to_contain_text("best")
+    expect(page.locator('#compare-summary tr[data-key="time/progress"] td').first).to_have_text("1 latest")
     paths = page.locator("#spec-diff tbody tr").evaluate_all("rows => rows.map(r => r.dataset.path)")
     specs = [repo.get_run(run.id).spec for run in (a, b)]
     assert paths == list(spec_diff(*specs)) and "seed" in paths and "optimizer.name" in paths

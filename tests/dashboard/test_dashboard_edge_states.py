@@ -1,6 +1,8 @@
 """Empty and edge states say what is true, in a real browser against the app over SQLite: a run
-without eval data never charts accuracy and says so, a sweep that ended before any trial says it
-ended (and its error) instead of waiting for trials, and the empty sweeps page names the CLI."""
+without eval data never charts accuracy and says so, an ended run's empty charts do not wait for
+points, a failed run shows its error once and highlights no resume that would fail again, a sweep
+that ended before any trial says it ended (and its error) instead of waiting for trials, and the
+empty sweeps page names the CLI."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 
 from playwright.sync_api import expect
 
+from api.views import RunStatus
 from tests.dashboard.conftest import dashboard_url, save_screenshot
 from tests.dashboard.test_dashboard_pages import EXAMPLE, add_losses, make_run
 from tests.dashboard.test_dashboard_housekeeping import external_sweep
@@ -35,6 +38,45 @@ def test_a_run_without_eval_data_says_so_where_accuracy_would_be_charted(page, l
     page.goto(dashboard_url(local_service.url, f"runs/{with_eval.id}"))
     expect(page.locator("#chart-quality")).to_have_attribute("data-never", "false")
     expect(page.locator("#chart-quality .chart-empty")).to_have_text("No points yet.")
+
+
+def test_a_failed_run_shows_its_error_once_and_its_empty_charts_expect_no_more_points(page, local_service):
+    repo = local_service.repo
+    run = make_run(repo, "failed-once")
+    add_losses(repo, run.id, range(1, 6))
+    repo.transition(run.id, RunStatus.FAILED, error="ValueError: lr must be positive, got -0.1")
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    error = page.locator("#run-error")
+    expect(error).to_have_text("Error: ValueError: lr must be positive, got -0.1")  # once: no copy under it
+    expect(page.locator('#events li[data-to="FAILED"]')).to_contain_text("lr must be positive")  # its event
+    # Ended: its throughput never comes, and "yet" would say it may.
+    expect(page.locator("#chart-throughput .chart-empty")).to_have_text("No points reported.")
+    expect(page.locator("#chart-loss")).to_have_attribute("data-points", "5")
+    # A code error fails again: Resume stays offered, but it is not the highlighted action.
+    resume = page.locator("#resume-run")
+    expect(resume).to_be_visible()
+    expect(resume).not_to_have_class(re.compile(r"\bprimary\b"))
+    expect(page.locator(".page-head .actions button.primary")).to_have_count(0)
+
+    # A traceback: its first line once as the summary, the rest under it, nothing twice.
+    traced = make_run(repo, "failed-traceback")
+    repo.transition(traced.id, RunStatus.FAILED, error=SWEEP_ERROR)
+    page.goto(dashboard_url(local_service.url, f"runs/{traced.id}"))
+    expect(error.locator("summary")).to_have_text("Error: Traceback (most recent call last):")
+    expect(error.locator("pre")).to_contain_text("line 88, in run_sweep")
+    text = error.inner_text()
+    assert text.count("Traceback (most recent call last)") == 1 and text.count("search space is empty") == 1
+
+    # A lost node is not the code's fault: another attempt may well pass, so Resume leads.
+    lost = make_run(repo, "failed-node-lost")
+    repo.transition(lost.id, RunStatus.FAILED, error="NodeDiedError: node 10.0.0.7 died (preempted)")
+    page.goto(dashboard_url(local_service.url, f"runs/{lost.id}"))
+    expect(page.locator("#resume-run")).to_have_class(re.compile(r"\bprimary\b"))
+    canceled = make_run(repo, "canceled-resumable", status=RunStatus.CANCELING)
+    repo.transition(canceled.id, RunStatus.CANCELED)
+    page.goto(dashboard_url(local_service.url, f"runs/{canceled.id}"))
+    expect(page.locator("#resume-run")).to_have_class(re.compile(r"\bprimary\b"))
+    expect(page.locator("#chart-loss .chart-empty")).to_have_text("No points reported.")
 
 
 def test_a_sweep_that_ended_without_a_trial_says_so_and_shows_its_error(page, local_service):

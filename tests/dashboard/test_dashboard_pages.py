@@ -114,6 +114,11 @@ def test_run_page_lists_checkpoints_and_exports_and_downloads_a_committed_ones_m
     expect(rows.nth(0)).to_contain_text("3.0 MB")
     expect(rows.nth(0)).to_contain_text(folder)
     expect(rows.nth(1)).to_contain_text("✕ failed: OSError: disk full")
+    # No empty error box beside the model's buttons, nor anywhere: one shows only with a message.
+    expect(page.locator(".field-error:visible")).to_have_count(0)
+    page.evaluate("document.querySelector('main').append(Object.assign(document.createElement('p'), "
+                  "{className: 'field-error', id: 'empty-error-probe'}))")
+    expect(page.locator("#empty-error-probe")).to_be_hidden()
 
     # Export the committed checkpoint's model (a Ray job would write the file), then download it.
     rows.nth(0).locator('[data-action="export-model"]').click()
@@ -126,6 +131,18 @@ def test_run_page_lists_checkpoints_and_exports_and_downloads_a_committed_ones_m
         download_button.click()
     assert download.value.suggested_filename == f"{run.id}-step-100.safetensors"
     assert Path(download.value.path()).read_bytes() == b"the weights"
+
+    # At 800 px a long location keeps its row readable: a few lines at most (it wrapped into 6 to 8),
+    # the whole URL in its title.
+    page.set_viewport_size({"width": NARROW, "height": 900})
+    page.wait_for_function(f"document.documentElement.clientWidth === {NARROW}")
+    location = rows.nth(0).locator("td.location")
+    expect(location.locator("code")).to_have_attribute("title", folder)
+    lines = location.evaluate("""td => {  // the lines its text is laid out on
+        const range = document.createRange();
+        range.selectNodeContents(document.createTreeWalker(td, NodeFilter.SHOW_TEXT).nextNode());
+        return new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size; }""")
+    assert 1 <= lines <= 3, f"the location takes {lines} lines: {folder}"
 
 
 def test_runs_page_sends_one_conditional_request_per_poll_and_filters_by_status(page, local_service):

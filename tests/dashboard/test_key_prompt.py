@@ -13,11 +13,14 @@ def test_the_key_prompt_appears_on_401_and_the_entered_key_is_used(browser, loca
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    console: list[str] = []  # chromium warns here when a form is removed before its submission ends
+    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
     try:
         page.goto(dashboard_url(local_service.url, "runs"))
         dialog = page.locator("#key-dialog")
         dialog.wait_for(state="visible")
         assert "credentials" in dialog.inner_text()
+        assert not page.locator("#key-error").is_visible()  # no empty error box before any key was tried
         page.fill("#key-input", viewer)
         page.click("#key-submit")
         page.locator("#key-dialog").wait_for(state="detached")
@@ -32,6 +35,7 @@ def test_the_key_prompt_appears_on_401_and_the_entered_key_is_used(browser, loca
         page.evaluate("sessionStorage.setItem('tessera.apiKey', 'tsk_wrong')")
         page.reload()
         page.locator("#key-dialog").wait_for(state="visible")
+        assert "refused the key" in page.locator("#key-error").inner_text() and page.locator("#key-error").is_visible()
         page.fill("#key-input", TEST_ADMIN_KEY)
         page.click("#key-submit")
         page.wait_for_function("document.body.dataset.role === 'admin'")
@@ -39,6 +43,7 @@ def test_the_key_prompt_appears_on_401_and_the_entered_key_is_used(browser, loca
     finally:
         context.close()
     assert errors == []
+    assert not [line for line in console if "Form submission canceled" in line], console
 
 
 def _viewer():

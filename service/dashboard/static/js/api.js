@@ -73,13 +73,20 @@ export function askForKey(error) {
         its first one to <code>$TESSERA_HOME/credentials</code> (default <code>.tessera/credentials</code>);
         an admin can make one with <code>tessera keys create</code>. It is kept for this tab only.</p>
         <label for="key-input">Key</label> <input id="key-input" type="password" autocomplete="off" required>
-        <p class="field-error" id="key-error" role="alert"></p>
+        <p class="field-error" id="key-error" role="alert" hidden></p>
         <div class="actions"><button type="submit" class="primary" id="key-submit">Use this key</button></div>
       </form>`;
-      dialog.querySelector("#key-error").textContent =
-        apiKey() ? "The service refused the key (revoked or wrong): enter another." : "";
+      if (apiKey()) {
+        const refused = dialog.querySelector("#key-error");
+        refused.textContent = "The service refused the key (revoked or wrong): enter another.";
+        refused.hidden = false;
+      }
       dialog.addEventListener("cancel", (event) => event.preventDefault());
-      dialog.querySelector("form").addEventListener("submit", () => {
+      dialog.querySelector("form").addEventListener("submit", (event) => {
+        // The dialog (and its form) goes below, before the browser's own method="dialog"
+        // submission would run: that submission, of a form no longer in the page, only logs
+        // "Form submission canceled because the form is not connected". Close it here instead.
+        event.preventDefault();
         sessionStorage.setItem(KEY_STORAGE, dialog.querySelector("#key-input").value.trim());
         dialog.close();
         dialog.remove();

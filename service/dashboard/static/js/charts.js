@@ -17,6 +17,7 @@ export const PANELS = [
 ];
 
 const NO_POINTS = "No points yet.";
+const NO_POINTS_ENDED = "No points reported."; // an ended run sends no more: "yet" would promise some
 const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"];
 const HEIGHT = 220;
 
@@ -46,9 +47,10 @@ export class MetricChart {
     this.dirty = true;
   }
 
-  /** What the chart says while it has no points: `why` it never will, or (null) that none came yet. */
-  explainEmpty(why) {
-    setText(this.emptyNote, why || NO_POINTS);
+  /** What the chart says while it has no points: `why` it never will, or (null) that none came
+   *  (yet, unless the run has `ended`). */
+  explainEmpty(why, ended = false) {
+    setText(this.emptyNote, why || (ended ? NO_POINTS_ENDED : NO_POINTS));
     this.figure.dataset.never = why ? "true" : "false";
   }
 
@@ -126,9 +128,10 @@ export class ChartGrid {
     this.element = el("div", { class: "chart-grid" }, this.charts.map((c) => c.chart.figure));
   }
 
-  /** Tell each panel the run's spec: a panel whose metrics it never reports says why. */
-  describe(spec) {
-    for (const { panel, chart } of this.charts) chart.explainEmpty(panel.never ? panel.never(spec) : null);
+  /** Tell each panel the run's spec, and whether the run has ended: a panel whose metrics it
+   *  never reports says why; an empty one of an ended run does not wait for points. */
+  describe(spec, ended = false) {
+    for (const { panel, chart } of this.charts) chart.explainEmpty(panel.never ? panel.never(spec) : null, ended);
   }
 
   add(points) {

@@ -1,6 +1,7 @@
 // Compare: 2–8 runs (`#/compare?ids=a,b,c`) on one page. Their curves overlaid, one chart per
-// metric key; the spec fields that differ (dotted paths, `specDiff` below: the twin of
-// api/spec_diff.py, a test holds the two together); their latest and best values side by side.
+// metric key (what training measured first, the bookkeeping keys behind "show all"); the spec
+// fields that differ (dotted paths, `specDiff` below: the twin of api/spec_diff.py, a test holds
+// the two together); their latest and best values side by side.
 // Ended runs do not change, so the page loads once instead of polling.
 
 import { getJSON } from "./api.js";
@@ -11,6 +12,18 @@ export const MIN_RUNS = 2;
 export const MAX_RUNS = 8;
 const METRICS_PAGE = 10_000;
 const MAX_PAGES = 20; // 200k points per run: enough for any chart a person reads
+
+// Keys a run reports to keep its books (README, "Metric keys"), not to say how well it trained:
+// their curves wait behind "show all", and their "best" (the highest lr, the last epoch) means
+// nothing, so only their latest value is shown.
+const BOOKKEEPING = /^(time|checkpoint)\/|^lr($|\/)/;
+const isBookkeeping = (key) => BOOKKEEPING.test(key);
+
+/** Metric keys in reading order: losses, accuracies and any other measure, then throughput, then bookkeeping. */
+export function orderKeys(keys) {
+  const rank = (key) => (isBookkeeping(key) ? 2 : key.startsWith("throughput/") ? 1 : 0);
+  return [...keys].sort((a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0));
+}
 
 /** `{path: leaf}` of a JSON value: objects by key, arrays by index; `{}` and `[]` are leaves. */
 export function flatten(value, prefix = "", out = {}) {
@@ -83,8 +96,16 @@ function label(run) {
   return `${run.name} (${run.id.slice(0, 6)})`;
 }
 
+/** A run's value of `key` in the summaries: its best and latest; the latest alone for bookkeeping. */
+function summaryCell(run, key) {
+  const latest = formatNumber(run.summary[key]);
+  if (isBookkeeping(key)) return el("td", { class: "num" }, latest, el("span", { class: "muted small" }, " latest"));
+  return el("td", { class: "num" }, formatNumber(run.best[key]),
+    el("span", { class: "muted small" }, ` best · ${latest} latest`));
+}
+
 function render(runs, points, charts) {
-  const keys = [...new Set(points.flat().map((p) => p.key))].sort();
+  const keys = orderKeys(new Set(points.flat().map((p) => p.key)));
   keys.forEach((key, i) => {
     const chart = new MetricChart({ id: `compare-${i}`, title: key });
     chart.figure.dataset.key = key;
@@ -100,15 +121,19 @@ function render(runs, points, charts) {
   const diffRows = Object.entries(diff).map(([path, values]) => el("tr", { dataset: { path } },
     el("th", { scope: "row", class: "mono" }, path),
     values.map((v) => el("td", { class: "mono" }, v === null ? "–" : JSON.stringify(v)))));
-  const metricKeys = [...new Set(runs.flatMap((r) => [...Object.keys(r.summary), ...Object.keys(r.best)]))].sort();
+  const metricKeys = orderKeys(new Set(runs.flatMap((r) => [...Object.keys(r.summary), ...Object.keys(r.best)])));
   const summaryRows = metricKeys.map((key) => el("tr", { dataset: { key } },
     el("th", { scope: "row", class: "mono" }, key),
-    runs.map((run) => el("td", { class: "num" }, formatNumber(run.best[key]),
-      el("span", { class: "muted small" }, ` best · ${formatNumber(run.summary[key])} latest`)))));
+    runs.map((run) => summaryCell(run, key))));
+  const measured = charts.filter((c) => !isBookkeeping(c.figure.dataset.key));
+  const books = charts.filter((c) => isBookkeeping(c.figure.dataset.key));
   return [
     el("section", { "aria-labelledby": "compare-charts-h" }, el("h2", { id: "compare-charts-h" }, "Curves"),
-      keys.length ? el("div", { class: "chart-grid" }, charts.map((c) => c.figure))
-        : el("p", { class: "muted" }, "None of these runs reported metrics.")),
+      measured.length ? el("div", { class: "chart-grid" }, measured.map((c) => c.figure))
+        : el("p", { class: "muted" }, `None of these runs reported ${keys.length ? "a training metric" : "metrics"}.`),
+      books.length ? el("details", { id: "compare-all-keys" },
+        el("summary", {}, `Show all keys: ${books.length} more (${books.map((c) => c.figure.dataset.key).join(", ")})`),
+        el("div", { class: "chart-grid" }, books.map((c) => c.figure))) : null),
     el("section", { "aria-labelledby": "compare-diff-h" }, el("h2", { id: "compare-diff-h" }, "Spec differences"),
       diffRows.length ? el("div", { class: "table-wrap" }, el("table", { id: "spec-diff", class: "compare-table" },
         el("thead", {}, header.cloneNode(true)), el("tbody", {}, diffRows)))

@@ -18,14 +18,16 @@ import { LogPane } from "./logs.js";
 import { cancelDialog, cancelViaSweep, resumeDialog } from "./run_actions.js";
 import { RunNotes } from "./run_notes.js";
 import {
-  algorithmChips, DRAFT_KEY, el, errorBox, formatBytes, formatNumber, formatTime, progressBar, RESUMABLE,
-  queueText, runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
+  algorithmChips, DRAFT_KEY, el, errorBox, errorDetails, formatBytes, formatNumber, formatTime, progressBar,
+  RESUMABLE, queueText, runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
 } from "./ui.js";
 
 const METRICS_PAGE = 10_000;
 const MAX_PAGES_PER_POLL = 10;
 const EVENTS_EVERY = 5;
 const FINISHED_SLOWDOWN = 5; // a finished run may still get a late metrics flush; poll it slower
+// A FAILED run's error that blames the machine, not the code: another attempt may well pass.
+const MACHINE_FAILURE = /preempt|\bnode\b[^\n]{0,60}\b(died|dead|lost|terminated)\b|NodeDied|ActorDied/i;
 
 export function mount(root, ctx) {
   const [runId] = ctx.params;
@@ -44,7 +46,7 @@ export function mount(root, ctx) {
   badgeSlot.hidden = true;
   const progress = progressBar(undefined);
   const facts = el("dl", { class: "facts" });
-  const errorSlot = el("div");
+  const errorSlot = el("div", { id: "run-error" });
   const housekeeping = new Housekeeping({
     kind: "run", path,
     onChanged: (run) => { render(run); poller.poke(); },
@@ -143,11 +145,15 @@ export function mount(root, ctx) {
       parentFact(run),
       housekeeping.fact(run),
     ].filter(Boolean).flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase() } }, v)]));
-    errorSlot.replaceChildren(run.error ? el("details", { class: "error-box", open: true },
-      el("summary", {}, `Error: ${run.error.split("\n")[0].slice(0, 200)}`), el("pre", {}, run.error)) : "");
+    errorSlot.replaceChildren(run.error ? errorDetails(run.error) : "");
     renderCancel();
     housekeeping.render(run);
     resumeButton.hidden = !RESUMABLE.has(run.status);
+    // The highlight says "do this next": true of a canceled or stopped run, and of a failure of
+    // the machine (a lost node, a preemption); an error in the code or spec would only fail again.
+    const retryable = run.status !== "FAILED" || MACHINE_FAILURE.test(run.error || "");
+    resumeButton.classList.toggle("primary", retryable);
+    resumeButton.title = retryable ? "" : "Read the error first: a resume of a run that failed in its code fails again.";
     forkButton.hidden = false;
     continueButton.hidden = run.status !== "COMPLETED";
     if (run.sweep_id && crumbs.childElementCount === 1) {
@@ -158,7 +164,7 @@ export function mount(root, ctx) {
     summaryTable.replaceChildren(...Object.keys(run.summary).sort().map((key) =>
       el("tr", {}, el("td", { class: "mono" }, key), el("td", { class: "num" }, formatNumber(run.summary[key])))));
     if (first) specBlock.textContent = dump(run.spec);
-    charts.describe(run.spec);
+    charts.describe(run.spec, TERMINAL.has(run.status));
     notes.render(run);
   }
 
@@ -191,20 +197,22 @@ export function mount(root, ctx) {
   function modelCell(checkpoint, exported) {
     if (!checkpoint.committed) return el("td", {}, "–");
     const name = `${runId}-step-${checkpoint.step}.safetensors`;
-    const problem = el("span", { class: "field-error small", role: "alert" });
+    const problem = el("span", { class: "field-error small", role: "alert", hidden: true });
+    const showProblem = (error) => { setText(problem, errorText(error)); problem.hidden = false; };
     const act = (label, onclick, attrs = {}) => el("button", { type: "button", class: "small", onclick, ...attrs }, label);
     if (exported?.status === "READY") {
       return el("td", {}, act("Download", () => downloadFile(`${path}/model?step=${checkpoint.step}`, name)
-        .catch((error) => setText(problem, errorText(error))), { "data-action": "download-model" }), problem);
+        .catch(showProblem), { "data-action": "download-model" }), problem);
     }
     if (exported?.status === "PENDING") return el("td", { class: "muted" }, "exporting…");
     const request = act(exported?.status === "FAILED" ? "Retry export" : "Export", async () => {
       request.disabled = true;
+      problem.hidden = true;
       try {
         await postJSON(`${path}/exports`, { step: checkpoint.step });
         await pollCheckpoints();
       } catch (error) {
-        setText(problem, errorText(error));
+        showProblem(error);
         request.disabled = false;
       }
     }, { "data-needs": "member", "data-action": "export-model",
@@ -232,7 +240,8 @@ export function mount(root, ctx) {
         el("td", {}, c.committed ? "✓ committed" : el("span", { class: "failed", title: c.error || "" },
           `✕ failed${c.error ? `: ${c.error.split("\n")[0].slice(0, 80)}` : ""}`)),
         modelCell(c, byStep.get(c.step)),
-        el("td", {}, el("code", { class: "small url" }, c.url))))))));
+        el("td", { class: "location" },
+          el("code", { class: "small url", title: c.url }, el("span", { dir: "ltr" }, c.url)))))))));
   }
 
   async function pollCheckpoints() {

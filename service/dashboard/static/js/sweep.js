@@ -14,8 +14,8 @@ import { LogPane } from "./logs.js";
 import { ParetoChart } from "./pareto.js";
 import { bestTrial, trialCounts } from "./sweeps.js";
 import {
-  algorithmChips, el, errorBox, formatNumber, formatSeconds, formatTime, progressBar, runDuration, setText,
-  queueText, statusBadge, STATUSES, TERMINAL, updateStatusBadge,
+  algorithmChips, el, errorBox, errorDetails, formatNumber, formatSeconds, formatTime, progressBar, runDuration,
+  setText, queueText, statusBadge, STATUSES, TERMINAL, updateStatusBadge,
 } from "./ui.js";
 
 const FINISHED_SLOWDOWN = 5;
@@ -137,8 +137,7 @@ export function mount(root, ctx) {
     housekeeping.render(sweep);
     renderFacts(sweep);
     errorSlot.replaceChildren(...[
-      sweep.error ? el("details", { class: "error-box", open: true },
-        el("summary", {}, `Error: ${sweep.error.split("\n")[0].slice(0, 200)}`), el("pre", {}, sweep.error)) : null,
+      sweep.error ? errorDetails(sweep.error) : null,
       sweep.message ? el("p", { class: "muted", id: "sweep-message" }, sweep.message) : null,
       sweep.queue ? el("p", { class: "muted queue-note", id: "sweep-queue" }, queueText(sweep)) : null,
     ].filter(Boolean));

@@ -210,3 +210,17 @@ export function algorithmChips(spec) {
 export function errorBox(message) {
   return el("div", { class: "error-box", role: "alert" }, message);
 }
+
+const ERROR_HEADLINE_CHARS = 200;
+
+/** A run's or sweep's error, each part of it shown once: a short one-line error as it is; a
+ *  longer one (a traceback, a log's last lines) as its first line, opening onto the rest. */
+export function errorDetails(error) {
+  const [first, ...more] = error.trim().split("\n");
+  const rest = more.join("\n");
+  if (!rest && first.length <= ERROR_HEADLINE_CHARS) return el("p", { class: "error-box" }, `Error: ${first}`);
+  const cut = first.length > ERROR_HEADLINE_CHARS; // then the summary is a preview, and the whole text follows
+  return el("details", { class: "error-box", open: true },
+    el("summary", {}, `Error: ${cut ? `${first.slice(0, ERROR_HEADLINE_CHARS)}…` : first}`),
+    el("pre", {}, cut ? error.trim() : rest));
+}
