@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import subprocess
 import sys
 import zipfile
@@ -40,11 +41,17 @@ def fresh_imports(tmp_path, monkeypatch):
     forget()
 
 
-def test_requirements_are_installed_beside_the_workers_packages_once_per_machine(tmp_path, fresh_imports, monkeypatch):
+def test_requirements_are_installed_beside_the_workers_packages_once_per_machine(tmp_path, fresh_imports, monkeypatch,
+                                                                                caplog):
     wheel = write_wheel(tmp_path / "wheels", width=6)
     package = pack_directory(write_user_package(tmp_path / "src", needs="tessera_probe_dep"))
     code = CodeRef(digest=package.digest, requirements=[f"tessera_probe_dep @ {wheel.as_uri()}", "packaging>=20"])
-    install_code(code, storage_url=store(tmp_path, package))
+    with caplog.at_level("INFO", logger=user_requirements.__name__):
+        install_code(code, storage_url=store(tmp_path, package))
+    # The run's log says what the minutes in STARTING went to.
+    said = [record.getMessage() for record in caplog.records if record.name == user_requirements.__name__]
+    assert len(said) == 2 and said[0].startswith(f"installing code.requirements {code.requirements} with pip")
+    assert re.fullmatch(rf"installed code\.requirements .* in \d+\.\d s", said[1]), said
 
     nets = importlib.import_module("my_project.nets")
     assert nets.build(num_classes=4, in_channels=1).out.in_features == 6  # the requirement's WIDTH

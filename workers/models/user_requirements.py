@@ -35,6 +35,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import platform
 import re
@@ -49,6 +50,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from workers.models.code_cache import UserCodeError, code_cache_dir, hold, own_cache, place
+
+log = logging.getLogger(__name__)
 
 # pip resolving against an index can take long on a slow network; a run should still end.
 PIP_TIMEOUT_ENV = "TESSERA_PIP_TIMEOUT_S"
@@ -164,12 +167,17 @@ def _install_once(requirements: list[str], staging: Path, installed: dict[str, s
     failed = target.with_name(f".{target.name}.failed")
     if failed.is_file() and time.time() - failed.stat().st_mtime < FAILURE_REUSED_S:  # written under this lock
         raise RequirementsError(failed.read_text())
+    # In the run's log: pip may take minutes, during which the run stays STARTING.
+    log.info("installing code.requirements %s with pip (once per machine: later runs with the same requirements "
+             "reuse them)", requirements)
+    started = time.monotonic()
     try:
         _pip_install(requirements, staging, installed)
     except RequirementsError as exc:
         failed.write_text(str(exc))
         raise
     failed.unlink(missing_ok=True)
+    log.info("installed code.requirements %s in %.1f s", requirements, time.monotonic() - started)
 
 
 def _pip_install(requirements: list[str], prefix: Path, installed: dict[str, str]) -> None:
