@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from api.validation_errors import echoed
+
 
 class ApiError(Exception):
     """An HTTP error from the Tessera API: ``status_code`` (the HTTP status: 404 no such object
@@ -36,7 +38,7 @@ def format_detail(detail: Any) -> str:
         for item in detail:
             if isinstance(item, dict):
                 field = item.get("field") or ".".join(str(p) for p in item.get("loc", []))
-                got = f" (got {item['input']!r})" if "input" in item else ""
+                got = f" (got {echoed(item['input'])!r})" if "input" in item else ""
                 msg = str(item.get("msg"))
                 # A message that starts with its field ("algorithms[0] 'alibi' needs ...") names it once.
                 lines.append(f"{msg}{got}" if field and msg.startswith(field) else f"{field}: {msg}{got}")

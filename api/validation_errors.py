@@ -13,13 +13,36 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
 
 
+# How much of a bad value an error echoes: a 900 KB note refused for its length was sent back
+# whole in its 422 (and printed whole by the CLI). Enough to recognise the value, not to copy it.
+ECHOED_CHARS = 200
+
+
 def field_error(field: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
     return {"field": field, "loc": loc, "msg": msg, "input": value}
+
+
+def echoed(value: Any) -> Any:
+    """``value`` as an error shows it: as it is, or when it is a long string (or a list or object
+    whose JSON is long) its first ``ECHOED_CHARS`` characters and how long it was, as a string."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (list, dict)):
+        try:
+            text = json.dumps(value, default=str)
+        except (TypeError, ValueError):  # an exotic value: its repr, cut as a string would be
+            text = repr(value)
+    else:
+        return value
+    if len(text) <= ECHOED_CHARS:
+        return value
+    return f"{text[:ECHOED_CHARS]}… ({len(text)} characters in all)"
 
 
 def body_error(field: str, msg: str, value: Any, *, within: tuple[str, ...] = ("body",)) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
-from api.validation_errors import field_error, format_validation_errors
+from api.validation_errors import echoed, field_error, format_validation_errors
 from service.access import Forbidden, KeyNotFound, LastAdminKey, ProjectExists, ProjectNotFound
 from service.keyset import InvalidCursor
 from service.repository import RunNotFound
@@ -51,7 +51,9 @@ VALIDATION_RESPONSES: dict[int | str, dict[str, Any]] = {422: {"model": Validati
 
 
 def validation_response(errors: list[dict[str, Any]]) -> JSONResponse:
-    return JSONResponse(status_code=422, content={"detail": _jsonable(errors)})
+    """A 422 of ``errors``, each bad value cut short as ``echoed`` cuts it."""
+    shown = [{**error, "input": echoed(error["input"])} if "input" in error else error for error in errors]
+    return JSONResponse(status_code=422, content={"detail": _jsonable(shown)})
 
 
 def _jsonable(value: Any) -> Any:

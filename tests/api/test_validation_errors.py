@@ -170,3 +170,13 @@ def test_a_sweep_file_s_domain_and_a_fork_step_are_named_by_their_forms():
     [item] = format_validation_errors(info.value.errors(), {"from": 3}, ForkRequest.model_json_schema())
     assert item["msg"] == ("Input should be 'latest' or 'scratch'; or Input should be an object {step: N}, N the "
                            "batch of one of the parent's committed checkpoints")
+
+
+def test_a_long_bad_value_is_echoed_cut_short_by_the_sdk_and_cli_too():
+    """A 422 from a service that echoes a value whole (an older one), or the SDK's own check,
+    prints 200 characters of it and its length, not all 10,001."""
+    line = format_detail([{"field": "notes", "loc": ["body", "notes"], "msg": "at most 10000 characters",
+                           "input": "n" * 10_001}])
+    assert line == f"notes: at most 10000 characters (got {'n' * 200 + '… (10001 characters in all)'!r})"
+    short = format_detail([{"field": "tags", "loc": ["body", "tags"], "msg": "too many", "input": ["a", "b"]}])
+    assert short == "tags: too many (got ['a', 'b'])"  # a short value as it is, list and all

@@ -117,6 +117,12 @@ def test_patch_replaces_tags_and_notes_and_refuses_bad_ones_with_422(admin, exam
         assert detail["field"] == field, detail
     charset = admin.patch(f"{API}/runs/{run}", json={"tags": ["ok", "no spaces"]}).json()["detail"][0]
     assert charset["input"] == "no spaces" and "letters, digits" in charset["msg"]
+    # A long bad value is echoed cut short, saying how long it was: not sent back whole.
+    huge = admin.patch(f"{API}/runs/{run}", json={"notes": "n" * 900_000})
+    assert huge.status_code == 422 and len(huge.content) < 1000, len(huge.content)
+    assert huge.json()["detail"][0]["input"] == "n" * 200 + "… (900000 characters in all)"
+    listed = admin.patch(f"{API}/runs/{run}", json={"tags": [f"t{i}" for i in range(1000)]}).json()["detail"][0]
+    assert listed["field"] == "tags" and listed["input"].endswith("characters in all)") and len(listed["input"]) < 300
     assert admin.get(f"{API}/runs/{run}").json()["tags"] == ["a", "b:1"]  # nothing half-written
 
 
