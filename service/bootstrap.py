@@ -6,14 +6,11 @@ keep the key and rewrite the URL, so a client finds a service restarted on anoth
 
 from __future__ import annotations
 
-import logging
 import re
 
 from api.credentials import credentials_path, record_service_url, write_credentials
 from service.access import EVERY_PROJECT, KEY_PREFIX, MAX_KEY_CHARS, AccessStore, Role
 from service.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
@@ -31,7 +28,8 @@ def ensure_admin_key(access: AccessStore, settings: Settings) -> str | None:
     _record, secret = access.create_key(name="first admin", roles={EVERY_PROJECT: Role.ADMIN}, secret=secret)
     path = credentials_path(settings.home)
     write_credentials(path, secret, url=settings.local_url)
-    message = f"Tessera: created an admin API key; it is in {path} (clients read it from there)"
-    log.warning(message)
-    print(message, flush=True)
+    # Printed, not logged: a log line and a print said it twice, and the log may not reach the
+    # console (the processes of --workers N log as they were told).
+    print(f"Tessera: created an admin API key for {settings.local_url}; it is in {path}, with the URL "
+          "(the CLI, the SDK and notebooks read both from there)", flush=True)
     return str(path)

@@ -103,7 +103,13 @@ def test_a_bootstrap_key_the_service_could_never_accept_stops_the_first_start(tm
         first_start(tmp_path, monkeypatch, secret)
 
 
-def test_a_bootstrap_key_of_256_characters_from_a_file_with_its_newline_is_the_first_admin_key(tmp_path, monkeypatch):
+def test_a_bootstrap_key_of_256_characters_from_a_file_with_its_newline_is_the_first_admin_key(tmp_path, monkeypatch,
+                                                                                             capsys, caplog):
     secret = "tsk_" + "k" * 252
     access = first_start(tmp_path, monkeypatch, secret + "\n")
     assert access.authenticate(secret) is not None
+    # Said once, with the URL clients will use and where the key is.
+    printed = capsys.readouterr().out
+    assert printed == (f"Tessera: created an admin API key for http://127.0.0.1:8000; it is in {tmp_path}/credentials, "
+                       "with the URL (the CLI, the SDK and notebooks read both from there)\n")
+    assert not [r for r in caplog.records if "created an admin API key" in r.getMessage()]
