@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import tempfile
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 # from a warm interpreter on the node (workers.fork_exec).
 FORWARDED_ENV_PREFIXES = ("RAY_TRAIN_", "AWS_", "TESSERA_TEST_", "TESSERA_REPORT_", "TESSERA_SPOOL_",
                           "TESSERA_DRIVER_FORKS", "TESSERA_FORK_SERVER_")
+
+# The embedded head's temp dirs, removed when it stops (``stop_embedded_ray``).
+_temp_dirs: list[str] = []
 
 # The folder that holds `service/` and `workers/`: embedded Ray workers import from it.
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -62,15 +66,16 @@ def start_embedded_ray(settings: "Settings", *, timeout_s: float = 120.0) -> str
 
     # Ray puts unix sockets under its temp dir; their paths must stay short.
     temp_dir = tempfile.mkdtemp(prefix="tsr", dir="/tmp")
-    with _free_dashboard_agent_port(), _sigterm_handler_kept():
-        context = ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
-                           _temp_dir=temp_dir, log_to_driver=False)
-    address = f"http://{context.dashboard_url}"
-    _record_cluster_address(context.address_info["gcs_address"], temp_dir)
+    _temp_dirs.append(temp_dir)
     try:
+        with _free_dashboard_agent_port(), _sigterm_handler_kept():
+            context = ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+                               _temp_dir=temp_dir, log_to_driver=False)
+        address = f"http://{context.dashboard_url}"
+        _record_cluster_address(context.address_info["gcs_address"], temp_dir)
         _wait_for_jobs_api(address, timeout_s, temp_dir, settings.worker_python)
     except BaseException:
-        ray.shutdown()
+        stop_embedded_ray()
         raise
     log.info("embedded Ray head started; Jobs API at %s", address)
     return address
@@ -175,7 +180,12 @@ def _wait_for_jobs_api(address: str, timeout_s: float, temp_dir: str, worker_pyt
 
 
 def stop_embedded_ray() -> None:
+    """Stop the embedded head, and remove its temp dir (Ray's session: its sockets, logs and
+    spilled objects, 2-3 MB a start) once its processes are gone: each start left one under /tmp.
+    A run's log is kept in the run's storage, not there."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    while _temp_dirs:
+        shutil.rmtree(_temp_dirs.pop(), ignore_errors=True)

@@ -25,6 +25,7 @@ def test_serve_with_embedded_defaults_runs_a_job_to_completion_its_driver_forked
     # The service's Ray processes, and so its job drivers, keep their fork server under TMPDIR:
     # a folder of this test's own (short: the server's unix socket lives there).
     tmp = Path(tempfile.mkdtemp(prefix="tf", dir="/tmp"))
+    ray_sessions = set(Path("/tmp").glob("tsr*"))  # the embedded head's temp dirs (service/ray_head.py)
     service = ServiceProcess(home=tmp_path / "home", env={"TMPDIR": str(tmp)})
     (tmp_path / "home").mkdir()
     service.start(timeout=180)
@@ -51,6 +52,7 @@ def test_serve_with_embedded_defaults_runs_a_job_to_completion_its_driver_forked
         assert service.proc.wait(60) == -signal.SIGTERM, service.log_path.read_text()[-3000:]
         log = service.log_path.read_text()
         assert "Application shutdown complete" in log and "Traceback" not in log, log[-3000:]
+        assert set(Path("/tmp").glob("tsr*")) == ray_sessions  # the head's temp dir went with it
     finally:
         service.stop()
         shutil.rmtree(tmp, ignore_errors=True)
