@@ -54,7 +54,7 @@ def register(app: typer.Typer, url_option, call) -> None:
     def archive(object_id: Annotated[str, typer.Argument(metavar="ID")], sweep: SweepOption = False,
                 undo: Annotated[bool, typer.Option("--undo", help="unarchive instead")] = False,
                 url: url_option = None) -> None:
-        """Hide a run (or with --sweep a sweep) from default lists; --undo shows it again."""
+        """Hide a run (or with --sweep a sweep and its trials) from default lists; --undo shows it again."""
         with Client(url) as client:
             view = call(client.archive_sweep if sweep else client.archive_run, object_id, archived=not undo)
         console.print(f"{'sweep' if sweep else 'run'} {view.id} {'unarchived' if undo else 'archived'}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
@@ -190,12 +190,21 @@ class SweepRepository(AttemptStore):
             return [build_sweep_view(s, trials[s.id], now) for s in sweeps], following
 
     def set_archived(self, sweep_id: str, archived: bool) -> None:
-        """Hide the sweep from default lists (``archived``) or show it again (its trials stay as they are)."""
-        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (_session, sweep):
+        """Hide the sweep and its trials from default lists (``archived``), or show them again.
+
+        The trials go with it (a sweep archived out of sight left its 16 trials in ``tessera
+        runs``), marked with the sweep's own time, so that unarchiving brings back only those:
+        a trial archived on its own before stays archived."""
+        with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
             if not archived:
+                if sweep.archived_at is not None:
+                    session.execute(update(Run).where(Run.sweep_id == sweep_id, Run.archived_at == sweep.archived_at)
+                                    .values(archived_at=None))
                 sweep.archived_at = None
             elif sweep.archived_at is None:
                 sweep.archived_at = utcnow()
+                session.execute(update(Run).where(Run.sweep_id == sweep_id, Run.archived_at.is_(None))
+                                .values(archived_at=sweep.archived_at))
 
     # --- status --------------------------------------------------------------------------
     def apply_driver_report(self, sweep_id: str, status: SweepStatus, *, message: str | None = None,

@@ -67,7 +67,8 @@ def delete_run_route(run_id: str, repo: RepoDep, caller: CallerDep, settings: Se
 @router.post("/sweeps/{sweep_id}/archive", response_model=SweepView, operation_id="archive_sweep", tags=["sweeps"],
              responses=NOT_FOUND)
 def archive_sweep(sweep_id: str, sweeps: SweepsDep, caller: CallerDep) -> SweepView:
-    """Hide the sweep from default lists (``GET /sweeps?archived=true|all`` still shows it)."""
+    """Hide the sweep and its trials from default lists (``GET /sweeps?archived=true|all`` and
+    ``GET /runs?archived=...`` still show them)."""
     scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
     sweeps.set_archived(sweep_id, True)
     return sweeps.sweep_view(sweep_id)
@@ -76,7 +77,7 @@ def archive_sweep(sweep_id: str, sweeps: SweepsDep, caller: CallerDep) -> SweepV
 @router.post("/sweeps/{sweep_id}/unarchive", response_model=SweepView, operation_id="unarchive_sweep",
              tags=["sweeps"], responses=NOT_FOUND)
 def unarchive_sweep(sweep_id: str, sweeps: SweepsDep, caller: CallerDep) -> SweepView:
-    """Show an archived sweep in default lists again."""
+    """Show an archived sweep in default lists again, with the trials archived with it."""
     scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
     sweeps.set_archived(sweep_id, False)
     return sweeps.sweep_view(sweep_id)

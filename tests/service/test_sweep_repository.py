@@ -232,3 +232,20 @@ def test_runs_can_be_listed_by_sweep(repo, sweeps, sweep_spec, trial_spec, examp
 def test_the_spec_is_stored_as_given(sweeps, sweep_spec):
     body = copy.deepcopy(sweep_spec.model_dump(mode="json"))
     assert sweeps.get_sweep(sweeps.create_sweep(sweep_spec).id).spec == body
+
+
+def test_archiving_a_sweep_archives_its_trials_and_unarchiving_brings_back_only_those(repo, sweeps, sweep_spec,
+                                                                                    trial_spec):
+    sweep = _running_sweep(sweeps, sweep_spec)
+    trials = [sweeps.register_trial(sweep.id, trial_id=f"t_{i}", spec=trial_spec, params={}, token=f"r{i}")
+              for i in range(3)]
+    repo.set_archived(trials[0].id, True)  # archived on its own first
+    own = repo.get_run(trials[0].id).archived_at
+    sweeps.set_archived(sweep.id, True)
+    archived = sweeps.sweep_view(sweep.id).archived_at
+    assert [repo.get_run(t.id).archived_at for t in trials] == [own, archived, archived]
+    sweeps.set_archived(sweep.id, True)  # again: nothing moves
+    assert [repo.get_run(t.id).archived_at for t in trials] == [own, archived, archived]
+    sweeps.set_archived(sweep.id, False)
+    assert sweeps.sweep_view(sweep.id).archived_at is None
+    assert [repo.get_run(t.id).archived_at for t in trials] == [own, None, None]
