@@ -99,10 +99,17 @@ class ProjectExists(ValueError):
 
 @dataclass(frozen=True)
 class Caller:
-    """The holder of a valid API key: its id and its role in each project (``*``: all)."""
+    """The holder of a valid API key: its id, its role in each project (``*``: all) and its name."""
 
     key_id: str
     roles: dict[str, Role]
+    name: str = ""
+
+    @property
+    def who(self) -> str:
+        """The key as a run's events name who created, canceled or resumed it: ``key 'alice' (k_...)``
+        (members of a project may cancel each other's runs; the events say who did)."""
+        return f"key {self.name!r} ({self.key_id})" if self.name else f"key {self.key_id}"
 
     def role_in(self, project: str) -> Role | None:
         own, everywhere = self.roles.get(project), self.roles.get(EVERY_PROJECT)
@@ -245,7 +252,8 @@ class AccessStore:
             row = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
             if row is None or row.revoked_at is not None:
                 return None
-            caller = Caller(key_id=row.id, roles={project: Role(role) for project, role in (row.roles or {}).items()})
+            caller = Caller(key_id=row.id, roles={project: Role(role) for project, role in (row.roles or {}).items()},
+                            name=row.name or "")
         self._remember(self._callers, digest, caller, read_at=read_at, writes_then=writes_then)
         return caller
 

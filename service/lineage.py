@@ -114,16 +114,17 @@ def fork_info(parent: RunRecord, spec: RunSpec, request: ForkRequest,
                     load_optimizer=checkpoint is not None and loads_optimizer(parent.spec, spec.model_dump(mode="json")))
 
 
-def insert_fork(repo: Repository, parent: RunRecord, spec: RunSpec, info: ForkInfo) -> RunRecord:
-    """Store the child as a QUEUED run in the parent's project, with its lineage."""
+def insert_fork(repo: Repository, parent: RunRecord, spec: RunSpec, info: ForkInfo, *, by: str = "user") -> RunRecord:
+    """Store the child as a QUEUED run in the parent's project, with its lineage (``by``: who
+    forked it, named in its first event)."""
     origin = "fresh weights" if info.checkpoint_url is None else f"its checkpoint at batch {info.step}"
     with repo.db.write() as session:
-        return RunRecord.from_row(insert_run(session, spec, message=f"forked from run {parent.id} ({origin})",
+        return RunRecord.from_row(insert_run(session, spec, message=f"forked from run {parent.id} ({origin}) by {by}",
                                              project=parent.project, parent_id=parent.id,
                                              fork=info.model_dump(mode="json", by_alias=True)))
 
 
-def continue_run(repo: Repository, run_id: str, max_duration: Time) -> RunRecord:
+def continue_run(repo: Repository, run_id: str, max_duration: Time, *, by: str = "user") -> RunRecord:
     """COMPLETED → QUEUED as the next attempt, with ``max_duration`` in the spec; 409 unless the
     run is COMPLETED with a committed checkpoint, ``LineageRefused`` unless the duration is
     longer in the same unit."""
@@ -150,7 +151,7 @@ def continue_run(repo: Repository, run_id: str, max_duration: Time) -> RunRecord
             raise LineageRefused([field_error("max_duration", ["body", "max_duration"], one_line(exc.errors()),
                                               str(max_duration))]) from exc
         apply_run_status(session, run, RunStatus.QUEUED, error=None,
-                         message=f"continued by user: max_duration {before} → {max_duration}")
+                         message=f"continued by {by}: max_duration {before} → {max_duration}")
         session.flush()
         return RunRecord.from_row(run)
 

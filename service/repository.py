@@ -182,18 +182,22 @@ class Repository(AttemptStore):
             session.execute(text("SELECT 1"))
 
     # --- runs ----------------------------------------------------------------------------
-    def create_run(self, spec: RunSpec, *, sweep_id: str | None = None, project: str = DEFAULT_PROJECT) -> RunRecord:
-        """Store a validated spec as a QUEUED run of ``project`` with its first event, in one transaction."""
+    def create_run(self, spec: RunSpec, *, sweep_id: str | None = None, project: str = DEFAULT_PROJECT,
+                   by: str | None = None) -> RunRecord:
+        """Store a validated spec as a QUEUED run of ``project`` with its first event, in one
+        transaction; ``by``: who asked (``Caller.who``), named in that event."""
         with self.db.write() as session:
-            return RunRecord.from_row(insert_run(session, spec, message="created", sweep_id=sweep_id, project=project))
+            return RunRecord.from_row(insert_run(session, spec, message=_created(by), sweep_id=sweep_id,
+                                                 project=project))
 
-    def create_run_once(self, spec: RunSpec, *, project: str, idempotency_key: str) -> tuple[RunRecord, bool]:
+    def create_run_once(self, spec: RunSpec, *, project: str, idempotency_key: str,
+                        by: str | None = None) -> tuple[RunRecord, bool]:
         """``create_run`` once per ``(project, idempotency_key)``: the run and True when this call
         made it; the run an earlier call with the key made and False otherwise
         (``service.idempotency.created_once``: two concurrent calls make one run)."""
         def create() -> RunRecord:
             with self.db.write() as session:
-                return RunRecord.from_row(insert_run(session, spec, message="created", project=project,
+                return RunRecord.from_row(insert_run(session, spec, message=_created(by), project=project,
                                                      idempotency_key=idempotency_key))
         return created_once(lambda: self.run_by_idempotency_key(project, idempotency_key), create)
 
@@ -248,16 +252,17 @@ class Repository(AttemptStore):
             return RunRecord.from_row(run)
 
     # --- status --------------------------------------------------------------------------
-    def cancel_run(self, run_id: str) -> RunRecord:
-        """A user's cancel: → CANCELING (the dispatcher stops the job). An active trial of a sweep
-        is refused: its driver owns it, and only canceling the sweep stops it."""
+    def cancel_run(self, run_id: str, *, by: str = "user") -> RunRecord:
+        """A user's cancel (``by``: who, named in the event): → CANCELING (the dispatcher stops the
+        job). An active trial of a sweep is refused: its driver owns it, and only canceling the
+        sweep stops it."""
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             record = RunRecord.from_row(run)
             if record.driven_by_sweep and record.status in ACTIVE_STATUSES:
                 raise RUN_TRANSITIONS.refusal(run_id, record.status, RunStatus.CANCELING,
                                               f"run {run_id} is a trial of sweep {record.sweep_id}; a trial cannot "
                                               f"be canceled on its own, cancel its sweep instead")
-            apply_run_status(session, run, RunStatus.CANCELING, message="canceled by user", error=None)
+            apply_run_status(session, run, RunStatus.CANCELING, message=f"canceled by {by}", error=None)
             session.flush()
             return RunRecord.from_row(run)
 
@@ -272,8 +277,9 @@ class Repository(AttemptStore):
             session.flush()
             return RunRecord.from_row(run)
 
-    def resume_run(self, run_id: str, *, num_workers: int | None = None) -> RunRecord:
-        """FAILED, CANCELED or STOPPED (a trial ended early) → QUEUED as a new attempt, which
+    def resume_run(self, run_id: str, *, num_workers: int | None = None, by: str = "user") -> RunRecord:
+        """FAILED, CANCELED or STOPPED (a trial ended early) → QUEUED as a new attempt (``by``: who
+        asked, named in the event), which
         resumes from the newest committed checkpoint (a trial goes on as a standalone run); with
         ``num_workers`` the spec's ``parallelism.num_workers`` is rewritten first (validated:
         raises pydantic's ``ValidationError`` for a spec that no longer holds)."""
@@ -288,7 +294,7 @@ class Repository(AttemptStore):
                 raise RUN_TRANSITIONS.refusal(run_id, current, RunStatus.QUEUED,
                                               f"run {run_id} is {current.value}; only FAILED, CANCELED or STOPPED "
                                               f"runs can be resumed{way_forward}")
-            message = "resumed by user"
+            message = f"resumed by {by}"
             if num_workers is not None and num_workers != run.spec["parallelism"]["num_workers"]:
                 spec = dict(run.spec)
                 spec["parallelism"] = {**spec["parallelism"], "num_workers": num_workers}
@@ -453,3 +459,8 @@ def _resumes_from(session, run: Run) -> str:
         return "; it has no checkpoint of its own, so it starts again from its parent's"
     return ("; it has no checkpoint (none was reported: checkpoint.interval sets how often one is saved), so "
             "it trains again from the start")
+
+
+def _created(by: str | None) -> str:
+    """A new run's first event: ``created``, and by whom when a caller is known."""
+    return "created" if by is None else f"created by {by}"

@@ -222,16 +222,17 @@ class SweepRepository(AttemptStore):
                 session.flush()
             return SweepRecord.from_row(sweep)
 
-    def cancel(self, sweep_id: str) -> SweepRecord:
-        """A user's cancel: service-driven → CANCELING (the dispatcher stops the driver job);
-        external → CANCELED at once (its driver sees that and stops Tune). 409 once ended."""
+    def cancel(self, sweep_id: str, *, by: str = "user") -> SweepRecord:
+        """A user's cancel (``by``: who, named in the event): service-driven → CANCELING (the
+        dispatcher stops the driver job); external → CANCELED at once (its driver sees that and
+        stops Tune). 409 once ended."""
         with self.db.locked_write(Sweep, sweep_id, SweepNotFound) as (session, sweep):
             current = SweepStatus(sweep.status)
             if current.is_terminal:
                 raise _illegal(sweep, SweepStatus.CANCELING,
                                f"sweep {sweep_id} is {current.value}; it has already ended")
             target = SweepStatus.CANCELED if sweep.driver == "external" else SweepStatus.CANCELING
-            apply_sweep_status(session, sweep, target, message="canceled by user", error=None)
+            apply_sweep_status(session, sweep, target, message=f"canceled by {by}", error=None)
             session.flush()
             return SweepRecord.from_row(sweep)
 

@@ -52,7 +52,7 @@ def fork_run(run_id: str, request: Request, repo: RepoDep, caller: CallerDep, ac
     problem = submit_problem(request, access, parent, spec)
     if problem is not None:
         return problem
-    child = insert_fork(repo, parent, spec, fork_info(parent, spec, body, checkpoint))
+    child = insert_fork(repo, parent, spec, fork_info(parent, spec, body, checkpoint), by=caller.who)
     return queued_view(request, child)
 
 
@@ -79,7 +79,7 @@ def continue_completed_run(run_id: str, body: ContinueRequest, request: Request,
         return validation_response([field_error("max_duration", ["body", "max_duration"], too_long,
                                                 str(body.max_duration))])
     try:
-        return queued_view(request, continue_run(repo, run_id, body.max_duration))
+        return queued_view(request, continue_run(repo, run_id, body.max_duration, by=caller.who))
     except LineageRefused as refused:
         return validation_response(refused.errors)
 

@@ -110,8 +110,8 @@ def create_run(spec: RunSpec, request: Request, repo: RepoDep, caller: CallerDep
         return validation_response(refused)
     # A run made just now is in no plan of the queue yet: its view has no ``queue``.
     if idempotency_key is None:
-        return view_json(repo.create_run(spec, project=name).to_view().model_copy(update=MADE), 201)
-    run, created = repo.create_run_once(spec, project=name, idempotency_key=idempotency_key)
+        return view_json(repo.create_run(spec, project=name, by=caller.who).to_view().model_copy(update=MADE), 201)
+    run, created = repo.create_run_once(spec, project=name, idempotency_key=idempotency_key, by=caller.who)
     if created:
         return view_json(run.to_view().model_copy(update=MADE), 201)
     problem = idempotency.replay_problem(idempotency_key, run.spec, spec)  # a concurrent request won the race
@@ -296,7 +296,7 @@ def cancel_run(run_id: str, repo: RepoDep, caller: CallerDep) -> RunView:
     409 if the run has already ended, or if it is an active trial of a sweep (cancel the sweep).
     """
     scoped_run(repo, caller, run_id, Role.MEMBER)
-    return repo.cancel_run(run_id).to_view()
+    return repo.cancel_run(run_id, by=caller.who).to_view()
 
 
 @router.get("/{run_id}/events", response_model=RunEventsPage, operation_id="list_run_events", responses=NOT_FOUND)
@@ -330,7 +330,7 @@ def resume_run(run_id: str, repo: RepoDep, caller: CallerDep,
     scoped_run(repo, caller, run_id, Role.MEMBER)
     num_workers = request.num_workers if request is not None else None
     try:
-        return repo.resume_run(run_id, num_workers=num_workers).to_view()
+        return repo.resume_run(run_id, num_workers=num_workers, by=caller.who).to_view()
     except ValidationError as exc:
         return validation_response([field_error("num_workers", ["body", "num_workers"], one_line(exc.errors()),
                                                  num_workers)])

@@ -197,7 +197,7 @@ def cancel_sweep(sweep_id: str, sweeps: SweepsDep, caller: CallerDep) -> SweepVi
     """Stop a sweep and its trials: CANCELING until the dispatcher has stopped the driver job
     (an external sweep is CANCELED at once; its driver stops Tune). 409 if it already ended."""
     scoped_sweep(sweeps, caller, sweep_id, Role.MEMBER)
-    sweeps.cancel(sweep_id)
+    sweeps.cancel(sweep_id, by=caller.who)
     return sweeps.sweep_view(sweep_id)
 
 

@@ -139,7 +139,7 @@ def test_cancel_asks_for_confirmation_then_cancels_the_run(page, live_service, t
     page.keyboard.press("Enter")
     expect(page.locator(".page-head .badge")).to_have_text("■ CANCELED", timeout=120_000)
     expect(cancel).to_be_hidden()
-    expect(page.locator('#events li[data-to="CANCELING"]')).to_contain_text("canceled by user")
+    expect(page.locator('#events li[data-to="CANCELING"]')).to_contain_text("canceled by key ")
     expect(page.locator('#events li[data-to="CANCELED"]')).to_have_count(1)
     assert live_service.client().get_run(run.id).status is RunStatus.CANCELED
     save_screenshot(page, "run-canceled-1280")

@@ -381,7 +381,7 @@ def test_resume_asks_for_confirmation_shows_the_apis_refusal_then_starts_the_nex
     expect(dialog).to_be_hidden()
     expect(page.locator('[data-fact="attempt"]')).to_have_text("2")
     expect(page.locator(".page-head .badge")).to_have_text(re.compile(r"QUEUED|STARTING|RUNNING"))
-    expect(page.locator('#events li[data-to="QUEUED"]').last).to_contain_text("resumed by user")
+    expect(page.locator('#events li[data-to="QUEUED"]').last).to_contain_text("resumed by key ")
     expect(resume).to_be_hidden()
     resumed = client.get_run(run_id)
     assert resumed.attempt == 2 and resumed.restarts == 1

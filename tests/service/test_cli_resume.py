@@ -3,6 +3,8 @@ QUEUED as attempt 2; a run that cannot be resumed exits 1 with the API's reason.
 
 from __future__ import annotations
 
+import re
+
 from typer.testing import CliRunner
 
 from api.views import RunStatus
@@ -53,7 +55,7 @@ def test_a_resumed_run_with_a_checkpoint_says_nothing_more_and_a_fork_without_on
         service.repo.transition(saved.id, RunStatus.FAILED, error="worker lost")
         resumed = runner.invoke(app, ["resume", saved.id, *url])
         assert resumed.exit_code == 0, resumed.output
-        assert resumed.output.strip().endswith("QUEUED (attempt 2): resumed by user")
+        assert re.search(r"QUEUED \(attempt 2\): resumed by key '[^']+' \(\w+\)$", resumed.output.strip()), resumed.output
         fork = ForkInfo.model_validate({"from": "latest", "checkpoint_url": f"file:///c/{saved.id}/ep0-ba4", "step": 4})
         child = service.repo.create_run(example_spec)
         with service.repo.db.write() as session:  # as a fork of it is stored (service.lineage)

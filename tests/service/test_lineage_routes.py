@@ -4,6 +4,7 @@ continues as its next attempt, and every route is scoped to the run's project.""
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime, timezone
 
@@ -50,7 +51,8 @@ def test_a_fork_merges_its_patch_and_records_the_parent_s_latest_checkpoint(api,
                              "checkpoint_url": f"s3://bucket/runs/{parent['id']}/checkpoints/ep2-ba20", "step": 20,
                              "load_optimizer": True}
     events = api.get(f"{API}/runs/{child['id']}/events").json()["data"]
-    assert events[0]["message"] == f"forked from run {parent['id']} (its checkpoint at batch 20)"
+    assert re.fullmatch(rf"forked from run {parent['id']} \(its checkpoint at batch 20\) by key 'first admin' \(\w+\)",
+                        events[0]["message"]), events[0]["message"]  # who forked it: the key's name and id
     listed = api.get(f"{API}/runs/{parent['id']}/children").json()["data"]
     assert [run["id"] for run in listed] == [child["id"]]
     assert api.get(f"{API}/runs/{child['id']}/children").json()["data"] == []

@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.credentials import read_credentials
+from api.views import RunStatus
 from service.app import create_app
 from service.settings import Settings
 
@@ -135,6 +136,23 @@ def test_a_viewer_reads_but_cannot_submit_cancel_or_resume(admin, two_projects, 
     assert external.status_code == 403 and "driver_token" not in external.text  # no driver token for a viewer
     me = admin.get(f"{API}/me", headers=viewer).json()
     assert me["roles"] == {t["a"]: "viewer"} and [p["name"] for p in me["projects"]] == [t["a"]]
+
+
+def test_a_runs_events_name_the_key_that_created_canceled_and_resumed_it(admin, two_projects):
+    """Members of a project may cancel each other's runs: the events say who did what."""
+    t = two_projects
+    colleague = admin.post(f"{API}/keys", json={"project": t["a"], "role": "member", "name": "bob"}).json()
+    assert admin.post(f"{API}/runs/{t['run']}/cancel", headers=_bearer(colleague["key"])).status_code == 200
+    admin.app.state.repo.transition(t["run"], RunStatus.CANCELED)
+    assert admin.post(f"{API}/runs/{t['run']}/resume", headers=t["key_a"]).status_code == 200
+    assert admin.post(f"{API}/sweeps/{t['sweep']}/cancel", headers=_bearer(colleague["key"])).status_code == 200
+    messages = [e["message"] for e in admin.get(f"{API}/runs/{t['run']}/events").json()["data"]]
+    alice = f"key 'member of {t['a']}' ({admin.get(f'{API}/me', headers=t['key_a']).json()['key_id']})"
+    assert messages[0] == f"created by {alice}"
+    assert f"canceled by key 'bob' ({colleague['id']})" in messages
+    assert any((m or "").startswith(f"resumed by {alice}") for m in messages), messages
+    sweep_events = admin.get(f"{API}/sweeps/{t['sweep']}").json()
+    assert f"canceled by key 'bob' ({colleague['id']})" in str(sweep_events), sweep_events
 
 
 def test_no_key_a_wrong_key_and_a_revoked_key_get_401(admin, two_projects):
