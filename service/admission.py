@@ -20,8 +20,13 @@ runs, the active runs, the cluster's total resources and the projects' quotas:
 
 Sweeps wait in the same queue: a QUEUED sweep whose driver the service runs is a candidate
 with its base run's demand (one trial's workers: the least it needs to make progress), its
-base's priority and its project, and it counts as one run against the project's
-``max_running_runs``. Once admitted, its trials are runs and hold the cluster like any other.
+base's priority and its project. A sweep is one run to ``max_running_runs`` from its admission
+until it ends (STARTING, RUNNING, CANCELING; an external driver's sweep from its creation),
+whether its driver has registered trials yet or not: its driver's trials count under it, not
+as runs of their own, so with ``max_running_runs=1`` a sweep and a plain run of one project
+never train at once, whichever came first. Its trials hold the cluster's CPUs and GPUs, and
+the project's ``max_workers`` and ``max_gpus``, like any other run (a sweep holds none before
+its first trial). A trial resumed by hand has its own job and is an ordinary run again.
 
 Resources are accounted from the runs Tessera admitted, against the cluster's total, not
 from Ray's "available" figure: that lags a submission by seconds (a job's workers are placed
@@ -37,9 +42,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.views import QueueInfo
+from api.views import QueueInfo, SweepStatus
 
 PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+# A sweep in one of these holds one run of its project's ``max_running_runs`` (the driver's
+# statuses: ``service.job_kinds.sweep_driver_jobs`` follows the same; an external one is RUNNING).
+ACTIVE_SWEEP_STATUSES = frozenset({SweepStatus.STARTING, SweepStatus.RUNNING, SweepStatus.CANCELING})
 
 
 @dataclass(frozen=True)
@@ -86,26 +94,43 @@ class Quota:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A run as the queue sees it."""
+    """A run or a sweep as the queue sees it. ``sweep_id``: the sweep it counts under for
+    ``max_running_runs``, a sweep's own id or a driver's trial's sweep (None: a run of its own)."""
 
     id: str
     project: str
     priority: str
     demand: Demand
+    sweep_id: str | None = None
+
+    @property
+    def holder(self) -> str:
+        """What ``max_running_runs`` counts it as: its sweep (every trial of a sweep is the same
+        one run, the sweep itself too), else the run."""
+        return self.sweep_id or self.id
 
 
 @dataclass
 class Usage:
+    """What active runs and sweeps hold: resources summed, runs counted once per ``holder``."""
+
     cpus: float = 0.0
     gpus: float = 0.0
-    runs: int = 0
     workers: int = 0
+    holders: set[str] = field(default_factory=set)
+    sweeps: set[str] = field(default_factory=set)  # the holders that are sweeps
 
-    def add(self, demand: Demand) -> None:
-        self.cpus += demand.cpus
-        self.gpus += demand.gpus
-        self.runs += 1
-        self.workers += demand.workers
+    @property
+    def runs(self) -> int:
+        return len(self.holders)
+
+    def add(self, run: Candidate) -> None:
+        self.cpus += run.demand.cpus
+        self.gpus += run.demand.gpus
+        self.workers += run.demand.workers
+        self.holders.add(run.holder)
+        if run.sweep_id is not None:
+            self.sweeps.add(run.sweep_id)
 
 
 @dataclass
@@ -114,14 +139,29 @@ class Plan:
     waiting: dict[str, QueueInfo] = field(default_factory=dict)
 
 
-def quota_problem(quota: Quota, used: Usage, demand: Demand) -> str | None:
-    if quota.max_running_runs is not None and used.runs + 1 > quota.max_running_runs:
-        return f"the project runs {used.runs} of max_running_runs={quota.max_running_runs}"
+def quota_problem(quota: Quota, used: Usage, run: Candidate) -> str | None:
+    """Which of its project's quotas ``run`` would exceed next to ``used`` (None: none). A sweep
+    whose trials outlived its last driver (re-queued) is already counted: it adds no run."""
+    demand = run.demand
+    runs = used.runs + (run.holder not in used.holders)
+    if quota.max_running_runs is not None and runs > quota.max_running_runs:
+        return f"the project runs {used.runs} of max_running_runs={quota.max_running_runs}{_sweeps_among(used)}"
     if quota.max_workers is not None and used.workers + demand.workers > quota.max_workers:
         return f"the project's runs hold {used.workers} of max_workers={quota.max_workers} workers"
     if quota.max_gpus is not None and used.gpus + demand.gpus > quota.max_gpus:
         return f"the project's runs hold {used.gpus:g} of max_gpus={quota.max_gpus} GPUs"
     return None
+
+
+def _sweeps_among(used: Usage) -> str:
+    """How many of the runs a project is said to run are sweeps: its trials listed as running
+    would otherwise not add up to the count."""
+    count = len(used.sweeps)
+    if count == 0:
+        return ""
+    if count == 1:
+        return " (one of them a sweep, which counts as one run with all its trials)"
+    return f" ({count} of them sweeps, each one run with all its trials)"
 
 
 def queue_order(queued: Iterable[Candidate], active_per_project: Mapping[str, int]) -> list[Candidate]:
@@ -146,11 +186,13 @@ def plan(queued: list[Candidate], active: list[Candidate], capacity: Capacity | 
     ``capacity`` None: the cluster's size is unknown, so only quotas and order apply. ``grow``:
     the cluster autoscales, so the first run in order that does not fit it now is admitted all
     the same (Ray's autoscaler adds nodes for what is asked of it; held back here, nothing would
-    be asked), and the runs behind it wait their turn, as behind any run that does not fit."""
+    be asked), and the runs behind it wait their turn, as behind any run that does not fit.
+    ``active``: the runs that hold the cluster, and the active sweeps (no demand of their own:
+    their trials, with ``sweep_id`` set, hold it), which hold a run of ``max_running_runs``."""
     total, per_project = Usage(), defaultdict(Usage)
     for run in active:
-        total.add(run.demand)
-        per_project[run.project].add(run.demand)
+        total.add(run)
+        per_project[run.project].add(run)
     result = Plan()
     # Runs admitted beyond the cluster's size: it is growing for one of them already.
     growing = capacity is not None and (total.cpus > capacity.cpus or total.gpus > capacity.gpus)
@@ -158,7 +200,7 @@ def plan(queued: list[Candidate], active: list[Candidate], capacity: Capacity | 
     ordered = queue_order(queued, {name: used.runs for name, used in per_project.items()})
     for run in ordered:
         never = capacity.why_never(run.demand) if capacity is not None and not grow else None
-        problem = quota_problem(quotas.get(run.project, Quota()), per_project[run.project], run.demand)
+        problem = quota_problem(quotas.get(run.project, Quota()), per_project[run.project], run)
         fits = capacity is None or Capacity(capacity.cpus - total.cpus, capacity.gpus - total.gpus).holds(run.demand)
         if never is not None:
             result.waiting[run.id] = QueueInfo(position=0, reason="resources", detail=f"{never}; waiting for it to grow")
@@ -175,8 +217,8 @@ def plan(queued: list[Candidate], active: list[Candidate], capacity: Capacity | 
         else:
             growing = growing or not fits
             result.admit.append(run.id)
-            total.add(run.demand)
-            per_project[run.project].add(run.demand)
+            total.add(run)
+            per_project[run.project].add(run)
     position = 0
     for run in ordered:
         if run.id in result.waiting:
@@ -224,7 +266,7 @@ class Admission:
         ``fresh_capacity=False``: plan with the cluster's size as last read."""
         from api.views import ACTIVE_STATUSES
 
-        sweeps = self._queued_sweeps()
+        sweeps, active_sweeps = self._sweeps()
         self._admitted_sweeps = set()
         if not queued and not sweeps:
             self.waiting = {}
@@ -232,6 +274,7 @@ class Admission:
         # Every tick with a queue, so a submit is checked against a fresh size.
         capacity = self.read_capacity() if fresh_capacity else self.capacity
         holding = [_candidate(run) for run in (self.repo.snapshots(ACTIVE_STATUSES) if active is None else active)]
+        holding += [_active_sweep(sweep) for sweep in active_sweeps]
         quotas = {p.name: Quota(p.max_running_runs, p.max_workers, p.max_gpus) for p in self.access.list_projects()}
         candidates = sorted([(run.created_at, _candidate(run)) for run in queued]
                             + [(sweep.created_at, _sweep_candidate(sweep)) for sweep in sweeps],
@@ -248,20 +291,34 @@ class Admission:
         self._admitted_sweeps = set()
         return admitted
 
-    def _queued_sweeps(self) -> list[Any]:
+    def _sweeps(self) -> tuple[list[Any], list[Any]]:
+        """The QUEUED sweeps the service drives (candidates), and the active sweeps (one run each
+        to their projects' ``max_running_runs``, trials or not yet): one read of both."""
         if self.sweeps is None:
-            return []
-        from api.views import SweepStatus
-
-        return [sweep for sweep in self.sweeps.snapshots([SweepStatus.QUEUED]) if sweep.driver == "service"]
+            return [], []
+        read = self.sweeps.snapshots([SweepStatus.QUEUED, *ACTIVE_SWEEP_STATUSES])
+        queued = [sweep for sweep in read if sweep.status is SweepStatus.QUEUED and sweep.driver == "service"]
+        return queued, [sweep for sweep in read if sweep.status in ACTIVE_SWEEP_STATUSES]
 
 
 def _sweep_candidate(sweep: Any) -> Candidate:
+    """A QUEUED sweep: one trial's demand, and one run of its project (its own, or the one its
+    trials that outlived its last driver already hold)."""
     base = sweep.spec.get("base", {})
     return Candidate(id=sweep.id, project=sweep.project, priority=str(base.get("priority", "normal")),
-                     demand=Demand.of(base))
+                     demand=Demand.of(base), sweep_id=sweep.id)
+
+
+def _active_sweep(sweep: Any) -> Candidate:
+    """An active sweep holds one run of its project from its admission on, before its driver has
+    registered a trial too; what it holds of the cluster, its trials hold (they are active runs)."""
+    base = sweep.spec.get("base", {})
+    return Candidate(id=sweep.id, project=sweep.project, priority=str(base.get("priority", "normal")),
+                     demand=Demand(cpus=0.0, gpus=0.0, workers=0), sweep_id=sweep.id)
 
 
 def _candidate(run: Any) -> Candidate:
+    """A run; a trial its sweep's driver trains counts under the sweep (a trial resumed by hand
+    is a run of its own: ``driven_by_sweep`` is false then)."""
     return Candidate(id=run.id, project=run.project, priority=str(run.spec.get("priority", "normal")),
-                     demand=Demand.of(run.spec))
+                     demand=Demand.of(run.spec), sweep_id=run.sweep_id if run.driven_by_sweep else None)

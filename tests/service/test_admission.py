@@ -55,6 +55,56 @@ def test_quotas_hold_back_their_project_only():
     assert gpus.waiting["g"].reason == "quota"
 
 
+def _sweep_c(sweep_id: str, project: str = "a", demand: Demand = TWO) -> Candidate:
+    """A sweep: queued with one trial's demand, or active (``Demand(0, 0, 0)``: its trials hold the cluster)."""
+    return Candidate(id=sweep_id, project=project, priority="normal", demand=demand, sweep_id=sweep_id)
+
+
+def _trial_c(run_id: str, sweep_id: str, project: str = "a") -> Candidate:
+    return Candidate(id=run_id, project=project, priority="normal", demand=TWO, sweep_id=sweep_id)
+
+
+NOTHING = Demand(cpus=0, gpus=0, workers=0)
+
+
+def test_an_active_sweep_is_one_run_of_max_running_runs_before_and_after_its_trials_exist():
+    one = {"a": Quota(max_running_runs=1)}
+    # Admitted, no trial registered yet: the project's plain runs wait for it.
+    started = plan([_c("r1"), _c("b1", "b")], [_sweep_c("s", demand=NOTHING)], Capacity(100, 0), one)
+    assert started.admit == ["b1"] and started.waiting["r1"].reason == "quota"
+    assert started.waiting["r1"].detail == ("the project runs 1 of max_running_runs=1 "
+                                            "(one of them a sweep, which counts as one run with all its trials)")
+    # Its trials count under it, never as runs of their own: two trials and the sweep are one run.
+    training = [_sweep_c("s", demand=NOTHING), _trial_c("t1", "s"), _trial_c("t2", "s")]
+    assert plan([_c("r1")], training, Capacity(100, 0), one).waiting["r1"].reason == "quota"
+    assert plan([_c("r1")], training, Capacity(100, 0), {"a": Quota(max_running_runs=2)}).admit == ["r1"]
+    # ... a trial read before its sweep (the sweeps are read after the runs) is still that one run
+    assert plan([_c("r1")], training[1:], Capacity(100, 0), {"a": Quota(max_running_runs=2)}).admit == ["r1"]
+
+
+def test_a_sweep_waits_for_a_running_run_and_a_run_for_a_sweep_admitted_in_the_same_plan():
+    one = {"a": Quota(max_running_runs=1)}
+    held = plan([_sweep_c("s")], [_c("r0")], Capacity(100, 0), one)
+    assert held.admit == [] and held.waiting["s"].reason == "quota"
+    assert held.waiting["s"].detail == "the project runs 1 of max_running_runs=1"
+    both = plan([_sweep_c("s"), _c("r1")], [], Capacity(100, 0), one)
+    assert both.admit == ["s"] and both.waiting["r1"].reason == "quota"
+    # A sweep re-queued with trials that outlived its last driver: they are its own run already.
+    assert plan([_sweep_c("s")], [_trial_c("t1", "s")], Capacity(100, 0), one).admit == ["s"]
+
+
+def test_a_sweeps_trials_hold_the_cluster_and_the_worker_and_gpu_quotas_like_any_run():
+    training = [_sweep_c("s", demand=NOTHING), _trial_c("t1", "s"), _trial_c("t2", "s")]  # 2 x 2 CPUs, 2 workers
+    full = plan([_c("r1")], training, Capacity(4, 0), {})
+    assert full.admit == [] and full.waiting["r1"].reason == "resources"
+    workers = plan([_c("r1")], training, Capacity(100, 0), {"a": Quota(max_workers=5)})
+    assert workers.waiting["r1"].reason == "quota" and "hold 4 of max_workers=5" in workers.waiting["r1"].detail
+    gpu_trials = [_sweep_c("s", demand=NOTHING),
+                  Candidate("t1", "a", "normal", Demand(1, 1, 1), sweep_id="s")]
+    gpus = plan([_c("g", demand=Demand(1, 1, 1))], gpu_trials, Capacity(100, 8), {"a": Quota(max_gpus=1)})
+    assert gpus.waiting["g"].reason == "quota" and "max_gpus=1" in gpus.waiting["g"].detail
+
+
 def test_a_run_bigger_than_a_shrunken_cluster_waits_with_that_reason_and_blocks_nobody():
     huge = _c("huge", priority="high", demand=Demand(cpus=64, gpus=0, workers=64))
     decided = plan([huge, _c("r1")], [], Capacity(4, 0), {})
@@ -345,3 +395,62 @@ def test_a_sweep_is_checked_at_submit_as_a_run_is(sized, example_body):
     assert refused.status_code == 422, refused.text
     assert sorted(item["field"] for item in refused.json()["detail"]) == ["base.code.digest",
                                                                         "base.parallelism.num_workers"]
+
+
+def _vision(client, **quota) -> None:
+    """Project ``vision`` with ``quota``, as the user's report had it."""
+    assert client.post(f"{API}/projects", json={"name": "vision"}).status_code == 201
+    assert client.put(f"{API}/projects/vision/quota", json=quota).status_code == 200
+
+
+def _submit_sweep(client, body, project="vision") -> str:
+    sweep = client.post(f"{API}/sweeps", params={"project": project},
+                        json={"name": "s", "base": body, "metric": "eval/accuracy", "mode": "max",
+                              "search": {"params": {"optimizer.lr": {"grid": [0.1, 0.2]}}}})
+    assert sweep.status_code == 201, sweep.text
+    return sweep.json()["id"]
+
+
+def test_a_started_sweep_without_trials_yet_holds_its_projects_only_run(sized, example_body, example_spec):
+    """The report: max_running_runs=1, a sweep, and 2 s later a plain run: both were admitted,
+    and the plain run trained beside the sweep's trials once they came."""
+    from api.views import SweepStatus
+
+    client, _jobs = sized
+    dispatcher = client.app.state.dispatcher
+    _vision(client, max_running_runs=1)
+    sweep_id = _submit_sweep(client, example_body)
+    dispatcher.tick()
+    assert client.get(f"{API}/sweeps/{sweep_id}").json()["status"] == "STARTING"
+    assert client.get(f"{API}/runs", params={"sweep_id": sweep_id}).json()["data"] == []  # no trial yet
+    run_id = _submit(client, example_body, project="vision")
+    dispatcher.tick()
+    waiting = client.get(f"{API}/runs/{run_id}").json()
+    assert waiting["status"] == "QUEUED" and waiting["queue"]["reason"] == "quota", waiting
+    assert waiting["queue"]["detail"].startswith("the project runs 1 of max_running_runs=1 (one of them a sweep")
+    # Its driver's trials are that same one run: the plain run waits on, for the sweep, not for them.
+    for trial in ("t1", "t2"):
+        dispatcher.sweeps.register_trial(sweep_id, trial_id=trial, spec=example_spec, params={}, token=trial)
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{run_id}").json()["queue"]["detail"].startswith("the project runs 1 of")
+    dispatcher.sweeps.apply_driver_report(sweep_id, SweepStatus.COMPLETED)  # its trials end with it
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{run_id}").json()["status"] == "STARTING"
+
+
+def test_a_running_plain_run_holds_its_projects_only_run_against_a_queued_sweep(sized, example_body):
+    client, _jobs = sized
+    dispatcher = client.app.state.dispatcher
+    _vision(client, max_running_runs=1)
+    run_id = _submit(client, example_body, project="vision")
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{run_id}").json()["status"] == "STARTING"
+    sweep_id = _submit_sweep(client, example_body)
+    dispatcher.tick()
+    waiting = client.get(f"{API}/sweeps/{sweep_id}").json()
+    assert waiting["status"] == "QUEUED" and waiting["queue"] == {
+        "position": 1, "reason": "quota", "detail": "the project runs 1 of max_running_runs=1"}
+    assert client.post(f"{API}/runs/{run_id}/cancel").status_code == 200
+    dispatcher.tick()  # the canceled run's job is stopped
+    dispatcher.tick()
+    assert client.get(f"{API}/sweeps/{sweep_id}").json()["status"] == "STARTING"
