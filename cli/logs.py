@@ -2,6 +2,7 @@
 (``tessera sweeps logs SWEEP`` reads a sweep driver's log the same way)."""
 
 
+import contextlib
 import re
 import sys
 import time
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 
-from cli.output import JsonOption, emit
+from cli.output import JsonOption, emit, following
 
 if TYPE_CHECKING:
     from api.client import Client
@@ -89,5 +90,6 @@ def register(app: typer.Typer, url_option, call) -> None:
         from api.client import Client
 
         refuse_json_with_follow(as_json, follow)
-        with Client(url) as client:
+        goes_on = following(f"run {run_id}", f"tessera cancel {run_id}", doing="following the log")
+        with Client(url) as client, goes_on if follow else contextlib.nullcontext():
             show_logs(run_pages(client, run_id), attempt=attempt, follow=follow, as_json=as_json, call=call)

@@ -22,8 +22,9 @@ from cli.export import register as register_export
 from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
-from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, SetOption, UrlOption, call, console,
-                        emit, err_console, fail, kept, listing, needs_extra, none_listed, status_value)
+from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, LimitOption, SetOption, UrlOption, call,
+                        console, emit, err_console, fail, first_items, following, kept, listing, needs_extra,
+                        none_listed, status_value)
 from cli.run_info import register as register_run_info
 
 if TYPE_CHECKING:
@@ -116,7 +117,8 @@ def _emit_or_follow(client: "Client", run, *, follow: bool, as_json: bool, out) 
         return
     from cli.follow import follow_run
 
-    final = _call(follow_run, client, run.id, console=out)
+    with following(f"run {run.id}", f"tessera cancel {run.id}"):  # Ctrl-C: the run goes on, and the user hears it
+        final = _call(follow_run, client, run.id, console=out)
     emit(final, as_json=as_json, render=lambda: _print_summary(final))
     if final.status.value != "COMPLETED":
         raise typer.Exit(1)
@@ -139,6 +141,20 @@ def _upload_code(client: Client, folder: str, *, project: str | None = None, out
     return package.digest
 
 
+def _time_value(value: str | None):
+    """A ``--created-after``/``--created-before`` value: an ISO 8601 date or time as a datetime
+    (no offset: UTC, as the service reads it), else a usage error that names the value."""
+    if value is None:
+        return None
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 date or time; e.g. 2026-05-01, 2026-05-01T14:30 or "
+                                 "2026-05-01T14:30+02:00 (no offset: UTC)") from None
+
+
 @app.command()
 def runs(
     action: Annotated[Optional[str], typer.Argument(metavar="[list]", help="`list` (the default)")] = None,
@@ -148,26 +164,33 @@ def runs(
     name: Annotated[Optional[str], typer.Option(help="only runs whose name contains this")] = None,
     project: Annotated[Optional[str], typer.Option(help="only this project's runs (default: every project of "
                                                         "your key)")] = None,
+    sweep: Annotated[Optional[str], typer.Option(help="only this sweep's trials (a sweep id)")] = None,
+    created_after: Annotated[Optional[str], typer.Option(
+        help="only runs created after this time: ISO 8601, e.g. 2026-05-01 or 2026-05-01T14:30 (no offset: UTC, as "
+             "the created column)", callback=_time_value)] = None,
+    created_before: Annotated[Optional[str], typer.Option(
+        help="only runs created before this time (ISO 8601, as --created-after)", callback=_time_value)] = None,
     order_by: Annotated[Optional[str], typer.Option(
         help="best:<metric key>, e.g. best:eval/accuracy: that key's best value first; only runs that reported "
              "the key")] = None,
     archived: Annotated[str, typer.Option(help="false (hide archived runs), true (only them) or all")] = "false",
-    limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
+    limit: LimitOption = "20",
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """List runs (also: tessera runs list), newest first or by a metric's best value (--json: a list of RunViews)."""
     if action not in (None, "list"):
         _fail(f"unknown action {action!r}: `tessera runs` or `tessera runs list`", EXIT_USAGE)
-    page = _call(_client(url).list_runs, status=status, limit=limit, tag=tag, name=name, order_by=order_by,
-                 archived=archived, project=project)
+    listed = _call(first_items, _client(url).list_runs, limit, status=status, tag=tag, name=name, sweep_id=sweep,
+                   created_after=created_after, created_before=created_before, order_by=order_by, archived=archived,
+                   project=project)
     best_key = order_by.removeprefix("best:") if order_by else None
-    several_projects = len({run.project for run in page.data}) > 1  # an admin's listing: say whose each is
+    several_projects = len({run.project for run in listed}) > 1  # an admin's listing: say whose each is
     columns = [kept("id", ID_WIDTH), "name", *(["project"] if several_projects else []), kept("status", STATUS_WIDTH),
                "attempt", "created", "tags", kept("eval/accuracy", METRIC_WIDTH, wrap_header=True),
                kept("train/loss", METRIC_WIDTH, wrap_header=True)]
     table = listing(*columns, *([kept(f"best {best_key}", METRIC_WIDTH, wrap_header=True)] if best_key else []))
-    for run in page.data:
+    for run in listed:
         best = [_metric(run.best, best_key)] if best_key else []
         table.add_row(run.id, run.name, *([run.project] if several_projects else []), _status(run), str(run.attempt),
                       run.created_at.strftime("%Y-%m-%d %H:%M:%S"), " ".join(run.tags),
@@ -175,14 +198,16 @@ def runs(
 
     def render() -> None:
         console.print(table)
-        if page.data:
+        if listed:
             return
         notes = [f"only runs that reported {best_key} are listed (a mistyped key lists none; tessera metrics RUN "
                  "shows a run's keys)"] if best_key else []
-        none_listed("runs", {"status": status, "tag": tag, "name": name, "project": project, "order-by": order_by},
-                    *notes, archived=archived)
+        times = {"created-after": created_after, "created-before": created_before}
+        none_listed("runs", {"status": status, "tag": tag, "name": name, "project": project, "sweep": sweep,
+                             **{option: when.isoformat() for option, when in times.items() if when is not None},
+                             "order-by": order_by}, *notes, archived=archived)
 
-    emit(page.data, as_json=as_json, render=render)
+    emit(listed, as_json=as_json, render=render)
 
 
 @app.command()

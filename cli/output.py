@@ -13,8 +13,10 @@ completion stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Any, Callable, NoReturn, Optional
 
 import typer
@@ -28,10 +30,12 @@ EXIT_USAGE = 2  # typer/click's own code: unknown option, missing argument, bad 
 EXIT_NOT_FOUND = 3  # 404: no such run, sweep, key or project (or not in the key's projects)
 EXIT_UNREACHABLE = 4  # no HTTP answer: connection refused, DNS, timeout
 EXIT_SERVICE_ERROR = 5  # the service answered 5xx
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell gives): typer's own code for it too
 
 EPILOG = (
     "Exit codes: 0 ok; 1 a run that did not complete, a request the service refused (4xx, its detail on "
-    "stderr) or a bad file; 2 usage error; 3 not found (404); 4 service unreachable; 5 service error (5xx).\n\n"
+    "stderr) or a bad file; 2 usage error; 3 not found (404); 4 service unreachable; 5 service error (5xx); "
+    "130 interrupted (Ctrl-C; a run or sweep the command followed goes on).\n\n"
     "Environment: TESSERA_URL is the service (default: the URL in the credentials file, else "
     "http://127.0.0.1:8000; --url overrides it); "
     "TESSERA_API_KEY is your key (default: the key in the credentials file, which a local `tessera serve` writes; "
@@ -70,6 +74,45 @@ SetOption = Annotated[Optional[list[str]], typer.Option(
                   "optimizer.lr=0.05, algorithms.cutmix.alpha=0.5 (a method by its name); value null removes "
                   "the key (as tessera fork --set)")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON (one document on stdout) for scripts")]
+
+LIST_PAGE = 500  # the largest page of GET /runs and GET /sweeps: a longer --limit takes several
+
+
+def limit_value(value: str | int) -> int | None:
+    """A list's ``--limit``: a whole number of at least 1, or ``all`` (None: no limit), else a
+    usage error that names the value and what is allowed."""
+    if isinstance(value, int):  # the default
+        return value
+    if value.strip().lower() == "all":
+        return None
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise typer.BadParameter(f"{value!r}: give a whole number of at least 1, or all")
+    return limit
+
+
+# The value a command gets is limit_value's: an int, or None for all.
+LimitOption = Annotated[str, typer.Option(
+    "--limit", metavar="N|all", callback=limit_value,
+    help=f"how many to list, or all (more than {LIST_PAGE} are fetched page after page)")]
+
+
+def first_items(list_page: Callable[..., Any], limit: int | None, **query: Any) -> list:
+    """The first ``limit`` items (every one with None) of a keyset-paged list (``client.list_runs``,
+    ``client.list_sweeps``): ``list_page(limit=..., cursor=..., **query)`` page after page of at
+    most ``LIST_PAGE``, each asking only for as many as are still wanted."""
+    items: list = []
+    cursor = None
+    while True:
+        wanted = LIST_PAGE if limit is None else min(LIST_PAGE, limit - len(items))
+        page = list_page(limit=wanted, cursor=cursor, **query)
+        items.extend(page.data)
+        cursor = page.next_cursor
+        if cursor is None or (limit is not None and len(items) >= limit):
+            return items
 
 PIPED_WIDTH = 1000  # the width of a console that writes to a pipe or a file (rich's own: 80)
 
@@ -134,6 +177,20 @@ def none_listed(what: str, options: dict[str, str | None], *notes: str, archived
     given = " ".join(f"--{name} {shlex.quote(value)}" for name, value in options.items() if value is not None)
     line = "; ".join([f"no {what} match {given}" if given else f"no {what}", *notes])
     err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def following(what: str, stop: str, *, doing: str = "following") -> Iterator[None]:
+    """Ctrl-C within the block, which follows a run, a log or a sweep, stops only the command: a
+    line on stderr says so (``stopped following; run 3f9c... goes on (tessera cancel 3f9c... stops
+    it)``) and it exits 130, as typer would have without a word, leaving the user to guess whether
+    the run was canceled."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err_console.print(f"stopped {doing}; {what} goes on ({stop} stops it)", highlight=False, markup=False,
+                          soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:

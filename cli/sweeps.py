@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Optional
 
 import typer
@@ -9,8 +10,8 @@ from rich.table import Table
 
 sweeps_app = typer.Typer(no_args_is_help=True, help="Sweeps: submit a SweepSpec, list, show, logs, cancel, wait.")
 
-from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, UrlOption, call, console, emit, fail, kept,
-                        listing, none_listed, status_value)
+from cli.output import (ID_WIDTH, STATUS_WIDTH, JsonOption, LimitOption, UrlOption, call, console, emit, fail,
+                        first_items, following, kept, listing, none_listed, status_value)
 
 
 
@@ -78,19 +79,20 @@ def list_sweeps(
     project: Annotated[Optional[str], typer.Option(help="only this project's sweeps (default: every project of "
                                                         "your key)")] = None,
     archived: Annotated[str, typer.Option(help="false (hide archived sweeps), true (only them) or all")] = "false",
-    limit: Annotated[int, typer.Option(help="how many (newest first)")] = 20,
+    limit: LimitOption = "20",
     as_json: JsonOption = False,
     url: UrlOption = None,
 ) -> None:
     """Sweeps of your projects, newest first: status, trials done, best value (--json: a list of SweepViews)."""
-    page = call(_client(url).list_sweeps, status=status, limit=limit, name=name, archived=archived, project=project)
+    listed = call(first_items, _client(url).list_sweeps, limit, status=status, name=name, archived=archived,
+                  project=project)
 
     def render() -> None:
-        console.print(_sweeps_table(page.data))
-        if not page.data:
+        console.print(_sweeps_table(listed))
+        if not listed:
             none_listed("sweeps", {"status": status, "name": name, "project": project}, archived=archived)
 
-    emit(page.data, as_json=as_json, render=render)
+    emit(listed, as_json=as_json, render=render)
 
 
 def _sweeps_table(sweeps) -> Table:
@@ -156,7 +158,8 @@ def sweep_logs(
     from cli.logs import refuse_json_with_follow, show_logs, sweep_pages
 
     refuse_json_with_follow(as_json, follow)
-    with _client(url) as client:
+    goes_on = following(f"sweep {sweep_id}", f"tessera sweeps cancel {sweep_id}", doing="following the log")
+    with _client(url) as client, goes_on if follow else contextlib.nullcontext():
         show_logs(sweep_pages(client, sweep_id), attempt=attempt, follow=follow, as_json=as_json, call=call)
 
 
@@ -172,7 +175,8 @@ def _wait(sweep_id: str, url: str | None, *, as_json: bool = False) -> None:
     from cli.output import err_console
 
     out = err_console if as_json else console
-    sweep = call(_client(url).wait_sweep, sweep_id, timeout=7 * 86400, on_poll=_ProgressLines(out))
+    with following(f"sweep {sweep_id}", f"tessera sweeps cancel {sweep_id}", doing="waiting"):
+        sweep = call(_client(url).wait_sweep, sweep_id, timeout=7 * 86400, on_poll=_ProgressLines(out))
     out.print(f"sweep {sweep.id}: {sweep.status.value}, best run {sweep.best_run_id or '-'}", highlight=False)
     emit(sweep, as_json=as_json, render=lambda: None)
     if sweep.status.value != "COMPLETED":
