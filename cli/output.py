@@ -228,12 +228,20 @@ def _url_source(url: str | None = None) -> str:
     it to (a service since stopped, or moved to another port), and TESSERA_URL did not give it."""
     import os
 
-    from api.credentials import URL_VARIABLE, find_credentials, find_service_url
+    from api.client import DEFAULT_URL
+    from api.credentials import URL_VARIABLE, credentials_path, find_credentials, find_service_url
 
     if os.environ.get(URL_VARIABLE):
         return ""
     found = find_service_url()
-    if found is None or (url is not None and found.rstrip("/") != url):
+    if found is None:
+        if find_credentials() is None and url == DEFAULT_URL:  # e.g. a folder outside the service's checkout
+            home = os.environ.get("TESSERA_HOME")
+            searched = f"at {credentials_path()}" if home else "in this folder or one above"
+            return (f" (the default: no TESSERA_URL, and no credentials file {searched}; for a service started in "
+                    "another folder, set TESSERA_HOME to its .tessera folder, or TESSERA_URL)")
+        return ""
+    if url is not None and found.rstrip("/") != url:
         return ""
     return f" (the URL in {find_credentials()}, which the service writes as it starts)"
 

@@ -232,6 +232,18 @@ def test_without_url_the_cli_finds_the_service_where_its_credentials_file_says(s
     assert tessera("projects", "list", "--url", nowhere).exit_code == EXIT_UNREACHABLE  # --url still wins
 
 
+def test_the_default_url_is_named_as_the_default_when_no_credentials_file_was_found(tmp_path, monkeypatch):
+    """A shell in a project folder outside the service's checkout finds no credentials file: the
+    error says the URL was the default and how to point the CLI at the service."""
+    monkeypatch.delenv("TESSERA_URL", raising=False)
+    monkeypatch.setenv("TESSERA_HOME", str(tmp_path))  # no credentials there
+    monkeypatch.setattr("api.client.DEFAULT_URL", f"http://127.0.0.1:{free_port()}")  # nothing answers
+    result = tessera("runs")
+    assert result.exit_code == EXIT_UNREACHABLE
+    assert (f"(the default: no TESSERA_URL, and no credentials file at {tmp_path / 'credentials'}; for a service "
+            "started in another folder, set TESSERA_HOME to its .tessera folder, or TESSERA_URL)") in result.stderr
+
+
 def test_a_url_from_a_credentials_file_is_named_when_nothing_answers_there_and_a_bad_url_is_a_usage_error(
         tmp_path, monkeypatch):
     from api.credentials import write_credentials
