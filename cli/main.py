@@ -187,8 +187,8 @@ def runs(
     best_key = order_by.removeprefix("best:") if order_by else None
     several_projects = len({run.project for run in listed}) > 1  # an admin's listing: say whose each is
     columns = [kept("id", ID_WIDTH), "name", *(["project"] if several_projects else []), kept("status", STATUS_WIDTH),
-               "attempt", "created", "tags", kept("eval/accuracy", METRIC_WIDTH, wrap_header=True),
-               kept("train/loss", METRIC_WIDTH, wrap_header=True)]
+               "attempt", "created", "tags", kept("latest eval/accuracy", METRIC_WIDTH, wrap_header=True),
+               kept("latest train/loss", METRIC_WIDTH, wrap_header=True)]
     table = listing(*columns, *([kept(f"best {best_key}", METRIC_WIDTH, wrap_header=True)] if best_key else []))
     for run in listed:
         best = [_metric(run.best, best_key)] if best_key else []
@@ -427,7 +427,8 @@ METRIC_WIDTH = len("0.1234")  # _metric's figures below 10: a narrow terminal cu
 
 
 def _metric(summary: dict[str, float], key: str) -> str:
-    return f"{summary[key]:.4f}" if key in summary else "-"
+    """4 significant digits: a loss of 3e-05 printed with 4 decimals read 0.0000."""
+    return f"{summary[key]:.4g}" if key in summary else "-"
 
 
 def _print_summary(run) -> None:

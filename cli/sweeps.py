@@ -117,8 +117,8 @@ def _print_sweep(sweep) -> None:
                        f"project {sweep.project}", highlight=False)
     if sweep.error:
         console.print(f"error: {sweep.error}", highlight=False)
-    table = listing(kept("run", ID_WIDTH), kept("status", STATUS_WIDTH), "algorithms", "params", sweep.metric, "wall s",
-                    "pareto")
+    table = listing(kept("run", ID_WIDTH), kept("status", STATUS_WIDTH), "algorithms", "params", f"best {sweep.metric}",
+                    "wall s", "pareto")
     descending = sweep.mode == "max"
     ordered = sorted(sweep.trials, key=lambda t: (t.metric is None,
                                                   -(t.metric or 0) if descending else (t.metric or 0)))
