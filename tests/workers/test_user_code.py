@@ -188,6 +188,17 @@ def test_a_traceback_tail_shows_the_users_frames_not_the_loaders(tmp_path, fresh
     assert "calling it with num_classes=4, in_channels=1 failed: NameError: name 'widht' is not defined" in message
     assert traceback_files(message) == [(str(own / "nets.py"), 6), (str(own / "nets.py"), 2)]
 
+    # The call itself failed (a parameter build does not take): no frames, only Tessera's would show.
+    with pytest.raises(UserCodeError) as bad_call:
+        user_code.call_user(ImportedModelSpec.model_validate({"import": "my_project.nets:build"}),
+                            {"num_classes": 4, "in_channels": 1, "depth": 3})
+    message = str(bad_call.value)
+    assert message.endswith("failed: TypeError: build() got an unexpected keyword argument 'depth'"), message
+    # A module that is nowhere: importlib's lines would only point away from the hint that follows.
+    with pytest.raises(UserCodeError) as nowhere:
+        user_code.load_callable(ImportedModelSpec.model_validate({"import": "not_shipped.nets:build"}))
+    assert "Traceback" not in str(nowhere.value) and "neither in the run's code package" in str(nowhere.value)
+
     # Nothing of the user's ran (compiling failed): the frames are kept as they were.
     with pytest.raises(UserCodeError) as syntax:
         user_code.load_callable(ImportedModelSpec.model_validate({"import": "my_project.syntax:build"}))

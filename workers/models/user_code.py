@@ -200,10 +200,15 @@ def build_user_model(spec: ImportedModelSpec, *, num_classes: int, in_channels: 
 
 def error_with_tail(exc: BaseException) -> str:
     """``Type: message`` and the last frames of its traceback: the user's, with importlib's
-    (frozen ones and ``importlib/__init__.py``) and this module's own frames left out; when
-    nothing else is left (a SyntaxError raised while compiling), the frames but importlib's frozen ones."""
+    (frozen ones and ``importlib/__init__.py``) and this module's own frames left out. When
+    nothing else is left, no frames: the error came from the call or the import itself (a build
+    parameter the callable does not take, a module that is nowhere), and Tessera's or importlib's
+    lines would only point away from it; but a SyntaxError raised while compiling keeps them."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen importlib")]
-    frames = [f for f in frames if not _loader_frame(f.filename)] or frames
+    own = [f for f in frames if not _loader_frame(f.filename)]
+    if not own and not isinstance(exc, SyntaxError):
+        return f"{type(exc).__name__}: {exc}"
+    frames = own or frames
     lines = "".join(traceback.format_list(frames)).rstrip().splitlines()[-TRACEBACK_LINES:]
     tail = "\n".join(lines)
     return f"{type(exc).__name__}: {exc}\nTraceback (last frames):\n{tail}" if tail else f"{type(exc).__name__}: {exc}"
