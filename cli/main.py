@@ -12,7 +12,8 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
@@ -93,7 +94,9 @@ def submit(
     body = _spec_file(file, assignments)
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
-    if code is not None:
+    if code is None:
+        _warn_of_unshipped_code(body)
+    else:
         from api.code_package import with_code_digest
 
         body = with_code_digest(body, _upload_code(client, code, project=project, out=out))
@@ -122,6 +125,27 @@ def _emit_or_follow(client: "Client", run, *, follow: bool, as_json: bool, out) 
     emit(final, as_json=as_json, render=lambda: _print_summary(final))
     if final.status.value != "COMPLETED":
         raise typer.Exit(1)
+
+
+def _warn_of_unshipped_code(spec: Any, *, prefix: str = "") -> None:
+    """Without ``--code``, say on stderr when the spec imports a module that lies in this folder:
+    the workers look for it installed and would fail a minute later, after queueing and Ray's
+    start (it may be installed there, so this is a warning, not a refusal). ``prefix``: where the
+    run spec sits in the file (``base.`` for a sweep)."""
+    if not isinstance(spec, dict) or (isinstance(spec.get("code"), dict) and spec["code"].get("digest")):
+        return
+    data = spec.get("data") if isinstance(spec.get("data"), dict) else {}
+    sources = [("model.import", spec.get("model")), *((f"data.{part}.import", data.get(part)) for part in data)]
+    for field, source in sources:
+        path = source.get("import") if isinstance(source, dict) else None
+        if not isinstance(path, str):
+            continue
+        top = path.partition(":")[0].split(".")[0]
+        if top and (Path(top).is_dir() or Path(f"{top}.py").is_file()):
+            err_console.print(f"warning: {prefix}{field} {path!r} names {top!r}, which is in this folder, but no --code "
+                              f"was given: the workers will import it only if it is installed there (--code {top} "
+                              "sends it with the run)", highlight=False, markup=False, soft_wrap=True)
+            return
 
 
 def _upload_code(client: Client, folder: str, *, project: str | None = None, out=console) -> str:

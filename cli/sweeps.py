@@ -43,7 +43,7 @@ def submit_sweep(
     """Submit a sweep for the service to drive; its trials are runs (`tessera sweeps show ID` lists them).
 
     With --json, stdout is the SweepView as JSON (the final one with --wait; messages on stderr)."""
-    from cli.main import _require_folder, _spec_file, _upload_code
+    from cli.main import _require_folder, _spec_file, _upload_code, _warn_of_unshipped_code
     from cli.output import err_console
 
     if code is not None:
@@ -51,7 +51,9 @@ def submit_sweep(
     body = _spec_file(file, assignments, sweep=True)  # --set base.max_duration=1ep changes the base
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
-    if code is not None:
+    if code is None:
+        _warn_of_unshipped_code(body.get("base"), prefix="base.")
+    else:
         base = body.get("base")
         if not isinstance(base, dict):
             fail(f"--code {code}: {file} has no base run spec to record code.digest in: base must be a mapping "

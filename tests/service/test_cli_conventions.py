@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 import typer
 from typer.testing import CliRunner
 
@@ -107,6 +108,29 @@ def test_set_changes_the_files_spec_before_it_is_sent_or_checked(url, tmp_path):
     past_end = tessera("submit", spec, "--set", "algorithms.7.alpha=1", "--url", url)
     assert past_end.exit_code == EXIT_USAGE and "--set algorithms.7: the spec's algorithms has 3 item(s)" in \
         " ".join(past_end.stderr.split()) and "Traceback" not in past_end.output
+
+
+def test_a_submit_without_code_of_a_module_in_this_folder_is_warned_of(url, tmp_path, monkeypatch):
+    """The spec imports a folder that lies here, and no --code sends it: the workers would look
+    for it installed and fail a minute later. Submitted all the same (it may be installed there)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tabular").mkdir()
+    spec = yaml.safe_load((REPO_ROOT / "examples" / "digits_resnet.yaml").read_text())
+    spec["model"] = {"import": "tabular.models:build"}
+    spec["algorithms"] = []
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    warned = tessera("submit", "spec.yaml", "--url", url)
+    assert warned.exit_code == 0, warned.output
+    assert ("warning: model.import 'tabular.models:build' names 'tabular', which is in this folder, but no --code was "
+            "given: the workers will import it only if it is installed there (--code tabular sends it with the run)"
+            ) in " ".join(warned.stderr.split())
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({"name": "unshipped", "base": spec, "search": {"algorithms": {"sets": [[]]}}}))
+    swept = tessera("sweeps", "submit", str(sweep_file), "--url", url)
+    assert swept.exit_code == 0 and "warning: base.model.import 'tabular.models:build'" in swept.stderr, swept.output
+    (tmp_path / "tabular").rmdir()  # not here: nothing to say
+    quiet = tessera("submit", "spec.yaml", "--url", url)
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr, quiet.output
 
 
 def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_on_stderr(url):
