@@ -9,14 +9,19 @@ Two guarantees make a worker's spool replay safe (``workers.spool``):
 - an attempt that resumes from a checkpoint at step S says so in its RUNNING report; points of
   earlier attempts after S are flagged ``superseded`` (kept for audit, listed only with
   ``all_attempts=true``), and the run's summary, extrema and ``run_bests`` are recomputed from
-  the surviving points, so the series reads as if the run never stopped.
+  the surviving points, so the series reads as if the run never stopped;
+- a point a resumed attempt reports at a (key, step) an earlier attempt's surviving point has
+  supersedes that one the same way: points at S itself survive the RUNNING report, since what
+  was measured at S before the checkpoint (the training loss) is not measured again, but an
+  epoch's checkpoint is committed before that epoch's evaluation, so a run resumed from it
+  evaluates step S again. One value per (key, step), the newest attempt's.
 
 Callers hold the run's row lock (``Database.locked_write``).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import Metric, Run, RunBest, aware
@@ -38,8 +43,19 @@ _COPY_TYPES = ("text", "int8", "text", "float8", "timestamptz", "int4")
 
 
 def insert_points(session: Session, rows: list[dict]) -> None:
-    """Insert metric rows (``run_id, step, key, value, time, attempt``) in the session's
-    transaction, in order: by COPY on PostgreSQL, by an executemany INSERT elsewhere."""
+    """Insert metric rows (``run_id, step, key, value, time, attempt``) of one run and attempt in
+    the session's transaction, in order, superseding the points of earlier attempts at the same
+    (key, step); when there were some, the run's summary, extrema and ``run_bests`` are
+    recomputed from the surviving points (the caller's own update of them with ``rows`` then
+    changes nothing: they are the newest points)."""
+    superseded = supersede_reported_again(session, rows)
+    _insert(session, rows)
+    if superseded:
+        recompute_summary(session, session.get(Run, rows[0]["run_id"]))  # locked: in the identity map
+
+
+def _insert(session: Session, rows: list[dict]) -> None:
+    """By COPY on PostgreSQL, by an executemany INSERT elsewhere."""
     connection = session.connection()
     if connection.dialect.name != "postgresql":
         session.execute(insert(Metric), rows)
@@ -64,14 +80,87 @@ def remember_batch(run: Run, session_id: str | None, batch: int | None) -> None:
 
 def supersede_after(session: Session, run: Run, step: int) -> int:
     """Flag the run's surviving points after ``step`` as superseded and recompute what is read
-    from the survivors; returns how many points were superseded."""
+    from the survivors; returns how many points were superseded. No earlier attempt's point
+    survives after ``step`` now: the attempt's batches past it need not look for any."""
     result = session.execute(update(Metric).where(Metric.run_id == run.id, Metric.step > step,
                                                   Metric.superseded.is_(False))
                              .values(superseded=True).execution_options(synchronize_session=False))
     count = result.rowcount or 0
     if count:
         recompute_summary(session, run)
+    if run.attempt > 1:
+        _remember_bound((run.id, run.attempt), step)
     return count
+
+
+# The highest step of the surviving points earlier attempts stored, by (run id, attempt): a
+# resumed attempt's points past it cannot meet one, so its batches there cost a comparison, not a
+# query (a first attempt's cost nothing). Read from the database once per attempt and process
+# (``_older_bound``), or set by the attempt's RUNNING report (``supersede_after``: its metrics
+# come after it, as a reporter delivers in order, so a RUNNING whose transaction failed is sent
+# again first). It can only fall after that (earlier attempts store no more points: the service
+# stamps each point with the run's attempt under its row lock), so a value kept here is never
+# too low, and forgetting one costs a query. ``_MAX_BOUNDS`` entries at most (resumed attempts
+# only), then all are dropped. Threads share it without a lock: a dict's get, set and clear are
+# atomic.
+_NO_POINT = -1  # steps are >= 0
+_MAX_BOUNDS = 10_000
+_bounds: dict[tuple[str, int], int] = {}
+
+
+def forget_bounds() -> None:
+    """Drop every kept bound (as a process started since would have none)."""
+    _bounds.clear()
+
+
+def _remember_bound(key: tuple[str, int], step: int) -> None:
+    if len(_bounds) >= _MAX_BOUNDS:
+        _bounds.clear()
+    _bounds[key] = step
+
+
+def _earlier_attempts(run_id: str, attempt: int) -> tuple:
+    """The run's surviving points stored by attempts before ``attempt`` (None: stored before
+    migration 0006, so by an earlier attempt)."""
+    return (Metric.run_id == run_id, Metric.superseded.is_(False),
+            or_(Metric.attempt < attempt, Metric.attempt.is_(None)))
+
+
+def _older_bound(session: Session, run_id: str, attempt: int) -> int:
+    """The highest step of an earlier attempt's surviving point (``_NO_POINT``: there is none)."""
+    bound = _bounds.get((run_id, attempt))
+    if bound is None:
+        highest = session.execute(select(func.max(Metric.step)).where(*_earlier_attempts(run_id, attempt))).scalar()
+        bound = _NO_POINT if highest is None else highest
+        _remember_bound((run_id, attempt), bound)
+    return bound
+
+
+def supersede_reported_again(session: Session, rows: list[dict]) -> int:
+    """Flag as superseded the surviving points earlier attempts stored at a (key, step) of
+    ``rows`` (of one run and attempt); returns how many. A first attempt's batch, or a resumed
+    one's past the earlier attempts' steps, runs no statement: the ingest path stays one insert.
+
+    A resumed attempt's points at those steps are usually a few, in one batch (the evaluation of
+    the step it resumed from): one read of the earlier points in their step range and keys, then
+    an update by primary key. The read scans the run's points (no index has their steps), as
+    ``supersede_after`` does once an attempt too."""
+    if not rows or rows[0]["attempt"] is None or rows[0]["attempt"] < 2:
+        return 0
+    run_id, attempt = rows[0]["run_id"], rows[0]["attempt"]
+    bound = _older_bound(session, run_id, attempt)
+    again = {(row["key"], row["step"]) for row in rows if row["step"] <= bound}
+    if not again:
+        return 0
+    steps = [step for _, step in again]
+    query = select(Metric.seq, Metric.key, Metric.step).where(
+        *_earlier_attempts(run_id, attempt), Metric.step >= min(steps), Metric.step <= max(steps),
+        Metric.key.in_(sorted({key for key, _ in again})))
+    seqs = [seq for seq, key, step in session.execute(query) if (key, step) in again]
+    for start in range(0, len(seqs), 1000):  # bounded IN lists
+        session.execute(update(Metric).where(Metric.seq.in_(seqs[start:start + 1000])).values(superseded=True)
+                        .execution_options(synchronize_session=False))
+    return len(seqs)
 
 
 def recompute_summary(session: Session, run: Run) -> None:

@@ -128,6 +128,33 @@ def test_a_resumed_attempt_supersedes_the_points_after_its_checkpoint(api, fake_
     assert any("4 point(s)" in (message or "") for _, _, message in _events(api, run_id))
 
 
+@pytest.mark.parametrize("resume", [_restart_in_job, _manual_resume, _requeue_by_service],
+                         ids=["worker_restart", "manual_resume", "requeue_by_service"])
+def test_an_evaluation_a_resumed_attempt_repeats_at_its_checkpoint_step_is_read_once(api, fake_jobs, example_body,
+                                                                                      resume):
+    """An epoch's checkpoint is committed before its evaluation: the attempt resumed from it
+    evaluates that step again, and its value is the one read."""
+    run_id, token = _start(api, fake_jobs, example_body)
+    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
+    _post(api, run_id, token, "metrics", _batch(range(1, 7), lambda s: 1.0 / s))
+    _post(api, run_id, token, "metrics", _batch([3, 6], lambda s: 0.3 * s, batch=2, key="eval/accuracy"))
+    _post(api, run_id, token, "metrics", _batch([7, 8], lambda s: 1.0 / s, batch=3))  # checkpointed at 6, then dies
+    token = resume(api, fake_jobs, run_id, token)
+    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 6})
+    _post(api, run_id, token, "metrics", _batch([6], lambda s: 0.95, session="a2", key="eval/accuracy"))
+
+    points = api.get(f"{API}/runs/{run_id}/metrics").json()["data"]
+    accuracy = [(p["step"], p["value"], p["attempt"]) for p in points if p["key"] == "eval/accuracy"]
+    assert accuracy == [(3, pytest.approx(0.9), 1), (6, 0.95, 2)]
+    assert [p["step"] for p in points if p["key"] == "train/loss"] == list(range(1, 7))  # 6: attempt 1's
+    view = api.get(f"{API}/runs/{run_id}").json()
+    assert view["summary"]["eval/accuracy"] == 0.95
+    assert view["best"]["eval/accuracy"] == 0.95  # attempt 1's 1.8 at step 6 no longer counts
+    every = api.get(f"{API}/runs/{run_id}/metrics", params={"all_attempts": "true"}).json()["data"]
+    assert [(p["key"], p["step"], p["attempt"]) for p in every if p["superseded"]] == [
+        ("eval/accuracy", 6, 1), ("train/loss", 7, 1), ("train/loss", 8, 1)]  # in report order
+
+
 def test_a_missing_final_checkpoint_is_an_event_and_a_field_of_the_run(api, fake_jobs, example_body):
     run_id, token = _start(api, fake_jobs, example_body)
     _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
