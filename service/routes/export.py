@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.responses import StreamingResponse
 from fsspec.core import url_to_fs
 
-from api.views import ExportRequest, ExportsPage, ExportView
+from api.views import ExportRequest, ExportsPage, ExportView, RunStatus
 from service.access import Role
 from service.bounded_storage import DEFAULT_STORAGE_TIMEOUT_S, bounded
 from service.deps import CallerDep, JobsDep, RepoDep, SettingsDep
@@ -63,8 +63,14 @@ def get_run_model(run_id: str, repo: RepoDep, caller: CallerDep, settings: Setti
     storage_url = project_storage_url(settings.storage_url, run.project)  # where its workers wrote
     steps = exported_steps(storage_url, run_id, format, timeout_s=settings.storage_timeout_s)
     if not steps or (step is not None and step not in steps):
-        what = "no exported model yet (the model is exported when training ends)" if not steps else \
-            f"no export at step {step}; exported steps: {steps} (POST .../exports {{\"step\": {step}}} exports it)"
+        if steps:
+            what = f"no export at step {step}; exported steps: {steps} (POST .../exports {{\"step\": {step}}} exports it)"
+        elif run.status.is_terminal and run.status is not RunStatus.COMPLETED:  # it never will have one by itself
+            what = ("no exported model: a model is exported when training ends, and this run ended before; export one "
+                    "of its committed checkpoints (GET .../checkpoints) with POST .../exports {\"step\": N}, "
+                    "tessera export RUN --step N")
+        else:
+            what = "no exported model yet (the model is exported when training ends)"
         raise HTTPException(status_code=404, detail=f"run {run_id} ({run.status.value}) has {what}")
     chosen = steps[-1] if step is None else step
     fs, path = url_to_fs(export_url(storage_url, run_id, chosen, format))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from api.views import RunStatus
 from service.storage_paths import export_url
 from service.settings import Settings
 
@@ -35,6 +36,18 @@ def test_the_newest_or_chosen_export_is_streamed(client, example_body, settings)
     assert client.get(f"/api/v1/runs/{run_id}/model", params={"format": "torch"}).status_code == 404
     assert client.get(f"/api/v1/runs/{run_id}/model", params={"format": "onnx"}).status_code == 422
     assert client.get("/api/v1/runs/nope/model").status_code == 404
+
+
+def test_a_run_that_ended_before_its_end_says_it_will_have_no_model_and_how_to_export_one(client, example_body):
+    run_id = client.post("/api/v1/runs", json=example_body).json()["id"]
+    assert client.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+    client.app.state.repo.transition(run_id, RunStatus.CANCELED)
+    missing = client.get(f"/api/v1/runs/{run_id}/model")
+    detail = missing.json()["detail"]
+    assert missing.status_code == 404 and "yet" not in detail, detail
+    assert detail.startswith(f"run {run_id} (CANCELED) has no exported model: a model is exported when training ends, "
+                             "and this run ended before; export one of its committed checkpoints"), detail
+    assert "tessera export RUN --step N" in detail
 
 
 def test_exporting_an_earlier_step_submits_one_job_and_reads_its_state_back(client, example_body, settings,
