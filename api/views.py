@@ -270,6 +270,11 @@ class SweepStatus(NamedStatus, str, enum.Enum):
         return self in (SweepStatus.COMPLETED, SweepStatus.FAILED, SweepStatus.CANCELED)
 
 
+# A sweep with a driver at work: the statuses the service follows its driver job in, and in which
+# it holds a run of its project's max_running_runs (service.job_kinds, service.admission).
+ACTIVE_SWEEP_STATUSES = frozenset({SweepStatus.STARTING, SweepStatus.RUNNING, SweepStatus.CANCELING})
+
+
 class SkippedSet(BaseModel):
     """An algorithm set of the search that breaks a compatibility rule, with why; never run."""
 

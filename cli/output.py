@@ -78,11 +78,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="print JSON (one docume
 LIST_PAGE = 500  # the largest page of GET /runs and GET /sweeps: a longer --limit takes several
 
 
-def limit_value(value: str | int) -> int | None:
+def limit_value(value: str) -> int | None:
     """A list's ``--limit``: a whole number of at least 1, or ``all`` (None: no limit), else a
     usage error that names the value and what is allowed."""
-    if isinstance(value, int):  # the default
-        return value
     if value.strip().lower() == "all":
         return None
     try:
@@ -224,8 +222,9 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _url_source(url: str | None = None) -> str:
-    """Where ``url`` came from when it is the one in the credentials file the service last wrote
-    it to (a service since stopped, or moved to another port), and TESSERA_URL did not give it."""
+    """Where ``url`` came from, when TESSERA_URL did not give it: the credentials file the service
+    last wrote it to (a service since stopped, or moved to another port), or the default because
+    no credentials file was found (a folder outside the service's checkout)."""
     import os
 
     from api.client import DEFAULT_URL

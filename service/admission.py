@@ -21,10 +21,12 @@ runs, the active runs, the cluster's total resources and the projects' quotas:
 Sweeps wait in the same queue: a QUEUED sweep whose driver the service runs is a candidate
 with its base run's demand (one trial's workers: the least it needs to make progress), its
 base's priority and its project. A sweep is one run to ``max_running_runs`` from its admission
-until it ends (STARTING, RUNNING, CANCELING; an external driver's sweep from its creation),
-whether its driver has registered trials yet or not: its driver's trials count under it, not
-as runs of their own, so with ``max_running_runs=1`` a sweep and a plain run of one project
-never train at once, whichever came first. Its trials hold the cluster's CPUs and GPUs, and
+until it ends (STARTING, RUNNING, CANCELING), whether its driver has registered trials yet or
+not: its driver's trials count under it, not as runs of their own, so with
+``max_running_runs=1`` a service-driven sweep and a plain run of one project never train at
+once, whichever came first. An external driver's sweep (a notebook's) never queues and has no
+job the service follows: it is one run while it has active trials, else none, so a notebook
+that died holds nothing. Its trials hold the cluster's CPUs and GPUs, and
 the project's ``max_workers`` and ``max_gpus``, like any other run (a sweep holds none before
 its first trial). A trial resumed by hand has its own job and is an ordinary run again.
 
@@ -42,12 +44,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.views import QueueInfo, SweepStatus
+from api.views import ACTIVE_SWEEP_STATUSES, QueueInfo, SweepStatus
 
 PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
-# A sweep in one of these holds one run of its project's ``max_running_runs`` (the driver's
-# statuses: ``service.job_kinds.sweep_driver_jobs`` follows the same; an external one is RUNNING).
-ACTIVE_SWEEP_STATUSES = frozenset({SweepStatus.STARTING, SweepStatus.RUNNING, SweepStatus.CANCELING})
 
 
 @dataclass(frozen=True)
@@ -156,12 +155,12 @@ def quota_problem(quota: Quota, used: Usage, run: Candidate) -> str | None:
 def _sweeps_among(used: Usage) -> str:
     """How many of the runs a project is said to run are sweeps: its trials listed as running
     would otherwise not add up to the count."""
-    count = len(used.sweeps)
-    if count == 0:
+    named = ", ".join(sorted(used.sweeps))
+    if not used.sweeps:
         return ""
-    if count == 1:
-        return " (one of them a sweep, which counts as one run with all its trials)"
-    return f" ({count} of them sweeps, each one run with all its trials)"
+    if len(used.sweeps) == 1:
+        return f" (one of them sweep {named}, which counts as one run with all its trials)"
+    return f" ({len(used.sweeps)} of them sweeps {named}, each one run with all its trials)"
 
 
 def queue_order(queued: Iterable[Candidate], active_per_project: Mapping[str, int]) -> list[Candidate]:
@@ -297,8 +296,12 @@ class Admission:
         if self.sweeps is None:
             return [], []
         read = self.sweeps.snapshots([SweepStatus.QUEUED, *ACTIVE_SWEEP_STATUSES])
-        queued = [sweep for sweep in read if sweep.status is SweepStatus.QUEUED and sweep.driver == "service"]
-        return queued, [sweep for sweep in read if sweep.status in ACTIVE_SWEEP_STATUSES]
+        service = [sweep for sweep in read if sweep.driver == "service"]
+        # An external sweep counts through its active trials only: it is RUNNING from its creation,
+        # with no job the service follows, so one whose notebook died would hold its project's
+        # max_running_runs forever.
+        return ([sweep for sweep in service if sweep.status is SweepStatus.QUEUED],
+                [sweep for sweep in service if sweep.status in ACTIVE_SWEEP_STATUSES])
 
 
 def _sweep_candidate(sweep: Any) -> Candidate:

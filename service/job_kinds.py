@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.views import RunStatus, SweepStatus
+from api.views import ACTIVE_SWEEP_STATUSES, RunStatus, SweepStatus
 from service.lifecycle import FollowPolicy
 from service.ray_head import forwarded_env
 from service.settings import Settings
@@ -114,7 +114,7 @@ def sweep_driver_jobs(settings: Settings) -> JobKind:
         name="sweep",
         status=SweepStatus,
         policy=FollowPolicy(
-            followed=frozenset({SweepStatus.STARTING, SweepStatus.RUNNING, SweepStatus.CANCELING}),
+            followed=ACTIVE_SWEEP_STATUSES,
             canceling=SweepStatus.CANCELING,
             retry_on=frozenset({None, "FAILED", "STOPPED"})),
         owns=lambda sweep: sweep.driver == "service",  # an external driver runs outside Ray's Jobs API

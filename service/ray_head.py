@@ -114,7 +114,8 @@ def _sigterm_handler_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, handler)
+        if handler is not None:  # None: one set from C, which Python cannot put back
+            signal.signal(signal.SIGTERM, handler)
 
 
 @contextlib.contextmanager
@@ -185,7 +186,9 @@ def stop_embedded_ray() -> None:
     A run's log is kept in the run's storage, not there."""
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    while _temp_dirs:
-        shutil.rmtree(_temp_dirs.pop(), ignore_errors=True)
+    try:
+        if ray.is_initialized():
+            ray.shutdown()
+    finally:
+        while _temp_dirs:
+            shutil.rmtree(_temp_dirs.pop(), ignore_errors=True)

@@ -249,8 +249,10 @@ class SweepRepository(AttemptStore):
                                f"sweep {sweep_id} is {sweep_status.value}; it takes no new trials")
             run = _locked_trial(session, sweep_id, trial_id)
             if run is None:
+                # A sweep archived while it runs hides the trials it registers after, too (set_archived).
                 inserted = insert_run(session, spec, message=f"trial {trial_id} of sweep {sweep_id}",
-                                      sweep_id=sweep_id, trial_id=trial_id, trial_params=params, project=sweep.project)
+                                      sweep_id=sweep_id, trial_id=trial_id, trial_params=params, project=sweep.project,
+                                      archived_at=sweep.archived_at)
                 run = session.get(Run, inserted.id)  # the new row as an object, to move it to STARTING
             else:
                 _check_can_restart(RunRecord.from_row(run), sweep_id, trial_id)

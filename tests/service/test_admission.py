@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from api.views import RunStatus
 from service.admission import Candidate, Capacity, Demand, Quota, plan, queue_order
 from tests.conftest import ADMIN_HEADERS
 
@@ -73,7 +74,7 @@ def test_an_active_sweep_is_one_run_of_max_running_runs_before_and_after_its_tri
     started = plan([_c("r1"), _c("b1", "b")], [_sweep_c("s", demand=NOTHING)], Capacity(100, 0), one)
     assert started.admit == ["b1"] and started.waiting["r1"].reason == "quota"
     assert started.waiting["r1"].detail == ("the project runs 1 of max_running_runs=1 "
-                                            "(one of them a sweep, which counts as one run with all its trials)")
+                                            "(one of them sweep s, which counts as one run with all its trials)")
     # Its trials count under it, never as runs of their own: two trials and the sweep are one run.
     training = [_sweep_c("s", demand=NOTHING), _trial_c("t1", "s"), _trial_c("t2", "s")]
     assert plan([_c("r1")], training, Capacity(100, 0), one).waiting["r1"].reason == "quota"
@@ -427,7 +428,7 @@ def test_a_started_sweep_without_trials_yet_holds_its_projects_only_run(sized, e
     dispatcher.tick()
     waiting = client.get(f"{API}/runs/{run_id}").json()
     assert waiting["status"] == "QUEUED" and waiting["queue"]["reason"] == "quota", waiting
-    assert waiting["queue"]["detail"].startswith("the project runs 1 of max_running_runs=1 (one of them a sweep")
+    assert waiting["queue"]["detail"].startswith(f"the project runs 1 of max_running_runs=1 (one of them sweep {sweep_id},")
     # Its driver's trials are that same one run: the plain run waits on, for the sweep, not for them.
     for trial in ("t1", "t2"):
         dispatcher.sweeps.register_trial(sweep_id, trial_id=trial, spec=example_spec, params={}, token=trial)
@@ -454,3 +455,25 @@ def test_a_running_plain_run_holds_its_projects_only_run_against_a_queued_sweep(
     dispatcher.tick()  # the canceled run's job is stopped
     dispatcher.tick()
     assert client.get(f"{API}/sweeps/{sweep_id}").json()["status"] == "STARTING"
+
+
+def test_an_external_sweep_holds_its_projects_run_only_while_its_trials_train(sized, example_body, example_spec):
+    """An external sweep is RUNNING from its creation and no job of the service's follows it: its
+    notebook may have died. It holds max_running_runs through its active trials, never alone."""
+    client, _jobs = sized
+    dispatcher = client.app.state.dispatcher
+    _vision(client, max_running_runs=1)
+    external = client.post(f"{API}/sweeps", params={"project": "vision", "driver": "external"},
+                           json={"name": "nb", "base": example_body,
+                                 "search": {"params": {"optimizer.lr": {"grid": [0.1, 0.2]}}}})
+    assert external.status_code == 201, external.text
+    sweep_id = external.json()["id"]
+    trial = dispatcher.sweeps.register_trial(sweep_id, trial_id="t1", spec=example_spec, params={}, token="t1")
+    run_id = _submit(client, example_body, project="vision")
+    dispatcher.tick()
+    waiting = client.get(f"{API}/runs/{run_id}").json()
+    assert waiting["status"] == "QUEUED" and waiting["queue"]["reason"] == "quota", waiting
+    dispatcher.repo.transition(trial.id, RunStatus.RUNNING)
+    dispatcher.repo.transition(trial.id, RunStatus.COMPLETED)  # its notebook then dies: the sweep stays RUNNING
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{run_id}").json()["status"] == "STARTING"

@@ -246,6 +246,8 @@ def test_archiving_a_sweep_archives_its_trials_and_unarchiving_brings_back_only_
     assert [repo.get_run(t.id).archived_at for t in trials] == [own, archived, archived]
     sweeps.set_archived(sweep.id, True)  # again: nothing moves
     assert [repo.get_run(t.id).archived_at for t in trials] == [own, archived, archived]
+    later = sweeps.register_trial(sweep.id, trial_id="t_3", spec=trial_spec, params={}, token="r3")
+    assert repo.get_run(later.id).archived_at == archived  # registered while archived: hidden with it
     sweeps.set_archived(sweep.id, False)
     assert sweeps.sweep_view(sweep.id).archived_at is None
-    assert [repo.get_run(t.id).archived_at for t in trials] == [own, None, None]
+    assert [repo.get_run(t.id).archived_at for t in [*trials, later]] == [own, None, None, None]
