@@ -72,6 +72,11 @@ def test_a_failed_run_shows_its_error_once_and_its_empty_charts_expect_no_more_p
     repo.transition(lost.id, RunStatus.FAILED, error="NodeDiedError: node 10.0.0.7 died (preempted)")
     page.goto(dashboard_url(local_service.url, f"runs/{lost.id}"))
     expect(page.locator("#resume-run")).to_have_class(re.compile(r"\bprimary\b"))
+    # Nor is a job the service saw end without a result (service/job_kinds.py's words).
+    vanished = make_run(repo, "failed-job-vanished")
+    repo.transition(vanished.id, RunStatus.FAILED, error="Ray job ended without reporting a result")
+    page.goto(dashboard_url(local_service.url, f"runs/{vanished.id}"))
+    expect(page.locator("#resume-run")).to_have_class(re.compile(r"\bprimary\b"))
     canceled = make_run(repo, "canceled-resumable", status=RunStatus.CANCELING)
     repo.transition(canceled.id, RunStatus.CANCELED)
     page.goto(dashboard_url(local_service.url, f"runs/{canceled.id}"))

@@ -26,8 +26,13 @@ const METRICS_PAGE = 10_000;
 const MAX_PAGES_PER_POLL = 10;
 const EVENTS_EVERY = 5;
 const FINISHED_SLOWDOWN = 5; // a finished run may still get a late metrics flush; poll it slower
-// A FAILED run's error that blames the machine, not the code: another attempt may well pass.
-const MACHINE_FAILURE = /preempt|\bnode\b[^\n]{0,60}\b(died|dead|lost|terminated)\b|NodeDied|ActorDied/i;
+// A FAILED run's error that blames the machine or Ray, not the code: another attempt may well
+// pass. Besides Ray's own words, the service's (service/job_follower.py, service/job_kinds.py):
+// a job Ray never created, one that ended without a result, restarts given up on.
+const MACHINE_FAILURE = new RegExp([
+  String.raw`preempt`, String.raw`\bnode\b[^\n]{0,60}\b(died|dead|lost|terminated)\b`, "NodeDied", "ActorDied",
+  "Ray did not create job", "ended without reporting a result", "; giving up",
+].join("|"), "i");
 
 export function mount(root, ctx) {
   const [runId] = ctx.params;
