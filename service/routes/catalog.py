@@ -15,6 +15,7 @@ from api import catalog, method_cards
 from api.algorithm_specs import ALGORITHM_SPECS
 from api.specs import DatasetSpec, ModelSpec
 from api.views import CatalogEntry, CatalogPage
+from service.api_docs import OPEN
 from service.errors import ErrorBody
 from service.json_body import ParsedBodyRoute
 
@@ -58,14 +59,14 @@ def pages() -> dict[str, CatalogPage]:
     return build_catalog()
 
 
-@router.get("/algorithms", response_model=CatalogPage, operation_id="list_algorithms")
+@router.get("/algorithms", response_model=CatalogPage, operation_id="list_algorithms", openapi_extra=OPEN)
 def list_algorithms() -> CatalogPage:
     """Speedup methods with their metadata (domain, needs, conflicts, maturity) and params schema."""
     return pages()["algorithms"]
 
 
 @router.get("/algorithms/{name}/card", response_class=PlainTextResponse, operation_id="get_algorithm_card",
-            responses={200: {"content": {"text/markdown": {}}}, 404: {"model": ErrorBody}})
+            openapi_extra=OPEN, responses={200: {"content": {"text/markdown": {}}}, 404: {"model": ErrorBody}})
 def get_algorithm_card(name: str) -> PlainTextResponse:
     """The method card (``api/method_cards/<name>.md``) as markdown; 404 for unknown names or a missing card."""
     if name not in catalog.ALGORITHMS:  # only catalog names reach the file system
@@ -76,11 +77,11 @@ def get_algorithm_card(name: str) -> PlainTextResponse:
     return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
 
 
-@router.get("/models", response_model=CatalogPage, operation_id="list_models")
+@router.get("/models", response_model=CatalogPage, operation_id="list_models", openapi_extra=OPEN)
 def list_models() -> CatalogPage:
     return pages()["models"]
 
 
-@router.get("/datasets", response_model=CatalogPage, operation_id="list_datasets")
+@router.get("/datasets", response_model=CatalogPage, operation_id="list_datasets", openapi_extra=OPEN)
 def list_datasets() -> CatalogPage:
     return pages()["datasets"]

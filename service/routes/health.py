@@ -21,6 +21,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from service.api_docs import OPEN
 from service.deps import JobsDep, RepoDep, SettingsDep
 from service.json_body import ParsedBodyRoute
 
@@ -51,7 +52,7 @@ def _dependencies(repo, jobs) -> dict[str, str]:
     return {"database": database, "ray": ray}
 
 
-@router.get("/healthz", operation_id="healthz")
+@router.get("/healthz", operation_id="healthz", openapi_extra=OPEN)
 def healthz(repo: RepoDep, jobs: JobsDep) -> JSONResponse:
     """200 ``{"status": "ok", "database": "ok", "ray": "ok"|"unreachable"}``; 503 if the database is down."""
     parts = _dependencies(repo, jobs)

@@ -160,3 +160,21 @@ def test_conditional_answers_carry_the_same_json_as_before(client):
     run = _create(client, "same-body") | {"replayed": None}  # only a create's answer says whether it made the run
     assert client.get(f"{API}/runs/{run['id']}").json() == run
     assert client.get(f"{API}/runs").json() == {"data": [run], "next_cursor": None}
+
+
+def test_the_openapi_document_says_which_operations_need_a_key_as_the_routes_answer(client):
+    """Bearer by default (the docs page's Authorize button sends the key); the routes that answer
+    without a key say so. Each GET without path parameters is tried without a key to hold the
+    document to what the routes do."""
+    schema = client.get(f"{API}/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "description": schema["components"]["securitySchemes"]["bearer"]["description"]}
+    assert schema["security"] == [{"bearer": []}]
+    open_ops = sorted(op["operationId"] for ops in schema["paths"].values() for op in ops.values()
+                      if op.get("security") == [])
+    assert open_ops == ["get_algorithm_card", "healthz", "list_algorithms", "list_datasets", "list_models"]
+    keyless = TestClient(client.app)  # no Authorization header
+    for path, operations in schema["paths"].items():
+        if "get" in operations and "{" not in path:
+            status = keyless.get(path).status_code
+            assert (status == 401) == (operations["get"].get("security") != []), (path, status)
