@@ -335,10 +335,10 @@ def test_runs_page_filtered_by_a_sweep_lists_its_trials_with_best_metric_and_res
     best = page.locator(f'tr[data-run-id="{sweep.run_id("best")}"]')
     expect(best.locator(".col-best")).to_have_text("0.9eval/accuracy")  # best, not the last value
     expect(best.locator(".col-metric")).to_have_text("0.85eval/accuracy")
-    expect(best.locator(".col-restarts")).to_have_text("0")
+    expect(best.locator(".col-attempt")).to_have_text("1")
     expect(best.locator("a.sweep-link")).to_have_attribute("href", f"#/sweeps/{sweep.id}")
     expect(best.locator("a.sweep-link")).to_contain_text("trial best")
-    expect(page.locator(f'tr[data-run-id="{sweep.run_id("slow")}"] .col-restarts')).to_have_text("1")
+    expect(page.locator(f'tr[data-run-id="{sweep.run_id("slow")}"] .col-attempt')).to_have_text("2")
     expect(page.locator(f'tr[data-run-id="{sweep.run_id("stopped")}"] .badge')).to_have_text("⇥ STOPPED early")
     expect(page.locator(f'tr[data-run-id="{sweep.run_id("failed")}"] .col-best')).to_contain_text("–")
 

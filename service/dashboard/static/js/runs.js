@@ -13,7 +13,7 @@ import {
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
-const COLUMNS = ["Select", "Run", "Status", "Progress", "Algorithms", "Best", "Latest", "Restarts", "Duration", "Created"];
+const COLUMNS = ["Select", "Run", "Status", "Progress", "Algorithms", "Best", "Latest", "Attempt", "Duration", "Created"];
 
 function runsHash({ status, sweepId, tag, name, archived }) {
   return listHash("runs", { status, archived, sweep_id: sweepId, tag, name });
@@ -171,7 +171,7 @@ function createRow(run, filters, onSelect) {
     algorithms: el("td", { class: "col-algorithms" }),
     best: el("td", { class: "col-best num", title: "best reported value (highest accuracy, lowest loss)" }),
     metric: el("td", { class: "col-metric num", title: "latest reported value" }),
-    restarts: el("td", { class: "col-restarts num" }),
+    attempt: el("td", { class: "col-attempt num" }),
     duration: el("td", { class: "col-duration num" }),
     created: el("td", { class: "col-created" }),
   };
@@ -212,9 +212,13 @@ function updateRow(row, run) {
   updateProgressBar(row.cells.progress.firstChild, fraction, detail);
   setMetricCell(row.cells.best, bestMetric(run.best));
   setMetricCell(row.cells.metric, headlineMetric(run.summary));
-  const restarts = Math.max(0, run.attempt - 1);
-  setText(row.cells.restarts, String(restarts));
-  row.cells.restarts.title = `attempt ${run.attempt}`;
-  row.cells.restarts.classList.toggle("restarted", restarts > 0);
+  // The attempt, not "restarts": a user's resume or continue starts one too, and the run's page
+  // counts restarts and re-queues apart (a resumed run read "1 restart" here, "0 restarts" there).
+  setText(row.cells.attempt, String(run.attempt));
+  row.cells.attempt.title = run.attempt > 1
+    ? `attempt ${run.attempt}: each attempt after the first is a worker-group restart, a re-queue or a resume `
+      + "(the run's events say which)"
+    : "the first attempt";
+  row.cells.attempt.classList.toggle("restarted", run.attempt > 1);
   setText(row.cells.duration, runDuration(run));
 }
