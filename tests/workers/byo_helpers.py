@@ -3,6 +3,9 @@ model) and ``my_project/data.py`` (data sets)."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 NETS = '''
@@ -185,6 +188,24 @@ def write_user_package(root: Path, *, broken: bool = False, name: str = "my_proj
     (package / ".gitignore").write_text("*.ckpt\n")
     (package / "old.ckpt").write_bytes(b"\0" * 1024)
     return package
+
+
+@contextlib.contextmanager
+def importable_user_package(root: Path, monkeypatch, name: str = "my_project") -> Iterator[Path]:
+    """``write_user_package(root)`` on ``sys.path`` while the block runs (``monkeypatch`` restores
+    the path), its modules forgotten before and after, so each test imports its own."""
+    package = write_user_package(root, name=name)
+    monkeypatch.setattr(sys, "path", [str(root), *sys.path])
+
+    def forget() -> None:
+        for module in [n for n in sys.modules if n.split(".")[0] == name]:
+            del sys.modules[module]
+
+    forget()
+    try:
+        yield package
+    finally:
+        forget()
 
 
 def store(tmp_path, package) -> str:

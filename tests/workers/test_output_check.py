@@ -4,14 +4,13 @@ seen and the one expected, instead of PyTorch's bare ``IndexError: Target 1 is o
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 import torch
 
 from api.model_specs import ImportedModelSpec, TorchvisionModelSpec
 from api.specs import RunSpec
-from tests.workers.byo_helpers import user_spec, write_user_package
+from tests.workers.byo_helpers import importable_user_package, user_spec
 from workers.errors import describe
 from workers.loss import soft_cross_entropy
 from workers.models.code_cache import UserCodeError
@@ -31,14 +30,9 @@ def build(num_classes, in_channels, outputs=None):
 @pytest.fixture
 def user_package(tmp_path, monkeypatch):
     """``my_project`` (``tests.workers.byo_helpers``, plus ``plain.py``) importable, forgotten after the test."""
-    package = write_user_package(tmp_path / "src")
-    (package / "plain.py").write_text(PLAIN)
-    monkeypatch.setattr(sys, "path", [str(tmp_path / "src"), *sys.path])
-    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
-        del sys.modules[name]
-    yield
-    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
-        del sys.modules[name]
+    with importable_user_package(tmp_path / "src", monkeypatch) as package:
+        (package / "plain.py").write_text(PLAIN)
+        yield
 
 
 def plain_run(outputs: int | None, **data) -> RunSpec:

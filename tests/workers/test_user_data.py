@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import sys
 
 import numpy as np
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from api.data_specs import ImportedDataSpec
-from tests.workers.byo_helpers import write_user_package
+from tests.workers.byo_helpers import importable_user_package
 from workers.data.user_data import UserDataLoader
 from workers.models.code_cache import UserCodeError
 
@@ -21,13 +20,8 @@ from workers.models.code_cache import UserCodeError
 @pytest.fixture
 def user_package(tmp_path, monkeypatch):
     """``my_project`` (``tests.workers.byo_helpers``) importable from a folder, forgotten after the test."""
-    write_user_package(tmp_path / "src")
-    monkeypatch.setattr(sys, "path", [str(tmp_path / "src"), *sys.path])
-    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
-        del sys.modules[name]
-    yield
-    for name in [n for n in sys.modules if n.split(".")[0] == "my_project"]:
-        del sys.modules[name]
+    with importable_user_package(tmp_path / "src", monkeypatch):
+        yield
 
 
 def spec(target: str = "train_set", **fields) -> ImportedDataSpec:
