@@ -4,7 +4,6 @@ seen and the one expected, instead of PyTorch's bare ``IndexError: Target 1 is o
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
