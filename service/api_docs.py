@@ -40,8 +40,9 @@ def document_bearer_auth(app: FastAPI) -> None:
 
 
 def mount_api_docs(app: FastAPI, path: str) -> None:
-    """Serve Swagger UI for ``app.openapi_url`` at ``path`` (the app is built with ``docs_url=None``),
-    keeping the key entered with Authorize across reloads of the page."""
+    """Serve Swagger UI for ``app.openapi_url`` at ``path`` (the app is built with ``docs_url=None``).
+    The key entered with Authorize lives in the page only: Swagger UI's ``persistAuthorization``
+    would keep it in localStorage, past the tab, where the dashboard keeps its key for the tab."""
     document_bearer_auth(app)
 
     @app.get(path, include_in_schema=False)
@@ -49,5 +50,4 @@ def mount_api_docs(app: FastAPI, path: str) -> None:
         return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} API",
                                    swagger_js_url=f"{VENDOR}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{VENDOR}/swagger-ui.css",
-                                   swagger_favicon_url=f"{VENDOR}/favicon-32x32.png",
-                                   swagger_ui_parameters={"persistAuthorization": True})
+                                   swagger_favicon_url=f"{VENDOR}/favicon-32x32.png")
