@@ -142,8 +142,8 @@ def _warn_of_unshipped_code(spec: Any, *, prefix: str = "") -> None:
             continue
         top = path.partition(":")[0].split(".")[0]
         if top and (Path(top).is_dir() or Path(f"{top}.py").is_file()):
-            err_console.print(f"warning: {prefix}{field} {path!r} names {top!r}, which is in this folder, but no --code "
-                              f"was given: the workers will import it only if it is installed there (--code {top} "
+            err_console.print(f"warning: {prefix}{field} {path!r} names {top!r}, which is in this folder, but no "
+                              f"--code was given: the workers will import it only if it is installed there (--code {top} "
                               "sends it with the run)", highlight=False, markup=False, soft_wrap=True)
             return
 

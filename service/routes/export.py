@@ -64,7 +64,8 @@ def get_run_model(run_id: str, repo: RepoDep, caller: CallerDep, settings: Setti
     steps = exported_steps(storage_url, run_id, format, timeout_s=settings.storage_timeout_s)
     if not steps or (step is not None and step not in steps):
         if steps:
-            what = f"no export at step {step}; exported steps: {steps} (POST .../exports {{\"step\": {step}}} exports it)"
+            what = (f"no export at step {step}; exported steps: {steps} "
+                    f"(POST .../exports {{\"step\": {step}}} exports it)")
         elif run.status.is_terminal and run.status is not RunStatus.COMPLETED:  # it never will have one by itself
             what = ("no exported model: a model is exported when training ends, and this run ended before; export one "
                     "of its committed checkpoints (GET .../checkpoints) with POST .../exports {\"step\": N}, "
