@@ -16,6 +16,7 @@ from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MO
                          MODELS_WITHOUT_DROPOUT, arch_lacks_batchnorm, arch_lacks_dropout, residual_blocks_of_arch)
 from api.data_specs import (ImageFolderSpec, ImportedDataSpec, WebDatasetSpec, dataset_domain, dataset_label,
                              route_data_spec, task_problem)
+from api.eval_metric_specs import MAX_EVAL_METRICS, EvalMetricSpec, eval_metric_problems
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
@@ -396,6 +397,11 @@ class RunSpec(Spec):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     max_duration: DurationTime
     eval_interval: IntervalTime | None = Field(None, description="evaluate every interval and at the end")
+    eval_metrics: list[EvalMetricSpec] = Field(
+        default_factory=list, max_length=MAX_EVAL_METRICS, exclude_if=lambda metrics: not metrics,
+        description="evaluation metrics besides eval/loss and eval/accuracy: built-in names (top5_accuracy, "
+                    "precision_macro, recall_macro, f1_macro, balanced_accuracy, auroc) or your own "
+                    "{import: 'package.module:callable', params: {...}}, reported as eval/<name>")
     precision: Precision = Precision.FP32
     microbatch_size: int | Literal["auto"] | None = Field(
         None, description="split each per-worker batch into microbatches of this size (gradient accumulation)")
@@ -491,6 +497,7 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
                 problems.append(f"{at} and algorithms[{other_index}] {other.name!r} do not compose{because}; "
                                 "remove one")
     problems.extend(_sequence_length_problems(spec))
+    problems.extend(eval_metric_problems(spec.eval_metrics, text=domain == "text", has_eval=spec.data.eval is not None))
     per_worker = spec.data.batch_size // spec.parallelism.num_workers
     if spec.data.batch_size % spec.parallelism.num_workers:
         problems.append(f"data.batch_size {spec.data.batch_size} must be divisible by parallelism.num_workers "

@@ -12,12 +12,15 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from api.algorithm_specs import ALGORITHM_SPECS
 from api.data_specs import dataset_domain, dataset_label
+from api.eval_metric_specs import (BUILTIN_EVAL_METRICS, RESERVED_METRIC_NAMES, SWEEP_METRIC_PATTERN,
+                                   reported_metric_names)
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
 from api.validation_errors import field_path, join_field, one_line
@@ -157,8 +160,11 @@ class SweepSpec(_Spec):
     name: str = Field(..., min_length=1, max_length=128, pattern=NAME_PATTERN)
     base: RunSpec
     search: SearchSpec
-    metric: Literal["eval/accuracy", "eval/loss", "eval/perplexity"] = Field(
-        "eval/accuracy", description="what the scheduler decides on: an evaluation metric (reported after each eval)")
+    metric: str = Field(
+        "eval/accuracy", max_length=70,
+        description="what the scheduler decides on: an evaluation metric (reported after each eval): eval/accuracy, "
+                    "eval/loss, eval/perplexity (text), or one of the base's eval_metrics (eval/f1_macro, or a name "
+                    "your own metric returns)")
     mode: Literal["max", "min"] = Field("max", description="whether a higher or lower metric is better; left out, "
                                                             "the metric's own direction (max for eval/accuracy, min "
                                                             "for eval/loss and eval/perplexity)")
@@ -166,6 +172,15 @@ class SweepSpec(_Spec):
     scheduler: SweepSchedulerSpec = Field(default_factory=SweepSchedulerSpec)
     max_concurrent_trials: int = Field(2, ge=1, le=256)
     time_budget_s: float | None = Field(None, gt=0)
+
+    @field_validator("metric")
+    @classmethod
+    def _an_evaluation_metric(cls, metric: str) -> str:
+        if not re.match(SWEEP_METRIC_PATTERN, metric):
+            raise ValueError(f"{metric!r} is no evaluation metric the scheduler sees: eval/ then a metric's name "
+                             "(lowercase letters, digits, underscores): eval/accuracy, eval/loss, eval/perplexity "
+                             "(text), or one of base.eval_metrics such as eval/f1_macro")
+        return metric
 
     @model_validator(mode="after")
     def _mode_of_the_metric(self) -> "SweepSpec":
@@ -204,13 +219,21 @@ def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     before this check keeps running as it was asked to."""
     problems = []
     better = metric_mode(sweep.metric)
-    if sweep.mode != better:
+    own = sweep.metric.removeprefix("eval/")
+    listed, any_own = reported_metric_names(sweep.base.eval_metrics)
+    known = own in RESERVED_METRIC_NAMES or own in BUILTIN_EVAL_METRICS  # your own metric's direction is yours
+    if sweep.mode != better and known:
         problems.append(("mode", sweep.mode, f"{sweep.metric} is better when {'higher' if better == 'max' else 'lower'}: "
                          f"set mode {better!r} or leave it out"))
     domain = dataset_domain(sweep.base.data.train)
     if sweep.metric == "eval/perplexity" and domain != "text":
         problems.append(("metric", sweep.metric, f"only text data reports eval/perplexity, and data set "
                          f"{dataset_label(sweep.base.data.train)} is {domain}; use eval/accuracy or eval/loss"))
+    if own not in RESERVED_METRIC_NAMES and own not in listed and not any_own:
+        named = f"; it lists: {', '.join(f'eval/{n}' for n in sorted(listed))}" if listed else ""
+        problems.append(("metric", sweep.metric, f"trials report {sweep.metric} only if base.eval_metrics lists "
+                         f"{own!r} (or your own metric that returns it){named}; add it there, or decide on "
+                         "eval/accuracy or eval/loss"))
     if sweep.base.data.eval is None:
         problems.append(("base.data.eval", None, f"trials report {sweep.metric} only with an eval data set; add "
                          "one (the same data set as train, e.g. its test split)"))

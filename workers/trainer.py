@@ -33,6 +33,7 @@ from workers.checkpoint.training import (AlgorithmStates, RankRng, StateOf, Stat
 from workers.data import build_eval_loader, build_train_loader
 from workers.deterministic import deterministic_pools
 from workers.engine import Callback, Engine
+from workers.eval_metrics import EvalMetrics
 from workers.events import Event
 from workers.export import export_metadata, full_model_state, write_exports
 from workers.fault_injection import install_fault_injection
@@ -111,6 +112,8 @@ class Trainer:
                                              check_train=getattr(self.train_loader, "check_items", None))
         num_classes, in_channels = self.train_loader.num_classes, self.train_loader.in_channels
         _check_features_fit(spec, item_shape)
+        # Your own metrics are imported here: a wrong import path fails before the first step.
+        self.eval_metrics = EvalMetrics(spec.eval_metrics, num_classes=num_classes, device=self.device)
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)
@@ -413,8 +416,8 @@ class Trainer:
     # --- evaluation ---------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """``eval/loss``, ``eval/accuracy`` (and ``eval/perplexity`` for text) over the whole eval
-        split, summed across ranks."""
+        """``eval/loss``, ``eval/accuracy`` (and ``eval/perplexity`` for text), and the spec's
+        ``eval_metrics``, over the whole eval split, summed across ranks."""
         state = self.state
         self._last_eval_batch = state.timestamp.batch
         if self.eval_loader is None:
@@ -438,9 +441,13 @@ class Trainer:
                 outputs = model(inputs)
             if index < len(batches):
                 sums += eval_sums(outputs, targets)  # per token for language models
+                if self.eval_metrics:
+                    self.eval_metrics.update(outputs, targets)
         model.train()
         loss_sum, correct, count = all_reduce_sum(sums).tolist()  # one host sync per evaluation
         results = eval_metrics(loss_sum, correct, count, domain=dataset_domain(self.spec.data.train))
+        if self.eval_metrics:  # the spec's eval_metrics: their collectives, then your callables
+            results.update(self.eval_metrics.compute())
         for key, value in results.items():
             self.metrics.record(state.timestamp.batch, key, value)
         if self.rank == 0:  # a line in the run's log (tessera logs) at each evaluation

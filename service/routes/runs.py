@@ -14,6 +14,7 @@ from api.code_modules import missing_module
 from api.module_names import missing_name
 from api.data_roots import data_root_problems
 from api.data_specs import ImportedDataSpec
+from api.eval_metric_specs import ImportedMetricSpec
 from api.run_edits import order_by_key
 from api.model_specs import ImportedModelSpec, module_name
 from api.specs import RunSpec, ignored_field_problems, unrunnable_problems
@@ -161,8 +162,8 @@ def submit_problems(request: Request, spec: RunSpec, *, project, prefix: str = "
 def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str = "",
                         searched_imports: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> list[dict]:
     """422 items for a ``code.digest`` the project does not hold, and for each import
-    (``model.import``, ``data.train.import``, ``data.eval.import``) whose top-level package the
-    held package lacks, or whose module below that top level it lacks
+    (``model.import``, ``data.train.import``, ``data.eval.import``, ``eval_metrics[i].import``)
+    whose top-level package the held package lacks, or whose module below that top level it lacks
     (``api.code_modules.missing_module``: ``my_project.textz`` without ``my_project/textz.py``,
     ``my_project/textz/__init__.py`` or a folder ``my_project/textz/``); the worker's import
     would fail: ModuleNotFoundError. Only the zip's file names are read for that; then the
@@ -179,6 +180,8 @@ def code_package_errors(request: Request, spec: RunSpec, *, project, prefix: str
     imports = [(prefix + field + ".import", target.import_path)
                for field, target in (("model", spec.model), ("data.train", spec.data.train), ("data.eval", spec.data.eval))
                if isinstance(target, (ImportedModelSpec, ImportedDataSpec)) and field + ".import" not in searched_imports]
+    imports += [(f"{prefix}eval_metrics[{index}].import", metric.import_path)
+                for index, metric in enumerate(spec.eval_metrics) if isinstance(metric, ImportedMetricSpec)]
     imports += [pair for values in searched_imports.values() for pair in values]
     names = store.importable_names(digest) if imports else None
     tree = store.module_tree(digest) if names is not None else None

@@ -67,6 +67,17 @@ def test_run_page_charts_exactly_the_points_reported_and_asks_only_for_new_ones(
     assert cursors[0] == 0 and cursors.count(0) == 1, "the whole history was requested more than once"
     assert cursors == sorted(cursors) and cursors[-1] >= 50
 
+    # The spec's eval_metrics get a panel of their own once they report; *accuracy keys join accuracy's.
+    evaluation = page.locator("#chart-eval-metrics")
+    expect(evaluation).to_be_hidden()
+    now = datetime.now(timezone.utc)
+    local_service.repo.add_metrics(run.id, [ReportedMetric(step=80, key=key, value=0.9, time=now) for key in
+                                            ("eval/f1_macro", "eval/auroc", "eval/top5_accuracy")])
+    expect(evaluation).to_have_attribute("data-points", "2")
+    expect(evaluation).to_be_visible()
+    expect(evaluation.locator("canvas")).to_have_count(1)
+    expect(page.locator("#chart-quality")).to_have_attribute("data-points", "1")
+
 
 def test_events_timeline_shows_restarts_even_between_two_polls(page, local_service):
     repo = local_service.repo

@@ -44,6 +44,9 @@ def test_a_shipped_model_trains_to_completion_on_ray_with_s3_storage(s3_service,
             "code": {"requirements": [requirement]}}
     spec["model"]["params"] = {}
     spec["data"]["train"]["num_workers"] = 2
+    # A metric of the package's own beside a built-in: imported on the worker, never by the service.
+    (package / "metrics.py").write_text("def label_mean(outputs, targets):\n    return targets.float().mean()\n")
+    spec["eval_metrics"] = ["f1_macro", {"import": "my_project.metrics:label_mean"}]
     result = submit(s3_service, spec, package, tmp_path, "--follow")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "uploaded" in result.stdout and "COMPLETED" in result.stdout
@@ -55,6 +58,8 @@ def test_a_shipped_model_trains_to_completion_on_ray_with_s3_storage(s3_service,
             .list_objects_v2(Bucket=s3_server.bucket, Prefix=f"{s3_service.storage_prefix}/code/")["Contents"]]
     assert keys == [f"{s3_service.storage_prefix}/code/{digest}.zip"]
     assert run.status is RunStatus.COMPLETED and 0.0 <= run.summary["eval/accuracy"] <= 1.0
+    assert run.summary["eval/label_mean"] == 1.5  # labels i % 4 of the 32 test items
+    assert 0.0 <= run.summary["eval/f1_macro"] <= 1.0
     running = [e.message for e in client.run_events(run.id).data if e.to_status is RunStatus.RUNNING]
     assert "no effect: BlurPool found no" in running[0]  # the surgery's finding, on the run
     again = submit(s3_service, {**spec, "name": "byo-e2e-again"}, package, tmp_path)

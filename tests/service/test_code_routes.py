@@ -3,6 +3,7 @@ SQLite and PostgreSQL, with packages stored in a local storage folder."""
 
 from __future__ import annotations
 
+import copy
 import io
 import uuid
 import zipfile
@@ -645,3 +646,37 @@ def test_a_package_whose_module_cannot_be_decompressed_is_let_through_not_a_500(
     body = {**imported_run(example_body, sha256_hex(bytes(data))), "model": {"import": "my_project.nets:build"}}
     response = code_client.post(f"{API}/runs", json=body)
     assert response.status_code == 201, response.text  # the workers' unpacking says what is wrong
+
+
+def test_your_own_eval_metric_is_checked_against_the_package_and_built_in_ones_by_name(code_client, example_body,
+                                                                                        package):
+    """``eval_metrics``: an import is checked like a model's (file names and a parse, never run);
+    a built-in's name, the eval set it needs and what text data allows are checked with the spec."""
+    upload(code_client, package.data)
+    body = imported_run(example_body, package.digest)
+    body["eval_metrics"] = ["f1_macro", {"import": "my_project.nets:build_wide"}]  # the service never calls it
+    accepted = code_client.post(f"{API}/runs", json=body)
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["spec"]["eval_metrics"] == ["f1_macro", {"import": "my_project.nets:build_wide",
+                                                                     "params": {}}]
+    body["eval_metrics"] = ["auroc", {"import": "my_project.metricz:pr_auc"}, {"import": "my_project.nets:aucc"}]
+    refused = code_client.post(f"{API}/runs", json=body)
+    assert refused.status_code == 422
+    items = refused.json()["detail"]
+    assert [(i["field"], i["input"]) for i in items] == [("eval_metrics[1].import", "my_project.metricz:pr_auc"),
+                                                         ("eval_metrics[2].import", "my_project.nets:aucc")]
+    assert "holds no module 'my_project.metricz'" in items[0]["msg"]
+    assert "has no 'aucc' at the top level of my_project/nets.py" in items[1]["msg"]
+    body["eval_metrics"] = ["f1", "auroc", "auroc"]
+    items = code_client.post(f"{API}/runs", json=body).json()["detail"]
+    assert [(i["field"], i["input"]) for i in items] == [("eval_metrics[0]", "f1")]
+    assert "'f1' is not a built-in evaluation metric; close names: f1_macro" in items[0]["msg"]
+    body["eval_metrics"] = ["auroc", "auroc"]
+    [item] = code_client.post(f"{API}/runs", json=body).json()["detail"]
+    assert item["field"] == "eval_metrics[1]" and "listed twice" in item["msg"]
+    without_eval = copy.deepcopy(body)
+    without_eval["eval_metrics"] = ["auroc"]
+    without_eval["data"].pop("eval")
+    [item] = code_client.post(f"{API}/runs", json=without_eval).json()["detail"]
+    assert item["field"] == "data.eval" and "eval_metrics are computed on an eval data set" in item["msg"]
+    assert len(code_client.get(f"{API}/runs").json()["data"]) == 1  # only the first

@@ -398,6 +398,14 @@ def test_a_metric_decided_the_wrong_way_or_never_reported_is_refused_and_a_left_
     no_eval = copy.deepcopy(sweep_body)
     no_eval["base"]["data"].pop("eval")
     assert refused(**no_eval) == [("base.data.eval", None)]
+    # A metric of the base's eval_metrics: only when the base lists it (or lists your own, which may return it).
+    assert refused(metric="eval/f1_macro") == [("metric", "eval/f1_macro")]
+    assert refused(metric="eval/F1") == [("metric", "eval/F1")]  # no such key: the pattern says what one is
     assert client.get(f"{API}/sweeps").json()["data"] == []  # nothing stored
     created = client.post(f"{API}/sweeps", json={**sweep_body, "metric": "eval/loss"})
     assert created.status_code == 201 and created.json()["mode"] == "min"
+    listed = copy.deepcopy(sweep_body)
+    listed["base"]["eval_metrics"] = ["f1_macro"]
+    created = client.post(f"{API}/sweeps", json={**listed, "metric": "eval/f1_macro"})
+    assert created.status_code == 201, created.text
+    assert created.json()["mode"] == "max"

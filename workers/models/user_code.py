@@ -13,7 +13,8 @@ The contract (small, like Composer's ``ComposerModel``):
   probabilities ``(N, C)`` when CutMix, MixUp or label smoothing are on: accept both or leave
   those methods out. Your own text data's targets may hold -100 (ignored positions; with label
   smoothing, rows of zeros): ``F.cross_entropy`` ignores them by default. Evaluation always
-  reports cross-entropy and accuracy of the logits.
+  reports cross-entropy and accuracy of the logits, and the spec's ``eval_metrics`` besides
+  (``workers.eval_metrics``).
 - Everything else is ordinary PyTorch: surgery methods (BlurPool, ChannelsLast, Factorize,
   ALiBi) change the modules they recognise and say on the run when they found none.
 

@@ -5,13 +5,20 @@
 import uPlot from "../vendor/uPlot.esm.js";
 import { el, formatNumber, setText } from "./ui.js";
 
+const LOSS = /(^|\/)loss$/;
+const QUALITY = /(accuracy|perplexity)$/;
+
 /** The run page's panels: which metric keys each one plots. Unmatched keys are not charted.
- *  `never(spec)`: why a run with this spec never reports the panel's metrics (null: it may). */
+ *  `never(spec)`: why a run with this spec never reports the panel's metrics (null: it may).
+ *  `untilPoints`: the panel is hidden until its first point (most runs never report its keys). */
 export const PANELS = [
-  { id: "loss", title: "Loss", match: (key) => /(^|\/)loss$/.test(key) },
-  { id: "quality", title: "Accuracy / perplexity", match: (key) => /(accuracy|perplexity)$/.test(key),
+  { id: "loss", title: "Loss", match: (key) => LOSS.test(key) },
+  { id: "quality", title: "Accuracy / perplexity", match: (key) => QUALITY.test(key),
     never: (spec) => (spec?.data && !spec.data.eval
       ? "No eval data set: this run's spec has no data.eval, so it reports no accuracy or perplexity." : null) },
+  // The spec's eval_metrics (eval/f1_macro, eval/auroc, your own), but those named *accuracy, charted above.
+  { id: "eval-metrics", title: "Evaluation metrics", untilPoints: true,
+    match: (key) => key.startsWith("eval/") && !LOSS.test(key) && !QUALITY.test(key) },
   { id: "throughput", title: "Throughput (samples/s)", match: (key) => key.startsWith("throughput/") },
   { id: "lr", title: "Learning rate", match: (key) => key === "lr" || key.startsWith("lr/") },
 ];
@@ -22,7 +29,7 @@ const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"
 const HEIGHT = 220;
 
 export class MetricChart {
-  constructor({ id, title }) {
+  constructor({ id, title, untilPoints = false }) {
     this.series = new Map(); // key -> Map(step -> value)
     this.lastStep = new Map(); // key -> largest step seen
     this.numPoints = 0;
@@ -34,6 +41,7 @@ export class MetricChart {
     this.latest = el("p", { class: "chart-latest small" });
     this.figure = el("figure", { class: "chart", id: `chart-${id}`, dataset: { points: "0" } },
       el("figcaption", {}, title), this.emptyNote, this.plotBox, this.latest);
+    this.figure.hidden = untilPoints;
     this._resizeObserver = new ResizeObserver(() => this._fit());
     this._resizeObserver.observe(this.figure);
   }
@@ -66,6 +74,7 @@ export class MetricChart {
     })];
     this.figure.dataset.points = String(this.numPoints);
     this.emptyNote.hidden = steps.length > 0;
+    if (steps.length) this.figure.hidden = false; // shown before the plot is made: it takes the figure's width
     if (this.plot && this.plotKeys === keys.join(",")) {
       const x = this.plot.scales.x;
       const zoomed = x.min !== null && (x.min > this.lastSteps[0] || x.max < this.lastSteps[this.lastSteps.length - 1]);

@@ -1,0 +1,147 @@
+"""Evaluation metrics beyond loss and accuracy: built-in ones by name, or your own code's.
+
+    eval_metrics: [f1_macro, auroc]                                  # built-in, by name
+    eval_metrics: [{import: "my_project.metrics:pr_auc", params: {}}]  # yours, shipped with --code
+
+Every evaluation reports ``eval/loss`` and ``eval/accuracy`` (and ``eval/perplexity`` for text);
+each metric listed here adds its ``eval/<name>`` keys to those, computed over the whole eval
+split (every rank's share) by ``workers.eval_metrics``. Your own callable is called on the
+workers, never in the control plane, as ``fn(outputs, targets, **params)``: ``outputs`` the
+float32 logits ``(N, C)`` of every eval example, ``targets`` their int64 labels ``(N,)``. It
+returns a number (reported as ``eval/<callable's name>``) or a ``{name: number}`` dict
+(``eval/<name>`` each).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, WrapValidator, field_validator, model_validator
+
+from api.model_specs import ImportPath, _Spec, checked_import_path, refuse_unknown_fields
+
+
+@dataclass(frozen=True)
+class BuiltinMetric:
+    description: str
+    text: bool  # whether text data may ask for it (next-token metrics); the others need class labels
+
+
+BUILTIN_EVAL_METRICS: dict[str, BuiltinMetric] = {
+    "top5_accuracy": BuiltinMetric("fraction of examples (text: tokens) whose label is among the 5 highest logits (fewer "
+                                   "than 5 logits above the label's)",
+                                   text=True),
+    "precision_macro": BuiltinMetric("precision of each class, averaged over the classes seen (as labels or "
+                                     "predictions); a class never predicted counts 0", text=False),
+    "recall_macro": BuiltinMetric("recall of each class, averaged over the classes seen", text=False),
+    "f1_macro": BuiltinMetric("F1 of each class, averaged over the classes seen", text=False),
+    "balanced_accuracy": BuiltinMetric("recall of each class, averaged over the classes among the labels",
+                                       text=False),
+    "auroc": BuiltinMetric("area under the ROC curve of the softmax scores (exact, ties averaged): of class 1 for "
+                           "two classes, else one-vs-rest averaged over the classes with both positive and "
+                           "negative examples", text=False),
+}
+MAX_EVAL_METRICS = 16
+# What a metric's key may be after ``eval/``: the name of a built-in, or what your callable returns.
+METRIC_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+SWEEP_METRIC_PATTERN = r"^eval/[a-z][a-z0-9_]{0,63}$"  # a sweep decides on eval/<name>
+RESERVED_METRIC_NAMES = frozenset({"loss", "accuracy", "perplexity"})  # every evaluation reports these itself
+
+
+class ImportedMetricSpec(ImportPath, _Spec):
+    """Your own evaluation metric: ``import: "package.module:callable"``, shipped as a code package."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    import_path: str = Field(..., alias="import", max_length=512,
+                             description="'package.module:callable' called as fn(outputs, targets, **params) on the "
+                                         "eval split's logits (N, C) and labels (N,); returns a number or "
+                                         "{name: number}")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the callable")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_known_fields(cls, data: Any) -> Any:
+        return refuse_unknown_fields(data, ("import", "params"), what="eval metric")
+
+    @field_validator("import_path")
+    @classmethod
+    def _module_colon_callable(cls, path: str) -> str:
+        return checked_import_path(path, example="my_project.metrics:pr_auc")
+
+
+def route_metric(value: Any, handler: Any) -> Any:
+    """A listed metric: a built-in's name (a wrong one gets the close names), or with an
+    ``import`` key your own. Routing on the form keeps each form's errors its own (a union would
+    report both forms' complaints about every input)."""
+    if isinstance(value, str):
+        if value not in BUILTIN_EVAL_METRICS:
+            close = (difflib.get_close_matches(value, BUILTIN_EVAL_METRICS, n=3, cutoff=0.5)
+                     or [name for name in BUILTIN_EVAL_METRICS if value and value.lower() in name])
+            hint = f"; close names: {', '.join(close)}" if close else ""
+            raise ValueError(f"{value!r} is not a built-in evaluation metric{hint}; the built-in ones are "
+                             f"{', '.join(BUILTIN_EVAL_METRICS)}, or give your own "
+                             "as {import: 'package.module:callable'}")
+        return value
+    if isinstance(value, dict) and "import" in value or isinstance(value, ImportedMetricSpec):
+        return ImportedMetricSpec.model_validate(value)
+    raise ValueError(f"a metric is a built-in's name ({', '.join(BUILTIN_EVAL_METRICS)}) or "
+                     "{import: 'package.module:callable', params: {...}}, not " + type(value).__name__)
+
+
+BuiltinMetricName = Literal["top5_accuracy", "precision_macro", "recall_macro", "f1_macro", "balanced_accuracy",
+                            "auroc"]
+EvalMetricSpec = Annotated[BuiltinMetricName | ImportedMetricSpec, WrapValidator(route_metric)]
+
+
+def metric_label(metric: EvalMetricSpec) -> str:
+    """How a message names a listed metric: its name, or ``import pkg.mod:fn``."""
+    return metric if isinstance(metric, str) else f"import {metric.import_path}"
+
+
+def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval: bool) -> list[str]:
+    """Rules that need the rest of the spec, one string each starting with the field's path
+    (``eval_metrics[1] 'auroc' ...``): a listed metric needs eval data, the built-ins that read
+    class labels are not for text (a vocabulary-sized confusion matrix), nor is your own callable
+    (the logits of every token would be gathered); a metric listed twice is refused."""
+    problems, seen = [], set()
+    if metrics and not has_eval:
+        problems.append("data.eval is not set, but eval_metrics are computed on an eval data set: add one (the "
+                        "same data set as train, e.g. its test split) or remove eval_metrics")
+    for index, metric in enumerate(metrics):
+        at = f"eval_metrics[{index}] {metric_label(metric)!r}"
+        key = metric if isinstance(metric, str) else repr((metric.import_path, sorted(metric.params.items())))
+        if key in seen:
+            problems.append(f"{at} is listed twice; list each metric once")
+        seen.add(key)
+        if text and isinstance(metric, str) and not BUILTIN_EVAL_METRICS[metric].text:
+            allowed = [name for name, info in BUILTIN_EVAL_METRICS.items() if info.text]
+            problems.append(f"{at} needs class labels, and text data's are a vocabulary's tokens; for text data "
+                            f"the built-in ones allowed are: {', '.join(allowed)} (eval/perplexity is reported "
+                            "always)")
+        elif text and not isinstance(metric, str):
+            problems.append(f"{at}: your own metrics take classification data's logits (N, C); text data's "
+                            "(every token's vocabulary-sized logits) are not gathered for them")
+    return problems
+
+
+def reported_metric_names(metrics: list[EvalMetricSpec]) -> tuple[set[str], bool]:
+    """The ``eval/`` names the listed built-ins report, and whether any metric is your own
+    (whose names are known only when it returns)."""
+    return {m for m in metrics if isinstance(m, str)}, any(not isinstance(m, str) for m in metrics)
+
+
+def checked_metric_name(name: Any, *, source: str) -> str:
+    """``name`` if your metric may report it as ``eval/<name>``, else ``ValueError`` naming
+    ``source`` (the callable) and what is allowed."""
+    if not isinstance(name, str) or not re.match(METRIC_NAME_PATTERN, name):
+        raise ValueError(f"{source} returned a metric named {name!r}; a name must match {METRIC_NAME_PATTERN} "
+                         "(lowercase letters, digits, underscores; it is reported as eval/<name>)")
+    if name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS:
+        raise ValueError(f"{source} returned a metric named {name!r}, which is eval/{name} of Tessera's own; "
+                         "name yours differently")
+    return name
