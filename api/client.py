@@ -461,26 +461,31 @@ class Client:
         ``ApiError`` 404 for an unknown run."""
         return RunEventsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/events"))
 
-    def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000, all_attempts: bool = False) -> MetricsPage:
+    def metrics(self, run_id: str, *, after: int = 0, limit: int = 5000, all_attempts: bool = False,
+                key: str | None = None) -> MetricsPage:
         """One page: up to ``limit`` points with ``seq`` above ``after``, oldest first, and
         ``last_seq`` to pass back as ``after`` (``iter_metrics`` pages through them all); with
-        ``all_attempts`` also those a resumed attempt superseded. ``ApiError`` 404 for an
-        unknown run, 422 naming ``after`` (negative) or ``limit`` (outside 1-100,000)."""
+        ``all_attempts`` also those a resumed attempt superseded; with ``key`` only that key's.
+        ``ApiError`` 404 for an unknown run, 422 naming ``after`` (negative) or ``limit``
+        (outside 1-100,000)."""
         params: dict[str, Any] = {"after": after, "limit": limit}
         if all_attempts:
             params["all_attempts"] = "true"
+        if key is not None:
+            params["key"] = key
         return MetricsPage.model_validate(self._request("GET", f"{API}/runs/{run_id}/metrics", params=params))
 
     def iter_metrics(self, run_id: str, *, key: str | None = None, page_size: int = METRICS_PAGE_SIZE,
                      all_attempts: bool = False) -> Iterator[MetricPoint]:
         """Every metric point of the run, oldest first (by ``seq``, the order they were
         reported), fetched ``page_size`` points a request as you iterate; with ``key`` only that
-        key's points (filtered here: the route has no key filter, so every page is still read).
+        key's points (filtered by the service, and here too: a service older than the route's
+        ``key`` sends every key).
         ``all_attempts`` as ``metrics``. ``ApiError`` 404 for an unknown run, 422 naming
         ``limit`` for a ``page_size`` outside 1-100,000."""
         after = 0
         while True:
-            page = self.metrics(run_id, after=after, limit=page_size, all_attempts=all_attempts)
+            page = self.metrics(run_id, after=after, limit=page_size, all_attempts=all_attempts, key=key)
             yield from (point for point in page.data if key is None or point.key == key)
             if len(page.data) < page_size:
                 return

@@ -38,7 +38,8 @@ def format_detail(detail: Any) -> str:
         for item in detail:
             if isinstance(item, dict):
                 field = item.get("field") or ".".join(str(p) for p in item.get("loc", []))
-                got = f" (got {echoed(item['input'])!r})" if "input" in item else ""
+                # None: a field the body left out (a message says it is not set), nothing to echo.
+                got = f" (got {echoed(item['input'])!r})" if item.get("input") is not None else ""
                 msg = str(item.get("msg"))
                 # A message that starts with its field ("algorithms[0] 'alibi' needs ...") names it once.
                 lines.append(f"{msg}{got}" if field and msg.startswith(field) else f"{field}: {msg}{got}")

@@ -62,11 +62,28 @@ class ImportedMetricSpec(ImportPath, _Spec):
                                          "eval split's logits (N, C) and labels (N,); returns a number or "
                                          "{name: number}")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the callable")
+    name: str | None = Field(None, exclude_if=lambda name: name is None,
+                             description="what a number it returns is reported as (eval/<name>; default: the "
+                                         "callable's name, lowercased); a dict's keys are reported as "
+                                         "eval/<name>_<key>")
 
     @model_validator(mode="before")
     @classmethod
     def _only_known_fields(cls, data: Any) -> Any:
-        return refuse_unknown_fields(data, ("import", "params"), what="eval metric")
+        return refuse_unknown_fields(data, ("import", "params", "name"), what="eval metric")
+
+    @field_validator("name")
+    @classmethod
+    def _a_metric_name(cls, name: str | None) -> str | None:
+        problem = None if name is None else metric_name_problem(name)
+        if problem:
+            raise ValueError(f"name {name!r}: {problem}")
+        return name
+
+    @property
+    def reported_name(self) -> str:
+        """The name a number it returns is reported under: ``name``, else the callable's."""
+        return self.name or self.attribute.lower()
 
     @field_validator("import_path")
     @classmethod
@@ -79,6 +96,9 @@ def route_metric(value: Any, handler: Any) -> Any:
     ``import`` key your own. Routing on the form keeps each form's errors its own (a union would
     report both forms' complaints about every input)."""
     if isinstance(value, str):
+        if value in RESERVED_METRIC_NAMES:
+            raise ValueError(f"eval/{value} is reported at every evaluation already (eval/perplexity for text data); "
+                             f"list only others: {', '.join(BUILTIN_EVAL_METRICS)}, or your own")
         if value not in BUILTIN_EVAL_METRICS:
             close = (difflib.get_close_matches(value, BUILTIN_EVAL_METRICS, n=3, cutoff=0.5)
                      or [name for name in BUILTIN_EVAL_METRICS if value and value.lower() in name])
@@ -103,29 +123,49 @@ def metric_label(metric: EvalMetricSpec) -> str:
     return metric if isinstance(metric, str) else f"import {metric.import_path}"
 
 
-def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval: bool) -> list[str]:
+def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval: bool,
+                         num_classes: int | None) -> list[str]:
     """Rules that need the rest of the spec, one string each starting with the field's path
     (``eval_metrics[1] 'auroc' ...``): a listed metric needs eval data, the built-ins that read
     class labels are not for text (a vocabulary-sized confusion matrix), nor is your own callable
-    (the logits of every token would be gathered); a metric listed twice is refused."""
-    problems, seen = [], set()
+    (the logits of every token would be gathered); top-5 accuracy needs more than 5 classes
+    (``num_classes``, where the data set's is known here); a metric listed twice is refused, and
+    so are two of your own that would report under one name, or one under a built-in's."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    names: dict[str, int] = {}  # the name each of your own reports a number under -> its index
     if metrics and not has_eval:
         problems.append("data.eval is not set, but eval_metrics are computed on an eval data set: add one (the "
                         "same data set as train, e.g. its test split) or remove eval_metrics")
     for index, metric in enumerate(metrics):
         at = f"eval_metrics[{index}] {metric_label(metric)!r}"
-        key = metric if isinstance(metric, str) else repr((metric.import_path, sorted(metric.params.items())))
+        key = metric if isinstance(metric, str) else repr((metric.import_path, sorted(metric.params.items()),
+                                                           metric.name))
         if key in seen:
             problems.append(f"{at} is listed twice; list each metric once")
+            continue
         seen.add(key)
-        if text and isinstance(metric, str) and not BUILTIN_EVAL_METRICS[metric].text:
-            allowed = [name for name, info in BUILTIN_EVAL_METRICS.items() if info.text]
-            problems.append(f"{at} needs class labels, and text data's are a vocabulary's tokens; for text data "
-                            f"the built-in ones allowed are: {', '.join(allowed)} (eval/perplexity is reported "
-                            "always)")
-        elif text and not isinstance(metric, str):
+        if isinstance(metric, str):
+            if text and not BUILTIN_EVAL_METRICS[metric].text:
+                allowed = [name for name, info in BUILTIN_EVAL_METRICS.items() if info.text]
+                problems.append(f"{at} needs class labels, and text data's are a vocabulary's tokens; for text data "
+                                f"the built-in ones allowed are: {', '.join(allowed)} (eval/perplexity is reported "
+                                "always)")
+            if metric == "top5_accuracy" and not text and num_classes is not None and num_classes <= 5:
+                problems.append(f"{at} would always be 1: the data has {num_classes} classes, so the top 5 logits "
+                                "hold every label; list it for data of more than 5 classes")
+            continue
+        if text:
             problems.append(f"{at}: your own metrics take classification data's logits (N, C); text data's "
                             "(every token's vocabulary-sized logits) are not gathered for them")
+        name = metric.reported_name
+        if name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS:
+            problems.append(f"{at} would report a number it returns as eval/{name}, which is Tessera's own; give it "
+                            "a name of its own: {import: ..., name: ...}")
+        elif name in names:
+            problems.append(f"{at} would report a number it returns as eval/{name}, as eval_metrics[{names[name]}] "
+                            "would; give each a name of its own: {import: ..., name: ...}")
+        names.setdefault(name, index)
     return problems
 
 
@@ -135,13 +175,11 @@ def reported_metric_names(metrics: list[EvalMetricSpec]) -> tuple[set[str], bool
     return {m for m in metrics if isinstance(m, str)}, any(not isinstance(m, str) for m in metrics)
 
 
-def checked_metric_name(name: Any, *, source: str) -> str:
-    """``name`` if your metric may report it as ``eval/<name>``, else ``ValueError`` naming
-    ``source`` (the callable) and what is allowed."""
+def metric_name_problem(name: Any) -> str | None:
+    """Why your metric may not be reported as ``eval/<name>``, or None when it may."""
     if not isinstance(name, str) or not re.match(METRIC_NAME_PATTERN, name):
-        raise ValueError(f"{source} returned a metric named {name!r}; a name must match {METRIC_NAME_PATTERN} "
-                         "(lowercase letters, digits, underscores; it is reported as eval/<name>)")
+        return (f"a name must match {METRIC_NAME_PATTERN} (lowercase letters, digits, underscores; it is reported as "
+                "eval/<name>)")
     if name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS:
-        raise ValueError(f"{source} returned a metric named {name!r}, which is eval/{name} of Tessera's own; "
-                         "name yours differently")
-    return name
+        return f"eval/{name} is Tessera's own; name yours differently"
+    return None

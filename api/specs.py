@@ -497,7 +497,11 @@ def cross_spec_problems(spec: RunSpec) -> list[str]:
                 problems.append(f"{at} and algorithms[{other_index}] {other.name!r} do not compose{because}; "
                                 "remove one")
     problems.extend(_sequence_length_problems(spec))
-    problems.extend(eval_metric_problems(spec.eval_metrics, text=domain == "text", has_eval=spec.data.eval is not None))
+    train = spec.data.train
+    catalogued = DATASETS[train.name].num_classes if train.name in DATASETS else 0  # 0: the data's own count
+    num_classes = getattr(train, "num_classes", None) or catalogued or None  # None: known on the workers only
+    problems.extend(eval_metric_problems(spec.eval_metrics, text=domain == "text", has_eval=spec.data.eval is not None,
+                                         num_classes=num_classes))
     per_worker = spec.data.batch_size // spec.parallelism.num_workers
     if spec.data.batch_size % spec.parallelism.num_workers:
         problems.append(f"data.batch_size {spec.data.batch_size} must be divisible by parallelism.num_workers "

@@ -229,11 +229,14 @@ def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     if sweep.metric == "eval/perplexity" and domain != "text":
         problems.append(("metric", sweep.metric, f"only text data reports eval/perplexity, and data set "
                          f"{dataset_label(sweep.base.data.train)} is {domain}; use eval/accuracy or eval/loss"))
-    if own not in RESERVED_METRIC_NAMES and own not in listed and not any_own:
-        named = f"; it lists: {', '.join(f'eval/{n}' for n in sorted(listed))}" if listed else ""
+    named = f" (it lists {', '.join(sorted(listed))})" if listed else ""
+    if own in BUILTIN_EVAL_METRICS and own not in listed:
         problems.append(("metric", sweep.metric, f"trials report {sweep.metric} only if base.eval_metrics lists "
-                         f"{own!r} (or your own metric that returns it){named}; add it there, or decide on "
-                         "eval/accuracy or eval/loss"))
+                         f"{own!r}{named}; add it there, or decide on eval/accuracy or eval/loss"))
+    elif not known and not any_own:
+        problems.append(("metric", sweep.metric, f"no trial would report {sweep.metric}: it is no built-in metric, "
+                         f"and base.eval_metrics lists none of your own that could return it{named}; decide on "
+                         "eval/accuracy, eval/loss or one of the built-ins the base lists"))
     if sweep.base.data.eval is None:
         problems.append(("base.data.eval", None, f"trials report {sweep.metric} only with an eval data set; add "
                          "one (the same data set as train, e.g. its test split)"))

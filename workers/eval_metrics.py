@@ -16,6 +16,8 @@ before its first step, not at its first evaluation.
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 import numbers
 from typing import Any, Callable
@@ -24,9 +26,11 @@ import torch
 import torch.distributed as dist
 
 from algorithms.targets import IGNORE_INDEX
-from api.eval_metric_specs import EvalMetricSpec, checked_metric_name
+from api.eval_metric_specs import EvalMetricSpec, metric_name_problem
 from workers.models.code_cache import UserCodeError
 from workers.parallel import all_reduce_sum
+
+log = logging.getLogger(__name__)
 
 CONFUSION_METRICS = ("precision_macro", "recall_macro", "f1_macro", "balanced_accuracy")
 
@@ -39,12 +43,15 @@ class EvalMetrics:
 
         self.builtins = [m for m in specs if isinstance(m, str)]
         self.own: list[tuple[str, Any, Callable[..., Any]]] = [
-            (f"eval_metrics[{i}].import", m, load_callable(m, field=f"eval_metrics[{i}].import"))
+            (f"eval_metrics[{i}].import", m, _callable_as_metric(f"eval_metrics[{i}].import", m, load_callable))
             for i, m in enumerate(specs) if not isinstance(m, str)]
         self.num_classes, self.device = num_classes, device
         self.top5 = "top5_accuracy" in self.builtins
         self.confusion = any(name in CONFUSION_METRICS for name in self.builtins)
         self.gathers = bool(self.own) or "auroc" in self.builtins
+        if self.top5 and num_classes <= 5:  # your own data's count, known only here (a named set's is refused at submit)
+            log.warning("eval_metrics: top5_accuracy will always be 1: the data has %d classes, so the top 5 logits "
+                        "hold every label", num_classes)
         self.start()
 
     def __bool__(self) -> bool:
@@ -161,6 +168,25 @@ def binary_auroc(scores: torch.Tensor, positive: torch.Tensor) -> float:
     return float((ranks[positive].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
+def _callable_as_metric(field: str, spec: Any, load: Callable[..., Callable[..., Any]]) -> Callable[..., Any]:
+    """Your callable, loaded (``load``: ``user_code.load_callable``), once its signature is seen
+    to take ``(outputs, targets, **params)``: a callable of another shape, or a misspelled param,
+    fails the run before its first step instead of at its first evaluation."""
+    function = load(spec, field=field)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin or extension function without one: the call will tell
+        return function
+    try:
+        signature.bind(None, None, **spec.params)
+    except TypeError as exc:
+        params = ", ".join(f"{k}={v!r}" for k, v in spec.params.items())
+        raise UserCodeError(f"{field} {spec.import_path!r}: a metric is called as fn(outputs, targets"
+                            f"{', ' + params if params else ''}), which {spec.attribute}{signature} does not take: "
+                            f"{exc}") from None
+    return function
+
+
 def _call_own(field: str, spec: Any, function: Callable[..., Any], outputs: torch.Tensor, targets: torch.Tensor,
               *, taken: dict[str, float]) -> dict[str, float]:
     """``{"eval/<name>": value}`` of your callable's result: a number named after the callable,
@@ -174,13 +200,16 @@ def _call_own(field: str, spec: Any, function: Callable[..., Any], outputs: torc
     except Exception as exc:
         raise UserCodeError(f"{source}: calling it with the eval logits {tuple(outputs.shape)} and labels "
                             f"{tuple(targets.shape)} failed: {error_with_tail(exc)}") from None
-    named = returned if isinstance(returned, dict) else {spec.attribute.lower(): returned}
+    if isinstance(returned, dict):  # named by its keys, after the spec's name when it gives one
+        named = {(f"{spec.name}_{k}" if spec.name and isinstance(k, str) else k): v for k, v in returned.items()}
+    else:
+        named = {spec.reported_name: returned}
     results = {}
     for name, value in named.items():
-        try:
-            key = f"eval/{checked_metric_name(name, source=source)}"
-        except ValueError as exc:
-            raise UserCodeError(str(exc)) from None
+        problem = metric_name_problem(name)
+        if problem:
+            raise UserCodeError(f"{source} returned a metric named {name!r}; {problem}")
+        key = f"eval/{name}"
         number = _number(value)
         if number is None:
             raise UserCodeError(f"{source} returned {value!r} for {key}; a metric is a number (a float, an int, or "

@@ -313,12 +313,15 @@ def list_run_events(run_id: str, repo: RepoDep, caller: CallerDep) -> RunEventsP
 def list_run_metrics(run_id: str, repo: RepoDep, caller: CallerDep,
                      after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
                      limit: Annotated[int, Query(ge=1, le=100_000)] = 5000,
-                     all_attempts: bool = False) -> Response:
-    """Metric points with ``seq > after``; poll again with ``after=last_seq`` for new ones.
-    Points a resumed attempt superseded (it reported their steps again) only with
-    ``all_attempts=true``: by default the series has one value per step, the surviving one."""
+                     all_attempts: bool = False,
+                     key: Annotated[str | None, Query(max_length=256, description="only this key's points, e.g. "
+                                                                                  "eval/accuracy")] = None) -> Response:
+    """Metric points with ``seq > after`` (of ``key`` alone when given); poll again with
+    ``after=last_seq`` for new ones. Points a resumed attempt superseded (it reported their
+    steps again) only with ``all_attempts=true``: by default the series has one value per step,
+    the surviving one."""
     scoped_run(repo, caller, run_id, Role.VIEWER)
-    points, last_seq = repo.metric_rows_after(run_id, after=after, limit=limit, all_attempts=all_attempts)
+    points, last_seq = repo.metric_rows_after(run_id, after=after, limit=limit, all_attempts=all_attempts, key=key)
     # Encoded here in one pass, as pydantic encodes a ``MetricsPage``: returning the model would
     # have FastAPI build, dump, validate and encode 10,000 points (a dashboard's page) one by one.
     return Response(pydantic_core.to_json({"data": points, "last_seq": last_seq}), media_type="application/json")

@@ -32,14 +32,36 @@ def test_text_data_may_list_top5_but_no_metric_of_class_labels_nor_its_own():
     assert "eval_metrics[2] 'import my_project.metrics:fbeta': your own metrics take classification data" in message
 
 
-def test_the_same_callable_with_other_params_is_another_metric_but_the_same_twice_is_refused():
+def test_the_same_callable_twice_needs_a_name_for_each_and_the_same_twice_is_refused():
     other = {**OWN, "params": {"beta": 2}}
-    assert len(RunSpec.model_validate(spec([OWN, other])).eval_metrics) == 2
+    assert ("eval_metrics[1] 'import my_project.metrics:fbeta' would report a number it returns as eval/fbeta, as "
+            "eval_metrics[0] would; give each a name of its own") in problems(spec([OWN, other]))
+    named = RunSpec.model_validate(spec([OWN, {**other, "name": "f2"}])).eval_metrics
+    assert [m.reported_name for m in named] == ["fbeta", "f2"]
     assert "eval_metrics[1] 'import my_project.metrics:fbeta' is listed twice" in problems(spec([OWN, dict(OWN)]))
+
+
+def test_your_own_may_not_report_under_a_name_of_tesseras_own():
+    message = problems(spec([{"import": "my_project.metrics:auroc"}]))
+    assert "would report a number it returns as eval/auroc, which is Tessera's own; give it a name" in message
+    assert RunSpec.model_validate(spec([{"import": "my_project.metrics:auroc", "name": "my_auroc"}]))
+    assert "name 'accuracy': eval/accuracy is Tessera's own" in problems(spec([{**OWN, "name": "accuracy"}]))
+
+
+def test_top5_of_five_classes_or_fewer_would_always_be_one():
+    body = spec(["top5_accuracy"])
+    for field, split in (("train", "train"), ("eval", "test")):
+        body["data"][field] = {"name": "synthetic", "split": split, "num_classes": 5, "num_samples": 64}
+    assert "would always be 1: the data has 5 classes" in problems(body)
+    for split in ("train", "eval"):
+        body["data"][split]["num_classes"] = 6
+    assert RunSpec.model_validate(body).eval_metrics == ["top5_accuracy"]
 
 
 @pytest.mark.parametrize("metric, words", [
     ("F1_macro", "close names: f1_macro"),
+    ("accuracy", "eval/accuracy is reported at every evaluation already"),
+    ({"import": "m:f", "name": "Bad name"}, "name 'Bad name': a name must match"),
     ({"import": "metrics.py"}, "must be 'package.module:callable'"),
     ({"import": "m:f", "args": {}}, "unknown field(s) 'args' next to 'import'; allowed fields here: import, params"),
     (["auroc"], "a metric is a built-in's name"),

@@ -180,3 +180,6 @@ def test_a_long_bad_value_is_echoed_cut_short_by_the_sdk_and_cli_too():
     assert line == f"notes: at most 10000 characters (got {'n' * 200 + '… (10001 characters in all)'!r})"
     short = format_detail([{"field": "tags", "loc": ["body", "tags"], "msg": "too many", "input": ["a", "b"]}])
     assert short == "tags: too many (got ['a', 'b'])"  # a short value as it is, list and all
+    left_out = format_detail([{"field": "data.eval", "loc": ["body", "data", "eval"], "msg": "data.eval is not set, "
+                               "but eval_metrics need it", "input": None}])
+    assert left_out == "data.eval is not set, but eval_metrics need it"  # no "(got None)" for a field left out

@@ -70,7 +70,7 @@ def test_iter_metrics_pages_through_every_point_oldest_first_and_filters_by_key(
     sent.clear()
     only = list(sdk.iter_metrics(run_id, key="eval/accuracy", page_size=3))
     assert [(p.step, p.value) for p in only] == [(2, 0.2), (4, 0.4)]
-    assert len(_metric_requests(sent)) == 3  # the route has no key filter: every page is read
+    assert _metric_requests(sent) == [{"after": "0", "limit": "3", "key": "eval/accuracy"}]  # filtered by the service
     assert list(sdk.iter_metrics(run_id, key="eval/nope")) == []
     assert [p.seq for p in sdk.iter_metrics(run_id)] == seqs  # the default page holds them all
 

@@ -409,3 +409,8 @@ def test_a_metric_decided_the_wrong_way_or_never_reported_is_refused_and_a_left_
     created = client.post(f"{API}/sweeps", json={**listed, "metric": "eval/f1_macro"})
     assert created.status_code == 201, created.text
     assert created.json()["mode"] == "max"
+    # With a metric of your own listed, a name that is not a built-in may be what it returns; a built-in's is not.
+    listed["base"]["eval_metrics"].append({"import": "my_project.metrics:pr_curve"})
+    assert refused(**listed, metric="eval/balanced_accuracy") == [("metric", "eval/balanced_accuracy")]
+    created = client.post(f"{API}/sweeps", json={**listed, "metric": "eval/pr_auc", "mode": "max"})
+    assert created.status_code == 201, created.text

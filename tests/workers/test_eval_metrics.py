@@ -54,6 +54,10 @@ def a_string(outputs, targets):
 
 def clashing(outputs, targets):
     return {"accuracy": 1.0}
+
+
+def one_argument(outputs):
+    return 1.0
 '''
 
 
@@ -168,7 +172,7 @@ def test_a_run_reports_the_listed_metrics_at_every_evaluation_with_your_own_besi
                 "logits (32, 4) and labels (32,)"]),
     ("badly_named", ["returned a metric named 'Bad Name'", "lowercase letters"]),
     ("a_string", ["returned '0.9' for eval/a_string", "a metric is a number"]),
-    ("clashing", ["'accuracy', which is eval/accuracy of Tessera's own"]),
+    ("clashing", ["returned a metric named 'accuracy'; eval/accuracy is Tessera's own"]),
 ])
 def test_a_callable_that_fails_or_returns_something_else_fails_the_run_naming_its_field(user_package, function,
                                                                                         words):
@@ -179,11 +183,27 @@ def test_a_callable_that_fails_or_returns_something_else_fails_the_run_naming_it
         assert word in str(raised.value)
 
 
-def test_a_wrong_import_path_fails_when_the_trainer_is_built_before_any_step(user_package):
-    spec = tiny_spec(eval_metrics=["top5_accuracy", {"import": "my_project.metrics:label_maen"}])
-    with pytest.raises(UserCodeError, match=r"eval_metrics\[1\]\.import .*'label_maen' does not exist.*did you "
-                                            r"mean 'label_mean'"):
-        Trainer(spec)
+@pytest.mark.parametrize("metric, words", [
+    ({"import": "my_project.metrics:label_maen"}, r"eval_metrics\[0\]\.import .*'label_maen' does not exist.*did "
+                                                  r"you mean 'label_mean'"),
+    ({"import": "my_project.metrics:one_argument"}, r"eval_metrics\[0\]\.import 'my_project.metrics:one_argument': "
+                                                    r"a metric is called as fn\(outputs, targets\), which "
+                                                    r"one_argument\(outputs\) does not take"),
+    ({"import": "my_project.metrics:several", "params": {"scael": 2}}, r"fn\(outputs, targets, scael=2\), which "
+                                                                      r"several\(outputs, targets, scale=1.0\) does "
+                                                                      r"not take: got an unexpected keyword"),
+])
+def test_a_metric_that_cannot_be_called_fails_when_the_trainer_is_built_before_any_step(user_package, metric, words):
+    with pytest.raises(UserCodeError, match=words):
+        Trainer(tiny_spec(eval_metrics=[metric]))
+
+
+def test_a_named_metric_reports_a_number_under_its_name_and_a_dict_after_it(user_package):
+    sink = MemorySink()
+    Trainer(tiny_spec(eval_metrics=[{"import": "my_project.metrics:label_mean", "name": "mean_a"},
+                                    {"import": "my_project.metrics:several", "name": "b"}]), sink=sink).fit()
+    assert {key for _, key, _ in sink.points if key.startswith("eval/")} == {
+        "eval/loss", "eval/accuracy", "eval/mean_a", "eval/b_scaled_count", "eval/b_numpy_value"}
 
 
 def test_a_spec_without_eval_metrics_stores_as_before():

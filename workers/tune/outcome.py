@@ -115,4 +115,6 @@ def summary(outcome: SweepOutcome) -> str:
     text = f"{len(outcome.trials)} trial(s): " + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
     if outcome.best is not None:
         text += f"; best {outcome.best.run_id or outcome.best.trial_id} {outcome.metric}={outcome.best.metric:.4g}"
+    elif counts.get("COMPLETED"):  # a metric of your own that no trial returned, or one that was never a number
+        text += f"; no trial reported {outcome.metric}, so none is best"
     return text
