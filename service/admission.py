@@ -27,8 +27,10 @@ not: its driver's trials count under it, not as runs of their own, so with
 once, whichever came first. An external driver's sweep (a notebook's) never queues and has no
 job the service follows: it is one run while it has active trials, else none, so a notebook
 that died holds nothing. Its trials hold the cluster's CPUs and GPUs, and
-the project's ``max_workers`` and ``max_gpus``, like any other run (a sweep holds none before
-its first trial). A trial resumed by hand has its own job and is an ordinary run again.
+the project's ``max_workers`` and ``max_gpus``, like any other run. A service-driven sweep with
+no active trial (its driver starting, or between trials) holds one trial's demand in their
+place, as when it was admitted: another run does not take the room its first trial was
+admitted for. A trial resumed by hand has its own job and is an ordinary run again.
 
 Resources are accounted from the runs Tessera admitted, against the cluster's total, not
 from Ray's "available" figure: that lags a submission by seconds (a job's workers are placed
@@ -273,7 +275,8 @@ class Admission:
         # Every tick with a queue, so a submit is checked against a fresh size.
         capacity = self.read_capacity() if fresh_capacity else self.capacity
         holding = [_candidate(run) for run in (self.repo.snapshots(ACTIVE_STATUSES) if active is None else active)]
-        holding += [_active_sweep(sweep) for sweep in active_sweeps]
+        training = {candidate.sweep_id for candidate in holding if candidate.sweep_id is not None}
+        holding += [_active_sweep(sweep, reserves=sweep.id not in training) for sweep in active_sweeps]
         quotas = {p.name: Quota(p.max_running_runs, p.max_workers, p.max_gpus) for p in self.access.list_projects()}
         candidates = sorted([(run.created_at, _candidate(run)) for run in queued]
                             + [(sweep.created_at, _sweep_candidate(sweep)) for sweep in sweeps],
@@ -312,12 +315,14 @@ def _sweep_candidate(sweep: Any) -> Candidate:
                      demand=Demand.of(base), sweep_id=sweep.id)
 
 
-def _active_sweep(sweep: Any) -> Candidate:
+def _active_sweep(sweep: Any, *, reserves: bool) -> Candidate:
     """An active sweep holds one run of its project from its admission on, before its driver has
-    registered a trial too; what it holds of the cluster, its trials hold (they are active runs)."""
+    registered a trial too. What it holds of the cluster its trials hold (they are active runs);
+    ``reserves`` (no trial active): one trial's demand, which it was admitted with."""
     base = sweep.spec.get("base", {})
     return Candidate(id=sweep.id, project=sweep.project, priority=str(base.get("priority", "normal")),
-                     demand=Demand(cpus=0.0, gpus=0.0, workers=0), sweep_id=sweep.id)
+                     demand=Demand.of(base) if reserves else Demand(cpus=0.0, gpus=0.0, workers=0),
+                     sweep_id=sweep.id)
 
 
 def _candidate(run: Any) -> Candidate:

@@ -439,6 +439,33 @@ def test_a_started_sweep_without_trials_yet_holds_its_projects_only_run(sized, e
     assert client.get(f"{API}/runs/{run_id}").json()["status"] == "STARTING"
 
 
+def test_a_started_sweep_keeps_the_room_of_its_first_trial_until_that_trial_holds_it(sized, example_body,
+                                                                                      example_spec):
+    """A 4-CPU cluster, a sweep of 2-CPU trials admitted: before its driver registers a trial,
+    another project's runs may take the other 2 CPUs only, not the sweep's."""
+    from api.views import SweepStatus
+
+    client, _jobs = sized
+    dispatcher = client.app.state.dispatcher
+    _vision(client)
+    sweep_id = _submit_sweep(client, example_body)
+    dispatcher.tick()
+    assert client.get(f"{API}/sweeps/{sweep_id}").json()["status"] == "STARTING"
+    runs = [_submit(client, {**example_body, "name": f"r{i}"}) for i in range(2)]
+    dispatcher.tick()
+    first, second = (client.get(f"{API}/runs/{run_id}").json() for run_id in runs)
+    assert first["status"] == "STARTING"
+    assert second["status"] == "QUEUED" and second["queue"]["reason"] == "resources", second
+    assert second["queue"]["detail"] == "needs 2 CPUs and 0 GPUs; free: 0 CPUs, 0 GPUs"
+    # Its trial now holds what the sweep held, not as much again.
+    dispatcher.sweeps.register_trial(sweep_id, trial_id="t1", spec=example_spec, params={}, token="t1")
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{runs[1]}").json()["queue"]["detail"].endswith("free: 0 CPUs, 0 GPUs")
+    dispatcher.sweeps.apply_driver_report(sweep_id, SweepStatus.COMPLETED)  # its trial ends with it
+    dispatcher.tick()
+    assert client.get(f"{API}/runs/{runs[1]}").json()["status"] == "STARTING"
+
+
 def test_a_running_plain_run_holds_its_projects_only_run_against_a_queued_sweep(sized, example_body):
     client, _jobs = sized
     dispatcher = client.app.state.dispatcher
