@@ -38,7 +38,8 @@ def format_detail(detail: Any) -> str:
         for item in detail:
             if isinstance(item, dict):
                 field = item.get("field") or ".".join(str(p) for p in item.get("loc", []))
-                # None: a field the body left out (a message says it is not set), nothing to echo.
+                # None: mostly a field the body left out ("Field required", "data.eval is not set"),
+                # where "(got None)" reads as if null had been sent; a null sent reads the same.
                 got = f" (got {echoed(item['input'])!r})" if item.get("input") is not None else ""
                 msg = str(item.get("msg"))
                 # A message that starts with its field ("algorithms[0] 'alibi' needs ...") names it once.

@@ -31,8 +31,8 @@ class BuiltinMetric:
 
 
 BUILTIN_EVAL_METRICS: dict[str, BuiltinMetric] = {
-    "top5_accuracy": BuiltinMetric("fraction of examples (text: tokens) whose label is among the 5 highest logits (fewer "
-                                   "than 5 logits above the label's)",
+    "top5_accuracy": BuiltinMetric("fraction of examples (text: tokens) whose label is among the 5 highest "
+                                   "logits (fewer than 5 logits above the label's: a tie counts for it)",
                                    text=True),
     "precision_macro": BuiltinMetric("precision of each class, averaged over the classes seen (as labels or "
                                      "predictions); a class never predicted counts 0", text=False),
@@ -113,8 +113,7 @@ def route_metric(value: Any, handler: Any) -> Any:
                      "{import: 'package.module:callable', params: {...}}, not " + type(value).__name__)
 
 
-BuiltinMetricName = Literal["top5_accuracy", "precision_macro", "recall_macro", "f1_macro", "balanced_accuracy",
-                            "auroc"]
+BuiltinMetricName = Literal[tuple(BUILTIN_EVAL_METRICS)]  # type: ignore[valid-type]  # the names above, one list
 EvalMetricSpec = Annotated[BuiltinMetricName | ImportedMetricSpec, WrapValidator(route_metric)]
 
 
@@ -158,8 +157,15 @@ def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval:
         if text:
             problems.append(f"{at}: your own metrics take classification data's logits (N, C); text data's "
                             "(every token's vocabulary-sized logits) are not gathered for them")
+        passed = sorted({"outputs", "targets"} & set(metric.params))
+        if passed:
+            problems.append(f"eval_metrics[{index}].params sets {', '.join(passed)}, which Tessera passes itself "
+                            "(the eval logits and labels)")
         name = metric.reported_name
-        if name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS:
+        if metric.name is None and not re.match(METRIC_NAME_PATTERN, name):
+            problems.append(f"{at} would report a number it returns as eval/{name}, and a name must match "
+                            f"{METRIC_NAME_PATTERN}; give it a name: {{import: ..., name: ...}}")
+        elif name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS:
             problems.append(f"{at} would report a number it returns as eval/{name}, which is Tessera's own; give it "
                             "a name of its own: {import: ..., name: ...}")
         elif name in names:

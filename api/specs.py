@@ -16,7 +16,7 @@ from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MO
                          MODELS_WITHOUT_DROPOUT, arch_lacks_batchnorm, arch_lacks_dropout, residual_blocks_of_arch)
 from api.data_specs import (ImageFolderSpec, ImportedDataSpec, WebDatasetSpec, dataset_domain, dataset_label,
                              route_data_spec, task_problem)
-from api.eval_metric_specs import MAX_EVAL_METRICS, EvalMetricSpec, eval_metric_problems
+from api.eval_metric_specs import BUILTIN_EVAL_METRICS, MAX_EVAL_METRICS, EvalMetricSpec, eval_metric_problems
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
@@ -399,9 +399,9 @@ class RunSpec(Spec):
     eval_interval: IntervalTime | None = Field(None, description="evaluate every interval and at the end")
     eval_metrics: list[EvalMetricSpec] = Field(
         default_factory=list, max_length=MAX_EVAL_METRICS, exclude_if=lambda metrics: not metrics,
-        description="evaluation metrics besides eval/loss and eval/accuracy: built-in names (top5_accuracy, "
-                    "precision_macro, recall_macro, f1_macro, balanced_accuracy, auroc) or your own "
-                    "{import: 'package.module:callable', params: {...}}, reported as eval/<name>")
+        description=f"evaluation metrics besides eval/loss and eval/accuracy: built-in names "
+                    f"({', '.join(BUILTIN_EVAL_METRICS)}) or your own {{import: 'package.module:callable', "
+                    "params: {...}, name: ...}, reported as eval/<name>")
     precision: Precision = Precision.FP32
     microbatch_size: int | Literal["auto"] | None = Field(
         None, description="split each per-worker batch into microbatches of this size (gradient accumulation)")

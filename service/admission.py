@@ -188,8 +188,9 @@ def plan(queued: list[Candidate], active: list[Candidate], capacity: Capacity | 
     the cluster autoscales, so the first run in order that does not fit it now is admitted all
     the same (Ray's autoscaler adds nodes for what is asked of it; held back here, nothing would
     be asked), and the runs behind it wait their turn, as behind any run that does not fit.
-    ``active``: the runs that hold the cluster, and the active sweeps (no demand of their own:
-    their trials, with ``sweep_id`` set, hold it), which hold a run of ``max_running_runs``."""
+    ``active``: the runs that hold the cluster, and the active sweeps, which hold a run of
+    ``max_running_runs`` (their trials, with ``sweep_id`` set, hold the cluster; a sweep with no
+    active trial holds one trial's demand itself: ``Admission``'s ``_active_sweep``)."""
     total, per_project = Usage(), defaultdict(Usage)
     for run in active:
         total.add(run)

@@ -4,8 +4,9 @@ Each rank feeds every eval batch it counts to ``update``; ``compute`` then makes
 collectives once and returns ``{"eval/<name>": value}``. What a metric needs decides how it
 crosses ranks:
 
-- ``top5_accuracy`` and the confusion-matrix metrics (precision, recall, F1, balanced accuracy)
-  are sums: one all-reduce of a ``[top-5 hits, counted, confusion matrix...]`` vector;
+- ``top5_accuracy`` and the confusion metrics (precision, recall, F1, balanced accuracy) are
+  sums: one all-reduce of a ``[top-5 hits, counted, per-class hits, labels, predictions]``
+  vector (3 x classes: what a confusion matrix's diagonal and margins hold, all these need);
 - ``auroc`` and your own callables need every example's logits: each rank's are gathered to
   every rank (``all_gather_object``), which then computes the same values from the same data,
   so that a callable that raises raises on every rank alike, and no rank waits on another.
@@ -36,7 +37,11 @@ CONFUSION_METRICS = ("precision_macro", "recall_macro", "f1_macro", "balanced_ac
 
 
 class EvalMetrics:
-    """The listed metrics of one run (``specs``), for a model of ``num_classes`` outputs."""
+    """The listed metrics of one run (``specs``), for a model of ``num_classes`` outputs.
+
+    ``sums`` (float64, on the device; nothing leaves it until ``compute``): ``[top-5 hits,
+    examples counted, batches whose logits were not num_classes wide, then per class: hits,
+    labels, predictions]``, the last three for the confusion metrics only."""
 
     def __init__(self, specs: list[EvalMetricSpec], *, num_classes: int, device: torch.device) -> None:
         from workers.models.user_code import load_callable  # importlib's machinery: only runs that list one
@@ -47,9 +52,9 @@ class EvalMetrics:
             for i, m in enumerate(specs) if not isinstance(m, str)]
         self.num_classes, self.device = num_classes, device
         self.top5 = "top5_accuracy" in self.builtins
-        self.confusion = any(name in CONFUSION_METRICS for name in self.builtins)
+        self.confusion = [name for name in self.builtins if name in CONFUSION_METRICS]
         self.gathers = bool(self.own) or "auroc" in self.builtins
-        if self.top5 and num_classes <= 5:  # your own data's count, known only here (a named set's is refused at submit)
+        if self.top5 and num_classes <= 5:  # your own data's count, known only here (a named set's: refused at submit)
             log.warning("eval_metrics: top5_accuracy will always be 1: the data has %d classes, so the top 5 logits "
                         "hold every label", num_classes)
         self.start()
@@ -59,64 +64,74 @@ class EvalMetrics:
 
     def start(self) -> None:
         """Forget the last evaluation's batches."""
-        size = 2 + (self.num_classes ** 2 if self.confusion else 0)  # top-5 hits, counted, confusion matrix
+        size = 3 + (3 * self.num_classes if self.confusion else 0)
         self.sums = torch.zeros(size, dtype=torch.float64, device=self.device)
         self.outputs: list[torch.Tensor] = []
         self.targets: list[torch.Tensor] = []
 
     def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
         """One eval batch's logits ``(N, C)`` (text: ``(B, T, V)``, every kept token an example)
-        and index targets."""
-        logits = outputs.detach().float()
-        logits = logits.reshape(-1, logits.shape[-1])
-        targets = targets.reshape(-1)
+        and index targets. Nothing here waits for the device or copies the logits whole (text's
+        are vocabulary-sized per token); a wrong width is counted, and ``compute`` raises it on
+        every rank at once (raised here, a rank with no eval batch would wait in the collective)."""
+        outputs = outputs.detach()
         kept = targets != IGNORE_INDEX
-        if not bool(kept.all()):
-            logits, targets = logits[kept], targets[kept]
-        self.sums[1] += targets.numel()
+        labels = targets.long().clamp_min(0)  # an ignored position reads class 0, and counts for nothing
+        self.sums[1] += kept.sum()
         if self.top5:
             # A hit: fewer than 5 logits above the label's (a tie counts for the label: well defined,
-            # where topk would pick among tied classes arbitrarily).
-            label_logit = logits.gather(1, targets.long()[:, None])
-            self.sums[0] += ((logits > label_logit).sum(dim=-1) < 5).sum()
+            # where topk would pick among tied classes arbitrarily). In the logits' own dtype.
+            label_logit = outputs.gather(-1, labels.unsqueeze(-1))
+            self.sums[0] += (((outputs > label_logit).sum(dim=-1) < 5) & kept).sum()
+        if outputs.shape[-1] != self.num_classes and (self.confusion or self.gathers):
+            self.sums[2] += 1
+            return
         if self.confusion:
-            if logits.shape[-1] != self.num_classes:
-                raise UserCodeError(f"eval_metrics: the model returned logits of {logits.shape[-1]} classes for data "
-                                    f"of {self.num_classes}; the confusion-matrix metrics "
-                                    f"({', '.join(n for n in self.builtins if n in CONFUSION_METRICS)}) need one "
-                                    "logit per class")
-            cells = targets.long() * self.num_classes + logits.argmax(dim=-1)
-            self.sums[2:] += torch.bincount(cells, minlength=self.num_classes ** 2).double()
-        if self.gathers:
-            self.outputs.append(logits.cpu())
-            self.targets.append(targets.long().cpu())
+            weights = kept.reshape(-1).double()
+            labels, predictions = labels.reshape(-1), outputs.argmax(dim=-1).reshape(-1)
+            classes = self.num_classes
+            hits = weights * (predictions == labels)
+            self.sums[3:3 + classes] += torch.bincount(labels, weights=hits, minlength=classes)
+            self.sums[3 + classes:3 + 2 * classes] += torch.bincount(labels, weights=weights, minlength=classes)
+            self.sums[3 + 2 * classes:] += torch.bincount(predictions, weights=weights, minlength=classes)
+        if self.gathers:  # classification only (refused at submit for text): no ignored positions to drop
+            self.outputs.append(outputs.float())
+            self.targets.append(labels)
 
     def compute(self) -> dict[str, float]:
         """Every listed metric over every rank's batches since ``start``; collectives in the
-        same order on every rank."""
+        same order on every rank (the sums, then the gather), and every rank raises alike."""
         sums = all_reduce_sum(self.sums).cpu()
+        outputs_kept, targets_kept = self.outputs, self.targets
+        self.start()
+        if sums[2]:
+            names = ", ".join(self.confusion + (["auroc"] if "auroc" in self.builtins else []) +
+                              [spec.import_path for _, spec, _ in self.own])
+            raise UserCodeError(f"eval_metrics: the model returned logits of another width than the data's "
+                                f"{self.num_classes} classes in {int(sums[2])} eval batch(es); these need one logit per "
+                                f"class: {names}")
         results: dict[str, float] = {}
         counted = float(sums[1])
         if self.top5:
             results["eval/top5_accuracy"] = float(sums[0]) / counted if counted else math.nan
         if self.confusion:
-            results.update(confusion_metrics(sums[2:].reshape(self.num_classes, self.num_classes),
-                                             [n for n in self.builtins if n in CONFUSION_METRICS]))
+            classes = self.num_classes
+            results.update(confusion_metrics(sums[3:3 + classes], sums[3 + classes:3 + 2 * classes],
+                                             sums[3 + 2 * classes:], self.confusion))
         if self.gathers:
-            outputs, targets = _gathered(self.outputs, self.targets, self.num_classes)
+            outputs, targets = _gathered(outputs_kept, targets_kept, self.num_classes)
             if "auroc" in self.builtins:
                 results["eval/auroc"] = auroc(outputs, targets)
-            for field, spec, function in self.own:
-                results.update(_call_own(field, spec, function, outputs, targets, taken=results))
-        self.start()
+            for field, spec, function in self.own:  # each its own copy: one may change what it is given
+                results.update(_call_own(field, spec, function, outputs.clone(), targets.clone(), taken=results))
         return results
 
 
 def _gathered(outputs: list[torch.Tensor], targets: list[torch.Tensor],
               num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's eval logits and labels, in rank order, on every rank."""
-    mine = (torch.cat(outputs) if outputs else torch.empty(0, num_classes),
-            torch.cat(targets) if targets else torch.empty(0, dtype=torch.long))
+    """Every rank's eval logits and labels, in rank order, on every rank (on the CPU)."""
+    mine = (torch.cat(outputs).cpu() if outputs else torch.empty(0, num_classes),
+            torch.cat(targets).cpu() if targets else torch.empty(0, dtype=torch.long))
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return mine
     every: list[Any] = [None] * dist.get_world_size()
@@ -124,13 +139,13 @@ def _gathered(outputs: list[torch.Tensor], targets: list[torch.Tensor],
     return torch.cat([o for o, _ in every]), torch.cat([t for _, t in every])
 
 
-def confusion_metrics(matrix: torch.Tensor, names: list[str]) -> dict[str, float]:
-    """Macro averages from a confusion matrix (rows: labels, columns: predictions), as
+def confusion_metrics(hits: torch.Tensor, labelled: torch.Tensor, predicted: torch.Tensor,
+                      names: list[str]) -> dict[str, float]:
+    """Macro averages from per-class counts (correct predictions, labels, predictions), as
     scikit-learn computes them: precision, recall and F1 averaged over the classes that occur as
     a label or a prediction (a class never predicted has precision 0), balanced accuracy over
     the classes that occur as a label."""
-    matrix = matrix.double()
-    hits, labelled, predicted = matrix.diagonal(), matrix.sum(dim=1), matrix.sum(dim=0)
+    hits, labelled, predicted = hits.double(), labelled.double(), predicted.double()
     seen = (labelled + predicted) > 0
     precision = torch.where(predicted > 0, hits / predicted.clamp_min(1), 0.0)
     recall = torch.where(labelled > 0, hits / labelled.clamp_min(1), 0.0)

@@ -49,7 +49,7 @@ CONTROLLER_POLL_INTERVAL_S = 0.25
 def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                  storage_path: str | None = None, storage_url: str | None = None,
                  attempt: int = 1, tune: bool = False, fork: ForkInfo | None = None,
-                 trial: dict[str, str] | None = None) -> dict[str, float]:
+                 trial: dict[str, str] | None = None, tune_metric: str | None = None) -> dict[str, float]:
     """Train ``spec`` on ``spec.parallelism.num_workers`` Ray Train workers; returns rank 0's
     final metrics. Needs a connected Ray (``ray.init``).
 
@@ -66,7 +66,8 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
     (``controller_failure_limit=0``) so that Tune can retry it instead of waiting forever.
 
     ``fork`` (``RunView.fork``): a forked run without a checkpoint of its own starts from the
-    parent's checkpoint named there. ``trial``: a sweep trial's ids (``worker_config``).
+    parent's checkpoint named there. ``trial``, ``tune_metric``: a sweep trial's ids and the
+    metric its sweep decides on (``worker_config``).
     """
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -76,7 +77,7 @@ def fit_with_ray(spec: RunSpec, *, run_id: str, service_url: str | None = None, 
         train_loop_per_worker,
         train_loop_config=worker_config(spec, run_id=run_id, service_url=service_url, token=token,
                                         storage_url=storage_url, attempt=attempt, tune=tune, fork=fork,
-                                        trial=trial),
+                                        trial=trial, tune_metric=tune_metric),
         scaling_config=ScalingConfig(num_workers=parallelism.num_workers, use_gpu=parallelism.use_gpu,
                                      resources_per_worker={"CPU": parallelism.cpus_per_worker}),
         run_config=_run_config(spec, run_id, storage_path, tune=tune),
@@ -116,19 +117,22 @@ def forwarded_env() -> dict[str, str]:
 
 def worker_config(spec: RunSpec, *, run_id: str, service_url: str | None = None, token: str | None = None,
                   storage_url: str | None = None, attempt: int = 1, tune: bool = False,
-                  fork: ForkInfo | None = None, trial: dict[str, str] | None = None) -> dict[str, Any]:
+                  fork: ForkInfo | None = None, trial: dict[str, str] | None = None,
+                  tune_metric: str | None = None) -> dict[str, Any]:
     """What every rank gets (``train_rank``'s ``config``): plain JSON-able values, since Ray
     pickles it to each worker. Test hooks (e.g. TESSERA_TEST_KILL_AT_BATCH) and the report
     patience and spool settings travel in it, whether the driver is a Ray job or a test process.
     ``trial`` (``{"sweep_id": ..., "trial_id": ...}``): a sweep trial's, for rank 0's loggers
-    (``workers.loggers.MLflowSink``: a stopped trial's MLflow run is left to the sweep driver)."""
+    (``workers.loggers.MLflowSink``: a stopped trial's MLflow run is left to the sweep driver).
+    ``tune_metric``: the key the sweep decides on, which every evaluation must report
+    (``train_rank``)."""
     return {"spec": spec.model_dump_json(), "run_id": run_id, "attempt": attempt,
             "run_url": run_url(storage_url, run_id) if storage_url else None,
             "test_env": forwarded_env(),
             "service_url": service_url, "token": token, "tune": tune,
             "fork": fork.model_dump(mode="json") if fork is not None else None,
             "storage_url": storage_url,  # where workers fetch the run's code package
-            "trial": trial}
+            "trial": trial, "tune_metric": tune_metric}
 
 
 def _run_config(spec: RunSpec, run_id: str, storage_path: str | None, *, tune: bool) -> Any:
@@ -191,6 +195,8 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
             install_code(spec.code, storage_url=config.get("storage_url"))
         with process_settings(spec):
             fork = ForkInfo.model_validate(config["fork"]) if config.get("fork") else None
+            if on_eval is not None and config.get("tune_metric"):
+                on_eval = requiring(config["tune_metric"], on_eval)
             trainer = Trainer(spec, sink=sink, device=device, checkpoint_url=checkpoints_url(run) if run else None,
                               on_eval=on_eval, fork=fork)
             install_fault_injection(trainer)  # only when a test asks for it (TESSERA_TEST_*)
@@ -274,6 +280,24 @@ def _record_rank_process(run_id: str | None, rank: int) -> None:
     folder = os.environ.get("TESSERA_TEST_RANKS_DIR")
     if folder:
         open(os.path.join(folder, f"{run_id}.rank{rank}.pid{os.getpid()}"), "w").close()
+
+
+def requiring(metric: str, on_eval: Callable[[dict[str, float]], None]) -> Callable[[dict[str, float]], None]:
+    """``on_eval`` of a sweep trial, which first checks that the evaluation reported ``metric``,
+    the key its sweep decides on: Tune fails the whole sweep on a result without it when its
+    scheduler (ASHA) reads it, and a FIFO sweep would end with no best trial and no word why. A
+    metric of your own that returned other names fails the trial naming what it did report.
+    Every rank gets the same results, so every rank raises alike."""
+    from workers.models.code_cache import UserCodeError
+
+    def checked(results: dict[str, float]) -> None:
+        if metric not in results:
+            reported = ", ".join(sorted(key for key in results if key.startswith("eval/")))
+            raise UserCodeError(f"metric: the sweep decides on {metric}, but this evaluation reported {reported}; "
+                                "name the key your eval_metrics callable returns in the sweep's metric")
+        on_eval(results)
+
+    return checked
 
 
 def _report_to_tune(results: dict[str, float]) -> None:

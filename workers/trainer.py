@@ -113,7 +113,7 @@ class Trainer:
         num_classes, in_channels = self.train_loader.num_classes, self.train_loader.in_channels
         _check_features_fit(spec, item_shape)
         # Your own metrics are imported here: a wrong import path fails before the first step.
-        self.eval_metrics = EvalMetrics(spec.eval_metrics, num_classes=num_classes, device=self.device)
+        self.listed_metrics = EvalMetrics(spec.eval_metrics, num_classes=num_classes, device=self.device)
 
         # Model: the same initial weights on every rank (DDP would broadcast rank 0's anyway).
         torch.manual_seed(spec.seed)
@@ -441,13 +441,13 @@ class Trainer:
                 outputs = model(inputs)
             if index < len(batches):
                 sums += eval_sums(outputs, targets)  # per token for language models
-                if self.eval_metrics:
-                    self.eval_metrics.update(outputs, targets)
+                if self.listed_metrics:
+                    self.listed_metrics.update(outputs, targets)
         model.train()
         loss_sum, correct, count = all_reduce_sum(sums).tolist()  # one host sync per evaluation
         results = eval_metrics(loss_sum, correct, count, domain=dataset_domain(self.spec.data.train))
-        if self.eval_metrics:  # the spec's eval_metrics: their collectives, then your callables
-            results.update(self.eval_metrics.compute())
+        if self.listed_metrics:  # the spec's eval_metrics: their collectives, then your callables
+            results.update(self.listed_metrics.compute())
         for key, value in results.items():
             self.metrics.record(state.timestamp.batch, key, value)
         if self.rank == 0:  # a line in the run's log (tessera logs) at each evaluation

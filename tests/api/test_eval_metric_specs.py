@@ -62,6 +62,8 @@ def test_top5_of_five_classes_or_fewer_would_always_be_one():
     ("F1_macro", "close names: f1_macro"),
     ("accuracy", "eval/accuracy is reported at every evaluation already"),
     ({"import": "m:f", "name": "Bad name"}, "name 'Bad name': a name must match"),
+    ({"import": "m:_private"}, "would report a number it returns as eval/_private, and a name must match"),
+    ({"import": "m:f", "params": {"outputs": 1}}, "eval_metrics[0].params sets outputs, which Tessera passes itself"),
     ({"import": "metrics.py"}, "must be 'package.module:callable'"),
     ({"import": "m:f", "args": {}}, "unknown field(s) 'args' next to 'import'; allowed fields here: import, params"),
     (["auroc"], "a metric is a built-in's name"),

@@ -163,7 +163,8 @@ def test_metrics_after_returns_only_new_points(client, fake_jobs, example_body):
     client.post(f"{API}/runs/{run['id']}/report/metrics", json=_points(0.7, 0.8, key="eval/auroc", first_step=3),
                 headers=auth)
     auroc = client.get(url, params={"key": "eval/auroc"}).json()
-    assert [(p["key"], p["step"], p["value"]) for p in auroc["data"]] == [("eval/auroc", 3, 0.7), ("eval/auroc", 4, 0.8)]
+    assert [(p["key"], p["step"], p["value"]) for p in auroc["data"]] == [("eval/auroc", 3, 0.7),
+                                                                           ("eval/auroc", 4, 0.8)]
     assert client.get(url, params={"key": "eval/auroc", "after": auroc["last_seq"]}).json()["data"] == []
     assert client.get(url, params={"key": "eval/f1"}).json() == {"data": [], "last_seq": 0}
 

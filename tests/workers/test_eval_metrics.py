@@ -13,6 +13,7 @@ import pytest
 import torch
 from sklearn import metrics as sk
 
+from api.eval_metric_specs import BUILTIN_EVAL_METRICS
 from api.specs import RunSpec
 from tests.workers.byo_helpers import importable_user_package
 from tests.workers.dist_helpers import spawn_ranks
@@ -22,7 +23,7 @@ from workers.models.code_cache import UserCodeError
 from workers.reporter import MemorySink
 from workers.trainer import Trainer
 
-BUILTINS = ["top5_accuracy", "precision_macro", "recall_macro", "f1_macro", "balanced_accuracy", "auroc"]
+BUILTINS = list(BUILTIN_EVAL_METRICS)
 
 METRICS = '''
 import numpy as np
@@ -58,6 +59,12 @@ def clashing(outputs, targets):
 
 def one_argument(outputs):
     return 1.0
+
+
+def zeroing(outputs, targets):
+    outputs.zero_()
+    targets.zero_()
+    return 0.0
 '''
 
 
@@ -79,10 +86,11 @@ def sample(n: int, classes: int, seed: int = 0, rounded: bool = True) -> tuple[t
     return ((logits * 2).round() / 2 if rounded else logits), targets
 
 
-def computed(names, logits, targets, *, chunks: int = 3) -> dict[str, float]:
-    metrics = EvalMetrics(names, num_classes=logits.shape[1], device=torch.device("cpu"))
+def computed(names, logits, targets, *, chunks: int = 3, classes: int | None = None) -> dict[str, float]:
+    metrics = EvalMetrics(names, num_classes=classes or logits.shape[-1], device=torch.device("cpu"))
     for part_logits, part_targets in zip(logits.chunk(chunks), targets.chunk(chunks)):
-        metrics.update(part_logits, part_targets)
+        if len(part_targets):  # a rank with no eval examples has no batch to update with
+            metrics.update(part_logits, part_targets)
     return metrics.compute()
 
 
@@ -107,7 +115,7 @@ def test_the_built_ins_agree_with_scikit_learn(classes):
         "eval/auroc": (sk.roc_auc_score(y, scores[:, 1]) if classes == 2 else
                        np.mean([sk.roc_auc_score(y == c, scores[:, c]) for c in range(classes - 1)])),
     }
-    assert got == pytest.approx(expected, abs=1e-12)
+    assert got == pytest.approx(expected, abs=1e-12)  # every built-in, each reporting its key
 
 
 def test_auroc_counts_a_tie_as_one_half_and_is_nan_without_both_kinds_of_example():
@@ -124,43 +132,56 @@ def test_text_top5_counts_kept_tokens_only():
     assert computed(["top5_accuracy"], logits, targets, chunks=1) == {"eval/top5_accuracy": 2 / 3}
 
 
+SHARES = (slice(0, 200), slice(200, None), slice(0, 0))  # of different sizes, the last rank's empty
+
+
 def _ranks_compute(rank: int, world_size: int, init_file: str, result_path: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         logits, targets = sample(301, 4, seed=3)
-        mine = slice(0, 200) if rank == 0 else slice(200, None)  # shares of different sizes
-        results = computed(BUILTINS, logits[mine], targets[mine])
-        Path(f"{result_path}.{rank}").write_text(json.dumps(results))
+        results = computed(BUILTINS, logits[SHARES[rank]], targets[SHARES[rank]])
+        # Then a model 5 logits wide on data of 4 classes: the ranks with batches see it, the one
+        # without none does not; all three must raise, none may wait in a collective for the others.
+        try:
+            computed(["f1_macro"], torch.zeros(len(targets), 5)[SHARES[rank]], targets[SHARES[rank]], classes=4)
+            wrong_width = "nothing raised"
+        except UserCodeError as exc:
+            wrong_width = str(exc)
+        Path(f"{result_path}.{rank}").write_text(json.dumps({"results": results, "wrong_width": wrong_width}))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def test_across_two_ranks_every_metric_is_that_of_the_whole_eval_split_on_both(tmp_path):
+def test_across_three_ranks_one_without_examples_every_metric_is_that_of_the_whole_eval_split(tmp_path):
     tag = os.urandom(4).hex()
     result = tmp_path / f"result-{tag}"
-    spawn_ranks(_ranks_compute, [(rank, 2, str(tmp_path / f"pg-{tag}"), str(result)) for rank in range(2)],
+    spawn_ranks(_ranks_compute, [(rank, 3, str(tmp_path / f"pg-{tag}"), str(result)) for rank in range(3)],
                 timeout_s=120)
     logits, targets = sample(301, 4, seed=3)
     whole = computed(BUILTINS, logits, targets)
-    for rank in range(2):
-        assert json.loads(Path(f"{result}.{rank}").read_text()) == pytest.approx(whole, abs=1e-12)
+    for rank in range(3):
+        found = json.loads(Path(f"{result}.{rank}").read_text())
+        assert found["results"] == pytest.approx(whole, abs=1e-12)
+        assert found["wrong_width"] == ("eval_metrics: the model returned logits of another width than the data's 4 "
+                                        "classes in 6 eval batch(es); these need one logit per class: f1_macro")
 
 
 def test_a_run_reports_the_listed_metrics_at_every_evaluation_with_your_own_beside_them(user_package):
     from my_project import metrics
 
     spec = digits_spec(max_duration="2ep", eval_metrics=[
-        "f1_macro", "auroc", {"import": "my_project.metrics:label_mean"},
+        "f1_macro", "auroc", {"import": "my_project.metrics:zeroing"}, {"import": "my_project.metrics:label_mean"},
         {"import": "my_project.metrics:several", "params": {"scale": 2.0}}])
     sink = MemorySink()
     final = Trainer(spec, sink=sink).fit()
     for key in ("eval/f1_macro", "eval/auroc", "eval/label_mean", "eval/scaled_count", "eval/numpy_value"):
         assert [step for step, _ in sink.values(key)] == [22, 44], key
     assert final["eval/auroc"] > 0.9 and final["eval/f1_macro"] > 0.5  # a trained model, 10 classes
-    # Your callable saw the whole test split (360 digits) as float32 logits and int64 labels.
+    # Your callable saw the whole test split (360 digits) as float32 logits and int64 labels, its own copy
+    # (zeroing, called before it, changed only its own).
     assert metrics.CALLS == [((360, 10), torch.float32, (360,), torch.int64)] * 2
     from workers.data.digits import load_digits
     assert final["eval/label_mean"] == pytest.approx(load_digits("test", 16)[1].float().mean().item())

@@ -76,6 +76,26 @@ def test_asha_stops_the_weak_trial_and_the_outcome_ranks_the_completed_ones(ray_
                                              1e-4: ("FINISHED", "STOPPED")}
 
 
+def test_a_trial_that_never_reports_the_swept_metric_fails_naming_what_it_reported(ray_client, ray_head, tmp_path):
+    """A metric of your own that returns other names than the sweep decides on: ASHA's Tune would
+    abort the whole sweep at the first result without it; each trial fails instead, saying why."""
+    spec = SweepSpec.model_validate({
+        "name": "own", "base": {**BASE,
+                                "eval_metrics": [{"import": "tests.workers.test_tune_sweep:constant_metric"}]},
+        "search": {"params": {"optimizer.lr": {"grid": [0.1]}}}, "metric": "eval/pr_auc", "mode": "max",
+        "scheduler": {"name": "asha", "grace_period": "1ep", "reduction_factor": 2}})
+    outcome = run_sweep(spec, storage_url=f"file://{tmp_path}", verbose=0)
+    [trial] = outcome.trials
+    assert trial.status == "FAILED" and outcome.best is None
+    assert ("metric: the sweep decides on eval/pr_auc, but this evaluation reported eval/accuracy, "
+            "eval/constant_metric, eval/loss") in trial.error
+
+
+def constant_metric(outputs, targets):
+    """A metric of your own for the sweep above, importable on the workers (the tests are on their path)."""
+    return 0.5
+
+
 def test_a_trial_whose_actor_is_killed_is_retried_and_resumes_from_its_checkpoint(ray_client, ray_head, tmp_path,
                                                                                    monkeypatch):
     # 1437 digits / 64 = 22 full batches an epoch: a checkpoint at batch 22, a SIGKILL of the

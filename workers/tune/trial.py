@@ -118,11 +118,13 @@ def train_trial(config: dict[str, Any], context: TrialContext) -> None:
         if context.in_actor:
             metrics = train_in_actor(spec, worker_config(spec, run_id=run_id, service_url=context.service_url,
                                                          token=token, storage_url=context.storage_url,
-                                                         attempt=attempt, tune=True, trial=trial), _report_to_tune)
+                                                         attempt=attempt, tune=True, trial=trial,
+                                                         tune_metric=sweep.metric), _report_to_tune)
         else:
             metrics = fit_with_ray(spec, run_id=run_id, service_url=context.service_url, token=token,
                                    storage_path=ray_storage_path(context.storage_url, attempt=attempt),
-                                   storage_url=context.storage_url, attempt=attempt, tune=True, trial=trial)
+                                   storage_url=context.storage_url, attempt=attempt, tune=True, trial=trial,
+                                   tune_metric=sweep.metric)
     except Exception as exc:
         error = outcome.failed(exc)
         if "StartupTimeout" not in error:
