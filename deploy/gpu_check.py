@@ -73,12 +73,21 @@ def base_spec(name: str, **overrides: Any) -> dict[str, Any]:
     return spec
 
 
+EVAL_METRICS: dict[str, Any] = {
+    "data": {"train": {"name": "synthetic", "num_samples": 4096, "image_size": 32},
+             "eval": {"name": "synthetic", "split": "test", "num_samples": 512, "image_size": 32}, "batch_size": 128},
+    "eval_metrics": ["top5_accuracy", "f1_macro", "auroc"],
+}
+
+
 def specs(gpus: int) -> dict[str, dict[str, Any]]:
     """Every RunSpec the checks train, by check name (validated by the unit test without a GPU)."""
     many = {"num_workers": gpus, "use_gpu": True}
     return {
-        "ddp_nccl": base_spec("gpu-ddp", parallelism={"strategy": "ddp", **many}),
-        "fsdp2_nccl": base_spec("gpu-fsdp2", parallelism={"strategy": "fsdp", **many}, precision="amp_bf16"),
+        # With the listed eval metrics: their sums on the device, and AUROC's gather over NCCL.
+        "ddp_nccl": base_spec("gpu-ddp", parallelism={"strategy": "ddp", **many}, **EVAL_METRICS),
+        "fsdp2_nccl": base_spec("gpu-fsdp2", parallelism={"strategy": "fsdp", **many}, precision="amp_bf16",
+                                **EVAL_METRICS),
         "bf16": base_spec("gpu-bf16", precision="amp_bf16"),
         "fp16_gradscaler": base_spec("gpu-fp16", precision="amp_fp16"),
         "oom_microbatch": base_spec(
@@ -113,7 +122,10 @@ def _finished(metrics: dict[str, float], spec: dict[str, Any]) -> str:
     assert metrics["time/batch"] == batches, f"stopped at batch {metrics['time/batch']}, not {batches}"
     loss = metrics.get("train/loss")
     assert loss is not None and math.isfinite(loss), f"train/loss is {loss}"
-    return f"{batches} batches, loss {loss:.3f}"
+    listed = [f"eval/{name}" for name in spec.get("eval_metrics", [])]
+    missing = [key for key in listed if not 0.0 <= metrics.get(key, -1.0) <= 1.0]
+    assert not missing, f"eval metrics missing or outside [0, 1]: {missing} of {sorted(metrics)}"
+    return f"{batches} batches, loss {loss:.3f}" + (f", {len(listed)} eval metrics" if listed else "")
 
 
 def check_training(name: str, gpus: int) -> str:

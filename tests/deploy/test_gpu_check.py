@@ -74,6 +74,15 @@ def test_the_resume_comparison_passes_for_a_real_resume_on_cpu():
     assert "bitwise equal at batch 6" in gpu_check.stop_resume_and_compare(spec)
 
 
+def test_the_eval_metrics_a_gpu_run_lists_are_checked_for_on_cpu():
+    gpu_check = load_gpu_check()
+    spec = {**gpu_check.specs(1)["ddp_nccl"], "max_duration": "2ba",
+            "parallelism": {"strategy": "none", "num_workers": 1, "use_gpu": False}}
+    assert gpu_check._finished(gpu_check._train(spec), spec).endswith(", 3 eval metrics")
+    with pytest.raises(AssertionError, match="eval metrics missing"):
+        gpu_check._finished({"time/batch": 2, "train/loss": 1.0}, spec)
+
+
 def test_the_table_marks_failures():
     gpu_check = load_gpu_check()
     text = gpu_check.table([("bf16", True, 1.0, "ok"), ("dcp_resume", False, 2.0, "AssertionError: differ")])
