@@ -57,6 +57,16 @@ def fresh_postgres_database(prefix: str = "tessera_test"):
 
 
 @pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One real MLflow tracking server for the session (starting one takes up to a minute on a
+    busy machine); the tests that share it log to experiments of names of their own."""
+    from tests.mlflow_server import running_mlflow_server
+
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def postgres_url():
     """A fresh PostgreSQL database for this test session, dropped at the end."""
     with fresh_postgres_database() as url:

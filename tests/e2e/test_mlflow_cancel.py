@@ -1,6 +1,6 @@
 """Runs and sweeps canceled through the service end their MLflow runs KILLED, end to end: a live
-service, real Ray jobs, a real MLflow tracking server (one for the module: it takes a minute to
-start on a busy machine).
+service, real Ray jobs, a real MLflow tracking server (the session's: it takes a minute to start
+on a busy machine).
 
 A run: ``workers.fork_exec`` → ``workers.launch`` → Ray Train. The cancel stops the Ray job, whose
 driver gets Ray's stop signal and ends the MLflow run that rank 0, killed with the job, never
@@ -20,15 +20,8 @@ from api.views import TERMINAL_STATUSES, RunStatus, SweepStatus
 from tests.e2e.conftest import wait_for_status, wait_until
 from tests.e2e.test_vertical_slice import long_synthetic_spec
 from tests.workers.helpers_specs import SWEEP_BASE
-from tests.workers.test_mlflow_logger import running_mlflow_server
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
-        yield url
 
 
 def mlflow_runs_of(tracking_uri: str, experiment: str, run_id: str | None = None) -> list:

@@ -11,12 +11,9 @@ in bounded time."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -36,39 +33,6 @@ from workers.trainer import train
 from tests.local_ray import free_port
 from tests.workers.helpers_specs import tiny_spec
 from tests.workers.test_ray_training import TOKEN, RecordingService
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    with running_mlflow_server(tmp_path) as url:
-        yield url
-
-
-@contextlib.contextmanager
-def running_mlflow_server(folder):
-    """``mlflow server`` on a free loopback port with its SQLite store in ``folder``; its URL.
-    Starting one takes a minute on a busy 2-core machine: a module that needs several shares one
-    (``tests/e2e/test_mlflow_cancel.py``)."""
-    port = free_port()  # not the kernel's bind(0) choice, which another process may take first
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/mlflow.db",
-         "--default-artifact-root", f"{folder}/artifacts", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # readiness: the server answers /health
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
 
 
 def test_metrics_params_and_tags_reach_the_tracking_server(mlflow_server):
