@@ -95,7 +95,7 @@ def submit(
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is None:
-        _warn_of_unshipped_code(body)
+        _warn_of_unshipped_code(body, spec_file=file)
     else:
         from api.code_package import with_code_digest
 
@@ -127,25 +127,36 @@ def _emit_or_follow(client: "Client", run, *, follow: bool, as_json: bool, out) 
         raise typer.Exit(1)
 
 
-def _warn_of_unshipped_code(spec: Any, *, prefix: str = "") -> None:
-    """Without ``--code``, say on stderr when the spec imports a module that lies in this folder:
-    the workers look for it installed and would fail a minute later, after queueing and Ray's
-    start (it may be installed there, so this is a warning, not a refusal). ``prefix``: where the
-    run spec sits in the file (``base.`` for a sweep)."""
+def _warn_of_unshipped_code(spec: Any, *, prefix: str = "", spec_file: str | None = None) -> None:
+    """Without ``--code``, say on stderr when the spec imports a module that lies in this folder,
+    or in the folder of ``spec_file``: the workers look for it installed and would fail a minute
+    later, after queueing and Ray's start (it may be installed there, so this is a warning, not a
+    refusal). ``prefix``: where the run spec sits in the file (``base.`` for a sweep)."""
     if not isinstance(spec, dict) or (isinstance(spec.get("code"), dict) and spec["code"].get("digest")):
         return
     data = spec.get("data") if isinstance(spec.get("data"), dict) else {}
-    sources = [("model.import", spec.get("model")), *((f"data.{part}.import", data.get(part)) for part in data)]
+    metrics = spec.get("eval_metrics") if isinstance(spec.get("eval_metrics"), list) else []
+    sources = [("model.import", spec.get("model")), *((f"data.{part}.import", data.get(part)) for part in data),
+               *((f"eval_metrics[{index}].import", metric) for index, metric in enumerate(metrics))]
+    folders = [Path(".")]
+    if spec_file is not None and spec_file != "-" and Path(spec_file).parent.resolve() != Path(".").resolve():
+        folders.append(Path(spec_file).parent)
     for field, source in sources:
         path = source.get("import") if isinstance(source, dict) else None
         if not isinstance(path, str):
             continue
         top = path.partition(":")[0].split(".")[0]
-        if top and (Path(top).is_dir() or Path(f"{top}.py").is_file()):
-            err_console.print(f"warning: {prefix}{field} {path!r} names {top!r}, which is in this folder, but no "
-                              f"--code was given: the workers will import it only if it is installed there (--code {top} "
-                              "sends it with the run)", highlight=False, markup=False, soft_wrap=True)
-            return
+        for folder in folders:
+            if top and ((folder / top).is_dir() or (folder / f"{top}.py").is_file()):
+                where = "this folder" if folder == Path(".") else f"{folder}, the spec's folder"
+                # A package (with __init__.py) is packed as itself; a module or a namespace folder
+                # is importable from the folder that holds it, which --code packs as a root.
+                send = folder / top if (folder / top / "__init__.py").is_file() else folder
+                err_console.print(f"warning: {prefix}{field} {path!r} names {top!r}, which is in {where}, but no "
+                                  f"--code was given: the workers will import it only if it is installed there "
+                                  f"(--code {send} sends it with the run)", highlight=False, markup=False,
+                                  soft_wrap=True)
+                return
 
 
 def _upload_code(client: Client, folder: str, *, project: str | None = None, out=console) -> str:

@@ -52,7 +52,7 @@ def submit_sweep(
     client = _client(url)
     out = err_console if as_json else console  # with --json, stdout carries only the JSON
     if code is None:
-        _warn_of_unshipped_code(body.get("base"), prefix="base.")
+        _warn_of_unshipped_code(body.get("base"), prefix="base.", spec_file=file)
     else:
         base = body.get("base")
         if not isinstance(base, dict):

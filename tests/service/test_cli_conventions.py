@@ -4,6 +4,7 @@ read command's --json parses, exit codes tell errors apart, help documents it, c
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -115,6 +116,7 @@ def test_a_submit_without_code_of_a_module_in_this_folder_is_warned_of(url, tmp_
     for it installed and fail a minute later. Submitted all the same (it may be installed there)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tabular").mkdir()
+    (tmp_path / "tabular" / "__init__.py").write_text("")
     spec = yaml.safe_load((REPO_ROOT / "examples" / "digits_resnet.yaml").read_text())
     spec["model"] = {"import": "tabular.models:build"}
     spec["algorithms"] = []
@@ -128,9 +130,20 @@ def test_a_submit_without_code_of_a_module_in_this_folder_is_warned_of(url, tmp_
     sweep_file.write_text(yaml.safe_dump({"name": "unshipped", "base": spec, "search": {"algorithms": {"sets": [[]]}}}))
     swept = tessera("sweeps", "submit", str(sweep_file), "--url", url)
     assert swept.exit_code == 0 and "warning: base.model.import 'tabular.models:build'" in swept.stderr, swept.output
-    (tmp_path / "tabular").rmdir()  # not here: nothing to say
+    shutil.rmtree(tmp_path / "tabular")  # not here: nothing to say
     quiet = tessera("submit", "spec.yaml", "--url", url)
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr, quiet.output
+    # A metric of your own, in the spec file's folder rather than this one.
+    project = tmp_path / "project"
+    (project / "metrics").mkdir(parents=True)
+    spec["model"] = {"name": "simple_cnn"}
+    spec["eval_metrics"] = [{"import": "metrics.ranking:pr_auc"}]
+    (project / "spec.yaml").write_text(yaml.safe_dump(spec))
+    beside = tessera("submit", "project/spec.yaml", "--url", url)
+    assert beside.exit_code == 0, beside.output
+    assert ("warning: eval_metrics[0].import 'metrics.ranking:pr_auc' names 'metrics', which is in project, the "
+            "spec's folder, but no --code was given: the workers will import it only if it is installed there "
+            "(--code project sends it with the run)") in " ".join(beside.stderr.split())  # a namespace folder
 
 
 def test_a_missing_object_exits_3_and_a_refused_request_1_with_the_apis_detail_on_stderr(url):
