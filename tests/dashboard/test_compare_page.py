@@ -4,7 +4,8 @@ gives the same dotted paths as ``api.spec_diff``; tags and notes edited on the r
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import re
+from datetime import datetime, timedelta, timezone
 
 from playwright.sync_api import expect
 
@@ -14,17 +15,19 @@ from tests.dashboard.conftest import dashboard_url, save_screenshot
 from tests.dashboard.test_dashboard_pages import make_run
 
 
-def _report(repo, run_id: str, final_accuracy: float) -> None:
-    now = datetime.now(timezone.utc)
-    points = [ReportedMetric(step=s, key="train/loss", value=2.0 / (1 + s * final_accuracy), time=now)
-              for s in range(1, 21)]
-    points += [ReportedMetric(step=s, key="eval/accuracy", value=final_accuracy * s / 20, time=now)
-               for s in (5, 10, 15, 20)]
+def _report(repo, run_id: str, final_accuracy: float, *, batches: int = 20) -> None:
+    """``batches`` steps, a point a second from now on; the eval at each quarter."""
+    start = datetime.now(timezone.utc)
+    at = [start + timedelta(seconds=s - 1) for s in range(batches + 1)]
+    points = [ReportedMetric(step=s, key="train/loss", value=2.0 / (1 + s * final_accuracy), time=at[s])
+              for s in range(1, batches + 1)]
+    points += [ReportedMetric(step=s, key="eval/accuracy", value=final_accuracy * s / batches, time=at[s])
+               for s in range(batches // 4, batches + 1, batches // 4)]
     # The bookkeeping a real run reports beside them (README, "Metric keys").
-    points += [ReportedMetric(step=s, key=key, value=value, time=now) for s in range(1, 21) for key, value in (
-        ("time/batch", s), ("time/epoch", s // 10), ("time/progress", s / 20), ("lr", 0.1 / s),
-        ("throughput/samples_per_sec", 900.0 + s))]
-    points.append(ReportedMetric(step=20, key="checkpoint/final_saved", value=1.0, time=now))
+    points += [ReportedMetric(step=s, key=key, value=value, time=at[s]) for s in range(1, batches + 1)
+               for key, value in (("time/batch", s), ("time/epoch", s // 10), ("time/progress", s / batches),
+                                  ("lr", 0.1 / s), ("throughput/samples_per_sec", 900.0 + s))]
+    points.append(ReportedMetric(step=batches, key="checkpoint/final_saved", value=1.0, time=at[batches]))
     repo.add_metrics(run_id, points)
 
 
@@ -91,6 +94,26 @@ def test_compare_page_overlays_curves_and_shows_the_spec_fields_that_differ(page
 
     page.goto(dashboard_url(local_service.url, f"compare?ids={a.id}"))
     expect(page.locator(".error-box")).to_contain_text("Pick 2 to 8 runs")
+
+
+def test_runs_of_other_lengths_line_up_by_progress_or_wall_time(page, local_service):
+    repo = local_service.repo
+    short, long = make_run(repo, "short-run"), make_run(repo, "long-run", seed=3)
+    _report(repo, short.id, 0.8, batches=20)
+    _report(repo, long.id, 0.9, batches=40)  # twice the steps: by step, its curve runs twice as far
+    page.goto(dashboard_url(local_service.url, f"compare?ids={short.id},{long.id}"))
+    latest = page.locator('figure[data-key="train/loss"] .chart-latest')
+    expect(latest).to_contain_text("@ step 20")
+    expect(latest).to_contain_text("@ step 40")
+    page.locator("#compare-x").select_option("progress")
+    expect(page).to_have_url(f"{local_service.url}/?poll_ms=500#/compare?ids={short.id},{long.id}&x=progress")
+    expect(page.locator('figure[data-key="train/loss"]')).to_have_attribute("data-x", "progress")
+    expect(latest).to_have_text(re.compile(r"^short-run \(\w+\) \S+ @ progress 1 · long-run \(\w+\) \S+ @ progress 1$"))
+    expect(page.locator('figure[data-key="eval/accuracy"]')).to_have_attribute("data-points", "8")
+    page.goto(dashboard_url(local_service.url, f"compare?ids={short.id},{long.id}&x=time"))
+    expect(page.locator("#compare-x")).to_have_value("time")
+    expect(latest).to_contain_text("@ seconds 19")  # a point a second, the first at 0 s
+    expect(latest).to_contain_text("@ seconds 39")
 
 
 def test_tags_and_notes_are_edited_on_the_run_page_and_tag_chips_filter_the_list(page, local_service):

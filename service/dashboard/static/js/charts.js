@@ -29,7 +29,8 @@ const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"
 const HEIGHT = 220;
 
 export class MetricChart {
-  constructor({ id, title, untilPoints = false }) {
+  constructor({ id, title, untilPoints = false, xLabel = "step" }) {
+    this.xLabel = xLabel; // what the x values are: steps, or what Compare's x-axis picker chose
     this.series = new Map(); // key -> Map(step -> value)
     this.lastStep = new Map(); // key -> largest step seen
     this.numPoints = 0;
@@ -85,14 +86,14 @@ export class MetricChart {
     this.lastSteps = steps;
     setText(this.latest, keys.map((k) => {
       const last = this.lastStep.get(k);
-      return `${k} ${formatNumber(this.series.get(k).get(last))} @ step ${last}`;
+      return `${k} ${formatNumber(this.series.get(k).get(last))} @ ${this.xLabel} ${formatNumber(last)}`;
     }).join(" · "));
   }
 
   _create(keys, data) {
     if (this.plot) this.plot.destroy();
     const perplexity = keys.some((k) => k.endsWith("perplexity"));
-    const series = [{ label: "step" }, ...keys.map((key, i) => {
+    const series = [{ label: this.xLabel }, ...keys.map((key, i) => {
       const sparse = key.startsWith("eval/"); // evaluated every interval: draw its points
       return {
         label: key,
@@ -105,7 +106,7 @@ export class MetricChart {
         value: (_u, v) => (v === null || v === undefined ? "–" : formatNumber(v)),
       };
     })];
-    const axes = [{ label: "step" }, { scale: "y", size: 64, values: (_u, ticks) => ticks.map(formatNumber) }];
+    const axes = [{ label: this.xLabel }, { scale: "y", size: 64, values: (_u, ticks) => ticks.map(formatNumber) }];
     if (perplexity) axes.push({ scale: "ppl", side: 1, size: 64, grid: { show: false }, label: "perplexity" });
     this.plotKeys = keys.join(",");
     this.plot = new uPlot({

@@ -2,7 +2,9 @@
 // metric key (what training measured first, the bookkeeping keys behind "show all"); the spec
 // fields that differ (dotted paths, `specDiff` below: the twin of api/spec_diff.py, a test holds
 // the two together); their latest and best values side by side.
-// Ended runs do not change, so the page loads once instead of polling.
+// Ended runs do not change, so the page loads once instead of polling. The curves' x-axis is the
+// step, the fraction of max_duration (runs of other lengths or batch sizes line up) or the seconds
+// since a run's first point (`&x=step|progress|time`, the picker above the curves).
 
 import { getJSON } from "./api.js";
 import { MetricChart } from "./charts.js";
@@ -18,6 +20,22 @@ const MAX_PAGES = 20; // 200k points per run: enough for any chart a person read
 // nothing, so only their latest value is shown.
 const BOOKKEEPING = /^(time|checkpoint)\/|^lr($|\/)/;
 const isBookkeeping = (key) => BOOKKEEPING.test(key);
+
+/** The x-axes a comparison may use: `of(points)` gives a run's point -> x (null: not placed). */
+export const AXES = {
+  step: { title: "step", label: "step", of: () => (p) => p.step },
+  // time/progress (0..1 of max_duration) is reported at some steps; a run's progress is linear in
+  // its steps (max_duration is a number of batches), so one point gives the rest.
+  progress: { title: "progress (fraction of max_duration)", label: "progress", of: (points) => {
+    const last = points.filter((p) => p.key === "time/progress" && p.step > 0).reduce(
+      (latest, p) => (latest === null || p.step > latest.step ? p : latest), null);
+    return last === null ? () => null : (p) => (p.step * last.value) / last.step;
+  } },
+  time: { title: "wall time (seconds since the run's first point)", label: "seconds", of: (points) => {
+    const start = Math.min(...points.map((p) => Date.parse(p.time)));
+    return (p) => (Date.parse(p.time) - start) / 1000;
+  } },
+};
 
 /** Metric keys in reading order: losses, accuracies and any other measure, then throughput, then bookkeeping. */
 export function orderKeys(keys) {
@@ -53,6 +71,7 @@ export function specDiff(specs) {
 
 export function mount(root, ctx) {
   const ids = [...new Set((ctx.query.get("ids") || "").split(",").map((s) => s.trim()).filter(Boolean))];
+  const axis = Object.hasOwn(AXES, ctx.query.get("x") || "") ? ctx.query.get("x") : "step";
   const heading = el("h1", {}, "Compare runs");
   root.append(el("p", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), heading);
   if (ids.length < MIN_RUNS || ids.length > MAX_RUNS) {
@@ -66,7 +85,7 @@ export function mount(root, ctx) {
   root.append(body);
   load(ids).then(({ runs, points }) => {
     if (!alive) return;
-    body.replaceChildren(...render(runs, points, charts));
+    body.replaceChildren(...render(runs, points, charts, axis));
     charts.forEach((c) => c.flush()); // drawn once in the page, at its width
     body.setAttribute("aria-busy", "false");
     ctx.setLive(null);
@@ -104,13 +123,27 @@ function summaryCell(run, key) {
     el("span", { class: "muted small" }, ` best · ${latest} latest`));
 }
 
-function render(runs, points, charts) {
+/** The x-axis picker: choosing another reloads the page with it in the URL (so a link keeps it). */
+function axisPicker(runs, axis) {
+  const ids = runs.map((run) => encodeURIComponent(run.id)).join(",");
+  const choose = (e) => { window.location.hash = `#/compare?ids=${ids}&x=${e.target.value}`; };
+  return el("label", { class: "compare-x" }, "x-axis ",
+    el("select", { id: "compare-x", onchange: choose },
+      Object.entries(AXES).map(([name, a]) => el("option", { value: name, selected: name === axis }, a.title))));
+}
+
+function render(runs, points, charts, axis = "step") {
   const keys = orderKeys(new Set(points.flat().map((p) => p.key)));
+  const xOf = points.map((runPoints) => AXES[axis].of(runPoints));
   keys.forEach((key, i) => {
-    const chart = new MetricChart({ id: `compare-${i}`, title: key });
+    const chart = new MetricChart({ id: `compare-${i}`, title: key, xLabel: AXES[axis].label });
     chart.figure.dataset.key = key;
+    chart.figure.dataset.x = axis;
     runs.forEach((run, r) => {
-      for (const p of points[r]) if (p.key === key) chart.add(label(run), p.step, p.value);
+      for (const p of points[r]) {
+        const x = p.key === key ? xOf[r](p) : null;
+        if (x !== null && Number.isFinite(x)) chart.add(label(run), x, p.value);
+      }
     });
     charts.push(chart);
   });
@@ -129,6 +162,7 @@ function render(runs, points, charts) {
   const books = charts.filter((c) => isBookkeeping(c.figure.dataset.key));
   return [
     el("section", { "aria-labelledby": "compare-charts-h" }, el("h2", { id: "compare-charts-h" }, "Curves"),
+      axisPicker(runs, axis),
       measured.length ? el("div", { class: "chart-grid" }, measured.map((c) => c.figure))
         : el("p", { class: "muted" }, `None of these runs reported ${keys.length ? "a training metric" : "metrics"}.`),
       books.length ? el("details", { id: "compare-all-keys" },
