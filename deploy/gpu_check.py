@@ -88,7 +88,8 @@ def specs(gpus: int) -> dict[str, dict[str, Any]]:
         "ddp_nccl": base_spec("gpu-ddp", parallelism={"strategy": "ddp", **many}, **EVAL_METRICS),
         "fsdp2_nccl": base_spec("gpu-fsdp2", parallelism={"strategy": "fsdp", **many}, precision="amp_bf16",
                                 **EVAL_METRICS),
-        "bf16": base_spec("gpu-bf16", precision="amp_bf16"),
+        # Deterministic too: every eval metric's CUDA kernels must be ones PyTorch's deterministic mode allows.
+        "bf16": base_spec("gpu-bf16", precision="amp_bf16", deterministic=True, **EVAL_METRICS),
         "fp16_gradscaler": base_spec("gpu-fp16", precision="amp_fp16"),
         "oom_microbatch": base_spec(
             "gpu-oom", model={"name": "resnet18"}, max_duration="2ba", microbatch_size="auto",

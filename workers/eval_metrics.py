@@ -87,13 +87,15 @@ class EvalMetrics:
             self.sums[2] += 1
             return
         if self.confusion:
-            weights = kept.reshape(-1).double()
-            labels, predictions = labels.reshape(-1), outputs.argmax(dim=-1).reshape(-1)
+            # Integer counts, an ignored position in an extra bin that is dropped: bincount with
+            # weights has no deterministic CUDA kernel (deterministic: true would refuse it).
             classes = self.num_classes
-            hits = weights * (predictions == labels)
-            self.sums[3:3 + classes] += torch.bincount(labels, weights=hits, minlength=classes)
-            self.sums[3 + classes:3 + 2 * classes] += torch.bincount(labels, weights=weights, minlength=classes)
-            self.sums[3 + 2 * classes:] += torch.bincount(predictions, weights=weights, minlength=classes)
+            kept, labels, predictions = kept.reshape(-1), labels.reshape(-1), outputs.argmax(dim=-1).reshape(-1)
+            spare = torch.full_like(labels, classes)
+            for offset, counted in ((3, torch.where(kept & (predictions == labels), labels, spare)),
+                                    (3 + classes, torch.where(kept, labels, spare)),
+                                    (3 + 2 * classes, torch.where(kept, predictions, spare))):
+                self.sums[offset:offset + classes] += torch.bincount(counted, minlength=classes + 1)[:classes]
         if self.gathers:  # classification only (refused at submit for text): no ignored positions to drop
             self.outputs.append(outputs.float())
             self.targets.append(labels)
