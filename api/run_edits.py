@@ -60,6 +60,9 @@ def apply_tag_edits(tags: list[str], edits: list[str]) -> list[str]:
         sign, name = edit[:1], edit[1:]
         if sign not in ("+", "-") or not name:
             raise ValueError(f"tag edit {edit!r} must be +NAME (add) or -NAME (remove)")
+        problem = tag_problem(name) if sign == "+" else None
+        if problem is not None:  # said of the edit typed, not of an index into the merged list
+            raise ValueError(f"tag edit {edit!r}: {problem}")
         if sign == "+" and name not in result:
             result.append(name)
         elif sign == "-" and name in result:

@@ -368,9 +368,21 @@ def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None)
             # A close cutoff: batch_size is not microbatch_size (data.batch_size is meant), nor
             # interval eval_interval (checkpoint.interval may be).
             close = difflib.get_close_matches(str(inner[-1]), allowed, n=1, cutoff=0.85) if inner else []
+            close = close or [name for name in allowed if inner and _one_edit_apart(str(inner[-1]), name)][:1]
             guess = f"; did you mean {close[0]!r}? allowed" if close else "; allowed"
             msg = f"{msg}{guess} fields here: {', '.join(allowed)}"
     return field_error(field, loc, msg, value)
+
+
+def _one_edit_apart(typed: str, name: str) -> bool:
+    """Whether ``typed`` is ``name`` with one character added, dropped or changed (``lrr`` for
+    ``lr``): a typo short names make that ``difflib``'s ratio scores low."""
+    if typed == name or abs(len(typed) - len(name)) > 1 or min(len(typed), len(name)) < 2:
+        return False
+    if len(typed) == len(name):
+        return sum(a != b for a, b in zip(typed, name)) == 1
+    longer, shorter = (typed, name) if len(typed) > len(name) else (name, typed)
+    return any(longer[:i] + longer[i + 1:] == shorter for i in range(len(longer)))
 
 
 def one_line(errors: list[dict[str, Any]]) -> str:

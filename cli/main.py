@@ -61,7 +61,11 @@ def serve(
     workers: Annotated[Optional[int], typer.Option(
         help="API processes (env TESSERA_WORKERS; above 1 needs PostgreSQL); one of them dispatches")] = None,
 ) -> None:
-    """Run the control plane (API, dispatcher, dashboard) with settings from TESSERA_* env vars."""
+    """Run the control plane (API, dispatcher, dashboard) with settings from TESSERA_* env vars.
+
+    With none set, it keeps its database, storage, logs and credentials under TESSERA_HOME (default: ./.tessera).
+
+    README "Configuration" lists every variable (TESSERA_DATABASE_URL, TESSERA_STORAGE_URL, ...)."""
     try:
         from service.main import run
     except ModuleNotFoundError as exc:

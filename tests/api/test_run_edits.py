@@ -12,6 +12,8 @@ from api.spec_diff import flatten, spec_diff
 
 def test_tag_edits_add_and_remove_in_order_keeping_first_added_order():
     assert apply_tag_edits(["a", "b"], ["+c", "-a", "+b", "+a"]) == ["b", "c", "a"]
+    with pytest.raises(ValueError, match=r"tag edit '\+bad tag!': tag 'bad tag!' is not allowed"):
+        apply_tag_edits(["a", "b"], ["+bad tag!"])  # named as typed, not as tags[2] of the merged list
     with pytest.raises(ValueError, match=r"\+NAME"):
         apply_tag_edits([], ["c"])
 
@@ -39,3 +41,7 @@ def test_spec_diff_lists_only_differing_dotted_paths_with_each_value():
     assert spec_diff(a, a) == {}
     assert spec_diff({"x": True}, {"x": 1}) == {"x": [True, 1]}  # JSON's true is not 1
     assert flatten({"a": {}, "b": []}) == {"a": {}, "b": []}
+    # A run without a code package against one with: the digest differs, and no "code: null, null" row.
+    digest = "24ee" * 16
+    assert spec_diff({"code": None, "seed": 1}, {"code": {"digest": digest}, "seed": 1}) == {
+        "code.digest": [None, digest]}

@@ -35,8 +35,9 @@ BOOKKEEPING = ["checkpoint/final_saved", "lr", "time/batch", "time/epoch", "time
 
 
 # Edge cases both diffs must agree on: a longer list, a missing key, an empty dict, true vs 1.
-TRICKY = ({"a": [1, 2], "b": {"c": True}, "e": {}, "f": 1.5},
-          {"a": [1, 2, 3], "b": {"c": 1}, "d": None, "e": {"x": 0}, "f": 1.5})
+# A null where the other has fields below it (code: null vs code: {digest}) is those fields' rows only.
+TRICKY = ({"a": [1, 2], "b": {"c": True}, "e": {}, "f": 1.5, "g": None},
+          {"a": [1, 2, 3], "b": {"c": 1}, "d": None, "e": {"x": 0}, "f": 1.5, "g": {"h": "x"}})
 
 
 def test_compare_page_overlays_curves_and_shows_the_spec_fields_that_differ(page, local_service):
@@ -90,7 +91,7 @@ def test_compare_page_overlays_curves_and_shows_the_spec_fields_that_differ(page
 
     js = page.evaluate("async (specs) => Object.keys((await import('/static/js/compare.js')).specDiff(specs))",
                        list(TRICKY))
-    assert js == list(spec_diff(*TRICKY)) == ["a.2", "b.c", "d", "e", "e.x"]
+    assert js == list(spec_diff(*TRICKY)) == ["a.2", "b.c", "d", "e", "e.x", "g.h"]
 
     page.goto(dashboard_url(local_service.url, f"compare?ids={a.id}"))
     expect(page.locator(".error-box")).to_contain_text("Pick 2 to 8 runs")
@@ -101,10 +102,17 @@ def test_runs_of_other_lengths_line_up_by_progress_or_wall_time(page, local_serv
     short, long = make_run(repo, "short-run"), make_run(repo, "long-run", seed=3)
     _report(repo, short.id, 0.8, batches=20)
     _report(repo, long.id, 0.9, batches=40)  # twice the steps: by step, its curve runs twice as far
+    repo.add_metrics(long.id, [ReportedMetric(step=40, key="eval/f1_macro", value=0.9,
+                                              time=datetime.now(timezone.utc))])  # a key of the long run only
     page.goto(dashboard_url(local_service.url, f"compare?ids={short.id},{long.id}"))
     latest = page.locator('figure[data-key="train/loss"] .chart-latest')
     expect(latest).to_contain_text("@ step 20")
     expect(latest).to_contain_text("@ step 40")
+    # A run keeps its colour on a chart the other run has no points on: the second run's, not the first's.
+    expect(page.locator('figure[data-key="eval/f1_macro"] canvas')).to_have_count(1)
+    markers = "fig => [...fig.querySelectorAll('.u-series .u-marker')].slice(1).map(m => getComputedStyle(m).borderColor)"
+    assert page.locator('figure[data-key="eval/f1_macro"]').evaluate(markers) == ["rgb(194, 65, 12)"]  # #c2410c
+    assert page.locator('figure[data-key="train/loss"]').evaluate(markers) == ["rgb(31, 95, 191)", "rgb(194, 65, 12)"]
     page.locator("#compare-x").select_option("progress")
     expect(page).to_have_url(f"{local_service.url}/?poll_ms=500#/compare?ids={short.id},{long.id}&x=progress")
     expect(page.locator('figure[data-key="train/loss"]')).to_have_attribute("data-x", "progress")

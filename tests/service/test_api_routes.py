@@ -64,6 +64,8 @@ INVALID_SPECS = {
                                 "allowed fields here: name, model, data, optimizer"),
     "misspelled_field": (lambda b: b.update(schedular={"name": "cosine"}), "schedular", {"name": "cosine"},
                          "Extra inputs are not permitted; did you mean 'scheduler'? allowed fields here: name, model"),
+    "misspelled_short_nested_field": (lambda b: b["optimizer"].update(lrr=0.1), "optimizer.lrr", 0.1,
+                                      "did you mean 'lr'? allowed fields here: name, lr, momentum"),
     "parallelism_none_with_two_workers": (lambda b: b["parallelism"].update(strategy="none"),
                                           "parallelism.num_workers", 2, "exactly one worker"),
     # Accepted by RunSpec, so that stored specs still load, and refused in a new submission.

@@ -159,7 +159,9 @@ def test_input_the_sdk_refuses_before_sending_is_one_line_per_field_not_a_traceb
                                    "--url", url).stdout)
     bad_tag = tessera("tag", "--url", url, submitted["id"], "+bad!tag")  # edits come last: -NAME removes a tag
     assert bad_tag.exit_code == EXIT_USER_ERROR, bad_tag.output
-    assert "tags[0]:" in bad_tag.stderr and "'bad!tag'" in bad_tag.stderr and "Traceback" not in bad_tag.output
+    # Named as typed (not as tags[i] of the list the edits make), before anything is sent.
+    assert "error: tag edit '+bad!tag': tag 'bad!tag' is not allowed" in bad_tag.stderr
+    assert "Traceback" not in bad_tag.output
     long_note = tessera("note", submitted["id"], "x" * 10_001, "--url", url)
     assert long_note.exit_code == EXIT_USER_ERROR and "notes:" in long_note.stderr
     # A status in any case; a wrong one is a usage error that lists them.

@@ -7,6 +7,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from api.code_package import pack_directory
 from api.model_specs import CodeRef, ImportedModelSpec
@@ -226,7 +227,7 @@ def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
     example = REPO_ROOT / "examples" / "byo"
     package = pack_directory(example / "my_project")
     assert package.files == ["my_project/.gitignore", "my_project/__init__.py", "my_project/corpus.txt",
-                             "my_project/nets.py", "my_project/text.py"]
+                             "my_project/metrics.py", "my_project/nets.py", "my_project/text.py"]
     install_code(CodeRef(digest=package.digest), storage_url=store(tmp_path, package))
     body = yaml.safe_load((example / "spec.yaml").read_text())
     spec = RunSpec.model_validate({**body, "code": {"digest": package.digest},
@@ -234,6 +235,13 @@ def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
     trainer = Trainer(spec)
     assert type(trainer.state.model).__name__ == "SmallConvNet" and trainer.surgery_notes == []
     assert trainer.state.loss_fn.__func__.__qualname__ == "SmallConvNet.loss"
+    # Its eval metrics, the package's own pr_auc among them, on digits' 10 classes.
+    final = trainer.fit()
+    assert 0.0 <= final["eval/f1_macro"] <= 1.0 and 0.0 < final["eval/pr_auc"] <= 1.0
+    from my_project.metrics import errors_per_class  # the dict example, called as the workers call it
+
+    logits, labels = torch.eye(3)[[0, 1, 1]], torch.tensor([0, 1, 2])
+    assert errors_per_class(logits, labels) == {"errors_0": 0, "errors_1": 0, "errors_2": 1}
 
 
 def test_the_readme_text_example_trains_a_language_model_on_the_packages_corpus(tmp_path, fresh_imports):

@@ -25,12 +25,13 @@ export const PANELS = [
 
 const NO_POINTS = "No points yet.";
 const NO_POINTS_ENDED = "No points reported."; // an ended run sends no more: "yet" would promise some
-const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"];
+export const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"];
 const HEIGHT = 220;
 
 export class MetricChart {
-  constructor({ id, title, untilPoints = false, xLabel = "step" }) {
+  constructor({ id, title, untilPoints = false, xLabel = "step", colorOf = null }) {
     this.xLabel = xLabel; // what the x values are: steps, or what Compare's x-axis picker chose
+    this.colorOf = colorOf; // a series' colour by its key (Compare: each run's own on every chart), else by order
     this.series = new Map(); // key -> Map(step -> value)
     this.lastStep = new Map(); // key -> largest step seen
     this.numPoints = 0;
@@ -97,7 +98,7 @@ export class MetricChart {
       const sparse = key.startsWith("eval/"); // evaluated every interval: draw its points
       return {
         label: key,
-        stroke: COLORS[i % COLORS.length],
+        stroke: (this.colorOf && this.colorOf(key)) || COLORS[i % COLORS.length],
         width: 1.5,
         dash: sparse ? [6, 4] : undefined,
         spanGaps: true,

@@ -7,7 +7,7 @@
 // since a run's first point (`&x=step|progress|time`, the picker above the curves).
 
 import { getJSON } from "./api.js";
-import { MetricChart } from "./charts.js";
+import { COLORS, MetricChart } from "./charts.js";
 import { el, errorBox, formatNumber, statusBadge } from "./ui.js";
 
 export const MIN_RUNS = 2;
@@ -56,13 +56,16 @@ export function flatten(value, prefix = "", out = {}) {
 }
 
 /** The dotted paths whose values differ across `specs`, sorted, each with every spec's value
- *  (null where a spec lacks the path). Same paths as api.spec_diff.spec_diff. */
+ *  (null where a spec lacks the path; a path null in every spec with fields below it in another
+ *  is left to those fields). Same paths as api.spec_diff.spec_diff. */
 export function specDiff(specs) {
   const flats = specs.map((spec) => flatten(spec));
   const paths = [...new Set(flats.flatMap((f) => Object.keys(f)))].sort();
   const diff = {};
   for (const path of paths) {
     const values = flats.map((f) => (path in f ? f[path] : null));
+    // null wherever it is a leaf, and another spec has fields below it: those fields are the rows
+    if (values.every((v) => v === null) && paths.some((p) => p.startsWith(`${path}.`))) continue;
     const same = flats.every((f) => path in f) && values.every((v) => JSON.stringify(v) === JSON.stringify(values[0]));
     if (!same) diff[path] = values;
   }
@@ -135,8 +138,11 @@ function axisPicker(runs, axis) {
 function render(runs, points, charts, axis = "step") {
   const keys = orderKeys(new Set(points.flat().map((p) => p.key)));
   const xOf = points.map((runPoints) => AXES[axis].of(runPoints));
+  // A run keeps its colour on every chart, whichever other runs reported that key.
+  const colors = new Map(runs.map((run, r) => [label(run), COLORS[r % COLORS.length]]));
   keys.forEach((key, i) => {
-    const chart = new MetricChart({ id: `compare-${i}`, title: key, xLabel: AXES[axis].label });
+    const chart = new MetricChart({ id: `compare-${i}`, title: key, xLabel: AXES[axis].label,
+      colorOf: (series) => colors.get(series) });
     chart.figure.dataset.key = key;
     chart.figure.dataset.x = axis;
     runs.forEach((run, r) => {
