@@ -78,14 +78,18 @@ class EvalMetrics:
         kept = targets != IGNORE_INDEX
         labels = targets.long().clamp_min(0)  # an ignored position reads class 0, and counts for nothing
         self.sums[1] += kept.sum()
+        # Fewer logits than classes (a label past them would fail the gather below on this rank
+        # alone), or, for the metrics that read one logit per class, any other number of them.
+        # (Text logits may cover a padded vocabulary: wider is fine for top-5.)
+        if outputs.shape[-1] < self.num_classes or (outputs.shape[-1] != self.num_classes
+                                                    and (self.confusion or self.gathers)):
+            self.sums[2] += 1
+            return
         if self.top5:
             # A hit: fewer than 5 logits above the label's (a tie counts for the label: well defined,
             # where topk would pick among tied classes arbitrarily). In the logits' own dtype.
             label_logit = outputs.gather(-1, labels.unsqueeze(-1))
             self.sums[0] += (((outputs > label_logit).sum(dim=-1) < 5) & kept).sum()
-        if outputs.shape[-1] != self.num_classes and (self.confusion or self.gathers):
-            self.sums[2] += 1
-            return
         if self.confusion:
             # Integer counts, an ignored position in an extra bin that is dropped: bincount with
             # weights has no deterministic CUDA kernel (deterministic: true would refuse it).
@@ -107,11 +111,10 @@ class EvalMetrics:
         outputs_kept, targets_kept = self.outputs, self.targets
         self.start()
         if sums[2]:
-            names = ", ".join(self.confusion + (["auroc"] if "auroc" in self.builtins else []) +
-                              [spec.import_path for _, spec, _ in self.own])
+            names = ", ".join(self.builtins + [spec.import_path for _, spec, _ in self.own])
             raise UserCodeError(f"eval_metrics: the model returned logits of another width than the data's "
-                                f"{self.num_classes} classes in {int(sums[2])} eval batch(es); these need one logit per "
-                                f"class: {names}")
+                                f"{self.num_classes} classes in {int(sums[2])} eval batch(es); these need one "
+                                f"logit per class: {names}")
         results: dict[str, float] = {}
         counted = float(sums[1])
         if self.top5:

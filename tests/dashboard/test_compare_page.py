@@ -110,7 +110,8 @@ def test_runs_of_other_lengths_line_up_by_progress_or_wall_time(page, local_serv
     expect(latest).to_contain_text("@ step 40")
     # A run keeps its colour on a chart the other run has no points on: the second run's, not the first's.
     expect(page.locator('figure[data-key="eval/f1_macro"] canvas')).to_have_count(1)
-    markers = "fig => [...fig.querySelectorAll('.u-series .u-marker')].slice(1).map(m => getComputedStyle(m).borderColor)"
+    markers = ("fig => [...fig.querySelectorAll('.u-series .u-marker')].slice(1)"
+               ".map(m => getComputedStyle(m).borderColor)")
     assert page.locator('figure[data-key="eval/f1_macro"]').evaluate(markers) == ["rgb(194, 65, 12)"]  # #c2410c
     assert page.locator('figure[data-key="train/loss"]').evaluate(markers) == ["rgb(31, 95, 191)", "rgb(194, 65, 12)"]
     page.locator("#compare-x").select_option("progress")

@@ -230,3 +230,12 @@ def test_a_named_metric_reports_a_number_under_its_name_and_a_dict_after_it(user
 def test_a_spec_without_eval_metrics_stores_as_before():
     assert "eval_metrics" not in tiny_spec().model_dump(mode="json")
     assert RunSpec.model_validate(tiny_spec(eval_metrics=["auroc"]).model_dump(mode="json")).eval_metrics == ["auroc"]
+
+
+def test_top5_takes_wider_logits_a_padded_vocabulary_but_fewer_than_the_classes_fail_when_computed():
+    targets = torch.tensor([7, 1])
+    wider = torch.arange(10.0).expand(2, 10)  # tokens 5 to 9 on top: label 7 a hit, 1 a miss
+    assert computed(["top5_accuracy"], wider, targets, chunks=1, classes=8) == {"eval/top5_accuracy": 0.5}
+    with pytest.raises(UserCodeError, match=r"logits of another width than the data's 8 classes in 1 eval batch\(es\); "
+                                            r"these need one logit per class: top5_accuracy"):
+        computed(["top5_accuracy"], torch.zeros(2, 4), targets, chunks=1, classes=8)  # label 7 is past the logits
