@@ -27,16 +27,15 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def spec_diff(*specs: dict[str, Any]) -> dict[str, list[Any]]:
     """The dotted paths whose values are not equal across ``specs`` (two or more), sorted, each
     with its value in every spec (None where a spec lacks the path). Empty: identical. A path
-    that is null (or absent) in every spec that has it as a leaf, where another spec has fields
-    below it (``code: null`` against ``code: {digest: ...}``), is no row of its own: the fields
-    below it are, and would only be repeated as ``code: [null, null]``."""
+    that is null or absent in every spec is no difference (``limit: null`` against no ``limit``;
+    ``code: null`` against ``code: {digest: ...}``, whose ``code.digest`` is the row)."""
     flats = [flatten(spec) for spec in specs]
     paths = sorted(set().union(*flats))
     diff = {}
     for path in paths:
         values = [flat.get(path, MISSING) for flat in flats]
         present = [path in flat for flat in flats]
-        if all(v is None for v in values) and any(p.startswith(f"{path}.") for p in paths):
+        if all(v is None for v in values):
             continue
         if not all(_same(v, values[0]) for v in values) or not all(present):
             diff[path] = values

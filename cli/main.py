@@ -79,8 +79,8 @@ def submit(
     file: Annotated[str, typer.Argument(help="RunSpec as YAML or JSON")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="show live progress until the run ends")] = False,
     code: Annotated[Optional[str], typer.Option(
-        "--code", help="a folder with the code model.import (and data.*.import) name: packed (respecting its "
-        ".gitignore), uploaded once, recorded as the spec's code.digest")] = None,
+        "--code", help="a folder with the code that model.import, data.*.import and eval_metrics imports name: "
+        "packed (respecting its .gitignore), uploaded once, recorded as the spec's code.digest")] = None,
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
     idempotency_key: Annotated[Optional[str], typer.Option(
@@ -156,10 +156,11 @@ def _warn_of_unshipped_code(spec: Any, *, prefix: str = "", spec_file: str | Non
                 # A package (with __init__.py) is packed as itself; a module or a namespace folder
                 # is importable from the folder that holds it, which --code packs as a root.
                 send = folder / top if (folder / top / "__init__.py").is_file() else folder
+                how = (f"--code {send} sends it with the run" if send != Path(".") else
+                       f"--code DIR sends it with the run, DIR a folder that holds {top} and little else")
                 err_console.print(f"warning: {prefix}{field} {path!r} names {top!r}, which is in {where}, but no "
                                   f"--code was given: the workers will import it only if it is installed there "
-                                  f"(--code {send} sends it with the run)", highlight=False, markup=False,
-                                  soft_wrap=True)
+                                  f"({how})", highlight=False, markup=False, soft_wrap=True)
                 return
 
 
@@ -324,8 +325,8 @@ def train(
         "resumes from the newest one (default: $TESSERA_HOME/local, i.e. .tessera/local); s3:// works too")] = None,
     no_checkpoints: Annotated[bool, typer.Option("--no-checkpoints", help="neither save nor resume")] = False,
     code: Annotated[Optional[str], typer.Option(
-        "--code", help="a folder with the code model.import (and data.*.import) name, imported from where it "
-        "lies")] = None,
+        "--code", help="a folder with the code that model.import, data.*.import and eval_metrics imports name, "
+        "imported from where it lies")] = None,
     assignments: SetOption = None,
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.

@@ -26,8 +26,8 @@ def submit_sweep(
     file: Annotated[str, typer.Argument(help="SweepSpec as YAML or JSON")],
     wait: Annotated[bool, typer.Option("--wait", help="poll until the sweep ends (exit 1 unless COMPLETED)")] = False,
     code: Annotated[Optional[str], typer.Option(
-        "--code", help="a folder with the code the base's model.import names: packed (respecting its .gitignore), "
-        "uploaded once, recorded as base.code.digest (every trial's code.digest)")] = None,
+        "--code", help="a folder with the code the base's imports (model, data, eval_metrics) name: packed "
+        "(respecting its .gitignore), uploaded once, recorded as base.code.digest (every trial's code.digest)")] = None,
     project: Annotated[Optional[str], typer.Option(help="the project (default: the key's only one, "
                                                         "else 'default')")] = None,
     idempotency_key: Annotated[Optional[str], typer.Option(

@@ -34,14 +34,16 @@ from workers.parallel import all_reduce_sum
 log = logging.getLogger(__name__)
 
 CONFUSION_METRICS = ("precision_macro", "recall_macro", "f1_macro", "balanced_accuracy")
+CLASS_COUNTS = 4  # where the per-class counts start in ``EvalMetrics.sums``
 
 
 class EvalMetrics:
     """The listed metrics of one run (``specs``), for a model of ``num_classes`` outputs.
 
     ``sums`` (float64, on the device; nothing leaves it until ``compute``): ``[top-5 hits,
-    examples counted, batches whose logits were not num_classes wide, then per class: hits,
-    labels, predictions]``, the last three for the confusion metrics only."""
+    examples counted, batches whose logits were not num_classes wide, of those the ones with
+    fewer, then per class: hits, labels, predictions]``, the last three for the confusion metrics
+    only."""
 
     def __init__(self, specs: list[EvalMetricSpec], *, num_classes: int, device: torch.device) -> None:
         from workers.models.user_code import load_callable  # importlib's machinery: only runs that list one
@@ -64,7 +66,7 @@ class EvalMetrics:
 
     def start(self) -> None:
         """Forget the last evaluation's batches."""
-        size = 3 + (3 * self.num_classes if self.confusion else 0)
+        size = CLASS_COUNTS + (3 * self.num_classes if self.confusion else 0)
         self.sums = torch.zeros(size, dtype=torch.float64, device=self.device)
         self.outputs: list[torch.Tensor] = []
         self.targets: list[torch.Tensor] = []
@@ -81,9 +83,10 @@ class EvalMetrics:
         # Fewer logits than classes (a label past them would fail the gather below on this rank
         # alone), or, for the metrics that read one logit per class, any other number of them.
         # (Text logits may cover a padded vocabulary: wider is fine for top-5.)
-        if outputs.shape[-1] < self.num_classes or (outputs.shape[-1] != self.num_classes
-                                                    and (self.confusion or self.gathers)):
+        narrower = outputs.shape[-1] < self.num_classes
+        if narrower or (outputs.shape[-1] != self.num_classes and (self.confusion or self.gathers)):
             self.sums[2] += 1
+            self.sums[3] += narrower
             return
         if self.top5:
             # A hit: fewer than 5 logits above the label's (a tie counts for the label: well defined,
@@ -93,12 +96,12 @@ class EvalMetrics:
         if self.confusion:
             # Integer counts, an ignored position in an extra bin that is dropped: bincount with
             # weights has no deterministic CUDA kernel (deterministic: true would refuse it).
-            classes = self.num_classes
+            classes, first = self.num_classes, CLASS_COUNTS
             kept, labels, predictions = kept.reshape(-1), labels.reshape(-1), outputs.argmax(dim=-1).reshape(-1)
             spare = torch.full_like(labels, classes)
-            for offset, counted in ((3, torch.where(kept & (predictions == labels), labels, spare)),
-                                    (3 + classes, torch.where(kept, labels, spare)),
-                                    (3 + 2 * classes, torch.where(kept, predictions, spare))):
+            for offset, counted in ((first, torch.where(kept & (predictions == labels), labels, spare)),
+                                    (first + classes, torch.where(kept, labels, spare)),
+                                    (first + 2 * classes, torch.where(kept, predictions, spare))):
                 self.sums[offset:offset + classes] += torch.bincount(counted, minlength=classes + 1)[:classes]
         if self.gathers:  # classification only (refused at submit for text): no ignored positions to drop
             self.outputs.append(outputs.float())
@@ -111,7 +114,9 @@ class EvalMetrics:
         outputs_kept, targets_kept = self.outputs, self.targets
         self.start()
         if sums[2]:
-            names = ", ".join(self.builtins + [spec.import_path for _, spec, _ in self.own])
+            # top-5 takes wider logits (a padded vocabulary): it is named only if some were narrower
+            names = ", ".join([n for n in self.builtins if n != "top5_accuracy" or sums[3]]
+                              + [spec.import_path for _, spec, _ in self.own])
             raise UserCodeError(f"eval_metrics: the model returned logits of another width than the data's "
                                 f"{self.num_classes} classes in {int(sums[2])} eval batch(es); these need one "
                                 f"logit per class: {names}")
@@ -120,9 +125,9 @@ class EvalMetrics:
         if self.top5:
             results["eval/top5_accuracy"] = float(sums[0]) / counted if counted else math.nan
         if self.confusion:
-            classes = self.num_classes
-            results.update(confusion_metrics(sums[3:3 + classes], sums[3 + classes:3 + 2 * classes],
-                                             sums[3 + 2 * classes:], self.confusion))
+            classes, first = self.num_classes, CLASS_COUNTS
+            results.update(confusion_metrics(sums[first:first + classes], sums[first + classes:first + 2 * classes],
+                                             sums[first + 2 * classes:], self.confusion))
         if self.gathers:
             outputs, targets = _gathered(outputs_kept, targets_kept, self.num_classes)
             if "auroc" in self.builtins:

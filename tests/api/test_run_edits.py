@@ -45,3 +45,4 @@ def test_spec_diff_lists_only_differing_dotted_paths_with_each_value():
     digest = "24ee" * 16
     assert spec_diff({"code": None, "seed": 1}, {"code": {"digest": digest}, "seed": 1}) == {
         "code.digest": [None, digest]}
+    assert spec_diff({"data": {"limit": None, "x": 1}}, {"data": {"x": 1}}) == {}  # null or absent: the same

@@ -71,10 +71,11 @@ def test_run_page_charts_exactly_the_points_reported_and_asks_only_for_new_ones(
     evaluation = page.locator("#chart-eval-metrics")
     expect(evaluation).to_be_hidden()
     now = datetime.now(timezone.utc)
-    local_service.repo.add_metrics(run.id, [ReportedMetric(step=80, key=key, value=0.9, time=now) for key in
+    local_service.repo.add_metrics(run.id, [ReportedMetric(step=12345, key=key, value=0.9, time=now) for key in
                                             ("eval/f1_macro", "eval/auroc", "eval/top5_accuracy")])
     expect(evaluation).to_have_attribute("data-points", "2")
     expect(evaluation).to_be_visible()
+    expect(evaluation.locator(".chart-latest")).to_contain_text("eval/auroc 0.9 @ step 12345")  # a step whole
     expect(evaluation.locator("canvas")).to_have_count(1)
     expect(page.locator("#chart-quality")).to_have_attribute("data-points", "1")
 

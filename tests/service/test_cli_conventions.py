@@ -133,6 +133,11 @@ def test_a_submit_without_code_of_a_module_in_this_folder_is_warned_of(url, tmp_
     shutil.rmtree(tmp_path / "tabular")  # not here: nothing to say
     quiet = tessera("submit", "spec.yaml", "--url", url)
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr, quiet.output
+    (tmp_path / "tabular.py").write_text("")  # a module here: --code . would pack the whole folder, not suggested
+    module = tessera("submit", "spec.yaml", "--url", url)
+    assert "(--code DIR sends it with the run, DIR a folder that holds tabular and little else)" in " ".join(
+        module.stderr.split()), module.output
+    (tmp_path / "tabular.py").unlink()
     # A metric of your own, in the spec file's folder rather than this one.
     project = tmp_path / "project"
     (project / "metrics").mkdir(parents=True)

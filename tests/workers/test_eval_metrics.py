@@ -236,6 +236,10 @@ def test_top5_takes_wider_logits_a_padded_vocabulary_but_fewer_than_the_classes_
     targets = torch.tensor([7, 1])
     wider = torch.arange(10.0).expand(2, 10)  # tokens 5 to 9 on top: label 7 a hit, 1 a miss
     assert computed(["top5_accuracy"], wider, targets, chunks=1, classes=8) == {"eval/top5_accuracy": 0.5}
+    with pytest.raises(UserCodeError, match=r"these need one logit per class: f1_macro$"):  # top-5 took them
+        computed(["top5_accuracy", "f1_macro"], wider, targets, chunks=1, classes=8)
     with pytest.raises(UserCodeError, match=r"logits of another width than the data's 8 classes in 1 eval batch\(es\); "
                                             r"these need one logit per class: top5_accuracy"):
         computed(["top5_accuracy"], torch.zeros(2, 4), targets, chunks=1, classes=8)  # label 7 is past the logits
+    with pytest.raises(UserCodeError, match=r"these need one logit per class: top5_accuracy, f1_macro$"):
+        computed(["top5_accuracy", "f1_macro"], torch.zeros(2, 4), targets, chunks=1, classes=8)

@@ -39,7 +39,7 @@ def test_metrics_params_and_tags_reach_the_tracking_server(mlflow_server):
     from mlflow.tracking import MlflowClient
 
     spec = tiny_spec(eval_interval="1ba", tags=["baseline"],
-                     loggers=[{"name": "mlflow", "tracking_uri": mlflow_server, "experiment": "digits"}])
+                     loggers=[{"name": "mlflow", "tracking_uri": mlflow_server, "experiment": "logger-params"}])
     memory = MemorySink()
     sink = with_loggers(memory, spec, None, run_id="run-abc")
     train(spec, sink=sink)
@@ -47,7 +47,7 @@ def test_metrics_params_and_tags_reach_the_tracking_server(mlflow_server):
     sink.close()
 
     client = MlflowClient(tracking_uri=mlflow_server)
-    [run] = client.search_runs([client.get_experiment_by_name("digits").experiment_id])
+    [run] = client.search_runs([client.get_experiment_by_name("logger-params").experiment_id])
     assert run.data.tags["tessera.run_id"] == "run-abc" and run.data.tags["tag.baseline"] == "true"
     assert run.info.status == "FINISHED"
     assert run.data.params["optimizer.lr"] == flatten(spec.model_dump(mode="json"))["optimizer.lr"]

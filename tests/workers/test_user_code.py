@@ -238,10 +238,13 @@ def test_the_readme_example_packs_validates_and_builds(tmp_path, fresh_imports):
     # Its eval metrics, the package's own pr_auc among them, on digits' 10 classes.
     final = trainer.fit()
     assert 0.0 <= final["eval/f1_macro"] <= 1.0 and 0.0 < final["eval/pr_auc"] <= 1.0
-    from my_project.metrics import errors_per_class  # the dict example, called as the workers call it
+    from my_project.metrics import errors_per_class, fbeta, pr_auc  # called as the workers call them
 
     logits, labels = torch.eye(3)[[0, 1, 1]], torch.tensor([0, 1, 2])
     assert errors_per_class(logits, labels) == {"errors_0": 0, "errors_1": 0, "errors_2": 1}
+    assert fbeta(logits, labels, beta=2.0) == pytest.approx((1 + 5 / 6) / 3)  # class 1: P 1/2, R 1; class 2: 0
+    # A class absent from the split has no curve: left out, not scored 0 (perfect scores stay 1).
+    assert pr_auc(torch.eye(3)[[0, 1]] * 5, torch.tensor([0, 1])) == pytest.approx(1.0)
 
 
 def test_the_readme_text_example_trains_a_language_model_on_the_packages_corpus(tmp_path, fresh_imports):

@@ -25,7 +25,8 @@ export const PANELS = [
 
 const NO_POINTS = "No points yet.";
 const NO_POINTS_ENDED = "No points reported."; // an ended run sends no more: "yet" would promise some
-export const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490"];
+// Eight: Compare shows up to 8 runs, each in its own colour on every chart.
+export const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b91c1c", "#0e7490", "#a16207", "#4b5563"];
 const HEIGHT = 220;
 
 export class MetricChart {
@@ -87,7 +88,8 @@ export class MetricChart {
     this.lastSteps = steps;
     setText(this.latest, keys.map((k) => {
       const last = this.lastStep.get(k);
-      return `${k} ${formatNumber(this.series.get(k).get(last))} @ ${this.xLabel} ${formatNumber(last)}`;
+      const at = Number.isInteger(last) ? String(last) : formatNumber(last); // a step whole, not 1.23e+5
+      return `${k} ${formatNumber(this.series.get(k).get(last))} @ ${this.xLabel} ${at}`;
     }).join(" · "));
   }
 

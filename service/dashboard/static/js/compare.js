@@ -31,10 +31,12 @@ export const AXES = {
       (latest, p) => (latest === null || p.step > latest.step ? p : latest), null);
     return last === null ? () => null : (p) => (p.step * last.value) / last.step;
   } },
-  time: { title: "wall time (seconds since the run's first point)", label: "seconds", of: (points) => {
-    const start = Math.min(...points.map((p) => Date.parse(p.time)));
-    return (p) => (Date.parse(p.time) - start) / 1000;
-  } },
+  time: { title: "wall time (seconds since the run's first point, waits between attempts included)",
+    label: "seconds", of: (points) => {
+      let start = Infinity; // a loop: Math.min(...points) overflows the stack past ~125k points
+      for (const p of points) start = Math.min(start, Date.parse(p.time));
+      return (p) => (Date.parse(p.time) - start) / 1000;
+    } },
 };
 
 /** Metric keys in reading order: losses, accuracies and any other measure, then throughput, then bookkeeping. */
@@ -56,16 +58,15 @@ export function flatten(value, prefix = "", out = {}) {
 }
 
 /** The dotted paths whose values differ across `specs`, sorted, each with every spec's value
- *  (null where a spec lacks the path; a path null in every spec with fields below it in another
- *  is left to those fields). Same paths as api.spec_diff.spec_diff. */
+ *  (null where a spec lacks the path; a path null or absent in every spec is no difference).
+ *  Same paths as api.spec_diff.spec_diff. */
 export function specDiff(specs) {
   const flats = specs.map((spec) => flatten(spec));
   const paths = [...new Set(flats.flatMap((f) => Object.keys(f)))].sort();
   const diff = {};
   for (const path of paths) {
     const values = flats.map((f) => (path in f ? f[path] : null));
-    // null wherever it is a leaf, and another spec has fields below it: those fields are the rows
-    if (values.every((v) => v === null) && paths.some((p) => p.startsWith(`${path}.`))) continue;
+    if (values.every((v) => v === null)) continue; // null or absent in every spec: no difference to show
     const same = flats.every((f) => path in f) && values.every((v) => JSON.stringify(v) === JSON.stringify(values[0]));
     if (!same) diff[path] = values;
   }
@@ -126,18 +127,23 @@ function summaryCell(run, key) {
     el("span", { class: "muted small" }, ` best · ${latest} latest`));
 }
 
-/** The x-axis picker: choosing another reloads the page with it in the URL (so a link keeps it). */
-function axisPicker(runs, axis) {
+/** The x-axis picker: choosing another reloads the page with it in the URL (so a link keeps it).
+ *  `unplaced`: the runs with points none of which this axis can place, named under it. */
+function axisPicker(runs, axis, unplaced) {
   const ids = runs.map((run) => encodeURIComponent(run.id)).join(",");
   const choose = (e) => { window.location.hash = `#/compare?ids=${ids}&x=${e.target.value}`; };
-  return el("label", { class: "compare-x" }, "x-axis ",
-    el("select", { id: "compare-x", onchange: choose },
-      Object.entries(AXES).map(([name, a]) => el("option", { value: name, selected: name === axis }, a.title))));
+  return el("div", {},
+    el("label", { class: "compare-x" }, "x-axis ",
+      el("select", { id: "compare-x", onchange: choose },
+        Object.entries(AXES).map(([name, a]) => el("option", { value: name, selected: name === axis }, a.title)))),
+    unplaced.length ? el("p", { class: "muted small", id: "compare-x-note" },
+      `Not on this axis (no time/progress point to place their steps by): ${unplaced.map(label).join(", ")}`) : null);
 }
 
 function render(runs, points, charts, axis = "step") {
   const keys = orderKeys(new Set(points.flat().map((p) => p.key)));
   const xOf = points.map((runPoints) => AXES[axis].of(runPoints));
+  const unplaced = runs.filter((_run, r) => points[r].length && !points[r].some((p) => xOf[r](p) !== null));
   // A run keeps its colour on every chart, whichever other runs reported that key.
   const colors = new Map(runs.map((run, r) => [label(run), COLORS[r % COLORS.length]]));
   keys.forEach((key, i) => {
@@ -168,7 +174,7 @@ function render(runs, points, charts, axis = "step") {
   const books = charts.filter((c) => isBookkeeping(c.figure.dataset.key));
   return [
     el("section", { "aria-labelledby": "compare-charts-h" }, el("h2", { id: "compare-charts-h" }, "Curves"),
-      axisPicker(runs, axis),
+      axisPicker(runs, axis, unplaced),
       measured.length ? el("div", { class: "chart-grid" }, measured.map((c) => c.figure))
         : el("p", { class: "muted" }, `None of these runs reported ${keys.length ? "a training metric" : "metrics"}.`),
       books.length ? el("details", { id: "compare-all-keys" },
