@@ -51,6 +51,11 @@ SWEEP_METRIC_PATTERN = r"^eval/[a-z][a-z0-9_]{0,63}$"  # a sweep decides on eval
 RESERVED_METRIC_NAMES = frozenset({"loss", "accuracy", "perplexity"})  # every evaluation reports these itself
 
 
+def tesseras_own(name: str) -> bool:
+    """Whether ``eval/<name>`` is one Tessera reports (always, or as a built-in), not yours."""
+    return name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS
+
+
 class ImportedMetricSpec(ImportPath, _Spec):
     """Your own evaluation metric: ``import: "package.module:callable"``, shipped as a code package."""
 
@@ -165,7 +170,7 @@ def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval:
         if metric.name is None and not re.match(METRIC_NAME_PATTERN, name):
             problems.append(f"{at} would report a number it returns as eval/{name}, and a name must match "
                             f"{METRIC_NAME_PATTERN}; give it a name: {{import: ..., name: ...}}")
-        elif name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS:
+        elif tesseras_own(name):
             problems.append(f"{at} would report a number it returns as eval/{name}, which is Tessera's own; give it "
                             "a name of its own: {import: ..., name: ...}")
         elif name in names:
@@ -186,6 +191,6 @@ def metric_name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not re.match(METRIC_NAME_PATTERN, name):
         return (f"a name must match {METRIC_NAME_PATTERN} (lowercase letters, digits, underscores; it is reported as "
                 "eval/<name>)")
-    if name in RESERVED_METRIC_NAMES or name in BUILTIN_EVAL_METRICS:
+    if tesseras_own(name):
         return f"eval/{name} is Tessera's own; name yours differently"
     return None

@@ -19,8 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from api.algorithm_specs import ALGORITHM_SPECS
 from api.data_specs import dataset_domain, dataset_label
-from api.eval_metric_specs import (BUILTIN_EVAL_METRICS, RESERVED_METRIC_NAMES, SWEEP_METRIC_PATTERN,
-                                   reported_metric_names)
+from api.eval_metric_specs import BUILTIN_EVAL_METRICS, SWEEP_METRIC_PATTERN, reported_metric_names, tesseras_own
 from api.specs import NAME_PATTERN, RunSpec
 from api.time import IntervalTime, Time, TimeUnit
 from api.validation_errors import field_path, join_field, one_line
@@ -221,7 +220,7 @@ def metric_problems(sweep: SweepSpec) -> list[tuple[str, Any, str]]:
     better = metric_mode(sweep.metric)
     own = sweep.metric.removeprefix("eval/")
     listed, any_own = reported_metric_names(sweep.base.eval_metrics)
-    known = own in RESERVED_METRIC_NAMES or own in BUILTIN_EVAL_METRICS  # your own metric's direction is yours
+    known = tesseras_own(own)  # your own metric's direction is yours
     if sweep.mode != better and known:
         problems.append(("mode", sweep.mode, f"{sweep.metric} is better when {'higher' if better == 'max' else 'lower'}: "
                          f"set mode {better!r} or leave it out"))

@@ -29,15 +29,18 @@ def running_mlflow_server(folder: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while True:  # readiness: the server answers /health (a poll of a process starting, not a sleep in a test)
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+        while not _healthy(url):  # a poll of a process starting, not a sleep standing in for a test's sync
             assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
             time.sleep(0.5)
         yield url
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
+
+
+def _healthy(url: str) -> bool:
+    """Whether the server at ``url`` answers ``/health``; not yet listening is not yet healthy."""
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
