@@ -98,6 +98,26 @@ def wait_gone(pid: int, *, timeout_s: float) -> None:
     raise AssertionError(f"process {pid} still runs after {timeout_s} s")
 
 
+def signal_state(pid: int) -> str:
+    """A process's state and signal masks (hex bit sets) from /proc, or why they cannot be read."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"{pid}: {exc!r}"
+    return f"{pid}: " + ", ".join(line for line in lines if line.startswith(("State", "SigPnd", "ShdPnd", "SigBlk",
+                                                                              "SigIgn", "SigCgt")))
+
+
+def where_it_hangs(proc: subprocess.Popen, driver_pid: int, cwd: Path, env: dict[str, str]) -> str:
+    """What a hung stand-in, its driver and their server show: for a test's failure message."""
+    state = f"stand-in {signal_state(proc.pid)}\ndriver {signal_state(driver_pid)}"
+    proc.kill()
+    _, err = proc.communicate(timeout=30)
+    log = serving_log(cwd, env)
+    tail = "\n".join(log.read_text().splitlines()[-20:]) if log.exists() else "(no server log)"
+    return f"{state}\nthe stand-in's stderr:\n{err}\nthe server's log:\n{tail}"
+
+
 def start_driver(cwd: Path, env: dict[str, str], *args: str, **extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "workers.fork_exec", "probe_driver", *args], cwd=cwd,
                             env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -162,7 +182,11 @@ def test_a_stop_signal_to_the_stand_in_reaches_the_forked_driver(warm_node):
     driver = json.loads(proc.stdout.readline())
     assert driver["warm"] is True and driver["pid"] != proc.pid
     proc.send_signal(signal.SIGTERM)  # what Ray's job stop does
-    assert proc.wait(timeout=30) == 42  # the driver stopped gracefully, and the stand-in exits as it did
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the stand-in still runs 30 s after its SIGTERM\n{where_it_hangs(proc, driver['pid'], cwd, env)}")
+    assert code == 42  # the driver stopped gracefully, and the stand-in exits as it did
     assert proc.stdout.read().strip() == "trapped"
     wait_gone(driver["pid"], timeout_s=10)
 
