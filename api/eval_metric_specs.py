@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, WrapValidator, field_validator, model_validator
+from pydantic import (ConfigDict, Field, TypeAdapter, ValidationError, ValidatorFunctionWrapHandler,
+                      WrapValidator, field_validator, model_validator)
 
 from api.model_specs import ImportPath, _Spec, checked_import_path, refuse_unknown_fields
 
@@ -120,6 +121,7 @@ def route_metric(value: Any, handler: Any) -> Any:
 
 BuiltinMetricName = Literal[tuple(BUILTIN_EVAL_METRICS)]  # type: ignore[valid-type]  # the names above, one list
 EvalMetricSpec = Annotated[BuiltinMetricName | ImportedMetricSpec, WrapValidator(route_metric)]
+_ONE_METRIC: TypeAdapter[EvalMetricSpec] = TypeAdapter(EvalMetricSpec)
 
 
 def metric_label(metric: EvalMetricSpec) -> str:
@@ -127,41 +129,61 @@ def metric_label(metric: EvalMetricSpec) -> str:
     return metric if isinstance(metric, str) else f"import {metric.import_path}"
 
 
-def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval: bool,
-                         num_classes: int | None) -> list[str]:
-    """Rules that need the rest of the spec, one string each starting with the field's path
-    (``eval_metrics[1] 'auroc' ...``): a listed metric needs eval data, the built-ins that read
-    class labels are not for text (a vocabulary-sized confusion matrix), nor is your own callable
-    (the logits of every token would be gathered); top-5 accuracy needs more than 5 classes
-    (``num_classes``, where the data set's is known here); a metric listed twice is refused, and
-    so are two of your own that would report under one name, or one under a built-in's."""
-    problems: list[str] = []
+def every_problem_at_once(value: Any, handler: ValidatorFunctionWrapHandler) -> list[EvalMetricSpec]:
+    """The listed metrics. When some are refused, the spec's cross-field rules never run, so the
+    list's own rules (``listed_metric_problems``) are checked here, over the metrics that are not:
+    one 422 then names a metric listed twice beside an unknown name, not one after the other."""
+    try:
+        return handler(value)
+    except ValidationError as refused:
+        errors = refused.errors()
+        if not all(error["loc"] and isinstance(error["loc"][0], int) for error in errors):
+            raise  # not a list, or too long: there are no metrics to check against each other
+        refused_at = {error["loc"][0] for error in errors}
+        valid = {index: _ONE_METRIC.validate_python(metric) for index, metric in enumerate(value)
+                 if index not in refused_at}
+        problems = listed_metric_problems(valid)
+        if not problems:
+            raise
+        # pydantic's errors of the refused metrics as they are, and the list's problems one per line,
+        # which the 422 turns into an item each (api.validation_errors) as it does the cross-field rules'.
+        list_error = {"type": "value_error", "loc": (), "input": value,
+                      "ctx": {"error": ValueError("\n".join(problems))}}
+        raise ValidationError.from_exception_data(refused.title, [*errors, list_error])
+
+
+EvalMetricList = Annotated[list[EvalMetricSpec], WrapValidator(every_problem_at_once)]
+
+
+def _repeats(metrics: dict[int, EvalMetricSpec]) -> set[int]:
+    """The indices of the metrics that repeat an earlier one: the same name, or the same callable
+    with the same params and name."""
     seen: set[str] = set()
-    names: dict[str, int] = {}  # the name each of your own reports a number under -> its index
-    if metrics and not has_eval:
-        problems.append("data.eval is not set, but eval_metrics are computed on an eval data set: add one (the "
-                        "same data set as train, e.g. its test split) or remove eval_metrics")
-    for index, metric in enumerate(metrics):
-        at = f"eval_metrics[{index}] {metric_label(metric)!r}"
+    repeats: set[int] = set()
+    for index, metric in metrics.items():
         key = metric if isinstance(metric, str) else repr((metric.import_path, sorted(metric.params.items()),
                                                            metric.name))
         if key in seen:
+            repeats.add(index)
+        seen.add(key)
+    return repeats
+
+
+def listed_metric_problems(metrics: dict[int, EvalMetricSpec]) -> list[str]:
+    """The list's own rules, over its metrics by their index (a refused one left out), one string
+    each starting with the field's path: a metric listed twice is refused, and so is your own whose
+    params set what Tessera passes, or that would report under no valid name, under a name of
+    Tessera's own, or under the name another of yours reports (each needs a name of its own)."""
+    problems: list[str] = []
+    repeats = _repeats(metrics)
+    names: dict[str, int] = {}  # the name each of your own reports a number under -> its index
+    for index, metric in metrics.items():
+        at = f"eval_metrics[{index}] {metric_label(metric)!r}"
+        if index in repeats:
             problems.append(f"{at} is listed twice; list each metric once")
             continue
-        seen.add(key)
         if isinstance(metric, str):
-            if text and not BUILTIN_EVAL_METRICS[metric].text:
-                allowed = [name for name, info in BUILTIN_EVAL_METRICS.items() if info.text]
-                problems.append(f"{at} needs class labels, and text data's are a vocabulary's tokens; for text data "
-                                f"the built-in ones allowed are: {', '.join(allowed)} (eval/perplexity is reported "
-                                "always)")
-            if metric == "top5_accuracy" and not text and num_classes is not None and num_classes <= 5:
-                problems.append(f"{at} would always be 1: the data has {num_classes} classes, so the top 5 logits "
-                                "hold every label; list it for data of more than 5 classes")
             continue
-        if text:
-            problems.append(f"{at}: your own metrics take classification data's logits (N, C); text data's "
-                            "(every token's vocabulary-sized logits) are not gathered for them")
         passed = sorted({"outputs", "targets"} & set(metric.params))
         if passed:
             problems.append(f"eval_metrics[{index}].params sets {', '.join(passed)}, which Tessera passes itself "
@@ -178,6 +200,39 @@ def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval:
                             "would; give each a name of its own: {import: ..., name: ...}")
         names.setdefault(name, index)
     return problems
+
+
+def eval_metric_problems(metrics: list[EvalMetricSpec], *, text: bool, has_eval: bool,
+                         num_classes: int | None) -> list[str]:
+    """Rules that need the rest of the spec, then the list's own (``listed_metric_problems``), one
+    string each starting with the field's path (``eval_metrics[1] 'auroc' ...``): a listed metric
+    needs eval data, the built-ins that read class labels are not for text (a vocabulary-sized
+    confusion matrix), nor is your own callable (the logits of every token would be gathered);
+    top-5 accuracy needs more than 5 classes (``num_classes``, where the data set's is known here).
+    A metric listed twice is judged once, where it is first listed."""
+    problems: list[str] = []
+    if metrics and not has_eval:
+        problems.append("data.eval is not set, but eval_metrics are computed on an eval data set: add one (the "
+                        "same data set as train, e.g. its test split) or remove eval_metrics")
+    listed = dict(enumerate(metrics))
+    repeats = _repeats(listed)
+    for index, metric in listed.items():
+        at = f"eval_metrics[{index}] {metric_label(metric)!r}"
+        if index in repeats:
+            continue
+        if isinstance(metric, str):
+            if text and not BUILTIN_EVAL_METRICS[metric].text:
+                allowed = [name for name, info in BUILTIN_EVAL_METRICS.items() if info.text]
+                problems.append(f"{at} needs class labels, and text data's are a vocabulary's tokens; for text data "
+                                f"the built-in ones allowed are: {', '.join(allowed)} (eval/perplexity is reported "
+                                "always)")
+            if metric == "top5_accuracy" and not text and num_classes is not None and num_classes <= 5:
+                problems.append(f"{at} would always be 1: the data has {num_classes} classes, so the top 5 logits "
+                                "hold every label; list it for data of more than 5 classes")
+        elif text:
+            problems.append(f"{at}: your own metrics take classification data's logits (N, C); text data's "
+                            "(every token's vocabulary-sized logits) are not gathered for them")
+    return problems + listed_metric_problems(listed)
 
 
 def reported_metric_names(metrics: list[EvalMetricSpec]) -> tuple[set[str], bool]:

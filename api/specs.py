@@ -16,7 +16,7 @@ from api.catalog import (ALGORITHMS, DATASETS, MODEL_RESIDUAL_BLOCKS, MODELS, MO
                          MODELS_WITHOUT_DROPOUT, arch_lacks_batchnorm, arch_lacks_dropout, residual_blocks_of_arch)
 from api.data_specs import (ImageFolderSpec, ImportedDataSpec, WebDatasetSpec, dataset_domain, dataset_label,
                              route_data_spec, task_problem)
-from api.eval_metric_specs import BUILTIN_EVAL_METRICS, MAX_EVAL_METRICS, EvalMetricSpec, eval_metric_problems
+from api.eval_metric_specs import BUILTIN_EVAL_METRICS, MAX_EVAL_METRICS, EvalMetricList, eval_metric_problems
 from api.logger_specs import LoggerSpec
 from api.model_specs import (CodeRef, ImportedModelSpec, ModelTraits, TorchvisionModelSpec, imported_traits,
                              route_model_spec, torchvision_traits)
@@ -397,7 +397,7 @@ class RunSpec(Spec):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     max_duration: DurationTime
     eval_interval: IntervalTime | None = Field(None, description="evaluate every interval and at the end")
-    eval_metrics: list[EvalMetricSpec] = Field(
+    eval_metrics: EvalMetricList = Field(
         default_factory=list, max_length=MAX_EVAL_METRICS, exclude_if=lambda metrics: not metrics,
         description=f"evaluation metrics besides eval/loss and eval/accuracy: built-in names "
                     f"({', '.join(BUILTIN_EVAL_METRICS)}) or your own {{import: 'package.module:callable', "

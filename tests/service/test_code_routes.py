@@ -669,8 +669,9 @@ def test_your_own_eval_metric_is_checked_against_the_package_and_built_in_ones_b
     assert "has no 'aucc' at the top level of my_project/nets.py" in items[1]["msg"]
     body["eval_metrics"] = ["f1", "auroc", "auroc"]
     items = code_client.post(f"{API}/runs", json=body).json()["detail"]
-    assert [(i["field"], i["input"]) for i in items] == [("eval_metrics[0]", "f1")]
+    assert [(i["field"], i["input"]) for i in items] == [("eval_metrics[0]", "f1"), ("eval_metrics[2]", "auroc")]
     assert "'f1' is not a built-in evaluation metric; close names: f1_macro" in items[0]["msg"]
+    assert "listed twice" in items[1]["msg"]  # in the same 422, not the next submit's
     body["eval_metrics"] = ["auroc", "auroc"]
     [item] = code_client.post(f"{API}/runs", json=body).json()["detail"]
     assert item["field"] == "eval_metrics[1]" and "listed twice" in item["msg"]
