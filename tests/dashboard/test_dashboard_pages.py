@@ -80,6 +80,71 @@ def test_run_page_charts_exactly_the_points_reported_and_asks_only_for_new_ones(
     expect(page.locator("#chart-quality")).to_have_attribute("data-points", "1")
 
 
+def line_height(page, selector: str, rgb: tuple[int, int, int]) -> float:
+    """How tall (CSS px) the pixels of colour `rgb` stand on the canvas under `selector`: the
+    vertical room a series' line and points take on its chart."""
+    return page.evaluate("""([selector, [r, g, b]]) => {
+        const canvas = document.querySelector(selector);
+        const { data, width, height } = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height);
+        let top = height, bottom = -1;
+        for (let y = 0; y < height; y++) for (let x = 0; x < width; x++) {
+            const i = 4 * (y * width + x);
+            if (data[i + 3] > 200 && Math.abs(data[i] - r) < 8 && Math.abs(data[i + 1] - g) < 8
+                && Math.abs(data[i + 2] - b) < 8) { top = Math.min(top, y); bottom = Math.max(bottom, y); }
+        }
+        return Math.max(0, bottom - top) * canvas.getBoundingClientRect().height / canvas.height;
+    }""", [selector, list(rgb)])
+
+
+def test_an_eval_metric_outside_0_to_1_gets_a_chart_of_its_own_and_leaves_the_scores_readable(page, local_service):
+    repo = local_service.repo
+    run = make_run(repo, "eval-scales")
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    expect(page.locator("#chart-loss")).to_be_visible()
+    count_key = "eval/errors_per_class/3"
+
+    def report(step: int, f1: float, auroc: float, errors: float) -> None:
+        now = datetime.now(timezone.utc)
+        repo.add_metrics(run.id, [ReportedMetric(step=step, key=key, value=value, time=now) for key, value in
+                                  (("eval/f1_macro", f1), ("eval/auroc", auroc), (count_key, errors))])
+
+    # A count of 0 is within [0, 1]: it shares the scores' chart while it stays there.
+    scores = page.locator("#chart-eval-metrics")
+    labels = "fig => [...fig.querySelectorAll('.u-series .u-label')].slice(1).map(l => l.textContent)"
+    markers = ("fig => [...fig.querySelectorAll('.u-series .u-marker')].slice(1)"
+               ".map(m => getComputedStyle(m).borderColor)")
+    report(10, 0.5, 0.7, 0)
+    expect(scores).to_have_attribute("data-points", "3")
+    assert scores.evaluate(labels) == ["eval/f1_macro", "eval/auroc", count_key]
+
+    for step, f1, auroc, errors in ((20, 0.7, 0.8, 40), (30, 0.8, 0.9, 25), (40, 0.9, 0.95, 12)):
+        report(step, f1, auroc, errors)
+    count = page.locator(f'figure.chart[data-key="{count_key}"]')
+    expect(count).to_have_attribute("data-points", "4")  # its 0 at step 10 moved with it
+    expect(scores).to_have_attribute("data-points", "8")
+    expect(count.locator("figcaption")).to_have_text(count_key)
+    expect(count.locator(".chart-latest")).to_have_text(f"{count_key} 12 @ step 40")
+    expect(scores.locator(".chart-latest")).not_to_contain_text("errors_per_class")
+    assert scores.evaluate(labels) == ["eval/f1_macro", "eval/auroc"]
+    assert scores.evaluate("fig => fig.nextElementSibling.dataset.key") == count_key  # beside the panel
+    # Each key keeps the colour it had on the shared chart; the scores' y-axis is theirs alone, so
+    # f1 (0.5 -> 0.9) climbs most of the chart's height instead of lying flat under a count of 40.
+    assert scores.evaluate(markers) == ["rgb(31, 95, 191)", "rgb(194, 65, 12)"]
+    assert count.evaluate(markers) == ["rgb(21, 128, 61)"]
+    assert line_height(page, "#chart-eval-metrics canvas", (31, 95, 191)) > 60  # of 220 px; 0 beside a count
+    assert line_height(page, f'figure.chart[data-key="{count_key}"] canvas', (21, 128, 61)) > 60
+
+    # A run whose only eval metric is a count shows its chart alone: the scores' panel stays hidden.
+    counts_only = make_run(repo, "eval-count-only")
+    page.goto(dashboard_url(local_service.url, f"runs/{counts_only.id}"))
+    expect(page.locator("#chart-loss")).to_be_visible()
+    now = datetime.now(timezone.utc)
+    repo.add_metrics(counts_only.id, [ReportedMetric(step=s, key=count_key, value=v, time=now)
+                                      for s, v in ((10, 1), (20, 7), (30, 3))])
+    expect(page.locator(f'figure.chart[data-key="{count_key}"]')).to_have_attribute("data-points", "3")
+    expect(page.locator("#chart-eval-metrics")).to_be_hidden()
+
+
 def test_events_timeline_shows_restarts_even_between_two_polls(page, local_service):
     repo = local_service.repo
     run = make_run(repo, "restarts")

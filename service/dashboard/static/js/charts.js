@@ -10,14 +10,16 @@ const QUALITY = /(accuracy|perplexity)$/;
 
 /** The run page's panels: which metric keys each one plots. Unmatched keys are not charted.
  *  `never(spec)`: why a run with this spec never reports the panel's metrics (null: it may).
- *  `untilPoints`: the panel is hidden until its first point (most runs never report its keys). */
+ *  `untilPoints`: the panel is hidden until its first point (most runs never report its keys).
+ *  `byScale`: the panel's chart holds the keys whose values all lie within [0, 1]; each other key
+ *  gets a chart of its own beside it (ScaleSplitChart). */
 export const PANELS = [
   { id: "loss", title: "Loss", match: (key) => LOSS.test(key) },
   { id: "quality", title: "Accuracy / perplexity", match: (key) => QUALITY.test(key),
     never: (spec) => (spec?.data && !spec.data.eval
       ? "No eval data set: this run's spec has no data.eval, so it reports no accuracy or perplexity." : null) },
   // The spec's eval_metrics (eval/f1_macro, eval/auroc, your own), but those named *accuracy, charted above.
-  { id: "eval-metrics", title: "Evaluation metrics", untilPoints: true,
+  { id: "eval-metrics", title: "Evaluation metrics", untilPoints: true, byScale: true,
     match: (key) => key.startsWith("eval/") && !LOSS.test(key) && !QUALITY.test(key) },
   { id: "throughput", title: "Throughput (samples/s)", match: (key) => key.startsWith("throughput/") },
   { id: "lr", title: "Learning rate", match: (key) => key === "lr" || key.startsWith("lr/") },
@@ -31,6 +33,7 @@ const HEIGHT = 220;
 
 export class MetricChart {
   constructor({ id, title, untilPoints = false, xLabel = "step", colorOf = null }) {
+    this.untilPoints = untilPoints;
     this.xLabel = xLabel; // what the x values are: steps, or what Compare's x-axis picker chose
     this.colorOf = colorOf; // a series' colour by its key (Compare: each run's own on every chart), else by order
     this.series = new Map(); // key -> Map(step -> value)
@@ -58,6 +61,16 @@ export class MetricChart {
     this.dirty = true;
   }
 
+  /** Take series `key` off the chart; returns its points (step -> value), none if it had none. */
+  remove(key) {
+    const points = this.series.get(key) || new Map();
+    this.series.delete(key);
+    this.lastStep.delete(key);
+    this.numPoints -= points.size;
+    if (points.size) this.dirty = true;
+    return points;
+  }
+
   /** What the chart says while it has no points: `why` it never will, or (null) that none came
    *  (yet, unless the run has `ended`). */
   explainEmpty(why, ended = false) {
@@ -77,7 +90,8 @@ export class MetricChart {
     })];
     this.figure.dataset.points = String(this.numPoints);
     this.emptyNote.hidden = steps.length > 0;
-    if (steps.length) this.figure.hidden = false; // shown before the plot is made: it takes the figure's width
+    // Shown before the plot is made: it takes the figure's width.
+    this.figure.hidden = this.untilPoints && !steps.length;
     if (this.plot && this.plotKeys === keys.join(",")) {
       const x = this.plot.scales.x;
       const zoomed = x.min !== null && (x.min > this.lastSteps[0] || x.max < this.lastSteps[this.lastSteps.length - 1]);
@@ -134,10 +148,57 @@ export class MetricChart {
   }
 }
 
+/** A panel whose metrics may differ in scale: 0–1 scores (eval/f1_macro 0.93) share the panel's
+ *  chart, and any key with a value outside [0, 1] (a count such as eval/errors_per_class/3 = 40)
+ *  moves, points and all, to a chart of its own that follows it in the grid, for good: on one
+ *  y-axis the count would flatten the scores into a line at the bottom. A key keeps its colour
+ *  wherever it is drawn. Same interface as MetricChart, for ChartGrid. */
+class ScaleSplitChart {
+  constructor(panel) {
+    this.panel = panel;
+    this.colors = new Map(); // key -> its colour, by first-seen order in the panel
+    this.colorOf = (key) => this.colors.get(key);
+    this.shared = new MetricChart({ ...panel, colorOf: this.colorOf });
+    this.figure = this.shared.figure;
+    this.own = new Map(); // key -> the chart of that key alone
+  }
+
+  add(key, step, value) {
+    if (!this.colors.has(key)) this.colors.set(key, COLORS[this.colors.size % COLORS.length]);
+    let chart = this.own.get(key);
+    if (!chart && (value < 0 || value > 1)) {
+      chart = new MetricChart({ id: `${this.panel.id}-${this.own.size + 1}`, title: key, untilPoints: true,
+        colorOf: this.colorOf });
+      chart.figure.dataset.key = key;
+      this._charts().at(-1).figure.after(chart.figure); // after the panel's last chart
+      this.own.set(key, chart);
+      for (const [s, v] of this.shared.remove(key)) chart.add(key, s, v);
+    }
+    (chart || this.shared).add(key, step, value);
+  }
+
+  explainEmpty(why, ended = false) {
+    this.shared.explainEmpty(why, ended); // a chart of its own is made with its first point
+  }
+
+  flush() {
+    for (const chart of this._charts()) chart.flush();
+  }
+
+  destroy() {
+    for (const chart of this._charts()) chart.destroy();
+  }
+
+  _charts() {
+    return [this.shared, ...this.own.values()];
+  }
+}
+
 /** One chart per panel; `add(points)` routes API metric points to the panels that match. */
 export class ChartGrid {
   constructor() {
-    this.charts = PANELS.map((panel) => ({ panel, chart: new MetricChart(panel) }));
+    this.charts = PANELS.map((panel) => ({ panel,
+      chart: panel.byScale ? new ScaleSplitChart(panel) : new MetricChart(panel) }));
     this.element = el("div", { class: "chart-grid" }, this.charts.map((c) => c.chart.figure));
   }
 
