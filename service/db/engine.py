@@ -55,6 +55,20 @@ def json_loads(text: str | bytes) -> Any:
     return json.loads(text)
 
 
+def plan_each_statement(dbapi_connection, _record) -> None:
+    """Plan every statement for its own values (``plan_cache_mode = force_custom_plan``).
+
+    psycopg prepares a statement on the server once a connection has run it 5 times, and after 5
+    plans of a prepared statement for its values PostgreSQL may plan it once for any values (a
+    generic plan) when that plan's estimate is no dearer. A run's metric points are a few of the
+    table's, but a generic plan cannot know which run or key: for ``GET /runs/{id}/metrics?key=``
+    it walked the primary key from ``after`` and dropped other runs' points. A prepared statement
+    still saves the parse; only the plan is redone (``bench/metric_reads.py``, migration 0010)."""
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_custom_plan")
+    dbapi_connection.commit()
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url`` (``sqlite:///path`` or ``postgresql+psycopg://...``)."""
     url = make_url(database_url)
@@ -65,8 +79,10 @@ def make_engine(database_url: str) -> Engine:
         # backend) per request.
         # READ COMMITTED whatever the server's default: reads run in autocommit on the grounds that
         # a transaction's statements would each see their own snapshot anyway (service.db.session).
-        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
-                             isolation_level="READ COMMITTED", json_deserializer=json_loads)
+        engine = create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
+                               isolation_level="READ COMMITTED", json_deserializer=json_loads)
+        event.listen(engine, "connect", plan_each_statement)
+        return engine
 
     if url.database and url.database != ":memory:":
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)

@@ -161,7 +161,7 @@ class Metric(Base):
     __tablename__ = "metrics"
 
     seq: Mapped[int] = mapped_column(BigSeq, primary_key=True, autoincrement=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))  # indexed with seq below
     step: Mapped[int] = mapped_column(BigInteger)
     key: Mapped[str] = mapped_column(String(128))
     value: Mapped[float] = mapped_column(Float)
@@ -171,6 +171,7 @@ class Metric(Base):
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     superseded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
+    # Every lookup by run goes through (run_id, seq); a lone (run_id) index went in migration 0010.
     __table_args__ = (Index("ix_metrics_run_id_seq", "run_id", "seq"),)
 
 
