@@ -63,7 +63,8 @@ def plan_each_statement(dbapi_connection, _record) -> None:
     generic plan) when that plan's estimate is no dearer. A run's metric points are a few of the
     table's, but a generic plan cannot know which run or key: for ``GET /runs/{id}/metrics?key=``
     it walked the primary key from ``after`` and dropped other runs' points. A prepared statement
-    still saves the parse; only the plan is redone (``bench/metric_reads.py``, migration 0010)."""
+    still saves the parse; only the plan is redone (``bench/metric_reads.py``, migration 0010).
+    PostgreSQL has the setting from version 12."""
     with dbapi_connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_custom_plan")
     dbapi_connection.commit()
