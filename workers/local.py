@@ -2,7 +2,8 @@
 
 A single-worker run (strategy ``none``) trains in this process: no Ray, no process group.
 A DDP/FSDP run starts a local Ray (unless one is connected) and goes through ``fit_with_ray``;
-when it fails or is interrupted, this process ends the MLflow runs its ranks left RUNNING.
+when it fails or is interrupted, this process ends the MLflow runs its ranks left RUNNING. A Ray
+it started is shut down after the run, and this process's environment is as it was before.
 
 Checkpoints use the service's layout (``workers.paths``) with ``checkpoint_dir`` as the storage
 root and the spec's name as the run id (the CLI's default ``checkpoint_dir`` is
@@ -13,12 +14,14 @@ before (a one-worker checkpoint reshards onto DDP workers and back).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
@@ -77,23 +80,23 @@ def train_local(spec: RunSpec, *, sink: MetricSink | None = None,
 def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: str | None) -> dict[str, float]:
     import ray
 
+    if ray.is_initialized():  # a Ray the caller connected to: the caller's, environment included
+        return _fit_on_ray(spec, sink, storage_url, shut_down=False)
+    # ray.init, and the variables set for a private Ray, change this process's environment
+    # (RAY_AUTH_MODE, PYTHONBREAKPOINT set to Ray's debugger, ...): a notebook's later code must
+    # not inherit them.
+    with environment_restored():
+        _start_private_ray(spec)
+        return _fit_on_ray(spec, sink, storage_url, shut_down=True)
+
+
+def _fit_on_ray(spec: RunSpec, sink: MetricSink | None, storage_url: str | None, *,
+                shut_down: bool) -> dict[str, float]:
+    """``fit_with_ray`` on the connected Ray, then ``ray.shutdown()`` if ``shut_down``."""
+    import ray
+
     from workers.ray_train import fit_with_ray
 
-    started = False
-    if not ray.is_initialized():
-        # One extra CPU for Ray Train's controller; and at least 4 logical CPUs: on a 2-core
-        # machine, Ray told the real count starves the worker group, whose start then waits
-        # forever (WorkerGroupStartupTimeoutError on every retry).
-        needed = spec.parallelism.num_workers * spec.parallelism.cpus_per_worker + 1
-        pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        # A private, short-lived Ray, as the service's embedded head is (service/ray_head.py):
-        # Ray 2.60 would otherwise make a cluster token and leave it in ~/.ray/auth_token. Left
-        # set in this process after: Ray reads the mode again as its driver connects later.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        address = _start_local_ray(num_cpus=max(4, needed), env_vars={"PYTHONPATH": pythonpath})
-        started = True
-        log.info("local Ray at %s for %d workers", address, spec.parallelism.num_workers)
     run_id = spec.name if storage_url is not None else f"local-{spec.name}-{uuid.uuid4().hex[:8]}"
     started_ms = int(time.time() * 1000)  # a run id of a spec's name: another train of it may be running
     try:
@@ -104,7 +107,7 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
                 attempt = _next_attempt(run_url(storage_url, spec.name))
                 metrics = fit_with_ray(spec, run_id=run_id, storage_url=storage_url, attempt=attempt)
         finally:
-            if started:
+            if shut_down:
                 ray.shutdown()
     except BaseException as exc:
         # A rank 0 that raised ended its MLflow run FAILED; one Ctrl-C (or a SIGTERM: see
@@ -118,6 +121,39 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
             sink.add(step, key, value)
         sink.close()
     return metrics
+
+
+def _start_private_ray(spec: RunSpec) -> None:
+    """Start a local Ray for ``spec``'s workers (or connect to ``RAY_ADDRESS``'s), to be shut
+    down after the run."""
+    # One extra CPU for Ray Train's controller; and at least 4 logical CPUs: on a 2-core
+    # machine, Ray told the real count starves the worker group, whose start then waits
+    # forever (WorkerGroupStartupTimeoutError on every retry).
+    needed = spec.parallelism.num_workers * spec.parallelism.cpus_per_worker + 1
+    pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    # A private, short-lived Ray, as the service's embedded head is (service/ray_head.py):
+    # Ray 2.60 would otherwise make a cluster token and leave it in ~/.ray/auth_token. Kept while
+    # this process is connected (until ray.shutdown), not only while the head starts: Ray reads
+    # the mode again as its driver connects.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = _start_local_ray(num_cpus=max(4, needed), env_vars={"PYTHONPATH": pythonpath})
+    log.info("local Ray at %s for %d workers", address, spec.parallelism.num_workers)
+
+
+@contextlib.contextmanager
+def environment_restored() -> Iterator[None]:
+    """Within the block, ``os.environ`` may change; after it, every variable is as it was
+    before (added ones removed), whether the block ends or raises."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in os.environ.keys() - before.keys():
+            del os.environ[key]
+        for key, value in before.items():
+            if os.environ.get(key) != value:  # only those that changed: the rest stay untouched
+                os.environ[key] = value
 
 
 def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str]) -> str:

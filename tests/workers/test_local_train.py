@@ -1,5 +1,6 @@
 """``tessera train`` without the service checkpoints as it goes, and running the same spec again
-resumes from the newest committed checkpoint: in process, and across a killed CLI process."""
+resumes from the newest committed checkpoint: in process, and across a killed CLI process. A DDP
+run's private Ray leaves its caller's environment as it was."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.conftest import REPO_ROOT
 from tests.workers.checkpoint_helpers import assert_bitwise_equal, latest_url
 from tests.workers.helpers_specs import tiny_spec
 from workers.checkpoint import IncompatibleCheckpoint
-from workers.local import latest_local_checkpoint, local_run_url, train_local
+from workers.local import environment_restored, latest_local_checkpoint, local_run_url, train_local
 from workers.reporter import MemorySink
 
 
@@ -120,3 +121,47 @@ def test_tessera_train_of_a_ddp_spec_beside_another_ray_cluster_starts_its_own_a
     assert trained.returncode == 0, output[-3000:]
     assert json.loads(trained.stdout[trained.stdout.rindex("\n{"):])["time/batch"] == 3
     assert "multiple active Ray instances" not in output and "Traceback" not in output, output[-3000:]
+
+
+# Left out of a child's environment: what a local train's Ray sets in its process (this one's has
+# them from conftest and ray_client), and RAY_ADDRESS, which would make it join this session's Ray.
+RAY_SETS = ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_ADDRESS", "RAY_CLIENT_MODE", "PYTHONBREAKPOINT")
+
+# Trains a DDP spec with a private local Ray; writes the variables that differ from before.
+ENVIRONMENT_AFTER_A_RUN = """
+import json, os, sys
+import ray  # its import sets RAY_CLIENT_MODE=0 for good, before any run: the module's, not a run's
+from tests.workers.helpers_specs import tiny_spec
+from workers.local import train_local
+from workers.reporter import MemorySink
+
+before = dict(os.environ)
+metrics = train_local(tiny_spec(name="env", parallelism={"strategy": "ddp", "num_workers": 2}), sink=MemorySink())
+changed = sorted(k for k in before.keys() | os.environ.keys() if before.get(k) != os.environ.get(k))
+with open(sys.argv[1], "w") as out:
+    json.dump([metrics["time/batch"], changed], out)
+"""
+
+
+@pytest.mark.integration
+def test_a_local_ddp_run_leaves_the_environment_of_its_caller_as_it_was(tmp_path):
+    """A notebook that trains a DDP spec with ``train_local`` goes on with the environment it
+    had: not with ``RAY_AUTH_MODE=disabled`` (set for the private Ray) for its own Ray later, nor
+    with what ``ray.init`` sets (``PYTHONBREAKPOINT`` to Ray's debugger). In a process of its own:
+    this one's environment has Ray's variables already."""
+    env = {key: value for key, value in os.environ.items() if key not in RAY_SETS}
+    seen_file = tmp_path / "seen.json"
+    done = subprocess.run([sys.executable, "-c", ENVIRONMENT_AFTER_A_RUN, str(seen_file)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(seen_file.read_text()) == [2, []]
+
+
+def test_the_environment_is_restored_when_the_run_raises_too(monkeypatch):
+    monkeypatch.setenv("TESSERA_KEPT", "as it was")
+    monkeypatch.delenv("TESSERA_ADDED", raising=False)
+    with pytest.raises(RuntimeError), environment_restored():
+        os.environ["TESSERA_KEPT"] = "changed"
+        os.environ["TESSERA_ADDED"] = "added"
+        raise RuntimeError("the ranks refused the checkpoint")
+    assert os.environ["TESSERA_KEPT"] == "as it was" and "TESSERA_ADDED" not in os.environ
