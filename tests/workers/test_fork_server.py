@@ -111,8 +111,13 @@ def signal_state(pid: int) -> str:
 def where_it_hangs(proc: subprocess.Popen, driver_pid: int, cwd: Path, env: dict[str, str]) -> str:
     """What a hung stand-in, its driver and their server show: for a test's failure message."""
     state = f"stand-in {signal_state(proc.pid)}\ndriver {signal_state(driver_pid)}"
-    proc.kill()
-    _, err = proc.communicate(timeout=30)
+    for pid in (proc.pid, driver_pid):  # the driver holds the stand-in's pipes: both go, or no EOF comes
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        err = "(still open 10 s after both were killed)"
     log = serving_log(cwd, env)
     tail = "\n".join(log.read_text().splitlines()[-20:]) if log.exists() else "(no server log)"
     return f"{state}\nthe stand-in's stderr:\n{err}\nthe server's log:\n{tail}"
