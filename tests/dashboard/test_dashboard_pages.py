@@ -96,19 +96,19 @@ def line_height(page, selector: str, rgb: tuple[int, int, int]) -> float:
     }""", [selector, list(rgb)])
 
 
-def test_an_eval_metric_outside_0_to_1_gets_a_chart_of_its_own_and_leaves_the_scores_readable(page, local_service):
+def test_an_eval_metric_outside_minus_1_to_1_gets_a_chart_of_its_own_and_leaves_the_scores_readable(page, local_service):
     repo = local_service.repo
     run = make_run(repo, "eval-scales")
     page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
     expect(page.locator("#chart-loss")).to_be_visible()
-    count_key = "eval/errors_per_class/3"
+    count_key = "eval/errors_per_class_3"  # a dict metric's key, as named
 
     def report(step: int, f1: float, auroc: float, errors: float) -> None:
         now = datetime.now(timezone.utc)
         repo.add_metrics(run.id, [ReportedMetric(step=step, key=key, value=value, time=now) for key, value in
                                   (("eval/f1_macro", f1), ("eval/auroc", auroc), (count_key, errors))])
 
-    # A count of 0 is within [0, 1]: it shares the scores' chart while it stays there.
+    # A count of 0 is within [-1, 1]: it shares the scores' chart while it stays there.
     scores = page.locator("#chart-eval-metrics")
     labels = "fig => [...fig.querySelectorAll('.u-series .u-label')].slice(1).map(l => l.textContent)"
     markers = ("fig => [...fig.querySelectorAll('.u-series .u-marker')].slice(1)"
@@ -133,6 +133,10 @@ def test_an_eval_metric_outside_0_to_1_gets_a_chart_of_its_own_and_leaves_the_sc
     assert count.evaluate(markers) == ["rgb(21, 128, 61)"]
     assert line_height(page, "#chart-eval-metrics canvas", (31, 95, 191)) > 60  # of 220 px; 0 beside a count
     assert line_height(page, f'figure.chart[data-key="{count_key}"] canvas', (21, 128, 61)) > 60
+    # A score of -1 to 1 (a correlation, Cohen's kappa) stays with the scores.
+    repo.add_metrics(run.id, [ReportedMetric(step=50, key="eval/mcc", value=-0.3, time=datetime.now(timezone.utc))])
+    expect(scores).to_have_attribute("data-points", "9")
+    assert scores.evaluate(labels) == ["eval/f1_macro", "eval/auroc", "eval/mcc"]
 
     # A run whose only eval metric is a count shows its chart alone: the scores' panel stays hidden.
     counts_only = make_run(repo, "eval-count-only")

@@ -11,7 +11,7 @@ const QUALITY = /(accuracy|perplexity)$/;
 /** The run page's panels: which metric keys each one plots. Unmatched keys are not charted.
  *  `never(spec)`: why a run with this spec never reports the panel's metrics (null: it may).
  *  `untilPoints`: the panel is hidden until its first point (most runs never report its keys).
- *  `byScale`: the panel's chart holds the keys whose values all lie within [0, 1]; each other key
+ *  `byScale`: the panel's chart holds the keys whose values all lie within [-1, 1]; each other key
  *  gets a chart of its own beside it (ScaleSplitChart). */
 export const PANELS = [
   { id: "loss", title: "Loss", match: (key) => LOSS.test(key) },
@@ -148,8 +148,8 @@ export class MetricChart {
   }
 }
 
-/** A panel whose metrics may differ in scale: 0–1 scores (eval/f1_macro 0.93) share the panel's
- *  chart, and any key with a value outside [0, 1] (a count such as eval/errors_per_class/3 = 40)
+/** A panel whose metrics may differ in scale: scores (eval/f1_macro 0.93, a correlation -0.2) share
+ *  the panel's chart, and any key with a value outside [-1, 1] (a count such as eval/errors_per_class_3 = 40)
  *  moves, points and all, to a chart of its own that follows it in the grid, for good: on one
  *  y-axis the count would flatten the scores into a line at the bottom. A key keeps its colour
  *  wherever it is drawn. Same interface as MetricChart, for ChartGrid. */
@@ -166,7 +166,7 @@ class ScaleSplitChart {
   add(key, step, value) {
     if (!this.colors.has(key)) this.colors.set(key, COLORS[this.colors.size % COLORS.length]);
     let chart = this.own.get(key);
-    if (!chart && (value < 0 || value > 1)) {
+    if (!chart && Math.abs(value) > 1) {
       chart = new MetricChart({ id: `${this.panel.id}-${this.own.size + 1}`, title: key, untilPoints: true,
         colorOf: this.colorOf });
       chart.figure.dataset.key = key;
