@@ -10,19 +10,21 @@ with ``eval/f1_macro`` every 500 steps (a rare key). Beside the primary key (seq
 ``(run_id, seq)``, the arms compared, in turns (which goes first rotates):
 
 - **before**: ``(run_id)`` too (migrations up to 0009), and PostgreSQL's default
-  ``plan_cache_mode`` (auto): psycopg prepares a statement on a connection's fifth run of it, and
+  ``plan_cache_mode`` (auto): psycopg prepares a statement on a connection's sixth run of it, and
   after five plans for its values PostgreSQL may plan it once for any values (a generic plan);
-- **after**: no more indexes (migration 0010 drops ``(run_id)``), every statement planned for its
-  values (``force_custom_plan``, what ``service.db.engine.make_engine`` sets);
+- **plans_alone**: the indexes of before, every statement planned for its values
+  (``force_custom_plan``, what ``service.db.engine.make_engine`` sets);
+- **after**: that, and no more indexes (migration 0010 drops ``(run_id)``);
 - **key_index**: ``(run_id, key, seq)`` in place of ``(run_id)``, plans as before (an
   alternative, not taken: see the writes).
 
 Timed through ``Repository.metric_rows_after`` (the route's query) on the service's engine,
 whose connection has run each read 11 times first, as a service's long-lived ones have, p50/p99
 each: the rare key's points read whole (pages of 5,000), the run's first page unfiltered (a
-dashboard's first load) and the common key's first page; with PostgreSQL's plan of the rare key's
-read. And what each index set costs writes: ms per 1,000-point COPY (the report route's insert) into three copies of
-``metrics``, one per set, rotating batch by batch. The database is dropped at the end.
+dashboard's first load) and the common key's first page; with PostgreSQL's plans of the two key
+reads as the arm's connection executes them. And what each index set costs writes: ms per
+1,000-point COPY (the report route's insert) into three copies of ``metrics``, one per set,
+rotating batch by batch. The database is dropped at the end.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ INDEXES = {  # what each index set adds to the primary key (seq) and (run_id, se
 }
 SECOND_INDEX = {"old": "(run_id)", "lean": None, "key": "(run_id, key, seq)"}
 # Each arm: an index set and the plan cache mode of its connections (make_engine's is force_custom_plan).
-ARMS = {"before": ("old", "auto"), "after": ("lean", "force_custom_plan"), "key_index": ("key", "auto")}
+ARMS = {"before": ("old", "auto"), "plans_alone": ("old", "force_custom_plan"), "after": ("lean", "force_custom_plan"),
+        "key_index": ("key", "auto")}
 
 
 def use_indexes(engine, name: str) -> None:
@@ -100,19 +103,40 @@ def reads(repo, run_id: str) -> dict:
             "common_key_first_page": lambda: repo.metric_rows_after(run_id, 0, PAGE, key="train/loss")}
 
 
-def explain_as_executed(engine, run_id: str) -> str:
-    """The plan the rare key's first page gets as a prepared statement run for the 11th time, one line."""
-    from sqlalchemy import text
+def explain_as_executed(engine, repo, run_id: str, key: str) -> str:
+    """The plan of the statement ``metric_rows_after(run_id, key=key)`` sends, as PostgreSQL plans
+    it prepared on its 11th run (its own text, casts and parameters), unedited on one line."""
+    import re
 
-    with engine.connect() as conn:
-        conn.execute(text(f"PREPARE q(text, bigint, text) AS SELECT seq, step, key, value, time, attempt, superseded "
-                          f"FROM metrics WHERE run_id = $1 AND seq > $2 AND key = $3 AND superseded IS false "
-                          f"ORDER BY seq LIMIT {PAGE}"))
-        values = f"'{run_id}', 0, '{RARE_KEY}'"
+    import psycopg
+    from sqlalchemy import event
+
+    sent = []
+    keep = lambda _c, _cur, statement, parameters, _ctx, _many: sent.append((statement, parameters))  # noqa: E731
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        repo.metric_rows_after(run_id, 0, PAGE, key=key)
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    statement, parameters = next((s, p) for s, p in sent if "FROM metrics" in s)
+    names = re.findall(r"%\((\w+)\)s", statement)
+    numbered = iter(range(1, len(names) + 1))
+    prepared = re.sub(r"%\((\w+)\)s", lambda _: f"${next(numbered)}", statement)
+    raw = engine.raw_connection()
+    try:  # client-side binding: EXECUTE takes its arguments as literals
+        cursor = psycopg.ClientCursor(raw.driver_connection)
+        cursor.execute(f"PREPARE q AS {prepared}")
+        execute = f"EXECUTE q({', '.join(['%s'] * len(names))})"
+        values = [parameters[name] for name in names]
         for _ in range(10):
-            conn.execute(text(f"EXECUTE q({values})")).all()
-        rows = [row[0] for row in conn.execute(text(f"EXPLAIN (ANALYZE) EXECUTE q({values})"))]
-        conn.execute(text("DEALLOCATE q"))
+            cursor.execute(execute, values)
+            cursor.fetchall()
+        cursor.execute(f"EXPLAIN (ANALYZE) {execute}", values)
+        rows = [row[0] for row in cursor.fetchall()]
+        cursor.execute("DEALLOCATE q")
+        raw.commit()
+    finally:
+        raw.close()
     return " | ".join(row.strip() for row in rows)
 
 
@@ -153,7 +177,8 @@ def time_arm(url: str, run_id: str, plan_cache_mode: str, requests: int, rare_po
                 read()
                 samples.append(time.perf_counter() - began)
             result[name] = percentiles(samples)
-        result["rare_key_plan"] = explain_as_executed(engine, run_id)
+        result["rare_key_plan"] = explain_as_executed(engine, repo, run_id, RARE_KEY)
+        result["common_key_plan"] = explain_as_executed(engine, repo, run_id, "train/loss")
         return result
     finally:
         engine.dispose()

@@ -62,8 +62,9 @@ def plan_each_statement(dbapi_connection, _record) -> None:
     plans of a prepared statement for its values PostgreSQL may plan it once for any values (a
     generic plan) when that plan's estimate is no dearer. A run's metric points are a few of the
     table's, but a generic plan cannot know which run or key: for ``GET /runs/{id}/metrics?key=``
-    it walked the primary key from ``after`` and dropped other runs' points. A prepared statement
-    still saves the parse; only the plan is redone (``bench/metric_reads.py``, migration 0010).
+    it walked the primary key from ``after`` and dropped other runs' points (a key's first page of
+    a long run 0.04-0.12x the time with this; ``bench/metric_reads.py``). A prepared statement
+    still saves the parse; only the plan is redone.
     PostgreSQL has the setting from version 12."""
     with dbapi_connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_custom_plan")

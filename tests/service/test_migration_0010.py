@@ -40,6 +40,6 @@ def test_0010_leaves_one_index_by_run_and_the_points_read_and_go_as_before(engin
     _to(engine_at_0002, "0009", down=True)
     assert _metric_indexes(engine_at_0002)["ix_metrics_run_id"] == ["run_id"]
     migrate(engine_at_0002)
-    with engine_at_0002.begin() as conn:  # the foreign key's cascade finds the points by (run_id, seq)
+    with engine_at_0002.begin() as conn:  # the foreign key's cascade still takes the run's points
         conn.execute(text("DELETE FROM runs WHERE id = 'oldrun'"))
     assert repo.count_metrics("oldrun") == 0
