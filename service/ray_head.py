@@ -58,6 +58,10 @@ def start_embedded_ray(settings: "Settings", *, timeout_s: float = 120.0) -> str
     os.environ.pop("RAY_ADDRESS", None)  # would make ray.init connect elsewhere
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local only: no cluster token to hand out
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # The node's warm driver interpreter (workers.fork_server) stops once its Ray has not answered
+    # for this long. Its default (30 s) rides out a GCS restart of a cluster; an embedded head's
+    # GCS ends only with this process, so the server goes a few seconds after it, not 30.
+    os.environ.setdefault("TESSERA_FORK_SERVER_RAY_GONE_S", "3")
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(REPO_ROOT) not in paths:  # job drivers must find `workers` whatever their cwd
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])

@@ -54,6 +54,12 @@ def test_serve_with_embedded_defaults_runs_a_job_to_completion_its_driver_forked
         log = service.log_path.read_text()
         assert "Application shutdown complete" in log and "Traceback" not in log, log[-3000:]
         assert own_session and not [d for d in own_session if d.exists()]  # the head's temp dir went with it
+        # And the warm driver interpreter its probe started, a few seconds after its Ray (not 30).
+        server_pids = {int(line.split("fork_server[")[1].split("]")[0]) for log in servers.glob("*.log")
+                       for line in log.read_text().splitlines() if "fork_server[" in line}
+        assert server_pids
+        wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in server_pids), timeout=15,
+                   what=f"the fork servers {server_pids} to stop after the service")
     finally:
         service.stop()
         shutil.rmtree(tmp, ignore_errors=True)
