@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -28,6 +33,11 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 WRITE_OPTIONS = {"tessera_write": True}
 # PostgreSQL connections a process keeps open, and how many more it may open for a while.
 POOL_SIZE, POOL_OVERFLOW = 10, 5
+# On PostgreSQL, how long a migration's statement waits for a table lock before the migration gives
+# way (rolls back) and tries again, and for how long in all it tries. See ``migrate``.
+MIGRATION_LOCK_TIMEOUT_S, MIGRATION_LOCK_PATIENCE_S = 5.0, 600.0
+# SQLSTATE 55P03 (lock_not_available): what PostgreSQL answers when ``lock_timeout`` ran out.
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 # A run of 19 or more digits: where an integer may lie beyond 64 bits, which orjson reads as a
@@ -108,10 +118,48 @@ def make_engine(database_url: str) -> Engine:
     return engine
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest Alembic revision (no-op when it is current)."""
+def migrate(engine: Engine, *, lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S,
+            patience_s: float = MIGRATION_LOCK_PATIENCE_S) -> None:
+    """Bring the schema to the newest Alembic revision (no-op when it is current).
+
+    On PostgreSQL the migrations run with ``lock_timeout``: a statement that must lock a table
+    (``DROP INDEX``, ``ALTER TABLE``) queues behind any session whose transaction uses it, and
+    while it waits every later query of that table queues behind it. During a rolling upgrade
+    the old replica still serves, so a long transaction of its (an export, a stuck session)
+    would stall the whole API. Instead the migration gives way after ``lock_timeout_s``, rolls
+    back (PostgreSQL's DDL is transactional: nothing is half-done), logs the sessions that hold
+    transactions open, and tries again, for ``patience_s`` in all; then it raises, naming them."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    postgres = engine.dialect.name == "postgresql"
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            with engine.begin() as connection:
+                if postgres:
+                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+            return
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            holders = _open_transactions(engine)
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the database migration could not lock a table for {patience_s:.0f} s; sessions "
+                                   f"with a transaction open: {holders or 'none now'}. End them (or wait for "
+                                   "them) and start the service again") from exc
+            log.warning("the database migration waits for a table lock (another session's transaction uses the "
+                        "table) and tries again; sessions with a transaction open: %s", holders or "none now")
+
+
+def _open_transactions(engine: Engine) -> str:
+    """The other sessions of this database with a transaction open, oldest first: where a lock
+    a migration waited for is held. For its log line only."""
+    with engine.connect() as connection:
+        rows = connection.execute(text(
+            "SELECT pid, application_name, state, extract(epoch FROM now() - xact_start) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL "
+            "ORDER BY xact_start LIMIT 5")).all()
+    return "; ".join(f"pid {pid} ({name or 'no application_name'}, {state}, transaction open {age:.0f} s)"
+                     for pid, name, state, age in rows)
