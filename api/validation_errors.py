@@ -22,6 +22,8 @@ from typing import Any
 # How much of a bad value an error echoes: a 900 KB note refused for its length was sent back
 # whole in its 422 (and printed whole by the CLI). Enough to recognise the value, not to copy it.
 ECHOED_CHARS = 200
+# Where in a request an error's loc may start (FastAPI's; pydantic's own locs start in the body).
+_SOURCES = ("body", "query", "path", "header")
 
 
 def field_error(field: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
@@ -326,7 +328,7 @@ def _expected_tags(ctx: dict[str, Any], schema: dict[str, Any] | None, inner: li
 
 def _format_one(error: dict[str, Any], body: Any, schema: dict[str, Any] | None) -> dict[str, Any]:
     loc = list(error.get("loc", ()))
-    source, inner = (loc[0], loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else ("body", loc)
+    source, inner = (loc[0], loc[1:]) if loc and loc[0] in _SOURCES else ("body", loc)
     kind = error.get("type", "")
     ctx = error.get("ctx") or {}
     msg = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
@@ -419,4 +421,29 @@ def format_validation_errors(errors: list[dict[str, Any]], body: Any, schema: di
             same["msg"] = f"{same['msg']}; or {item['msg']}"
         else:
             items.append(item)
-    return items
+    return _in_index_order(items)
+
+
+def _list_place(item: dict[str, Any]) -> tuple[tuple[Any, ...], int] | None:
+    """The list ``item`` is about one member of (its loc up to the first index, without the
+    request part, which only some items carry) and the member's index; None for no list's."""
+    loc = item["loc"][1:] if item["loc"] and item["loc"][0] in _SOURCES else item["loc"]
+    at = next((at for at, part in enumerate(loc) if type(part) is int), None)
+    return None if at is None else (tuple(loc[:at]), loc[at])
+
+
+def _in_index_order(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` with those about the members of one list in the members' order, in the places
+    they held. Pydantic reports a list's refused members first and a rule over the whole list
+    (``eval_metrics``' repeats, a spec's cross-field rules) after them, so a 422 read
+    ``eval_metrics[2]`` before ``eval_metrics[1]``."""
+    places: dict[tuple[Any, ...], list[int]] = {}
+    for place, item in enumerate(items):
+        if (where := _list_place(item)) is not None:
+            places.setdefault(where[0], []).append(place)
+    ordered = list(items)
+    for held in places.values():
+        members = sorted((items[place] for place in held), key=lambda item: _list_place(item)[1])
+        for place, item in zip(held, members):
+            ordered[place] = item
+    return ordered

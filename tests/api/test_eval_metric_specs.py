@@ -127,6 +127,7 @@ def test_a_sweep_s_base_names_every_mistake_of_its_list_too(client):
     ([{"import": "m:f", "args": {}}, {"import": "m:f"}], ["eval_metrics[0]"]),  # the refused one reports no name
     (["accuracy", "auroc", {"import": "m:f", "params": {"outputs": 1}}], ["eval_metrics[0]", "eval_metrics[2].params"]),
     (["accuracy", *["auroc"] * 16], ["eval_metrics"]),  # too many: the list is refused whole, before its metrics
+    (["auroc", "auroc", "f1"], ["eval_metrics[1]", "eval_metrics[2]"]),  # in the list's order, whichever rule found it
 ])
 def test_the_list_s_own_rules_are_checked_over_the_metrics_that_are_not_refused(metrics, fields):
     from api.validation_errors import format_validation_errors
