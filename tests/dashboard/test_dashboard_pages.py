@@ -526,3 +526,42 @@ def test_every_page_fits_the_window_without_horizontal_scrolling(page, local_ser
             }
             return bad; })()""")
         assert leaked == [], f"{route}: {leaked}"
+
+
+def drag_across(page, selector: str, start: float, end: float) -> None:
+    """Drag the mouse across the chart under `selector` from `start` to `end` (fractions of its
+    plot's width): how a user zooms a uPlot chart to a range of steps."""
+    box = page.locator(f"{selector} .u-over").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * start, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * end, y, steps=5)
+    page.mouse.up()
+
+
+def test_a_zoomed_chart_says_so_and_keeps_its_zoom_when_a_key_moves_to_a_chart_of_its_own(page, local_service):
+    repo = local_service.repo
+    run = make_run(repo, "eval-zoom")
+    now = datetime.now(timezone.utc)
+    count_key = "eval/errors_per_class_3"
+    repo.add_metrics(run.id, [ReportedMetric(step=step, key=key, value=value, time=now) for step in range(10, 101, 10)
+                              for key, value in (("eval/f1_macro", step / 200), (count_key, 0))])
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    scores = page.locator("#chart-eval-metrics")
+    expect(scores).to_have_attribute("data-points", "20")
+    note = scores.locator(".chart-zoom")
+    expect(note).to_be_hidden()
+
+    drag_across(page, "#chart-eval-metrics", 0.3, 0.6)
+    expect(note).to_be_visible()
+    zoomed = re.fullmatch(r"Zoomed to step (\S+)–(\S+); double-click the chart to see it all\.", note.inner_text())
+    assert zoomed and 10 < float(zoomed[1]) < float(zoomed[2]) < 100, note.inner_text()
+    # The count leaves the chart, which is drawn anew without it: on the range the user chose.
+    repo.add_metrics(run.id, [ReportedMetric(step=110, key=key, value=value, time=datetime.now(timezone.utc))
+                              for key, value in (("eval/f1_macro", 0.55), (count_key, 40))])
+    expect(page.locator(f'figure.chart[data-key="{count_key}"]')).to_have_attribute("data-points", "11")
+    expect(scores).to_have_attribute("data-points", "11")
+    expect(note).to_be_visible()
+    expect(note).to_have_text(zoomed[0])
+    scores.locator(".u-over").dblclick()  # uPlot's reset, which the note tells of
+    expect(note).to_be_hidden()

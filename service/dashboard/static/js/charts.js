@@ -45,8 +45,10 @@ export class MetricChart {
     this.plotBox = el("div", { class: "chart-plot" });
     this.emptyNote = el("p", { class: "muted chart-empty" }, NO_POINTS);
     this.latest = el("p", { class: "chart-latest small" });
+    this.zoomNote = el("p", { class: "chart-zoom small" });
+    this.zoomNote.hidden = true;
     this.figure = el("figure", { class: "chart", id: `chart-${id}`, dataset: { points: "0" } },
-      el("figcaption", {}, title), this.emptyNote, this.plotBox, this.latest);
+      el("figcaption", {}, title), this.emptyNote, this.plotBox, this.zoomNote, this.latest);
     this.figure.hidden = untilPoints;
     this._resizeObserver = new ResizeObserver(() => this._fit());
     this._resizeObserver.observe(this.figure);
@@ -92,19 +94,39 @@ export class MetricChart {
     this.emptyNote.hidden = steps.length > 0;
     // Shown before the plot is made: it takes the figure's width.
     this.figure.hidden = this.untilPoints && !steps.length;
+    const zoom = this._zoom();
     if (this.plot && this.plotKeys === keys.join(",")) {
-      const x = this.plot.scales.x;
-      const zoomed = x.min !== null && (x.min > this.lastSteps[0] || x.max < this.lastSteps[this.lastSteps.length - 1]);
-      this.plot.setData(data, !zoomed); // keep a user's zoom; double-click resets it
+      this.plot.setData(data, !zoom); // keep a user's zoom; double-click resets it
     } else {
-      this._create(keys, data);
+      this._create(keys, data); // a new series: a new plot, on the range the user had zoomed to
+      if (zoom) this.plot.setScale("x", zoom);
     }
     this.lastSteps = steps;
+    this._sayZoom();
     setText(this.latest, keys.map((k) => {
       const last = this.lastStep.get(k);
       const at = Number.isInteger(last) ? String(last) : formatNumber(last); // a step whole, not 1.23e+5
       return `${k} ${formatNumber(this.series.get(k).get(last))} @ ${this.xLabel} ${at}`;
     }).join(" · "));
+  }
+
+  /** The x range the user zoomed to (dragged across the chart), or null when the chart shows
+   *  every step it had at its last redraw. */
+  _zoom(plot = this.plot) {
+    const x = plot && plot.scales.x;
+    if (!x || x.min === null || !this.lastSteps || !this.lastSteps.length) return null;
+    const zoomed = x.min > this.lastSteps[0] || x.max < this.lastSteps[this.lastSteps.length - 1];
+    return zoomed ? { min: x.min, max: x.max } : null;
+  }
+
+  /** Say so while the chart is zoomed, and how to see it all: uPlot's double-click is not discoverable. */
+  _sayZoom(plot = this.plot) {
+    const zoom = this._zoom(plot);
+    this.zoomNote.hidden = !zoom;
+    if (zoom) {
+      setText(this.zoomNote, `Zoomed to ${this.xLabel} ${formatNumber(zoom.min)}–${formatNumber(zoom.max)}; ` +
+        "double-click the chart to see it all.");
+    }
   }
 
   _create(keys, data) {
@@ -130,6 +152,7 @@ export class MetricChart {
       width: this._width(), height: HEIGHT,
       scales: { x: { time: false } },
       cursor: { drag: { x: true, y: false } },
+      hooks: { setScale: [(u, key) => { if (key === "x") this._sayZoom(u); }] },
       series, axes,
     }, data, this.plotBox);
   }
