@@ -45,6 +45,16 @@ TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.
 ACTIVE_STATUSES = frozenset({RunStatus.STARTING, RunStatus.RUNNING, RunStatus.RESTARTING, RunStatus.CANCELING})
 
 
+# Why a FAILED run failed, as the worker or the dispatcher that recorded it knew (never read from
+# the error's text): whether a resume is worth it.
+RunFailure = Literal["machine", "code"]
+RUN_FAILURE_DOC = ("once FAILED, why: 'machine' when what ran it was lost (a node or worker process died, Ray lost "
+                   "or never made its job), so another attempt may pass; 'code' when the training raised (its code, "
+                   "spec or data), which a resume would repeat; None when neither is known (a limit such as "
+                   "max_wall_time, a job Ray refused or one stopped outside Tessera, a worker older than this field, "
+                   "a run that failed before it)")
+
+
 class QueueInfo(BaseModel):
     """Where a QUEUED run stands: ``position`` 1 is admitted next; ``reason`` says what it waits
     for: ``quota`` (its project's), ``resources`` (the cluster's CPUs/GPUs), ``priority``
@@ -85,6 +95,7 @@ class RunView(BaseModel):
     parent_id: str | None = Field(None, description="the run this one was forked from (its children: "
                                                     "GET /api/v1/runs/{id}/children)")
     fork: ForkInfo | None = Field(None, description="how it was forked: from, patch, and the checkpoint loaded")
+    failure: RunFailure | None = Field(None, description=RUN_FAILURE_DOC)
 
     @property
     def restarts(self) -> int:
@@ -216,7 +227,7 @@ class MetricsReport(BaseModel):
 
 class StatusReport(BaseModel):
     """A worker's word on its run: RUNNING once training starts, RESTARTING when Ray restarts the
-    worker group, COMPLETED or FAILED (with the error's message) at the end."""
+    worker group, COMPLETED or FAILED (with the error's message) at the end, with when it ended."""
 
     model_config = ConfigDict(extra="forbid")
     status: RunStatus
@@ -227,6 +238,14 @@ class StatusReport(BaseModel):
                                          "for a fresh start); points of earlier attempts after it are superseded")
     final_checkpoint: Literal["saved", "missing"] | None = Field(
         None, description="with COMPLETED: whether the final weights were checkpointed")
+    failure: RunFailure | None = Field(
+        None, description="with FAILED: 'machine' if, inside the exception, Ray says it lost a process or node of "
+                          "the attempt; 'code' if the training raised; absent: not known (the run's failure stays "
+                          "empty)")
+    ended_at: ReportedTime | None = Field(
+        None, description="with COMPLETED or FAILED: when the attempt ended, by the worker's clock; the run's "
+                          "finished_at, kept between its started_at and the report's arrival (a report retried "
+                          "through an outage arrives late). Without it, finished_at is the arrival")
 
 
 class NoteReport(BaseModel):

@@ -471,11 +471,21 @@ def _metric(summary: dict[str, float], key: str) -> str:
     return f"{summary[key]:.4g}" if key in summary else "-"
 
 
+# What a FAILED run's ``failure`` (RunView.failure) means for what to do next; nothing when not known.
+FAILURE_HINTS = {
+    "machine": "failed: the machine, not the code (Ray lost a worker process or node): `tessera resume {id}` "
+               "may well pass",
+    "code": "failed: the training raised it (its code, spec or data): a resume would fail again; fix it first",
+}
+
+
 def _print_summary(run) -> None:
     if run.summary:
         console.print("  ".join(f"{k}={v:.4g}" for k, v in sorted(run.summary.items())))
     if run.error:
         err_console.print(f"[red]error:[/red] {run.error}", highlight=False)
+    if run.failure in FAILURE_HINTS:
+        err_console.print(FAILURE_HINTS[run.failure].format(id=run.id), highlight=False, soft_wrap=True)
 
 
 from cli.access import keys_app, projects_app  # noqa: E402  (sub-apps register after the commands above)

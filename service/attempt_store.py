@@ -118,8 +118,9 @@ class AttemptStore:
 
     def transition(self, record_id: str, to_status: enum.Enum, *, message: str | None = None,
                    error: str | None = None, only_from: Iterable[enum.Enum] | None = None,
-                   attempt: int | None = None) -> Any:
-        """Change the record's status through its transition table and record why.
+                   attempt: int | None = None, failure: str | None = None) -> Any:
+        """Change the record's status through its transition table and record why (``failure``:
+        a run's ``machine`` or ``code`` with FAILED; only runs keep it).
 
         ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
         older snapshot: if the record has moved on since, ``IllegalTransition`` is raised instead.
@@ -128,7 +129,8 @@ class AttemptStore:
             current = self.stored.status(row.status)
             self.stored.transitions.require_snapshot(record_id, current, to_status, stored_attempt=row.attempt,
                                               only_from=only_from, attempt=attempt)
-            self.stored.apply_status(session, row, to_status, message=message, error=error)
+            why = {} if failure is None else {"failure": failure}  # apply_sweep_status takes none
+            self.stored.apply_status(session, row, to_status, message=message, error=error, **why)
             session.flush()
             return self.stored.record.from_row(row)
 

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # a burst of submits reaches Ray in batches, not after the whole queue is written.
 SUBMIT_BATCH = 100
 
+# A run's failure (``RunView.failure``) when what ran it was lost, not its code.
+MACHINE = "machine"
+
 # How Ray's answer reads in event messages: "Ray job X failed", "driver job X was stopped".
 WHAT_HAPPENED = {None: "not found", "FAILED": "failed", "STOPPED": "was stopped",
                  "SUCCEEDED": "succeeded without a result"}
@@ -216,12 +219,12 @@ class JobFollower:
         elif pending.sends > self.settings.ray_submit_retries:
             del self.pending[record.id]
             self._fail(record, f"Ray did not create job {pending.job_id} after {pending.sends} submit(s); "
-                               f"last answer: {pending.last_error}")
+                               f"last answer: {pending.last_error}", failure=MACHINE)
         else:
             self._send(record, pending.entrypoint, pending.env, sends=pending.sends + 1)
 
-    def _fail(self, record: Any, error: str) -> None:
-        self.store.transition(record.id, self.kind.status.FAILED, error=error,
+    def _fail(self, record: Any, error: str, failure: str | None = None) -> None:
+        self.store.transition(record.id, self.kind.status.FAILED, error=error, failure=self._kept(failure),
                               only_from=[self.kind.status.STARTING], attempt=record.attempt)
         log.warning("%s %s: %s", self.kind.name, record.id, error)
 
@@ -265,31 +268,39 @@ class JobFollower:
         fix = decide(record.status, state, self.kind.restarts_left(record.attempt), policy)
         if fix is None:
             return None
-        target, message, error = self._explain(fix, record, context)
+        target, message, error, failure = self._explain(fix, record, context)
         # Compare-and-set on the snapshot we decided from: a report may have landed since.
         self.store.transition(record.id, target, message=message, error=error, only_from=[record.status],
-                              attempt=record.attempt)
+                              attempt=record.attempt, failure=self._kept(failure))
         log.info("%s %s: %s", self.kind.name, record.id, message)
         return error or message
 
-    def _explain(self, fix: Fix, record: Any, context: str) -> tuple[Any, str, str | None]:
-        """The status, event message and error that carry out ``fix``."""
+    def _kept(self, failure: str | None) -> str | None:
+        """``failure`` if this kind's records keep one (runs), else None."""
+        return failure if self.kind.records_failure else None
+
+    def _explain(self, fix: Fix, record: Any, context: str) -> tuple[Any, str, str | None, str | None]:
+        """The status, event message, error and failure (``MACHINE`` or None: not known) that
+        carry out ``fix``. A job that FAILED without its worker's report is not known to be the
+        machine's: its worker also fails its job when the report itself could not be delivered
+        (the service was gone past its patience), whatever ended the training."""
         kind, job_id, state = self.kind, record.ray_job_id, fix.job_state
         what = kind.lost_at_startup if state is None and context == "reconciler" else WHAT_HAPPENED[state]
         job = f"{context}: {kind.job_noun} {job_id}"
         if fix.verdict is Verdict.CANCEL_DONE:
-            return kind.status.CANCELED, f"{job} is {state or 'gone'}; cancel complete", None
+            return kind.status.CANCELED, f"{job} is {state or 'gone'}; cancel complete", None, None
         if fix.verdict is Verdict.REQUEUE:
-            return kind.status.QUEUED, f"{job} {what}; re-queued as attempt {record.attempt + 1}", None
+            return kind.status.QUEUED, f"{job} {what}; re-queued as attempt {record.attempt + 1}", None, None
         if fix.verdict is Verdict.GIVE_UP:
             last = failure_from_logs(self.jobs, job_id) if state is not None else f"{kind.job_noun} {job_id} {what}"
             error = kind.give_up.format(attempt=record.attempt, limit=kind.restart_limit, last=last)
-            return kind.status.FAILED, f"{job} {what}; giving up", error
+            return kind.status.FAILED, f"{job} {what}; giving up", error, MACHINE
+        failure = None
         if state == "FAILED":
             error = record.error or failure_from_logs(self.jobs, job_id)
         elif state == "STOPPED":
             error = kind.stopped_outside
-        else:  # SUCCEEDED, but the worker or driver never said how it ended
-            error = kind.ended_without_result
-        return kind.status.FAILED, f"{job} {what}", error
+        else:  # SUCCEEDED, but the worker or driver never said how it ended: nothing it trained raised
+            error, failure = kind.ended_without_result, MACHINE
+        return kind.status.FAILED, f"{job} {what}", error, failure
 

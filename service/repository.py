@@ -70,6 +70,7 @@ class RunRecord:
     archived_at: datetime | None = None
     parent_id: str | None = None  # lineage (service.lineage): the run this one was forked from
     fork: dict[str, Any] | None = None
+    failure: str | None = None  # once FAILED: "machine" | "code" | None (RunView.failure)
 
     @classmethod
     def from_row(cls, row: Run) -> "RunRecord":
@@ -79,7 +80,8 @@ class RunRecord:
                    trial_params=row.trial_params, extrema=dict(row.extrema or {}),
                    final_checkpoint=row.final_checkpoint, created_at=row.created_at,
                    started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at,
-                   notes=row.notes, archived_at=row.archived_at, parent_id=row.parent_id, fork=row.fork)
+                   notes=row.notes, archived_at=row.archived_at, parent_id=row.parent_id, fork=row.fork,
+                   failure=row.failure)
 
     @property
     def driven_by_sweep(self) -> bool:
@@ -92,7 +94,7 @@ class RunRecord:
                        sweep_id=self.sweep_id, driven_by_sweep=self.driven_by_sweep, trial_id=self.trial_id,
                        project=self.project,
                        notes=self.notes, archived_at=self.archived_at, final_checkpoint=self.final_checkpoint,
-                       parent_id=self.parent_id, fork=self.fork)
+                       parent_id=self.parent_id, fork=self.fork, failure=self.failure)
 
 
 def driven_by_sweep(run: "RunRecord | ActiveRun") -> bool:
@@ -268,12 +270,13 @@ class Repository(AttemptStore):
 
     def apply_worker_report(self, run_id: str, status: RunStatus, *, message: str | None = None,
                             error: str | None = None, step: int | None = None,
-                            final_checkpoint: str | None = None) -> RunRecord:
+                            final_checkpoint: str | None = None, ended_at: datetime | None = None,
+                            failure: str | None = None) -> RunRecord:
         """A worker's status report, through the state machine (``service.worker_reports``
-        says how lost and repeated reports are taken)."""
+        says how lost, late and repeated reports are taken)."""
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             apply_report(session, run, status, message=message, error=error, step=step,
-                         final_checkpoint=final_checkpoint)
+                         final_checkpoint=final_checkpoint, ended_at=ended_at, failure=failure)
             session.flush()
             return RunRecord.from_row(run)
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from api.specs import RunSpec
 from api.views import RunStatus
-from service.db.models import DEFAULT_PROJECT, Run, RunEvent, utcnow
+from service.db.models import DEFAULT_PROJECT, Run, RunEvent, aware, utcnow
 from service.db.session import clean_text, new_id
 from service.state_machine import RUN_TRANSITIONS, is_terminal, starts_new_attempt, starts_new_job
 
@@ -54,9 +54,20 @@ def first_line(error: str | None, limit: int = 500) -> str | None:
     return error.strip().splitlines()[0][:limit] if error is not None and error.strip() else None
 
 
+def finish_time(ended_at: datetime | None, began: datetime, now: datetime) -> datetime:
+    """When a run that ends now finished: ``ended_at`` (the worker's word, which may come late:
+    a report retried through an outage arrives after it), kept within ``[began, now]`` (its
+    ``started_at``, else its ``created_at``) since a worker's clock may be off; ``now`` without
+    it (a worker that does not say)."""
+    return now if ended_at is None else max(min(aware(ended_at), now), aware(began))
+
+
 def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: str | None,
-                     error: str | None) -> None:
+                     error: str | None, ended_at: datetime | None = None, failure: str | None = None) -> None:
     """Move the locked ``run`` to ``target`` through the state machine and record the event.
+    ``ended_at``: with a terminal ``target``, when the run ended if earlier than now
+    (``finish_time``); the event is still stamped now, when the service learned of it.
+    ``failure``: with FAILED, why (``RunView.failure``: ``machine`` or ``code``; None: not known).
 
     An idempotent repeat changes nothing; an illegal change raises ``IllegalTransition``.
     """
@@ -72,12 +83,15 @@ def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: 
         run.token_hash = None  # the old job's worker may no longer report
         run.finished_at = None
         run.error = None
+        run.failure = None
     if target is RunStatus.RUNNING and run.started_at is None:
         run.started_at = now
     if is_terminal(target):
-        run.finished_at = now
+        run.finished_at = finish_time(ended_at, run.started_at or run.created_at, now)
     if error is not None:
         run.error = error
+    if target is RunStatus.FAILED:
+        run.failure = failure
     run.status = target.value
     run.updated_at = now
     if message is None:

@@ -12,13 +12,20 @@ A worker spools what it cannot deliver and replays it in order once the service 
 - RUNNING with ``step`` (where the attempt resumes from) supersedes earlier attempts' points
   after that step (``service.metric_writes``);
 - COMPLETED with ``final_checkpoint`` records whether the final weights were saved; a missing
-  one is a run event, not a silent COMPLETED.
+  one is a run event, not a silent COMPLETED;
+- COMPLETED or FAILED with ``ended_at`` (when the attempt ended, by the worker's clock) sets the
+  run's ``finished_at`` to it, within ``[started_at, now]``: a report retried through an outage
+  arrives late, and the outage is not the run's duration (``service.run_writes.finish_time``);
+- FAILED with ``failure`` (``machine`` or ``code``: what the worker knew of the exception) records
+  why, for whoever decides whether to resume it.
 
 While the run is CANCELING a report changes nothing: stopping the job is what makes its worker
 fail or stop, and the dispatcher ends the run as CANCELED once Ray confirms.
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
@@ -33,7 +40,8 @@ LOST_RUNNING = {(RunStatus.STARTING, RunStatus.COMPLETED), (RunStatus.RESTARTING
 
 
 def apply_report(session: Session, run: Run, status: RunStatus, *, message: str | None, error: str | None,
-                 step: int | None = None, final_checkpoint: str | None = None) -> None:
+                 step: int | None = None, final_checkpoint: str | None = None,
+                 ended_at: datetime | None = None, failure: str | None = None) -> None:
     """Apply one worker report to the locked ``run`` (raises ``IllegalTransition`` if illegal)."""
     current = RunStatus(run.status)
     if current is RunStatus.CANCELING or (current is status and current.is_terminal):
@@ -42,7 +50,7 @@ def apply_report(session: Session, run: Run, status: RunStatus, *, message: str 
         apply_run_status(session, run, RunStatus.RUNNING, error=None,
                          message=f"RUNNING report lost (the service was unreachable); filled in when {status.value} "
                                  f"arrived")
-    apply_run_status(session, run, status, message=message, error=error)
+    apply_run_status(session, run, status, message=message, error=error, ended_at=ended_at, failure=failure)
     if status is RunStatus.RUNNING and step is not None:
         superseded = supersede_after(session, run, step)
         if superseded:

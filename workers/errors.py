@@ -3,15 +3,40 @@
 Ray wraps a worker's exception several times (``WorkerGroupError`` holding per-rank
 failures, ``UserExceptionWithTraceback``, ``RayTaskError``, ``ControllerError``). What the
 user needs is the innermost error's type and message, e.g.
-``FileNotFoundError: Fashion-MNIST files not found under /nope ...``.
+``FileNotFoundError: Fashion-MNIST files not found under /nope ...``; what decides whether a
+resume is worth it is whether, inside them, Ray says a process or node was lost
+(``failure_of``: by the exceptions' types, never their text).
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Literal
 
 # Attributes through which Ray (and Python) point at the exception they wrap, in the order
 # tried: per-rank worker failures, Ray Train's traceback wrapper, the controller's failure,
 # Ray's task error, then the standard cause chain.
 _WRAPPED_ATTRIBUTES = ("worker_failures", "_base_exc", "controller_failure", "cause", "__cause__")
+# Where Ray Train's health check keeps the error of a worker that stopped answering: an
+# ``ActorDiedError`` when its process or node is gone. Not a root cause: its message says more.
+_LOSS_ATTRIBUTES = (*_WRAPPED_ATTRIBUTES, "health_check_failure")
+
+# Ray's exceptions for a lost process or node (ray.exceptions, ray.train, Ray 2.60): a worker
+# actor died or is unreachable, a worker or raylet crashed, a node died or was preempted, an
+# object went with its node; Ray Train's health check of a worker failed or hung, or its
+# worker group could not start because a node died meanwhile. Not among them: Ray's
+# OutOfMemoryError and a worker group that timed out waiting for resources, which the run's
+# own size may cause again.
+_RAY_LOSSES = {
+    "ray.exceptions": ("RayActorError", "NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError",
+                       "ObjectLostError", "RaySystemError"),
+    "ray.train.v2.api.exceptions": ("PreemptionError",),
+    "ray.train.v2._internal.exceptions": ("WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError",
+                                          "WorkerGroupStartupFailedError"),
+}
+
+Failure = Literal["machine", "code"]
 
 
 class TrainingError(RuntimeError):
@@ -57,3 +82,40 @@ def _wrapped(exc: BaseException) -> BaseException | None:
         if isinstance(inner, BaseException) and inner is not exc:
             return inner
     return None
+
+
+def failure_of(exc: BaseException) -> Failure:
+    """``"machine"`` if anywhere inside ``exc`` (every rank's failure, not only the lowest's: a
+    peer of a lost rank fails in its collective) is one of Ray's exceptions for a lost process
+    or node, so another attempt may pass; else ``"code"``: the training raised (its code, spec
+    or data), and a resume would raise again."""
+    losses = _ray_losses()
+    return "machine" if any(isinstance(inner, losses) for inner in _inside(exc)) else "code"
+
+
+def _ray_losses() -> tuple[type[BaseException], ...]:
+    """The classes of ``_RAY_LOSSES`` whose modules this process has imported: an exception of a
+    module never imported cannot be inside (unpickling one imports its module), so a failure
+    before Ray was loaded (a spec refused) does not wait seconds for ``ray.train`` to import."""
+    found = []
+    for module_name, names in _RAY_LOSSES.items():
+        module = sys.modules.get(module_name)
+        found += [cls for name in names if isinstance(cls := getattr(module, name, None), type)]
+    return tuple(found)
+
+
+def _inside(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it wraps, through every rank's failure."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        for attribute in _LOSS_ATTRIBUTES:
+            inner = getattr(current, attribute, None)
+            for candidate in inner.values() if isinstance(inner, dict) else (inner,):
+                if isinstance(candidate, BaseException):
+                    stack.append(candidate)

@@ -3,10 +3,13 @@ job) and ``workers.tune`` (a sweep's trials).
 
 The trainer reports RUNNING and its metrics itself (``ServiceReporter``); the process that
 called ``fit_with_ray`` reports the end: COMPLETED with a summary of the final evaluation, or
-FAILED with the root cause as ``"Type: message"``. COMPLETED says whether the final state was
+FAILED with the root cause as ``"Type: message"`` and its ``failure`` (``machine``: Ray lost a
+process or node; ``code``: the training raised). COMPLETED says whether the final state was
 checkpointed (``final_checkpoint``: a failed final save is recorded, not hidden). Reports retry
 for the run's patience (``TESSERA_REPORT_PATIENCE_S``) through service and database outages; one
-that still fails is logged, never raised, so the caller's own outcome stands. The spec's loggers
+that still fails is logged, never raised, so the caller's own outcome stands. Each says when the
+attempt ended (``ended_at``, taken before the first try): a report that arrives after an outage
+does not make the run's ``finished_at`` the time the service came back. The spec's loggers
 (MLflow) live in the process that trains rank 0, not here: they end their runs there
 (``workers.loggers.closed_at_end``).
 """
@@ -14,11 +17,12 @@ that still fails is logged, never raised, so the caller's own outcome stands. Th
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from typing import Mapping
 
 from api.client import Client
 from api.views import RunStatus, StatusReport
-from workers.errors import describe
+from workers.errors import describe, failure_of
 from workers.retry import call_with_retries
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,10 @@ def summary_of(metrics: Mapping[str, float]) -> str:
     return text[:MAX_MESSAGE_CHARS] or "no metrics reported"
 
 
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 class RunOutcome:
     """Reports the end of one attempt of ``run_id`` with its bearer ``token``. Without a
     ``client`` (a sweep without a service) it reports nothing."""
@@ -50,9 +58,11 @@ class RunOutcome:
         self._token = token  # never logged
 
     def failed(self, exc: BaseException) -> str:
-        """Report FAILED with ``exc``'s root cause; returns that ``"Type: message"``."""
+        """Report FAILED with ``exc``'s root cause and whether a lost machine or the training
+        raised it (``failure_of``); returns that ``"Type: message"``."""
         error = describe(exc)
-        self._report(StatusReport(status=RunStatus.FAILED, error=error[:MAX_ERROR_CHARS]))
+        self._report(StatusReport(status=RunStatus.FAILED, error=error[:MAX_ERROR_CHARS], failure=failure_of(exc),
+                                  ended_at=_now()))
         return error
 
     def completed(self, metrics: Mapping[str, float]) -> bool:
@@ -62,7 +72,7 @@ class RunOutcome:
         final = None if saved is None else ("saved" if saved else "missing")
         message = summary_of(metrics) + ("; final checkpoint missing" if final == "missing" else "")
         return self._report(StatusReport(status=RunStatus.COMPLETED, message=message[:MAX_MESSAGE_CHARS],
-                                         final_checkpoint=final))
+                                         final_checkpoint=final, ended_at=_now()))
 
     def _report(self, body: StatusReport) -> bool:
         if self.client is None:

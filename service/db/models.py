@@ -104,6 +104,9 @@ class Run(AttemptedRow, Base):
     final_checkpoint: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # Metric points stored for this run (superseded ones too): the report budget's count (0008).
     metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Once FAILED: "machine" | "code", why, as the worker or dispatcher that recorded it knew
+    # (``api.views.RunView.failure``); None if neither knew, or it failed before 0011.
+    failure: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
     __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),
                       Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True),

@@ -38,7 +38,9 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
     Idempotent: repeating the run's current status (terminal ones too) is a 200 that changes
     nothing; a COMPLETED after a lost RUNNING fills RUNNING in (``service.worker_reports``).
     While the run is CANCELING the report is acknowledged and changes nothing (the cancel
-    wins); the worker sees that in the returned status.
+    wins); the worker sees that in the returned status. A terminal report's ``ended_at`` is the
+    run's ``finished_at`` (within its ``started_at`` and now): a report that waited out an
+    outage does not add the outage to the run's duration.
     """
     if report.status not in REPORTABLE:
         allowed = ", ".join(s.value for s in REPORTABLE[:-1]) + f" or {REPORTABLE[-1].value}"
@@ -48,8 +50,10 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
     if report.status is RunStatus.FAILED and not error:
         error = "the worker reported FAILED without an error message"
     message = report.message or f"worker reported {report.status.value}"
+    ended_at = report.ended_at if report.status.is_terminal else None  # RUNNING's start is the service's
     return repo.apply_worker_report(run_id, report.status, message=message, error=error, step=report.step,
-                                    final_checkpoint=report.final_checkpoint).to_view()
+                                    final_checkpoint=report.final_checkpoint, ended_at=ended_at,
+                                    failure=report.failure if report.status is RunStatus.FAILED else None).to_view()
 
 
 @router.post("/{run_id}/report/metrics", response_model=MetricsStored, operation_id="report_metrics",

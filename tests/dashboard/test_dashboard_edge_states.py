@@ -67,6 +67,19 @@ def test_a_failed_run_shows_its_error_once_and_its_empty_charts_expect_no_more_p
     text = error.inner_text()
     assert text.count("Traceback (most recent call last)") == 1 and text.count("search space is empty") == 1
 
+    # What the worker or dispatcher recorded decides, whatever the error's words say.
+    machine = make_run(repo, "failed-machine-recorded")
+    repo.transition(machine.id, RunStatus.FAILED, error="WorkerHealthCheckFailedError: worker 1 stopped answering",
+                    failure="machine")
+    page.goto(dashboard_url(local_service.url, f"runs/{machine.id}"))
+    expect(page.locator("#resume-run")).to_have_class(re.compile(r"\bprimary\b"))
+    code = make_run(repo, "failed-code-recorded")
+    repo.transition(code.id, RunStatus.FAILED, error="RuntimeError: node 3 of the graph died", failure="code")
+    page.goto(dashboard_url(local_service.url, f"runs/{code.id}"))
+    expect(page.locator("#resume-run")).to_be_visible()
+    expect(page.locator("#resume-run")).not_to_have_class(re.compile(r"\bprimary\b"))
+
+    # A run that failed before its failure was recorded: its error's words are the clue.
     # A lost node is not the code's fault: another attempt may well pass, so Resume leads.
     lost = make_run(repo, "failed-node-lost")
     repo.transition(lost.id, RunStatus.FAILED, error="NodeDiedError: node 10.0.0.7 died (preempted)")

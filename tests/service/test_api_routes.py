@@ -142,6 +142,26 @@ def test_worker_reports_move_the_run_and_refuse_what_the_state_machine_refuses(c
     assert [e["to_status"] for e in events] == ["QUEUED", "STARTING", "RUNNING", "FAILED"]
 
 
+def test_a_failed_report_says_whether_the_machine_or_the_code_failed_until_the_run_is_resumed(
+        client, fake_jobs, example_body):
+    lost, lost_token = _start(client, fake_jobs, example_body)
+    _report(client, lost["id"], lost_token, "RUNNING")
+    failed = _report(client, lost["id"], lost_token, "FAILED", error="WorkerHealthCheckFailedError: worker 1 lost",
+                     failure="machine")
+    assert failed.json()["failure"] == "machine"
+    assert client.get(f"{API}/runs/{lost['id']}").json()["failure"] == "machine"
+    resumed = client.post(f"{API}/runs/{lost['id']}/resume")
+    assert resumed.status_code == 200 and resumed.json()["failure"] is None  # the new attempt has not failed
+
+    broken, token = _start(client, fake_jobs, example_body)
+    bad = _report(client, broken["id"], token, "FAILED", error="ValueError: x", failure="disk")
+    assert bad.status_code == 422 and "failure" in bad.text
+    code = _report(client, broken["id"], token, "FAILED", error="ValueError: x", failure="code")
+    assert code.json()["failure"] == "code"
+    old_worker, old_token = _start(client, fake_jobs, example_body)  # one that does not say: not known
+    assert _report(client, old_worker["id"], old_token, "FAILED", error="ValueError: x").json()["failure"] is None
+
+
 def test_metrics_after_returns_only_new_points(client, fake_jobs, example_body):
     run, token = _start(client, fake_jobs, example_body)
     auth = {"Authorization": f"Bearer {token}"}

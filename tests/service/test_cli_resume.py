@@ -80,3 +80,22 @@ def test_show_of_a_resumed_run_gives_its_first_start_and_this_attempts(tmp_path,
         shown = " ".join(runner.invoke(app, ["show", run.id, *url]).output.split())
         # started_at stays the first start; the second attempt's start follows it
         assert shown.count(" started ") == 2 and "(attempt 2 started " in shown, shown
+
+
+def test_show_of_a_failed_run_says_whether_a_resume_may_pass(tmp_path, example_spec):
+    runner = CliRunner()
+    with LocalService(tmp_path) as service:
+        url = ["--url", service.url]
+        lost, broken, old = (running_run(service, example_spec) for _ in range(3))
+        service.repo.apply_worker_report(lost.id, RunStatus.FAILED, error="WorkerHealthCheckFailedError: worker 1",
+                                         failure="machine")
+        service.repo.apply_worker_report(broken.id, RunStatus.FAILED, error="ValueError: lr", failure="code")
+        service.repo.apply_worker_report(old.id, RunStatus.FAILED, error="ValueError: lr")  # a worker that does not say
+
+        def shown(run):
+            return " ".join(runner.invoke(app, ["show", run.id, *url]).output.split())
+
+        machine = f"the machine, not the code (Ray lost a worker process or node): `tessera resume {lost.id}`"
+        assert machine in shown(lost)
+        assert "a resume would fail again" in shown(broken)
+        assert "failed:" not in shown(old)

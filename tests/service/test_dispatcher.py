@@ -67,7 +67,7 @@ def test_a_refused_submission_fails_the_run_with_ray_s_reason(dispatcher, exampl
     dispatcher.jobs.fail_submit = RuntimeError("Request failed with status code 400: bad runtime_env")
     dispatcher.tick()
     failed = dispatcher.repo.get_run(run.id)
-    assert failed.status is S.FAILED and "bad runtime_env" in failed.error
+    assert failed.status is S.FAILED and "bad runtime_env" in failed.error and failed.failure is None
 
 
 def test_unreachable_ray_at_submit_submits_the_same_attempt_again_once_ray_answers(dispatcher, example_spec):
@@ -133,15 +133,21 @@ def test_failed_job_keeps_the_error_the_worker_already_reported(dispatcher, exam
     dispatcher.jobs.logs[job_id] = "unrelated driver noise"
     dispatcher.jobs.set_status(job_id, "FAILED")
     dispatcher.tick()
-    assert dispatcher.repo.get_run(run.id).error == "worker 1 died: OOM"
+    failed = dispatcher.repo.get_run(run.id)
+    # Not known to be the machine's: a worker whose FAILED report never got through fails its job too.
+    assert (failed.error, failed.failure) == ("worker 1 died: OOM", None)
 
 
-@pytest.mark.parametrize(("job_status", "error"), [("STOPPED", STOPPED_OUTSIDE), ("SUCCEEDED", ENDED_WITHOUT_RESULT)])
-def test_job_that_ended_behind_tessera_s_back_fails_the_run(dispatcher, example_spec, job_status, error):
+# A job that succeeded without its worker's word: nothing the training raised ended it (the
+# worker reports every exception), so it is not the code's; one stopped outside Tessera: neither.
+@pytest.mark.parametrize(("job_status", "error", "failure"),
+                         [("STOPPED", STOPPED_OUTSIDE, None), ("SUCCEEDED", ENDED_WITHOUT_RESULT, "machine")])
+def test_job_that_ended_behind_tessera_s_back_fails_the_run(dispatcher, example_spec, job_status, error, failure):
     run, job_id = _running(dispatcher, example_spec)
     dispatcher.jobs.set_status(job_id, job_status)
     dispatcher.tick()
-    assert (dispatcher.repo.get_run(run.id).status, dispatcher.repo.get_run(run.id).error) == (S.FAILED, error)
+    ended = dispatcher.repo.get_run(run.id)
+    assert (ended.status, ended.error, ended.failure) == (S.FAILED, error, failure)
 
 
 def test_completed_run_is_left_alone_when_its_job_succeeds(dispatcher, example_spec):

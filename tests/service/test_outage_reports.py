@@ -1,16 +1,17 @@
 """Worker reports replayed after an outage, on SQLite and PostgreSQL: idempotent statuses (a
 COMPLETED after a lost RUNNING, repeated terminal reports), metric batches stored once, points
-superseded by a resumed attempt on every resume path, and a missing final checkpoint."""
+superseded by a resumed attempt on every resume path, a missing final checkpoint, and a late end
+report's finish time (the worker's, not its arrival's)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from api.views import RunStatus
-from service.db.models import RunBest
+from service.db.models import Run, RunBest
 
 API = "/api/v1"
 
@@ -174,3 +175,47 @@ def test_a_note_needs_the_runs_own_token(api, fake_jobs, example_body):
     run_id, _ = _start(api, fake_jobs, example_body)
     _, other_token = _start(api, fake_jobs, example_body)
     assert _post(api, run_id, other_token, "note", {"message": "x"}).status_code == 401
+
+
+def _started_an_hour_ago(api, run_id) -> datetime:
+    started = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+    with api.app.state.repo.engine.begin() as conn:
+        conn.execute(update(Run).where(Run.id == run_id).values(started_at=started))
+    return started
+
+
+@pytest.mark.parametrize("end", [{"status": "COMPLETED", "message": "eval/accuracy=0.9"},
+                                 {"status": "FAILED", "error": "ValueError: boom"}])
+def test_an_end_reported_after_an_outage_finishes_the_run_when_the_worker_ended(api, fake_jobs, example_body, end):
+    run_id, token = _start(api, fake_jobs, example_body)
+    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
+    started = _started_an_hour_ago(api, run_id)
+    ended = started + timedelta(minutes=40)  # then 20 minutes of outage before the report got through
+    done = _post(api, run_id, token, "status", {**end, "ended_at": ended.isoformat()})
+    assert done.status_code == 200, done.text
+    assert datetime.fromisoformat(done.json()["finished_at"]) == ended
+    event = api.get(f"{API}/runs/{run_id}/events").json()["data"][-1]
+    assert datetime.fromisoformat(event["time"]) > ended + timedelta(minutes=19)  # the event: when it was learned
+
+
+def test_a_reported_end_outside_the_run_is_kept_within_its_start_and_now(api, fake_jobs, example_body):
+    run_id, token = _start(api, fake_jobs, example_body)
+    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
+    started = _started_an_hour_ago(api, run_id)
+    early = _post(api, run_id, token, "status", {"status": "COMPLETED", "ended_at": "2000-01-01T00:00:00Z"})
+    assert datetime.fromisoformat(early.json()["finished_at"]) == started  # a clock behind: not before the start
+
+    ahead_id, ahead_token = _start(api, fake_jobs, example_body)
+    _post(api, ahead_id, ahead_token, "status", {"status": "RUNNING", "step": 0})
+    before = datetime.now(timezone.utc)
+    ahead = _post(api, ahead_id, ahead_token, "status", {"status": "FAILED", "error": "x",
+                                                         "ended_at": "2999-01-01T00:00:00+02:00"})
+    finished = datetime.fromisoformat(ahead.json()["finished_at"])
+    assert before <= finished <= datetime.now(timezone.utc)  # a clock ahead: not after the report came
+
+    old_id, old_token = _start(api, fake_jobs, example_body)  # a worker that does not say: when it came
+    _post(api, old_id, old_token, "status", {"status": "RUNNING", "step": 0})
+    _started_an_hour_ago(api, old_id)
+    before = datetime.now(timezone.utc)
+    old = _post(api, old_id, old_token, "status", {"status": "COMPLETED"})
+    assert before <= datetime.fromisoformat(old.json()["finished_at"]) <= datetime.now(timezone.utc)

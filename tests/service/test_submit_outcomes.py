@@ -97,7 +97,7 @@ def test_a_submit_ray_never_gets_fails_the_run_after_the_retries_with_the_reason
     failed = dispatcher.repo.get_run(run.id)
     assert failed.status is S.FAILED and len(ray.submit_calls) == 3 and not ray.jobs
     assert f"Ray did not create job run-{run.id}-attempt-1 after 3 submit(s)" in failed.error
-    assert "503: busy" in failed.error
+    assert "503: busy" in failed.error and failed.failure == "machine"  # Ray's doing, not the run's code
 
 
 def test_a_4xx_fails_the_run_at_once(dispatcher, ray, example_spec):

@@ -28,7 +28,10 @@ const EVENTS_EVERY = 5;
 const FINISHED_SLOWDOWN = 5; // a finished run may still get a late metrics flush; poll it slower
 // A FAILED run's error that blames the machine or Ray, not the code: another attempt may well
 // pass. Besides Ray's own words, the service's (service/job_follower.py, service/job_kinds.py):
-// a job Ray never created, one that ended without a result, restarts given up on.
+// a job Ray never created, one that ended without a result, restarts given up on. Read only
+// where the run has no `failure` (api/views.py RunView.failure): it failed before the service
+// recorded one, its worker is older than that field, or neither the worker nor the dispatcher
+// knew (a job that failed without its worker's word: its log tail is all there is).
 const MACHINE_FAILURE = new RegExp([
   String.raw`preempt`, String.raw`\bnode\b[^\n]{0,60}\b(died|dead|lost|terminated)\b`, "NodeDied", "ActorDied",
   "Ray did not create job", "ended without reporting a result", "; giving up",
@@ -156,7 +159,8 @@ export function mount(root, ctx) {
     resumeButton.hidden = !RESUMABLE.has(run.status);
     // The highlight says "do this next": true of a canceled or stopped run, and of a failure of
     // the machine (a lost node, a preemption); an error in the code or spec would only fail again.
-    const retryable = run.status !== "FAILED" || MACHINE_FAILURE.test(run.error || "");
+    const retryable = run.status !== "FAILED" ||
+      (run.failure ? run.failure === "machine" : MACHINE_FAILURE.test(run.error || ""));
     resumeButton.classList.toggle("primary", retryable);
     resumeButton.title = retryable ? "" : "Read the error first: a resume of a run that failed in its code fails again.";
     forkButton.hidden = false;

@@ -1,0 +1,88 @@
+"""The end of an attempt, told to the service: when it ended travels with the report, so a report
+retried through an outage does not make the run finish when the service came back; a failure
+says whether Ray lost a process or node (``machine``) or the training raised (``code``), by the
+types of Ray's real exceptions, never their text."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import httpx
+import pytest
+
+from api.client import Client
+from workers import retry
+from workers.errors import TrainingError, failure_of
+from workers.outcome import RunOutcome
+
+RUN = {"id": "r1", "name": "n", "status": "COMPLETED", "attempt": 1, "spec": {}, "created_at": "2026-01-01T00:00:00Z"}
+
+
+@pytest.mark.parametrize("end", ["completed", "failed"])
+def test_a_report_retried_through_an_outage_says_when_the_attempt_ended(monkeypatch, end):
+    bodies = []
+
+    def service(request):  # down for the first two tries, as through a service restart
+        bodies.append(json.loads(request.content))
+        return httpx.Response(503 if len(bodies) < 3 else 200, json=RUN)
+
+    monkeypatch.setattr(retry.time, "sleep", lambda seconds: None)  # the backoff's waits, not the test's
+    outcome = RunOutcome(Client("http://tessera.test", transport=httpx.MockTransport(service)), "r1", "tok")
+    before = datetime.now(timezone.utc)
+    if end == "completed":
+        assert outcome.completed({"eval/accuracy": 0.9}) is True
+    else:
+        outcome.failed(ValueError("boom"))
+    after = datetime.now(timezone.utc)
+    assert len(bodies) == 3
+    assert {body["status"] for body in bodies} == {end.upper()}
+    ended = {body["ended_at"] for body in bodies}
+    assert len(ended) == 1  # taken once, at the end, not again at each try
+    assert before <= datetime.fromisoformat(ended.pop()) <= after
+
+
+def _worker_group_error(failures):
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    return WorkerGroupError("see the ranks", failures)
+
+
+def _in_training_error(exc):
+    try:
+        raise TrainingError("RuntimeError: wrapped") from exc  # as fit_with_ray raises it
+    except TrainingError as wrapped:
+        return wrapped
+
+
+def test_a_lost_worker_on_any_rank_is_the_machine_s_failure_and_an_exception_in_training_the_code_s():
+    from ray.exceptions import ActorDiedError, NodeDiedError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback, WorkerHealthCheckFailedError
+
+    def raised(exc):
+        return UserExceptionWithTraceback(exc, "Traceback (most recent call last): ...")
+
+    # Rank 1's node died; rank 0, lower, failed in its collective waiting for it.
+    peer_lost = _worker_group_error({0: raised(RuntimeError("Connection closed by peer")),
+                                     1: WorkerHealthCheckFailedError("worker 1 is not answering", ActorDiedError())})
+    assert failure_of(_in_training_error(peer_lost)) == "machine"
+    assert failure_of(_in_training_error(NodeDiedError("node 10.0.0.7 died"))) == "machine"
+    code = _worker_group_error({0: raised(ValueError("lr must be positive")), 1: raised(ValueError("lr"))})
+    assert failure_of(_in_training_error(code)) == "code"
+    # The text says "node died", the type does not: the code raised it.
+    assert failure_of(RuntimeError("NodeDiedError: node died (preempted)")) == "code"
+
+
+def test_a_failed_report_carries_the_failure():
+    bodies = []
+
+    def service(request):
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={**RUN, "status": "FAILED"})
+
+    from ray.exceptions import ActorDiedError
+
+    outcome = RunOutcome(Client("http://tessera.test", transport=httpx.MockTransport(service)), "r1", "tok")
+    outcome.failed(_in_training_error(_worker_group_error({0: ActorDiedError()})))
+    outcome.failed(ValueError("boom"))
+    assert [body["failure"] for body in bodies] == ["machine", "code"]
