@@ -104,6 +104,44 @@ def test_the_job_entry_point_refuses_to_start_without_its_service_and_token(monk
     assert "TESSERA_SERVICE_URL and TESSERA_SWEEP_TOKEN" in capsys.readouterr().err
 
 
+def driver_entry_env(monkeypatch):
+    monkeypatch.setenv("TESSERA_SERVICE_URL", "http://service")
+    monkeypatch.setenv("TESSERA_SWEEP_TOKEN", TOKEN)
+    monkeypatch.setenv("TESSERA_ATTEMPT", "2")
+
+
+def test_a_driver_that_cannot_fetch_its_sweep_says_so_in_its_log_and_exits_1(monkeypatch, caplog):
+    from workers.tune import driver as entry
+
+    class Gone(FakeClient):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+        def get_sweep(self, sweep_id):
+            raise ApiError(404, "no such sweep")
+
+    driver_entry_env(monkeypatch)
+    monkeypatch.setattr(entry, "Client", Gone)
+    assert main(["--sweep-id", "sw1"]) == 1
+    assert "sweep sw1 attempt 2 failed: could not fetch the sweep: " in caplog.text
+    assert "no such sweep" in caplog.records[-1].getMessage()  # the job's last line says how it ended
+
+
+def test_a_driver_stopped_by_ray_logs_the_stop_as_its_last_line_and_keeps_the_stop_s_exit(monkeypatch, caplog):
+    from workers.tune import driver as entry
+
+    def stopped(*args, **kwargs):
+        raise SystemExit(15)  # what ray.init's SIGTERM handler raises in Tune when the job is stopped
+
+    driver_entry_env(monkeypatch)
+    monkeypatch.setattr(entry, "drive_sweep", stopped)
+    with pytest.raises(SystemExit) as stop:
+        main(["--sweep-id", "sw1"])
+    assert stop.value.code == 15
+    assert caplog.records[-1].getMessage() == ("sweep sw1 attempt 2 stopped by Ray's stop signal "
+                                               "(a cancel, or its job was stopped); exit 15")
+
+
 # --- the trials' MLflow runs ---------------------------------------------------------------------
 
 def mlflow_sweep(session, store: str, experiment: str):

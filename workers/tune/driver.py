@@ -101,7 +101,11 @@ def drive_sweep(sweep_id: str, *, client: Client, token: str, storage_url: str |
     experiment at ``workers.paths.sweep_experiment_path``, end every trial in the service, report
     COMPLETED, or FAILED with the error (and re-raise). If the sweep is canceled meanwhile,
     Tune stops and nothing more is reported."""
-    view = call_with_retries(lambda: client.get_sweep(sweep_id), what=f"fetching sweep {sweep_id}")
+    try:
+        view = call_with_retries(lambda: client.get_sweep(sweep_id), what=f"fetching sweep {sweep_id}")
+    except Exception as exc:  # said here: nothing else would, and the job would end without a word
+        log.error("sweep %s attempt %d failed: could not fetch the sweep: %s", sweep_id, attempt, describe(exc))
+        raise
     spec = SweepSpec.model_validate(view.spec)
     session = _DriverSession(key=sweep_id, client=client, token=token, sweep_id=sweep_id)
     _SESSIONS[sweep_id] = session
@@ -165,10 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workers.tune: set {' and '.join(missing) or 'TESSERA_SWEEP_ID'} (or pass --sweep-id)",
               file=sys.stderr)
         return 2
+    attempt, token = int(os.environ.get("TESSERA_ATTEMPT", "1")), os.environ["TESSERA_SWEEP_TOKEN"]
     try:
-        drive_sweep(args.sweep_id, client=Client(os.environ["TESSERA_SERVICE_URL"], api_key=os.environ["TESSERA_SWEEP_TOKEN"]),
-                    token=os.environ["TESSERA_SWEEP_TOKEN"], storage_url=os.environ.get("TESSERA_STORAGE_URL"),
-                    attempt=int(os.environ.get("TESSERA_ATTEMPT", "1")), verbose=1)
-    except Exception:
+        drive_sweep(args.sweep_id, client=Client(os.environ["TESSERA_SERVICE_URL"], api_key=token), token=token,
+                    storage_url=os.environ.get("TESSERA_STORAGE_URL"), attempt=attempt, verbose=1)
+    except SystemExit as stop:
+        # Ray's stop signal: a job stop (a cancel) SIGTERMs the driver, which Ray turns into a SystemExit
+        # (code 1 in a live cancel) that unwinds Tune without a word; say so, and keep the exit it gave.
+        log.warning("sweep %s attempt %d stopped by Ray's stop signal (a cancel, or its job was stopped); exit %s",
+                    args.sweep_id, attempt, stop.code)
+        raise
+    except Exception:  # drive_sweep logged why
         return 1
     return 0
