@@ -23,9 +23,9 @@ from cli.export import register as register_export
 from cli.housekeeping import register as register_housekeeping
 from cli.lineage import register as register_lineage
 from cli.logs import register as register_logs
-from cli.output import (EPILOG, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, LimitOption, SetOption, UrlOption, call,
-                        console, emit, err_console, fail, first_items, following, kept, listing, needs_extra,
-                        none_listed, status_value)
+from cli.output import (EPILOG, EXIT_INTERRUPTED, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, LimitOption,
+                        SetOption, UrlOption, call, console, emit, err_console, fail, first_items, following, kept,
+                        listing, needs_extra, none_listed, status_value)
 from cli.run_info import register as register_run_info
 
 if TYPE_CHECKING:
@@ -331,7 +331,7 @@ def train(
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
     Saves checkpoints (every checkpoint.interval and at the end) and resumes from them.
-    Ctrl-C or SIGTERM stops it, ending its MLflow run KILLED."""
+    Ctrl-C or SIGTERM stops it (exit 130), ending its MLflow run KILLED; it says which checkpoint it kept."""
     from cli.lineage import BadAssignment
     from cli.specfile import SpecFileError, load_spec
 
@@ -368,6 +368,9 @@ def train(
             result = train_local(spec, checkpoint_dir=checkpoint_dir)
     except IncompatibleCheckpoint as exc:
         _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in process or on a local Ray (workers.local)
+        err_console.print(_interrupted(spec, file, checkpoint_dir), highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if latest is not None and "train/loss" not in result:  # resumed at (or past) its end: no step trained
         err_console.print(f"nothing left to train: the run's newest checkpoint is at batch {latest.step}, at or past "
                           f"max_duration {spec.max_duration}; --set max_duration=... trains on from it, "
@@ -375,13 +378,29 @@ def train(
     console.print_json(json.dumps(result, default=float))
 
 
+def _interrupted(spec: Any, file: str, checkpoint_dir: str | None) -> str:
+    """The line a stopped ``tessera train`` ends with: what it kept, and how to go on from it."""
+    if checkpoint_dir is None:
+        return "interrupted; nothing was saved (--no-checkpoints)"
+    from workers.local import latest_local_checkpoint
+
+    try:
+        latest = latest_local_checkpoint(spec, checkpoint_dir)
+    except Exception as exc:  # an unreadable storage must not hide that the run stopped
+        return f"interrupted; its checkpoints could not be listed ({type(exc).__name__}: {exc})"
+    if latest is None:
+        return "interrupted; no checkpoint was saved: training again starts afresh"
+    return f"interrupted; kept checkpoint {latest.url} (batch {latest.step}): tessera train {file} resumes from it"
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """Within the block, ``kill PID`` (SIGTERM) stops ``tessera train`` as Ctrl-C does: the run's
     loggers end their runs (MLflow's KILLED) and its sink is closed, instead of Python dying at
-    once and leaving them RUNNING. SIGKILL still cannot be caught. A DDP run's local Ray
-    replaces the handler with its own (``sys.exit``): its MLflow runs end KILLED all the same
-    (``workers.local``). Outside the main thread, where no handler can be set, nothing changes."""
+    once and leaving them RUNNING. SIGKILL still cannot be caught. A DDP run's private Ray
+    replaces the handler with its own, and ``workers.local`` puts this one back once Ray runs
+    (``workers.local_ray.signal_handlers_restored``). Outside the main thread, where no handler
+    can be set, nothing changes."""
     import signal
     import threading
 

@@ -26,6 +26,7 @@ from typing import Iterator
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
 from workers.loggers import closed_at_end, end_failed_mlflow_runs, end_interrupted_mlflow_runs, with_loggers
+from workers.local_ray import SETUP_HOOK, private_temp_dir, signal_handlers_restored, worker_tmpdir
 from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
 from workers.reporter import ConsoleReporter, MetricSink
 from workers.ray_job import ADDRESS_VARIABLE
@@ -83,10 +84,16 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
     if ray.is_initialized():  # a Ray the caller connected to: the caller's, environment included
         return _fit_on_ray(spec, sink, storage_url, shut_down=False)
     # ray.init, and the variables set for a private Ray, change this process's environment
-    # (RAY_AUTH_MODE, PYTHONBREAKPOINT set to Ray's debugger, ...): a notebook's later code must
-    # not inherit them.
-    with environment_restored():
-        _start_private_ray(spec)
+    # (RAY_AUTH_MODE, PYTHONBREAKPOINT set to Ray's debugger, ...) and its SIGINT and SIGTERM
+    # handlers: a notebook's later code must not inherit them. Ray's session files, and its
+    # workers' temporary ones, go to a folder of this run's, removed after it.
+    with environment_restored(), signal_handlers_restored() as put_back_handlers, private_temp_dir() as temp_dir:
+        try:
+            _start_private_ray(spec, temp_dir)
+        except BaseException:  # a Ctrl-C while Ray starts: what has started stops before its folder goes
+            ray.shutdown()
+            raise
+        put_back_handlers()  # SIGTERM's: ray.init's, and its core worker's crash handler, end the CLI in SIGABRT
         return _fit_on_ray(spec, sink, storage_url, shut_down=True)
 
 
@@ -114,6 +121,14 @@ def _fit_on_ray(spec: RunSpec, sink: MetricSink | None, storage_url: str | None,
         # ``tessera train``) stopped, or one killed, could not: its ranks die with Ray.
         ended = end_interrupted_mlflow_runs if not isinstance(exc, Exception) else end_failed_mlflow_runs
         ended(spec, run_id, started_after_ms=started_ms)
+        if isinstance(exc, SystemExit):
+            # Only signal handlers raise one in this process: Ray Train's SIGINT handler aborts its
+            # controller and calls sys.exit(0) (ray/train/v2/api/data_parallel_trainer.py:295-321),
+            # ray.init's SIGTERM handler sys.exit(15). Raised while ray.get waits, Ray's core worker
+            # makes it SystemExit(1) whatever the code (hence Ray's own comment there: "for some
+            # reason the process still exits with 1"): a Ctrl-C'd tessera train ended with status 1
+            # and no word. Callers get the interrupt they sent, as from an in-process run.
+            raise KeyboardInterrupt from exc
         raise
     if sink is not None:
         step = int(metrics.get("time/batch", 0))
@@ -123,9 +138,9 @@ def _fit_on_ray(spec: RunSpec, sink: MetricSink | None, storage_url: str | None,
     return metrics
 
 
-def _start_private_ray(spec: RunSpec) -> None:
+def _start_private_ray(spec: RunSpec, temp_dir: str) -> None:
     """Start a local Ray for ``spec``'s workers (or connect to ``RAY_ADDRESS``'s), to be shut
-    down after the run."""
+    down after the run; a Ray it starts keeps its files in ``temp_dir`` (``private_temp_dir``)."""
     # One extra CPU for Ray Train's controller; and at least 4 logical CPUs: on a 2-core
     # machine, Ray told the real count starves the worker group, whose start then waits
     # forever (WorkerGroupStartupTimeoutError on every retry).
@@ -137,7 +152,7 @@ def _start_private_ray(spec: RunSpec) -> None:
     # the mode again as its driver connects.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    address = _start_local_ray(num_cpus=max(4, needed), env_vars={"PYTHONPATH": pythonpath})
+    address = _start_local_ray(num_cpus=max(4, needed), env_vars={"PYTHONPATH": pythonpath}, temp_dir=temp_dir)
     log.info("local Ray at %s for %d workers", address, spec.parallelism.num_workers)
 
 
@@ -156,7 +171,7 @@ def environment_restored() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str]) -> str:
+def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str], temp_dir: str) -> str:
     """``ray.init`` of a new local cluster whose GCS address every worker knows as
     ``RAY_ADDRESS``; returns the address.
 
@@ -165,7 +180,11 @@ def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str]) -> str:
     and with another cluster there (the service's, in the README's tour) it failed with "Found
     multiple active Ray instances": a traceback amid the train's output. The address is known only
     once the cluster runs, and a job's environment is fixed as it connects, so the GCS port is
-    chosen first: Ray's head takes it from ``RAY_GCS_SERVER_PORT`` (ray/_private/node.py, 2.60)."""
+    chosen first: Ray's head takes it from ``RAY_GCS_SERVER_PORT`` (ray/_private/node.py, 2.60).
+
+    A cluster it starts runs without a dashboard, so its workers drop Ray Train's warning that the
+    state API cannot be queried (``workers.local_ray.SETUP_HOOK``), and its session and its
+    workers' temporary files go to ``temp_dir`` (``workers.local_ray.private_temp_dir``)."""
     import ray
 
     if os.environ.get(ADDRESS_VARIABLE):  # ray.init connects there (no num_cpus for a cluster that runs)
@@ -175,9 +194,10 @@ def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str]) -> str:
     address = f"{ray.util.get_node_ip_address()}:{port}"
     before = os.environ.get(GCS_PORT_VARIABLE)
     os.environ[GCS_PORT_VARIABLE] = str(port)
+    env_vars = {**env_vars, ADDRESS_VARIABLE: address, "TMPDIR": worker_tmpdir(temp_dir)}
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False,
-                 runtime_env={"env_vars": {**env_vars, ADDRESS_VARIABLE: address}})
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
+                 runtime_env={"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK})
     finally:
         if before is None:
             os.environ.pop(GCS_PORT_VARIABLE, None)

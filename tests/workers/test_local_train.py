@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +170,113 @@ def test_the_environment_is_restored_when_the_run_raises_too(monkeypatch):
         os.environ["TESSERA_ADDED"] = "added"
         raise RuntimeError("the ranks refused the checkpoint")
     assert os.environ["TESSERA_KEPT"] == "as it was" and "TESSERA_ADDED" not in os.environ
+
+
+def test_a_system_exit_out_of_a_fit_on_ray_is_the_interrupt_it_stands_for(monkeypatch):
+    """Ray Train's SIGINT handler ``sys.exit(0)``s, which Ray's core worker raises as SystemExit(1)
+    out of ``ray.get``: ``tessera train`` ended with status 1 and no word. The run's MLflow runs
+    end as interrupted (KILLED), not FAILED."""
+    from workers import local, ray_train
+
+    def fit_with_ray(spec, **_):
+        raise SystemExit(1)
+
+    ended = []
+    monkeypatch.setattr(ray_train, "fit_with_ray", fit_with_ray)
+    monkeypatch.setattr(local, "end_interrupted_mlflow_runs", lambda *_, **__: ended.append("interrupted"))
+    monkeypatch.setattr(local, "end_failed_mlflow_runs", lambda *_, **__: ended.append("failed"))
+    with pytest.raises(KeyboardInterrupt) as raised:
+        local._fit_on_ray(spec_of("2ba"), MemorySink(), None, shut_down=False)
+    assert isinstance(raised.value.__cause__, SystemExit) and ended == ["interrupted"]
+
+
+def test_ctrl_c_on_tessera_train_says_which_checkpoint_it_kept_and_exits_130(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from cli.output import EXIT_INTERRUPTED
+    from workers import local
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec_of("2ba").model_dump_json())
+    command = ["train", str(spec_file), "--checkpoint-dir", str(tmp_path / "ckpt")]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real_train = local.train
+    monkeypatch.setattr(local, "train", interrupted)  # Ctrl-C before a checkpoint
+    fresh = CliRunner().invoke(app, command)
+    assert fresh.exit_code == EXIT_INTERRUPTED, fresh.output
+    assert fresh.stderr.strip() == "interrupted; no checkpoint was saved: training again starts afresh"
+
+    monkeypatch.setattr(local, "train", real_train)
+    assert CliRunner().invoke(app, command).exit_code == 0  # saves ep0-ba2
+    monkeypatch.setattr(local, "train", interrupted)
+    kept = CliRunner().invoke(app, command)
+    assert kept.exit_code == EXIT_INTERRUPTED, kept.output
+    url = f"file://{tmp_path}/ckpt/runs/local-resume/checkpoints/ep0-ba2"
+    assert " ".join(kept.stderr.split()) == (f"interrupted; kept checkpoint {url} (batch 2): "
+                                             f"tessera train {spec_file} resumes from it")
+
+    nothing = CliRunner().invoke(app, ["train", str(spec_file), "--no-checkpoints"])
+    assert nothing.exit_code == EXIT_INTERRUPTED
+    assert nothing.stderr.strip() == "interrupted; nothing was saved (--no-checkpoints)"
+
+
+@pytest.mark.integration
+def test_ctrl_c_on_a_ddp_tessera_train_exits_130_keeping_its_checkpoint_and_leaves_nothing_behind(tmp_path):
+    """Ctrl-C on a DDP ``tessera train`` ended with status 1 and no word; its private Ray printed
+    Ray Train's "Failed to query Ray Train Controller actor state" every second, and left
+    ``/tmp/ray/session_*`` and the ranks' ``/tmp/pymp-*`` folders behind. Here Ray's temporary
+    folder and the processes' TMPDIR are this test's, to be found empty afterwards."""
+    short = Path(tempfile.mkdtemp(prefix="tl-", dir="/tmp"))  # Ray's socket paths must fit 107 bytes
+    try:
+        _ctrl_c_a_ddp_train(tmp_path, ray_tmp=short / "r", tmp=short / "t")
+    finally:
+        shutil.rmtree(short)
+
+
+def _ctrl_c_a_ddp_train(tmp_path: Path, *, ray_tmp: Path, tmp: Path) -> None:
+    ray_tmp.mkdir()
+    tmp.mkdir()
+    spec = spec_of("100000ba", name="local-ctrl-c", parallelism={"strategy": "ddp", "num_workers": 2})
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.model_dump_json())
+    env = {**{key: value for key, value in os.environ.items() if key not in RAY_SETS},
+           "RAY_TMPDIR": str(ray_tmp), "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "cli.main", "train", str(spec_file), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    train = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    try:
+        seen = []
+        for line in train.stdout:  # until rank 0 has committed a checkpoint
+            seen.append(line)
+            if " committed (" in line:
+                break
+        else:
+            raise AssertionError("".join(seen)[-3000:])
+        train.send_signal(signal.SIGINT)
+        rest, _ = train.communicate(timeout=120)
+    finally:
+        if train.poll() is None:
+            train.kill()
+    output = "".join(seen) + rest
+    assert train.returncode == 130, output[-3000:]
+    latest = latest_local_checkpoint(spec, str(tmp_path / "ckpt"))
+    assert output.rstrip().splitlines()[-1] == (f"interrupted; kept checkpoint {latest.url} (batch {latest.step}): "
+                                                f"tessera train {spec_file} resumes from it")
+    assert "Failed to query Ray Train Controller actor state" not in output
+    assert os.listdir(ray_tmp) == [] and os.listdir(tmp) == []
+    assert _running_in_session(train.pid) == []
+
+
+def _running_in_session(session: int) -> list[str]:
+    """The processes of ``session`` that are not zombies, once Ray's have had 30 s to exit."""
+    deadline = time.monotonic() + 30
+    while True:
+        listed = subprocess.run(["ps", "-o", "stat=,args=", "-s", str(session)], capture_output=True, text=True)
+        running = [line for line in listed.stdout.splitlines() if not line.lstrip().startswith("Z")]
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.5)

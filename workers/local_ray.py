@@ -1,0 +1,113 @@
+"""What the private Ray of a local DDP/FSDP run (``workers.local``) would otherwise leave behind
+or print: its files, its signal handlers and one warning a second.
+
+Light on purpose: Ray imports ``quiet_placement_group_cleaner`` in every worker process of the
+private cluster (``worker_process_setup_hook``), so this module imports neither torch nor Ray.
+Line numbers are Ray 2.60's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from typing import Callable, Iterator
+
+# Ray Train starts a detached PlacementGroupCleaner actor per run
+# (ray/train/v2/_internal/callbacks/placement_group_callback.py:54-85). Every second
+# (check_interval_s=1.0, :32) it asks the state API whether the controller lives
+# (ray/train/v2/_internal/execution/controller/placement_group_cleaner.py:79-89, through
+# ray/train/v2/_internal/state/util.py:53 is_actor_alive and ray.util.state.get_actor). The state
+# API is an HTTP endpoint of the dashboard, and the private Ray runs without it
+# (include_dashboard=False: its dashboard.log says "http server disabled", no StateHead loaded), so
+# every query raises RayStateApiException and the cleaner logs this warning, forwarded to the
+# console, until the controller stops it. Its job (removing the placement group of a controller
+# that died while the cluster lives on) is moot for a private Ray, which ``workers.local`` shuts
+# down, placement groups and all, whenever the run ends: only this warning is dropped, not the
+# cleaner's other messages.
+CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+CLEANER_POLL_FAILED = "Failed to query Ray Train Controller actor state"
+# The private Ray's ``runtime_env["worker_process_setup_hook"]``: a module path Ray imports.
+SETUP_HOOK = f"{__name__}.quiet_placement_group_cleaner"
+
+TEMP_DIR_PREFIX = "tessera-ray-"
+
+
+class _DropsCleanerPollFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(CLEANER_POLL_FAILED)
+
+
+def quiet_placement_group_cleaner() -> None:
+    """Drop the cleaner's "Failed to query Ray Train Controller actor state" warning in this
+    process (see ``CLEANER_LOGGER``); a second call adds nothing."""
+    logger = logging.getLogger(CLEANER_LOGGER)
+    if not any(isinstance(f, _DropsCleanerPollFailures) for f in logger.filters):
+        logger.addFilter(_DropsCleanerPollFailures())
+
+
+@contextlib.contextmanager
+def private_temp_dir() -> Iterator[str]:
+    """A new folder for one private Ray, removed after the block however it ends.
+
+    It is ``ray.init``'s ``_temp_dir`` (Ray would put the session in ``/tmp/ray/session_*`` and
+    keep it after ``ray.shutdown``) and, as ``{dir}/tmp``, the ``TMPDIR`` of the cluster's workers:
+    a rank's ``multiprocessing`` makes ``/tmp/pymp-*`` folders that only its exit handlers remove,
+    and Ray ends its workers without running them. It lies where Ray's own would
+    (``ray/_common/utils.py:327`` get_default_system_temp_dir): ``RAY_TMPDIR``, else ``TMPDIR`` on
+    Linux, else ``/tmp``, which keeps the session's Unix socket paths short enough."""
+    path = tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX, dir=_ray_system_temp_dir())
+    try:
+        os.mkdir(worker_tmpdir(path))
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def worker_tmpdir(temp_dir: str) -> str:
+    """The ``TMPDIR`` of a private Ray's workers, inside its ``private_temp_dir``."""
+    return os.path.join(temp_dir, "tmp")
+
+
+def _ray_system_temp_dir() -> str:
+    if os.environ.get("RAY_TMPDIR"):
+        return os.environ["RAY_TMPDIR"]
+    if sys.platform.startswith("linux") and os.environ.get("TMPDIR"):
+        return os.environ["TMPDIR"]
+    return "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+
+
+@contextlib.contextmanager
+def signal_handlers_restored() -> Iterator[Callable[[], None]]:
+    """After the block, SIGINT's and SIGTERM's handlers are the ones it began with; the block gets
+    a function that puts them back at once, for the moment ``ray.init`` has returned.
+
+    Ray undoes neither of its replacements. ``ray.init`` sets SIGTERM's Python handler to
+    ``sys.exit`` (ray/_private/worker.py:1674-1679), and then its core worker installs a C++ crash
+    handler over it (abseil's failure signal handler, which logs "*** SIGTERM received at time=")
+    that made a ``kill PID`` of a DDP ``tessera train`` end in SIGABRT (status 134) rather than as
+    its ``_sigterm_as_interrupt`` says; putting the handler back once Ray runs removes that one too.
+    Ray Train's ``fit()`` sets SIGINT's to one that aborts its controller, ignores a second Ctrl-C
+    and ``sys.exit(0)``s on the third (ray/train/v2/api/data_parallel_trainer.py:288-321): a
+    notebook's later Ctrl-C would otherwise call a controller that is gone. Outside the main
+    thread, where no handler can be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    # None: a handler set outside Python, which cannot be put back
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    before = {signum: handler for signum, handler in before.items() if handler is not None}
+
+    def put_back() -> None:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+    try:
+        yield put_back
+    finally:
+        put_back()
