@@ -7,7 +7,7 @@ revokes tokens and writes the run event; callers hold the run's row lock (``lock
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
@@ -59,7 +59,10 @@ def finish_time(ended_at: datetime | None, began: datetime, now: datetime) -> da
     a report retried through an outage arrives after it), kept within ``[began, now]`` (its
     ``started_at``, else its ``created_at``) since a worker's clock may be off; ``now`` without
     it (a worker that does not say)."""
-    return now if ended_at is None else max(min(aware(ended_at), now), aware(began))
+    if ended_at is None:
+        return now
+    # In UTC, as stored times read back: the report's answer shows what a later GET will.
+    return max(min(aware(ended_at), now), aware(began)).astimezone(timezone.utc)
 
 
 def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: str | None,

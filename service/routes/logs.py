@@ -148,10 +148,14 @@ def _job_of(events: list, start, run, attempt: int) -> str:
 
 
 def _ended_at(events: list, run, attempt: int) -> datetime | None:
-    """When the run's ``attempt`` ended: the run's end for its current attempt (None while it
-    runs), else when the next attempt began."""
+    """When the service learned that the run's ``attempt`` ended: for its current attempt, its
+    last event (the end; None while it runs), not ``finished_at``, the worker's own time, which
+    after an outage its report waited out is long before the report came and the job's last
+    lines with it; for an earlier attempt, when the next one began."""
     if attempt == run.attempt:
-        return run.finished_at
+        if run.finished_at is None:
+            return None
+        return max((event.time for event in events if event.attempt == attempt), default=run.finished_at)
     return min((event.time for event in events if event.attempt > attempt), default=None)
 
 

@@ -191,9 +191,12 @@ def test_an_end_reported_after_an_outage_finishes_the_run_when_the_worker_ended(
     _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
     started = _started_an_hour_ago(api, run_id)
     ended = started + timedelta(minutes=40)  # then 20 minutes of outage before the report got through
-    done = _post(api, run_id, token, "status", {**end, "ended_at": ended.isoformat()})
+    in_paris = ended.astimezone(timezone(timedelta(hours=1)))  # a worker whose clock reads another zone
+    done = _post(api, run_id, token, "status", {**end, "ended_at": in_paris.isoformat()})
     assert done.status_code == 200, done.text
-    assert datetime.fromisoformat(done.json()["finished_at"]) == ended
+    finished = datetime.fromisoformat(done.json()["finished_at"])
+    assert finished == ended and finished.utcoffset() == timedelta(0)  # in UTC, as a later GET reads it
+    assert api.get(f"{API}/runs/{run_id}").json()["finished_at"] == done.json()["finished_at"]
     event = api.get(f"{API}/runs/{run_id}/events").json()["data"][-1]
     assert datetime.fromisoformat(event["time"]) > ended + timedelta(minutes=19)  # the event: when it was learned
 

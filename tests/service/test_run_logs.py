@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import update
 
 from api.views import RunStatus, SweepStatus
+from service.db.models import Run
 from service.log_store import LogStore
 from service.storage_paths import attempt_log_url
 from service.settings import Settings
@@ -97,7 +100,14 @@ def test_an_ended_run_s_log_stops_being_live_when_its_job_hangs_or_is_forgotten_
     page = client.get(f"/api/v1/runs/{run_id}/logs", params={"attempt": 1}).json()
     assert (page["text"], page["source"], page["live"]) == ("attempt 1\n", "storage", False)
 
-    repo.apply_worker_report(run_id, S.COMPLETED)
+    # An end reported late, after an outage: its time is long past, but the service only now
+    # heard of it, and the job's last lines follow the report. The log stays live a while.
+    an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    with repo.engine.begin() as conn:
+        conn.execute(update(Run).where(Run.id == run_id).values(started_at=an_hour_ago - timedelta(minutes=5)))
+    repo.apply_worker_report(run_id, S.COMPLETED, ended_at=an_hour_ago)
+    assert (datetime.now(timezone.utc) - repo.get_run(run_id).finished_at).total_seconds() > 3000
+    assert client.get(f"/api/v1/runs/{run_id}/logs").json()["live"] is True
     monkeypatch.setattr(logs_route, "FINISHING_S", 0.0)  # its job still runs: a driver that hangs
     page = client.get(f"/api/v1/runs/{run_id}/logs").json()
     assert (page["text"], page["source"], page["live"]) == ("attempt 1\nattempt 2\n", "ray", False)
