@@ -703,7 +703,9 @@ class Client:
         ``ApiError`` 401 for a wrong token, 409 for a change the run's status refuses, 422
         naming ``status`` for one a worker may not report."""
         return RunView.model_validate(self._request(
-            "POST", f"{API}/runs/{run_id}/report/status", json=report.model_dump(mode="json"),
+            # Unset fields left out, not sent as null: a service older than a field (its reports
+            # forbid unknown ones) still takes a report that does not use it.
+            "POST", f"{API}/runs/{run_id}/report/status", json=report.model_dump(mode="json", exclude_none=True),
             headers={"Authorization": f"Bearer {token}"}))
 
     def report_metrics(self, run_id: str, token: str, report: MetricsReport) -> int:

@@ -492,7 +492,7 @@ def _metric(summary: dict[str, float], key: str) -> str:
 
 # What a FAILED run's ``failure`` (RunView.failure) means for what to do next; nothing when not known.
 FAILURE_HINTS = {
-    "machine": "failed: the machine, not the code (Ray lost a worker process or node): `tessera resume {id}` "
+    "machine": "failed: the machine, not the code (Ray lost a worker process, a node or the job): `tessera resume {id}` "
                "may well pass",
     "code": "failed: the training raised it (its code, spec or data): a resume would fail again; fix it first",
 }

@@ -196,7 +196,9 @@ class AttemptStore:
 
 
 # What moving a run or sweep to another status reads or writes (``apply_run_status``,
-# ``apply_sweep_status``, ``_start_attempt``): the columns they share, besides ``id``.
+# ``apply_sweep_status``, ``_start_attempt``): the columns they share, besides ``id``. A run's
+# end also reads ``created_at`` (``finish_time``) and writes ``failure``: never on the way to
+# STARTING, the one transition made on rows loaded with these columns alone.
 TRANSITION_COLUMNS = ("status", "attempt", "error", "ray_job_id", "token_hash", "started_at", "finished_at",
                       "updated_at")
 

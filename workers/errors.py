@@ -26,15 +26,20 @@ _LOSS_ATTRIBUTES = (*_WRAPPED_ATTRIBUTES, "health_check_failure")
 # actor died or is unreachable, a worker or raylet crashed, a node died or was preempted, an
 # object went with its node; Ray Train's health check of a worker failed or hung, or its
 # worker group could not start because a node died meanwhile. Not among them: Ray's
-# OutOfMemoryError and a worker group that timed out waiting for resources, which the run's
-# own size may cause again.
+# OutOfMemoryError, which the run's own size may cause again; ``RaySystemError``, which Ray
+# raises for a worker that could not start (a bad runtime_env) and for what it cannot unpickle
+# (ray/_private/serialization.py, 2.60): both fail every attempt alike; and a ``RayActorError``
+# whose actor's ``__init__`` raised (``actor_init_failed``): the code's.
 _RAY_LOSSES = {
     "ray.exceptions": ("RayActorError", "NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError",
-                       "ObjectLostError", "RaySystemError"),
+                       "ObjectLostError"),
     "ray.train.v2.api.exceptions": ("PreemptionError",),
     "ray.train.v2._internal.exceptions": ("WorkerHealthCheckFailedError", "WorkerHealthCheckTimeoutError",
                                           "WorkerGroupStartupFailedError"),
 }
+# Neither the machine's nor the code's: a worker group that timed out waiting for the cluster's
+# resources (a busy cluster, or a run too big for it). Its failure is left unknown.
+_RAY_NEITHER = {"ray.train.v2._internal.exceptions": ("WorkerGroupStartupTimeoutError",)}
 
 Failure = Literal["machine", "code"]
 
@@ -84,21 +89,26 @@ def _wrapped(exc: BaseException) -> BaseException | None:
     return None
 
 
-def failure_of(exc: BaseException) -> Failure:
+def failure_of(exc: BaseException) -> Failure | None:
     """``"machine"`` if anywhere inside ``exc`` (every rank's failure, not only the lowest's: a
     peer of a lost rank fails in its collective) is one of Ray's exceptions for a lost process
-    or node, so another attempt may pass; else ``"code"``: the training raised (its code, spec
-    or data), and a resume would raise again."""
-    losses = _ray_losses()
-    return "machine" if any(isinstance(inner, losses) for inner in _inside(exc)) else "code"
+    or node, so another attempt may pass; None (not known) for a worker group that waited out
+    its start for resources; else ``"code"``: the training raised (its code, spec or data), and
+    a resume would raise again."""
+    inside = list(_inside(exc))
+    losses = _imported(_RAY_LOSSES)
+    if any(isinstance(inner, losses) and not getattr(inner, "actor_init_failed", False) for inner in inside):
+        return "machine"
+    neither = _imported(_RAY_NEITHER)
+    return None if any(isinstance(inner, neither) for inner in inside) else "code"
 
 
-def _ray_losses() -> tuple[type[BaseException], ...]:
-    """The classes of ``_RAY_LOSSES`` whose modules this process has imported: an exception of a
-    module never imported cannot be inside (unpickling one imports its module), so a failure
-    before Ray was loaded (a spec refused) does not wait seconds for ``ray.train`` to import."""
+def _imported(classes: dict[str, tuple[str, ...]]) -> tuple[type[BaseException], ...]:
+    """The named classes whose modules this process has imported: an exception of a module never
+    imported cannot be inside (unpickling one imports its module), so a failure before Ray was
+    loaded (a spec refused) does not wait seconds for ``ray.train`` to import."""
     found = []
-    for module_name, names in _RAY_LOSSES.items():
+    for module_name, names in classes.items():
         module = sys.modules.get(module_name)
         found += [cls for name in names if isinstance(cls := getattr(module, name, None), type)]
     return tuple(found)

@@ -95,7 +95,7 @@ def test_show_of_a_failed_run_says_whether_a_resume_may_pass(tmp_path, example_s
         def shown(run):
             return " ".join(runner.invoke(app, ["show", run.id, *url]).output.split())
 
-        machine = f"the machine, not the code (Ray lost a worker process or node): `tessera resume {lost.id}`"
+        machine = f"the machine, not the code (Ray lost a worker process, a node or the job): `tessera resume {lost.id}`"
         assert machine in shown(lost)
         assert "a resume would fail again" in shown(broken)
         assert "failed:" not in shown(old)

@@ -73,6 +73,17 @@ def test_a_lost_worker_on_any_rank_is_the_machine_s_failure_and_an_exception_in_
     assert failure_of(RuntimeError("NodeDiedError: node died (preempted)")) == "code"
 
 
+def test_ray_s_errors_that_every_attempt_would_meet_are_not_the_machine_s_and_a_busy_cluster_is_not_known():
+    from ray.exceptions import ActorDiedError, RaySystemError
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    assert failure_of(_in_training_error(RaySystemError("Failed to unpickle serialized exception"))) == "code"
+    init_raised = ActorDiedError()
+    init_raised._actor_init_failed = True  # its __init__ raised (ray.exceptions.RayActorError.actor_init_failed)
+    assert init_raised.actor_init_failed and failure_of(_in_training_error(init_raised)) == "code"
+    assert failure_of(_in_training_error(WorkerGroupStartupTimeoutError(num_workers=2))) is None
+
+
 def test_a_failed_report_carries_the_failure():
     bodies = []
 
