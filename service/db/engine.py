@@ -11,8 +11,10 @@ sessions marked as writers; see ``WRITE_OPTIONS``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
+import random
 import re
 import time
 from pathlib import Path
@@ -128,16 +130,18 @@ def migrate(engine: Engine, *, lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S,
     the old replica still serves, so a long transaction of its (an export, a stuck session)
     would stall the whole API. Instead the migration gives way after ``lock_timeout_s``, rolls
     back (PostgreSQL's DDL is transactional: nothing is half-done), logs the sessions that hold
-    transactions open, and tries again, for ``patience_s`` in all; then it raises, naming them."""
+    transactions open, and tries again after a pause that grows (``_pause_s``), so the table's
+    queries wait at most ``lock_timeout_s`` at a time and run freely between tries; after
+    ``patience_s`` in all it raises, naming those sessions."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     postgres = engine.dialect.name == "postgresql"
     deadline = time.monotonic() + patience_s
-    while True:
+    for tries in itertools.count(1):
         try:
             with engine.begin() as connection:
-                if postgres:
-                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
+                if postgres:  # at least 1 ms: 0 would mean no limit
+                    connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(1, round(lock_timeout_s * 1000))}ms'")
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
             return
@@ -149,8 +153,19 @@ def migrate(engine: Engine, *, lock_timeout_s: float = MIGRATION_LOCK_TIMEOUT_S,
                 raise RuntimeError(f"the database migration could not lock a table for {patience_s:.0f} s; sessions "
                                    f"with a transaction open: {holders or 'none now'}. End them (or wait for "
                                    "them) and start the service again") from exc
+            pause = min(_pause_s(lock_timeout_s, tries), max(0.0, deadline - time.monotonic()))
             log.warning("the database migration waits for a table lock (another session's transaction uses the "
-                        "table) and tries again; sessions with a transaction open: %s", holders or "none now")
+                        "table) and tries again in %.1f s; sessions with a transaction open: %s", pause,
+                        holders or "none now")
+            time.sleep(pause)
+
+
+def _pause_s(lock_timeout_s: float, tries: int) -> float:
+    """How long a migration that gave way ``tries`` times waits before its next try: twice its
+    lock wait, doubling each time up to 30 s, with up to a quarter more at random (two replicas
+    starting together do not try in step)."""
+    pause = min(30.0, 2 * lock_timeout_s * 2 ** (tries - 1))
+    return pause * (1 + random.random() / 4)
 
 
 def _open_transactions(engine: Engine) -> str:
