@@ -369,7 +369,7 @@ def train(
     except IncompatibleCheckpoint as exc:
         _fail(f"{exc}\n(or pass another --checkpoint-dir, or --no-checkpoints)")
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in process or on a local Ray (workers.local)
-        err_console.print(_interrupted(spec, file, checkpoint_dir), highlight=False, markup=False, soft_wrap=True)
+        err_console.print(_interrupted(spec, checkpoint_dir), highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     if latest is not None and "train/loss" not in result:  # resumed at (or past) its end: no step trained
         err_console.print(f"nothing left to train: the run's newest checkpoint is at batch {latest.step}, at or past "
@@ -378,7 +378,7 @@ def train(
     console.print_json(json.dumps(result, default=float))
 
 
-def _interrupted(spec: Any, file: str, checkpoint_dir: str | None) -> str:
+def _interrupted(spec: Any, checkpoint_dir: str | None) -> str:
     """The line a stopped ``tessera train`` ends with: what it kept, and how to go on from it."""
     if checkpoint_dir is None:
         return "interrupted; nothing was saved (--no-checkpoints)"
@@ -390,7 +390,9 @@ def _interrupted(spec: Any, file: str, checkpoint_dir: str | None) -> str:
         return f"interrupted; its checkpoints could not be listed ({type(exc).__name__}: {exc})"
     if latest is None:
         return "interrupted; no checkpoint was saved: training again starts afresh"
-    return f"interrupted; kept checkpoint {latest.url} (batch {latest.step}): tessera train {file} resumes from it"
+    # The same command, not one rebuilt here: its --checkpoint-dir, --set and --code pick the folder.
+    return (f"interrupted; kept checkpoint {latest.url} (batch {latest.step}): the same tessera train command "
+            "resumes from it")
 
 
 @contextlib.contextmanager
@@ -492,8 +494,8 @@ def _metric(summary: dict[str, float], key: str) -> str:
 
 # What a FAILED run's ``failure`` (RunView.failure) means for what to do next; nothing when not known.
 FAILURE_HINTS = {
-    "machine": "failed: the machine, not the code (Ray lost a worker process, a node or the job): `tessera resume {id}` "
-               "may well pass",
+    "machine": "failed: the machine, not the code (Ray lost a worker process, a node or the job): "
+               "`tessera resume {id}` may well pass",
     "code": "failed: the training raised it (its code, spec or data): a resume would fail again; fix it first",
 }
 

@@ -217,7 +217,7 @@ def test_ctrl_c_on_tessera_train_says_which_checkpoint_it_kept_and_exits_130(tmp
     assert kept.exit_code == EXIT_INTERRUPTED, kept.output
     url = f"file://{tmp_path}/ckpt/runs/local-resume/checkpoints/ep0-ba2"
     assert " ".join(kept.stderr.split()) == (f"interrupted; kept checkpoint {url} (batch 2): "
-                                             f"tessera train {spec_file} resumes from it")
+                                             "the same tessera train command resumes from it")
 
     nothing = CliRunner().invoke(app, ["train", str(spec_file), "--no-checkpoints"])
     assert nothing.exit_code == EXIT_INTERRUPTED
@@ -265,7 +265,7 @@ def _ctrl_c_a_ddp_train(tmp_path: Path, *, ray_tmp: Path, tmp: Path) -> None:
     assert train.returncode == 130, output[-3000:]
     latest = latest_local_checkpoint(spec, str(tmp_path / "ckpt"))
     assert output.rstrip().splitlines()[-1] == (f"interrupted; kept checkpoint {latest.url} (batch {latest.step}): "
-                                                f"tessera train {spec_file} resumes from it")
+                                                "the same tessera train command resumes from it")
     assert "Failed to query Ray Train Controller actor state" not in output
     assert os.listdir(ray_tmp) == [] and os.listdir(tmp) == []
     assert _running_in_session(train.pid) == []

@@ -110,21 +110,28 @@ def driver_entry_env(monkeypatch):
     monkeypatch.setenv("TESSERA_ATTEMPT", "2")
 
 
-def test_a_driver_that_cannot_fetch_its_sweep_says_so_in_its_log_and_exits_1(monkeypatch, caplog):
+@pytest.mark.parametrize("answer, words", [
+    (ApiError(404, "no such sweep"), "no such sweep"),
+    (SimpleNamespace(spec={"name": "s", "base": {}, "novel_field": 1}), "novel_field"),  # a newer service's spec
+])
+def test_a_driver_that_cannot_fetch_or_read_its_sweep_says_so_in_its_log_and_exits_1(monkeypatch, caplog, answer,
+                                                                                        words):
     from workers.tune import driver as entry
 
-    class Gone(FakeClient):
+    class Answers(FakeClient):
         def __init__(self, *args, **kwargs):
             super().__init__()
 
         def get_sweep(self, sweep_id):
-            raise ApiError(404, "no such sweep")
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
 
     driver_entry_env(monkeypatch)
-    monkeypatch.setattr(entry, "Client", Gone)
+    monkeypatch.setattr(entry, "Client", Answers)
     assert main(["--sweep-id", "sw1"]) == 1
-    assert "sweep sw1 attempt 2 failed: could not fetch the sweep: " in caplog.text
-    assert "no such sweep" in caplog.records[-1].getMessage()  # the job's last line says how it ended
+    assert "sweep sw1 attempt 2 failed: could not fetch or read the sweep: " in caplog.text
+    assert words in caplog.records[-1].getMessage()  # the job's last line says how it ended
 
 
 def test_a_driver_stopped_by_ray_logs_the_stop_as_its_last_line_and_keeps_the_stop_s_exit(monkeypatch, caplog):

@@ -103,10 +103,11 @@ def drive_sweep(sweep_id: str, *, client: Client, token: str, storage_url: str |
     Tune stops and nothing more is reported."""
     try:
         view = call_with_retries(lambda: client.get_sweep(sweep_id), what=f"fetching sweep {sweep_id}")
+        spec = SweepSpec.model_validate(view.spec)  # a driver older than the service may not read it
     except Exception as exc:  # said here: nothing else would, and the job would end without a word
-        log.error("sweep %s attempt %d failed: could not fetch the sweep: %s", sweep_id, attempt, describe(exc))
+        log.error("sweep %s attempt %d failed: could not fetch or read the sweep: %s", sweep_id, attempt,
+                  describe(exc))
         raise
-    spec = SweepSpec.model_validate(view.spec)
     session = _DriverSession(key=sweep_id, client=client, token=token, sweep_id=sweep_id)
     _SESSIONS[sweep_id] = session
 
