@@ -554,8 +554,8 @@ def test_a_zoomed_chart_says_so_and_keeps_its_zoom_when_a_key_moves_to_a_chart_o
 
     drag_across(page, "#chart-eval-metrics", 0.3, 0.6)
     expect(note).to_be_visible()
-    zoomed = re.fullmatch(r"Zoomed to step (\S+)–(\S+); double-click the chart to see it all\.", note.inner_text())
-    assert zoomed and 10 < float(zoomed[1]) < float(zoomed[2]) < 100, note.inner_text()
+    zoomed = re.fullmatch(r"Zoomed to step (\d+)–(\d+); double-click the chart to see it all\.", note.inner_text())
+    assert zoomed and 10 < int(zoomed[1]) < int(zoomed[2]) < 100, note.inner_text()  # steps whole
     # The count leaves the chart, which is drawn anew without it: on the range the user chose.
     repo.add_metrics(run.id, [ReportedMetric(step=110, key=key, value=value, time=datetime.now(timezone.utc))
                               for key, value in (("eval/f1_macro", 0.55), (count_key, 40))])

@@ -124,7 +124,9 @@ export class MetricChart {
     const zoom = this._zoom(plot);
     this.zoomNote.hidden = !zoom;
     if (zoom) {
-      setText(this.zoomNote, `Zoomed to ${this.xLabel} ${formatNumber(zoom.min)}–${formatNumber(zoom.max)}; ` +
+      // Steps whole (120000, not 1.2e+5), as the latest-value line writes them; other x-axes (Compare's) as numbers.
+      const at = this.xLabel === "step" ? (x) => String(Math.round(x)) : formatNumber;
+      setText(this.zoomNote, `Zoomed to ${this.xLabel} ${at(zoom.min)}–${at(zoom.max)}; ` +
         "double-click the chart to see it all.");
     }
   }
