@@ -120,7 +120,7 @@ class AttemptStore:
                    error: str | None = None, only_from: Iterable[enum.Enum] | None = None,
                    attempt: int | None = None, failure: str | None = None) -> Any:
         """Change the record's status through its transition table and record why (``failure``:
-        a run's ``machine`` or ``code`` with FAILED; only runs keep it).
+        a run's ``machine`` or ``code`` with FAILED; a sweep keeps none).
 
         ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
         older snapshot: if the record has moved on since, ``IllegalTransition`` is raised instead.
@@ -129,8 +129,7 @@ class AttemptStore:
             current = self.stored.status(row.status)
             self.stored.transitions.require_snapshot(record_id, current, to_status, stored_attempt=row.attempt,
                                               only_from=only_from, attempt=attempt)
-            why = {} if failure is None else {"failure": failure}  # apply_sweep_status takes none
-            self.stored.apply_status(session, row, to_status, message=message, error=error, **why)
+            self.stored.apply_status(session, row, to_status, message=message, error=error, failure=failure)
             session.flush()
             return self.stored.record.from_row(row)
 

@@ -224,7 +224,7 @@ class JobFollower:
             self._send(record, pending.entrypoint, pending.env, sends=pending.sends + 1)
 
     def _fail(self, record: Any, error: str, failure: str | None = None) -> None:
-        self.store.transition(record.id, self.kind.status.FAILED, error=error, failure=self._kept(failure),
+        self.store.transition(record.id, self.kind.status.FAILED, error=error, failure=failure,
                               only_from=[self.kind.status.STARTING], attempt=record.attempt)
         log.warning("%s %s: %s", self.kind.name, record.id, error)
 
@@ -271,13 +271,9 @@ class JobFollower:
         target, message, error, failure = self._explain(fix, record, context)
         # Compare-and-set on the snapshot we decided from: a report may have landed since.
         self.store.transition(record.id, target, message=message, error=error, only_from=[record.status],
-                              attempt=record.attempt, failure=self._kept(failure))
+                              attempt=record.attempt, failure=failure)
         log.info("%s %s: %s", self.kind.name, record.id, message)
         return error or message
-
-    def _kept(self, failure: str | None) -> str | None:
-        """``failure`` if this kind's records keep one (runs), else None."""
-        return failure if self.kind.records_failure else None
 
     def _explain(self, fix: Fix, record: Any, context: str) -> tuple[Any, str, str | None, str | None]:
         """The status, event message, error and failure (``MACHINE`` or None: not known) that

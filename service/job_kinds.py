@@ -56,9 +56,6 @@ class JobKind:
     # Whether every attempt has a job of its own (a sweep driver's), so that a job's log is
     # exactly its attempt's; a run's worker-group restart moves it to a new attempt on the same job.
     job_per_attempt: bool = False
-    # Whether its records keep why an attempt failed (a run's ``failure``: ``machine`` when its job
-    # was lost or never made); a sweep's do not.
-    records_failure: bool = False
 
     def entrypoint(self, settings: Settings, record_id: str) -> str:
         # workers.fork_exec forks the driver from a warm interpreter on the node when one is
@@ -108,7 +105,6 @@ RUN_JOBS = JobKind(
     ended_without_result=ENDED_WITHOUT_RESULT,
     stopped_outside=STOPPED_OUTSIDE,
     lost_at_startup="not found after a service restart",
-    records_failure=True,
 )
 
 

@@ -22,9 +22,11 @@ TRIAL_OUTLIVED_SWEEP = "the sweep ended before the trial reported"
 
 
 def apply_sweep_status(session: Session, sweep: Sweep, target: SweepStatus, *, message: str | None,
-                       error: str | None) -> None:
+                       error: str | None, failure: str | None = None) -> None:
     """Move the locked ``sweep`` to ``target`` through the state machine; a sweep that ends takes
-    its driver's unfinished trials with it. An idempotent repeat changes nothing."""
+    its driver's unfinished trials with it. An idempotent repeat changes nothing. ``failure``
+    (``apply_run_status``'s, which the dispatcher passes for either kind) is not kept: a sweep's
+    trials are runs, each with its own."""
     if not SWEEP_TRANSITIONS.check(sweep.id, SweepStatus(sweep.status), target):
         return
     now = utcnow()
