@@ -26,7 +26,7 @@ from typing import Iterator
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
 from workers.loggers import closed_at_end, end_failed_mlflow_runs, end_interrupted_mlflow_runs, with_loggers
-from workers.local_ray import SETUP_HOOK, private_temp_dir, signal_handlers_restored, worker_tmpdir
+from workers.local_ray import SETUP_HOOK, private_temp_dir, signal_handlers_restored, worker_temp_env
 from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
 from workers.reporter import ConsoleReporter, MetricSink
 from workers.ray_job import ADDRESS_VARIABLE
@@ -194,7 +194,7 @@ def _start_local_ray(*, num_cpus: int, env_vars: dict[str, str], temp_dir: str) 
     address = f"{ray.util.get_node_ip_address()}:{port}"
     before = os.environ.get(GCS_PORT_VARIABLE)
     os.environ[GCS_PORT_VARIABLE] = str(port)
-    env_vars = {**env_vars, ADDRESS_VARIABLE: address, "TMPDIR": worker_tmpdir(temp_dir)}
+    env_vars = {**env_vars, ADDRESS_VARIABLE: address, **worker_temp_env(temp_dir)}
     try:
         ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
                  runtime_env={"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK})

@@ -9,6 +9,7 @@ Line numbers are Ray 2.60's.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import logging
 import os
 import shutil
@@ -72,6 +73,21 @@ def private_temp_dir() -> Iterator[str]:
 def worker_tmpdir(temp_dir: str) -> str:
     """The ``TMPDIR`` of a private Ray's workers, inside its ``private_temp_dir``."""
     return os.path.join(temp_dir, "tmp")
+
+
+def worker_temp_env(temp_dir: str) -> dict[str, str]:
+    """The environment that gives a private Ray's workers ``worker_tmpdir`` as ``TMPDIR`` and
+    keeps the caches that would follow it into that folder, which goes with the run, where they
+    are for this process: torch.compile's (``TORCHINDUCTOR_CACHE_DIR``, by default
+    ``{tmp}/torchinductor_{user}``: torch/_inductor/runtime/cache_dir_utils.py, torch 2.14) and
+    Tessera's code packages' (``workers.models.code_cache``). A later run compiles and unpacks
+    nothing again that an earlier one did."""
+    from workers.models.code_cache import code_cache_dir
+
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return {"TMPDIR": worker_tmpdir(temp_dir), "TORCHINDUCTOR_CACHE_DIR": inductor,
+            "TESSERA_CODE_CACHE": str(code_cache_dir())}
 
 
 def _ray_system_temp_dir() -> str:

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from workers.local_ray import (CLEANER_LOGGER, SETUP_HOOK, private_temp_dir, quiet_placement_group_cleaner,
-                               signal_handlers_restored, worker_tmpdir)
+                               signal_handlers_restored, worker_temp_env, worker_tmpdir)
 
 
 @pytest.fixture
@@ -67,3 +67,19 @@ def test_the_signal_handlers_ray_sets_are_undone_at_once_and_after_the_block():
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_workers_caches_stay_where_they_were_outside_the_run_s_temp_dir(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TESSERA_CODE_CACHE", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir reads TMPDIR again
+    with private_temp_dir() as temp_dir:
+        env = worker_temp_env(temp_dir)
+        assert env["TMPDIR"] == worker_tmpdir(temp_dir)
+        for cache in ("TORCHINDUCTOR_CACHE_DIR", "TESSERA_CODE_CACHE"):  # torch.compile's, code packages'
+            assert os.path.dirname(env[cache]) == str(tmp_path) and not env[cache].startswith(temp_dir), env
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/caches/inductor")  # one the user chose stays theirs
+    assert worker_temp_env(str(tmp_path))["TORCHINDUCTOR_CACHE_DIR"] == "/caches/inductor"
