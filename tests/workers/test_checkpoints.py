@@ -145,15 +145,19 @@ def test_checkpoints_round_trip_through_s3_over_http(s3_server):
 
 @pytest.fixture
 def s3_fails_fast(s3_server, monkeypatch):
-    """Botocore's own retries off (``AWS_MAX_ATTEMPTS=1``) for the test, on the S3 server. While S3
-    is down botocore retries each refused call with backoff, under s3fs's retries and the
-    checkpointer's own: about 40 s per failed save here, which these tests waited through but
-    do not check. s3fs keeps a file system (with its client) per set of arguments and thread, so
-    its cache is cleared before (a client made earlier keeps its retries) and after (later tests
-    get them back)."""
+    """One attempt per S3 request (``S3_LIMITS.attempts``, botocore's retries) for the test, on the
+    S3 server. While S3 is down botocore retries each refused call with backoff, under the
+    checkpointer's own retries: time per failed save that these tests would wait through but do
+    not check. (``AWS_MAX_ATTEMPTS`` no longer does it: the client's config sets the attempts.)
+    s3fs keeps a file system (with its client) per set of arguments and thread, so its cache is
+    cleared before (a client made earlier keeps its retries) and after (later tests get them back)."""
+    from dataclasses import replace
+
     from s3fs import S3FileSystem
 
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    from workers.checkpoint import s3_limits
+
+    monkeypatch.setattr(s3_limits, "S3_LIMITS", replace(s3_limits.S3_LIMITS, attempts=1))
     S3FileSystem.clear_instance_cache()
     yield
     S3FileSystem.clear_instance_cache()

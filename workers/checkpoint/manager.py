@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from workers.checkpoint.contents import check_compatible, spec_hash
 from workers.checkpoint.reader import ParallelFsspecReader
 from workers.checkpoint.safe_load import load_state
-from workers.checkpoint.storage import FsspecStorage, join, with_retries
+from workers.checkpoint.storage import FsspecStorage, join, storage_options, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -350,8 +350,8 @@ class Checkpointer:
 
         self._agreed(uncommit, url, "uncommit")
         self._agreed(write_own_files, url, "write its files of")  # before the collective DCP write
-        return dcp.save(state, storage_writer=FsspecWriter(url, thread_count=WRITE_THREADS), process_group=group,
-                        no_dist=not _distributed())
+        writer = FsspecWriter(url, thread_count=WRITE_THREADS, **storage_options(url))  # bounded waits on S3
+        return dcp.save(state, storage_writer=writer, process_group=group, no_dist=not _distributed())
 
     def _agreed(self, action: Callable[[], None], url: str, what: str) -> None:
         """``action()`` on this rank. With several ranks every rank learns whether all of theirs

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future as TorchFuture
 
 from workers.checkpoint.safe_load import load_metadata, load_state
+from workers.checkpoint.storage import storage_options
 
 READ_THREADS = 8
 # Chunks of this size keep every reader thread busy on a rank's files (8 files of ~17 MB for a
@@ -73,7 +74,8 @@ class ParallelFsspecReader(FsspecReader):
 
     def __init__(self, path: str | os.PathLike, *, thread_count: int = READ_THREADS, chunk_bytes: int = CHUNK_BYTES,
                  **kwargs: Any) -> None:
-        super().__init__(path, **kwargs)
+        # S3's bounded waits (``storage_options``) unless the caller gives its own options.
+        super().__init__(path, **{**storage_options(os.fspath(path)), **kwargs})
         self.thread_count, self.chunk_bytes = max(1, thread_count), chunk_bytes
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
