@@ -105,7 +105,13 @@ def test_a_save_to_a_silent_s3_endpoint_is_reported_not_committed_in_bounded_tim
     [report] = reports
     assert not report["committed"] and report["url"] == "s3://bucket/runs/hung/checkpoints/ep0-ba1"
     assert "S3NoAnswerError" in report["error"] and silent_s3.url in report["error"]
-    # Each try of the save: a HEAD for the old marker (which s3fs's isfile takes as "no file")
-    # and the first PUT, each ``LIMITS.attempts`` requests.
+    # Each try of the save fails at its first request, the HEAD for an old marker, after
+    # ``LIMITS.attempts`` tries of it (a PUT after it, were the HEAD read as "no file").
     assert len(silent_s3.connections) <= checkpointer.attempts * 2 * LIMITS.attempts
     assert elapsed < checkpointer.attempts * 2 * request_bound_s(1 << 16)
+
+
+@pytest.mark.timeout(60)
+def test_a_marker_that_cannot_be_read_is_an_error_not_a_missing_file(silent_s3):
+    with pytest.raises(S3NoAnswerError):
+        storage_for("s3://bucket/hung").isfile("s3://bucket/hung/ep0-ba2/COMMITTED")

@@ -296,6 +296,25 @@ def test_retention_never_deletes_the_last_loadable_checkpoint_for_a_newer_one_th
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba2", "ep1-ba4"]
 
 
+def test_retention_deletes_nothing_when_a_marker_cannot_be_read(tmp_path, monkeypatch):
+    """A storage error on a committed checkpoint's marker is no missing marker: retention would
+    delete that checkpoint as torn. It raises instead (a commit logs it and tries at the next)."""
+    spec = spec_with_checkpoints(max_duration="4ba", checkpoint={"interval": "2ba", "keep_last": 2})
+    train(spec, checkpoint_url=f"file://{tmp_path}", sink=MemorySink())
+    checkpointer = Checkpointer(f"file://{tmp_path}", fingerprint={}, keep_last=2)
+    info = checkpointer.storage.fs.info
+
+    def flaky(path, **kwargs):
+        if path.endswith(f"ep0-ba2/{MARKER}"):
+            raise ConnectionResetError("the store dropped the connection")
+        return info(path, **kwargs)
+
+    monkeypatch.setattr(checkpointer.storage.fs, "info", flaky)
+    with pytest.raises(ConnectionResetError):
+        checkpointer.retain()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ep0-ba2", "ep1-ba4"]
+
+
 def test_a_save_whose_file_vanishes_before_the_commit_is_not_committed(tmp_path, monkeypatch):
     write_files = Checkpointer._write_files
 

@@ -54,8 +54,14 @@ class FsspecStorage:
         return self.fs.isdir(self._path(url))
 
     def isfile(self, url: str) -> bool:
+        """Whether ``url`` is a file; a storage error raises. fsspec's own ``isfile`` answers False
+        for any error (fsspec/asyn.py ``_isfile`` and spec.py ``isfile``, 2026.9): in an outage a
+        committed checkpoint's marker read as absent, and retention deleted the checkpoint as torn."""
         self.fs.invalidate_cache()
-        return self.fs.isfile(self._path(url))
+        try:
+            return self.fs.info(self._path(url))["type"] == "file"
+        except FileNotFoundError:
+            return False
 
     def listdir(self, url: str) -> list[str]:
         """Names (not paths) of the entries directly under ``url``; [] if it does not exist."""
