@@ -30,7 +30,7 @@ def test_resume_after_worker_kill_matches_uninterrupted_run(ray_client, s3_serve
         metrics, service = run.metrics, run.service
         assert metrics["time/batch"] == 8
         assert [s["status"] for s in service.statuses] == ["RUNNING", "RESTARTING", "RUNNING"]
-        assert [s["step"] for s in service.statuses] == [0, None, resumed_from]
+        assert [s.get("step") for s in service.statuses] == [0, None, resumed_from]  # sent only with RUNNING
         assert "resuming from s3://" in service.statuses[-1]["message"]
         # Nothing lost: what was measured up to the checkpoint was spooled before it was written,
         # and the batches after it trained (and were reported) again after the restart.
