@@ -437,13 +437,13 @@ def _in_index_order(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     they held. Pydantic reports a list's refused members first and a rule over the whole list
     (``eval_metrics``' repeats, a spec's cross-field rules) after them, so a 422 read
     ``eval_metrics[2]`` before ``eval_metrics[1]``."""
-    places: dict[tuple[Any, ...], list[int]] = {}
+    places: dict[tuple[Any, ...], list[tuple[int, int]]] = {}  # a list's (place, member index) pairs
     for place, item in enumerate(items):
         if (where := _list_place(item)) is not None:
-            places.setdefault(where[0], []).append(place)
+            places.setdefault(where[0], []).append((place, where[1]))
     ordered = list(items)
     for held in places.values():
-        members = sorted((items[place] for place in held), key=lambda item: _list_place(item)[1])
-        for place, item in zip(held, members):
-            ordered[place] = item
+        by_member = sorted(held, key=lambda pair: pair[1])
+        for (place, _), (source, _) in zip(held, by_member):
+            ordered[place] = items[source]
     return ordered

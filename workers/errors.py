@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from typing import Literal
+
+from api.views import RunFailure
 
 # Attributes through which Ray (and Python) point at the exception they wrap, in the order
 # tried: per-rank worker failures, Ray Train's traceback wrapper, the controller's failure,
@@ -40,8 +41,6 @@ _RAY_LOSSES = {
 # Neither the machine's nor the code's: a worker group that timed out waiting for the cluster's
 # resources (a busy cluster, or a run too big for it). Its failure is left unknown.
 _RAY_NEITHER = {"ray.train.v2._internal.exceptions": ("WorkerGroupStartupTimeoutError",)}
-
-Failure = Literal["machine", "code"]
 
 
 class TrainingError(RuntimeError):
@@ -89,7 +88,7 @@ def _wrapped(exc: BaseException) -> BaseException | None:
     return None
 
 
-def failure_of(exc: BaseException) -> Failure | None:
+def failure_of(exc: BaseException) -> RunFailure | None:
     """``"machine"`` if anywhere inside ``exc`` (every rank's failure, not only the lowest's: a
     peer of a lost rank fails in its collective) is one of Ray's exceptions for a lost process
     or node, so another attempt may pass; None (not known) for a worker group that waited out

@@ -28,10 +28,10 @@ throttling (``SlowDown``, :544) and 5xx, while s3fs passes it straight on (it is
 s3fs's retryable errors), so for a silent store botocore's ``attempts`` are the only request
 retries. Bounds with the defaults: one request fails within ``attempts`` x (15 s + body / 1 MiB/s)
 plus up to 1 + 2 s of backoff (measured: 46 s for a small file). One try of a checkpoint save
-makes two such calls before it fails (the HEAD for an old marker, whose error fsspec's ``isfile``
-turns into False, fsspec/asyn.py:820-824, then the first PUT), about 95 s; the save (3 tries,
-``Checkpointer.attempts``, 1 s and 2 s apart) about 4.8 minutes, after which it is reported "not
-committed" and training goes on. A body that stalls after its response began (a GET's stream)
+fails at its first call that gets no answer (``FsspecStorage.isfile`` raises a storage error,
+where fsspec's own ``isfile`` answered False and went on to the PUT: measured then, 95 s a try
+and 4.8 minutes for the save's 3 tries, ``Checkpointer.attempts``); the save is then reported
+"not committed" and training goes on. A body that stalls after its response began (a GET's stream)
 is retried by s3fs (5 tries of 15 s without a byte), not by botocore.
 """
 
