@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 from api.spec_diff import spec_diff
 from api.views import ReportedMetric, RunStatus
 from tests.dashboard.conftest import dashboard_url, save_screenshot
-from tests.dashboard.test_dashboard_pages import make_run
+from tests.dashboard.test_dashboard_pages import drag_across, make_run
 
 
 def _report(repo, run_id: str, final_accuracy: float, *, batches: int = 20) -> None:
@@ -120,6 +120,15 @@ def test_runs_of_other_lengths_line_up_by_progress_or_wall_time(page, local_serv
     expect(latest).to_have_text(re.compile(r"^short-run \(\w+\) \S+ @ progress 1 · long-run \(\w+\) \S+ @ progress 1$"))
     expect(page.locator('figure[data-key="eval/accuracy"]')).to_have_attribute("data-points", "8")
     expect(page.locator("#compare-x-note")).to_have_count(0)  # both runs report time/progress
+    # Zoomed on this axis, the note names it and writes fractions as numbers, not whole steps.
+    drag_across(page, 'figure[data-key="train/loss"]', 0.3, 0.6)
+    note = page.locator('figure[data-key="train/loss"] .chart-zoom')
+    expect(note).to_be_visible()
+    zoomed = re.fullmatch(r"Zoomed to progress (0\.\d+)–(0\.\d+); double-click the chart to see it all\.",
+                          note.inner_text())
+    assert zoomed and 0 < float(zoomed[1]) < float(zoomed[2]) < 1, note.inner_text()
+    page.locator('figure[data-key="train/loss"] .u-over').dblclick()
+    expect(note).to_be_hidden()
     page.goto(dashboard_url(local_service.url, f"compare?ids={short.id},{long.id}&x=time"))
     expect(page.locator("#compare-x")).to_have_value("time")
     expect(latest).to_contain_text("@ seconds 19")  # a point a second, the first at 0 s
