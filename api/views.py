@@ -72,7 +72,13 @@ class RunView(BaseModel):
     attempt: int
     spec: dict[str, Any]
     created_at: datetime
-    started_at: datetime | None = None
+    started_at: datetime | None = Field(None, description="when the run first began training: the attempt_started_at "
+                                                          "of its first attempt that reached RUNNING")
+    attempt_started_at: datetime | None = Field(
+        None, description="when the current attempt began training (its RUNNING, by the worker's clock, kept between "
+                          "the attempt's submission and the report's arrival; the submission if that report was lost); "
+                          "until then, when it was submitted (after a worker-group restart: the previous attempt's "
+                          "start). None while QUEUED, and for runs that ended before this field")
     finished_at: datetime | None = None
     summary: dict[str, float] = Field(default_factory=dict, description="last reported value of each metric")
     best: dict[str, float] = Field(default_factory=dict,
@@ -226,8 +232,9 @@ class MetricsReport(BaseModel):
 
 
 class StatusReport(BaseModel):
-    """A worker's word on its run: RUNNING once training starts, RESTARTING when Ray restarts the
-    worker group, COMPLETED or FAILED (with the error's message) at the end, with when it ended."""
+    """A worker's word on its run: RUNNING once training starts, with when it started; RESTARTING
+    when Ray restarts the worker group; COMPLETED or FAILED (with the error's message) at the end,
+    with when it ended."""
 
     model_config = ConfigDict(extra="forbid")
     status: RunStatus
@@ -242,9 +249,14 @@ class StatusReport(BaseModel):
         None, description="with FAILED: 'machine' if, inside the exception, Ray says it lost a process or node of "
                           "the attempt; 'code' if the training raised; absent: not known (the run's failure stays "
                           "empty)")
+    started_at: ReportedTime | None = Field(
+        None, description="with RUNNING: when the attempt began training, by the worker's clock; the run's "
+                          "attempt_started_at (and, on its first start, started_at), kept between the attempt's "
+                          "submission and the report's arrival (a report retried through an outage arrives late). "
+                          "Without it, the arrival")
     ended_at: ReportedTime | None = Field(
         None, description="with COMPLETED or FAILED: when the attempt ended, by the worker's clock; the run's "
-                          "finished_at, kept between its started_at and the report's arrival (a report retried "
+                          "finished_at, kept between its attempt_started_at and the report's arrival (a report retried "
                           "through an outage arrives late). Without it, finished_at is the arrival")
 
 

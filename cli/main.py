@@ -261,9 +261,10 @@ def show(run_id: str, url: UrlOption = None, as_json: JsonOption = False) -> Non
     from api.views import RunStatus
 
     events = _call(client.run_events, run_id)
-    # started_at is the run's first start; a later attempt's (resume, continue) is in its events
+    # started_at is the run's first start; a later attempt's (resume, continue) follows once it is RUNNING: when it
+    # began training, or when its RUNNING event was stored (a service older than attempt_started_at)
     this_attempt = [e.time for e in events.data if e.to_status is RunStatus.RUNNING and e.attempt == run.attempt]
-    attempt_started = (f" (attempt {run.attempt} started {this_attempt[0]})"
+    attempt_started = (f" (attempt {run.attempt} started {run.attempt_started_at or this_attempt[0]})"
                        if run.attempt > 1 and this_attempt else "")
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
     console.print(f"created {run.created_at}  started {run.started_at}{attempt_started}  finished {run.finished_at}",

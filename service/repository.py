@@ -66,6 +66,7 @@ class RunRecord:
     started_at: datetime | None
     finished_at: datetime | None
     updated_at: datetime
+    attempt_started_at: datetime | None = None  # the current attempt's start (RunView.attempt_started_at)
     notes: str | None = None
     archived_at: datetime | None = None
     parent_id: str | None = None  # lineage (service.lineage): the run this one was forked from
@@ -80,8 +81,8 @@ class RunRecord:
                    trial_params=row.trial_params, extrema=dict(row.extrema or {}),
                    final_checkpoint=row.final_checkpoint, created_at=row.created_at,
                    started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at,
-                   notes=row.notes, archived_at=row.archived_at, parent_id=row.parent_id, fork=row.fork,
-                   failure=row.failure)
+                   attempt_started_at=row.attempt_started_at, notes=row.notes, archived_at=row.archived_at,
+                   parent_id=row.parent_id, fork=row.fork, failure=row.failure)
 
     @property
     def driven_by_sweep(self) -> bool:
@@ -89,7 +90,8 @@ class RunRecord:
 
     def to_view(self) -> RunView:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
-                       created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
+                       created_at=self.created_at, started_at=self.started_at,
+                       attempt_started_at=self.attempt_started_at, finished_at=self.finished_at,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
                        sweep_id=self.sweep_id, driven_by_sweep=self.driven_by_sweep, trial_id=self.trial_id,
                        project=self.project,
@@ -270,13 +272,14 @@ class Repository(AttemptStore):
 
     def apply_worker_report(self, run_id: str, status: RunStatus, *, message: str | None = None,
                             error: str | None = None, step: int | None = None,
-                            final_checkpoint: str | None = None, ended_at: datetime | None = None,
-                            failure: str | None = None) -> RunRecord:
+                            final_checkpoint: str | None = None, started_at: datetime | None = None,
+                            ended_at: datetime | None = None, failure: str | None = None) -> RunRecord:
         """A worker's status report, through the state machine (``service.worker_reports``
         says how lost, late and repeated reports are taken)."""
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             apply_report(session, run, status, message=message, error=error, step=step,
-                         final_checkpoint=final_checkpoint, ended_at=ended_at, failure=failure)
+                         final_checkpoint=final_checkpoint, started_at=started_at, ended_at=ended_at,
+                         failure=failure)
             session.flush()
             return RunRecord.from_row(run)
 

@@ -54,22 +54,33 @@ def first_line(error: str | None, limit: int = 500) -> str | None:
     return error.strip().splitlines()[0][:limit] if error is not None and error.strip() else None
 
 
-def finish_time(ended_at: datetime | None, began: datetime, now: datetime) -> datetime:
-    """When a run that ends now finished: ``ended_at`` (the worker's word, which may come late:
-    a report retried through an outage arrives after it), kept within ``[began, now]`` (its
-    ``started_at``, else its ``created_at``) since a worker's clock may be off; ``now`` without
-    it (a worker that does not say)."""
-    if ended_at is None:
+def worker_time(reported: datetime | None, earliest: datetime, now: datetime) -> datetime:
+    """When something a worker reports happened (its attempt began training, or ended): ``reported``
+    (the worker's word, which may come late: a report retried through an outage arrives after it),
+    kept within ``[earliest, now]`` since a worker's clock may be off; ``now`` without it (a worker
+    that does not say)."""
+    if reported is None:
         return now
     # In UTC, as stored times read back: the report's answer shows what a later GET will.
-    return max(min(aware(ended_at), now), aware(began)).astimezone(timezone.utc)
+    return max(min(aware(reported), now), aware(earliest)).astimezone(timezone.utc)
+
+
+def attempt_began(run: Run) -> datetime:
+    """The earliest the current attempt may have begun training or ended: its start
+    (``attempt_started_at``: its RUNNING report's time, until then its submission), else the run's
+    first start or its creation (a row whose attempt began before migration 0012, or was
+    submitted by a service older than it)."""
+    return run.attempt_started_at or run.started_at or run.created_at
 
 
 def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: str | None,
-                     error: str | None, ended_at: datetime | None = None, failure: str | None = None) -> None:
+                     error: str | None, started_at: datetime | None = None, ended_at: datetime | None = None,
+                     failure: str | None = None) -> None:
     """Move the locked ``run`` to ``target`` through the state machine and record the event.
-    ``ended_at``: with a terminal ``target``, when the run ended if earlier than now
-    (``finish_time``); the event is still stamped now, when the service learned of it.
+    ``started_at``: with RUNNING, when the attempt began training if earlier than now;
+    ``ended_at``: with a terminal ``target``, when the run ended if earlier than now. Both are a
+    worker's word, kept no earlier than the attempt's start (``worker_time``, ``attempt_began``);
+    the event is still stamped now, when the service learned of it.
     ``failure``: with FAILED, why (``RunView.failure``: ``machine`` or ``code``; None: not known).
 
     An idempotent repeat changes nothing; an illegal change raises ``IllegalTransition``.
@@ -87,10 +98,17 @@ def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: 
         run.finished_at = None
         run.error = None
         run.failure = None
-    if target is RunStatus.RUNNING and run.started_at is None:
-        run.started_at = now
+        run.attempt_started_at = None
+    # The attempt's start: its submission, until its RUNNING says when training began (a RESTARTING
+    # keeps the previous attempt's, the earliest the restarted group's can be).
+    if target is RunStatus.STARTING:
+        run.attempt_started_at = now  # written, not read: begin_attempts loads TRANSITION_COLUMNS alone
+    if target is RunStatus.RUNNING:
+        run.attempt_started_at = worker_time(started_at, attempt_began(run), now)
+        if run.started_at is None:
+            run.started_at = run.attempt_started_at
     if is_terminal(target):
-        run.finished_at = finish_time(ended_at, run.started_at or run.created_at, now)
+        run.finished_at = worker_time(ended_at, attempt_began(run), now)
     if error is not None:
         run.error = error
     if target is RunStatus.FAILED:

@@ -9,13 +9,18 @@ A worker spools what it cannot deliver and replays it in order once the service 
   means the RUNNING report before it was lost for good (refused while the service was half
   up, or spooled on a machine that died): the service records the missing RUNNING, saying so,
   then the report — the legal sequence the run went through;
+- RUNNING with ``started_at`` (when the attempt began training, by the worker's clock) sets the
+  run's ``attempt_started_at`` (and on its first start ``started_at``) to it, within the attempt's
+  submission and now: a RUNNING spooled through an outage arrives late, maybe with the end, and
+  the outage is not taken off the run's duration. A RUNNING the service fills in has no such
+  word: the attempt's start stays its submission, the nearest time the service knows before it;
 - RUNNING with ``step`` (where the attempt resumes from) supersedes earlier attempts' points
   after that step (``service.metric_writes``);
 - COMPLETED with ``final_checkpoint`` records whether the final weights were saved; a missing
   one is a run event, not a silent COMPLETED;
 - COMPLETED or FAILED with ``ended_at`` (when the attempt ended, by the worker's clock) sets the
-  run's ``finished_at`` to it, within ``[started_at, now]``: a report retried through an outage
-  arrives late, and the outage is not the run's duration (``service.run_writes.finish_time``);
+  run's ``finished_at`` to it, within the attempt's start and now: a report retried through an
+  outage arrives late, and the outage is not the run's duration (``service.run_writes.worker_time``);
 - FAILED with ``failure`` (``machine`` or ``code``: what the worker knew of the exception) records
   why, for whoever decides whether to resume it.
 
@@ -40,17 +45,20 @@ LOST_RUNNING = {(RunStatus.STARTING, RunStatus.COMPLETED), (RunStatus.RESTARTING
 
 
 def apply_report(session: Session, run: Run, status: RunStatus, *, message: str | None, error: str | None,
-                 step: int | None = None, final_checkpoint: str | None = None,
+                 step: int | None = None, final_checkpoint: str | None = None, started_at: datetime | None = None,
                  ended_at: datetime | None = None, failure: str | None = None) -> None:
     """Apply one worker report to the locked ``run`` (raises ``IllegalTransition`` if illegal)."""
     current = RunStatus(run.status)
     if current is RunStatus.CANCELING or (current is status and current.is_terminal):
         return
     if (current, status) in LOST_RUNNING:
-        apply_run_status(session, run, RunStatus.RUNNING, error=None,
+        # When training began is not known: the attempt's start stays its submission (or, after a
+        # restart, the previous attempt's start), not this report's arrival, which reads as no time at all.
+        apply_run_status(session, run, RunStatus.RUNNING, error=None, started_at=run.attempt_started_at,
                          message=f"RUNNING report lost (the service was unreachable); filled in when {status.value} "
                                  f"arrived")
-    apply_run_status(session, run, status, message=message, error=error, ended_at=ended_at, failure=failure)
+    apply_run_status(session, run, status, message=message, error=error, started_at=started_at, ended_at=ended_at,
+                     failure=failure)
     if status is RunStatus.RUNNING and step is not None:
         superseded = supersede_after(session, run, step)
         if superseded:

@@ -35,6 +35,7 @@ from api.specs import RunSpec
 from workers.loggers import end_failed_mlflow_runs, end_interrupted_mlflow_runs, prepare_mlflow_end
 from workers.outcome import RunOutcome, summary_of
 from workers.paths import ray_storage_path
+from workers.ray_job import job_attempt
 from workers.retry import call_with_retries
 
 log = logging.getLogger("workers.launch")
@@ -113,8 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"workers.launch: set {' and '.join(missing)} in the environment", file=sys.stderr)
         return 2
+    try:
+        attempt = job_attempt()
+    except ValueError as exc:
+        print(f"workers.launch: {exc}", file=sys.stderr)
+        return 2
     return run_attempt(args.run_id, service_url=os.environ["TESSERA_SERVICE_URL"],
-                       token=os.environ["TESSERA_RUN_TOKEN"], attempt=int(os.environ.get("TESSERA_ATTEMPT", "1")),
+                       token=os.environ["TESSERA_RUN_TOKEN"], attempt=attempt,
                        storage_url=os.environ.get("TESSERA_STORAGE_URL"))
 
 

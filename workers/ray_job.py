@@ -20,6 +20,22 @@ import os
 ADDRESS_VARIABLE = "RAY_ADDRESS"
 # Set by Ray's job supervisor for a job's entrypoint (ray/_private/runtime_env/constants.py).
 JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+# Set by the service for each attempt's job (service.job_kinds): the run's or the sweep's attempt.
+ATTEMPT_VARIABLE = "TESSERA_ATTEMPT"
+
+
+def job_attempt() -> int:
+    """The attempt this job is, from ``TESSERA_ATTEMPT`` (1 when unset). Raises ``ValueError``
+    naming the variable and its value for anything but a whole number from 1: the job's entry
+    point says so as it refuses to start, as for a missing variable."""
+    text = os.environ.get(ATTEMPT_VARIABLE, "1")
+    try:
+        attempt = int(text)
+    except ValueError:
+        attempt = 0
+    if attempt < 1:
+        raise ValueError(f"{ATTEMPT_VARIABLE} must be a whole number from 1, not {text[:100]!r}")
+    return attempt
 
 
 def connect_driver() -> None:

@@ -82,9 +82,13 @@ class ServiceReporter:
 
     def status(self, status: RunStatus, *, error: str | None = None, message: str | None = None,
                step: int | None = None) -> None:
-        """Queue a status change after the pending metrics; returns without waiting for it."""
+        """Queue a status change after the pending metrics; returns without waiting for it.
+        RUNNING says when it was made (``started_at``: training begins), which stays the attempt's
+        start however late the spool delivers it."""
+        started_at = datetime.now(timezone.utc) if status is RunStatus.RUNNING else None
         self._spool_pending(wait=True)
-        self._put("status", StatusReport(status=status, error=error, message=message, step=step))
+        self._put("status", StatusReport(status=status, error=error, message=message, step=step,
+                                         started_at=started_at))
 
     def checkpoint(self, report: dict[str, Any]) -> None:
         self._put("checkpoint", CheckpointReport.model_validate(report))

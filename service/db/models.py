@@ -107,6 +107,9 @@ class Run(AttemptedRow, Base):
     # Once FAILED: "machine" | "code", why, as the worker or dispatcher that recorded it knew
     # (``api.views.RunView.failure``); None if neither knew, or it failed before 0011.
     failure: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # When the current attempt began training (its RUNNING report's time, by the worker's clock);
+    # until then when it was submitted; None while QUEUED (``service.run_writes``, migration 0012).
+    attempt_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),
                       Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True),

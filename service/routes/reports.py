@@ -38,9 +38,10 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
     Idempotent: repeating the run's current status (terminal ones too) is a 200 that changes
     nothing; a COMPLETED after a lost RUNNING fills RUNNING in (``service.worker_reports``).
     While the run is CANCELING the report is acknowledged and changes nothing (the cancel
-    wins); the worker sees that in the returned status. A terminal report's ``ended_at`` is the
-    run's ``finished_at`` (within its ``started_at`` and now): a report that waited out an
-    outage does not add the outage to the run's duration.
+    wins); the worker sees that in the returned status. A RUNNING report's ``started_at`` is the
+    attempt's start, and a terminal report's ``ended_at`` the run's ``finished_at`` (each kept
+    between the attempt's start and now): a report that waited out an outage does not add the
+    outage to the run's duration, nor take it off.
     """
     if report.status not in REPORTABLE:
         allowed = ", ".join(s.value for s in REPORTABLE[:-1]) + f" or {REPORTABLE[-1].value}"
@@ -50,9 +51,10 @@ def report_status(run_id: RunTokenDep, report: StatusReport, repo: RepoDep):
     if report.status is RunStatus.FAILED and not error:
         error = "the worker reported FAILED without an error message"
     message = report.message or f"worker reported {report.status.value}"
-    ended_at = report.ended_at if report.status.is_terminal else None  # RUNNING's start is the service's
+    started_at = report.started_at if report.status is RunStatus.RUNNING else None
+    ended_at = report.ended_at if report.status.is_terminal else None
     return repo.apply_worker_report(run_id, report.status, message=message, error=error, step=report.step,
-                                    final_checkpoint=report.final_checkpoint, ended_at=ended_at,
+                                    final_checkpoint=report.final_checkpoint, started_at=started_at, ended_at=ended_at,
                                     failure=report.failure if report.status is RunStatus.FAILED else None).to_view()
 
 

@@ -4,11 +4,13 @@ QUEUED as attempt 2; a run that cannot be resumed exits 1 with the API's reason.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta, timezone
 
 from typer.testing import CliRunner
 
 from api.views import RunStatus
 from cli.main import app
+from service.db.models import Run
 from tests.dashboard.conftest import LocalService
 
 
@@ -39,11 +41,8 @@ def test_resume_requeues_a_failed_run_as_its_next_attempt_and_refuses_a_queued_o
 
 def test_a_resumed_run_with_a_checkpoint_says_nothing_more_and_a_fork_without_one_starts_from_its_parents(
         tmp_path, example_spec):
-    from datetime import datetime, timezone
-
     from api.lineage import ForkInfo
     from api.views import CheckpointReport
-    from service.db.models import Run
 
     runner = CliRunner()
     with LocalService(tmp_path) as service:
@@ -76,10 +75,14 @@ def test_show_of_a_resumed_run_gives_its_first_start_and_this_attempts(tmp_path,
         service.repo.transition(run.id, RunStatus.FAILED, error="worker lost")
         assert runner.invoke(app, ["resume", run.id, *url]).exit_code == 0
         service.repo.begin_attempt(run.id, token="t2")
-        service.repo.transition(run.id, RunStatus.RUNNING)
+        now = datetime.now(timezone.utc).replace(microsecond=0)
+        with service.repo.db.write() as session:  # attempt 2 was submitted ten minutes ago
+            session.get(Run, run.id).attempt_started_at = now - timedelta(minutes=10)
+        began = now - timedelta(minutes=5)  # and its RUNNING, made then, came through an outage only now
+        service.repo.apply_worker_report(run.id, RunStatus.RUNNING, started_at=began)
         shown = " ".join(runner.invoke(app, ["show", run.id, *url]).output.split())
-        # started_at stays the first start; the second attempt's start follows it
-        assert shown.count(" started ") == 2 and "(attempt 2 started " in shown, shown
+        # started_at stays the first start; the second attempt's, when it began training, follows it
+        assert shown.count(" started ") == 2 and f"(attempt 2 started {began})" in shown, shown
 
 
 def test_show_of_a_failed_run_says_whether_a_resume_may_pass(tmp_path, example_spec):

@@ -1,7 +1,8 @@
 """Worker reports replayed after an outage, on SQLite and PostgreSQL: idempotent statuses (a
 COMPLETED after a lost RUNNING, repeated terminal reports), metric batches stored once, points
-superseded by a resumed attempt on every resume path, a missing final checkpoint, and a late end
-report's finish time (the worker's, not its arrival's)."""
+superseded by a resumed attempt on every resume path, a missing final checkpoint, and late
+reports' times (the worker's, not their arrival's): when an attempt began training and when it
+ended, each kept within the current attempt's start and now."""
 
 from __future__ import annotations
 
@@ -177,19 +178,33 @@ def test_a_note_needs_the_runs_own_token(api, fake_jobs, example_body):
     assert _post(api, run_id, other_token, "note", {"message": "x"}).status_code == 401
 
 
-def _started_an_hour_ago(api, run_id) -> datetime:
-    started = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+def _submitted_ago(api, run_id, ago: timedelta) -> datetime:
+    """Backdate the current attempt's submission, its start until its RUNNING says when training
+    began, to ``ago`` before now."""
+    submitted = datetime.now(timezone.utc).replace(microsecond=0) - ago
     with api.app.state.repo.engine.begin() as conn:
-        conn.execute(update(Run).where(Run.id == run_id).values(started_at=started))
-    return started
+        conn.execute(update(Run).where(Run.id == run_id).values(attempt_started_at=submitted))
+    return submitted
+
+
+def _time(answer, field: str) -> datetime | None:
+    value = answer.json()[field]
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def _status(api, run_id, token, status: str, **times: datetime):
+    answer = _post(api, run_id, token, "status", {"status": status, **({"error": "x"} if status == "FAILED" else {}),
+                                                  **{name: when.isoformat() for name, when in times.items()}})
+    assert answer.status_code == 200, answer.text
+    return answer
 
 
 @pytest.mark.parametrize("end", [{"status": "COMPLETED", "message": "eval/accuracy=0.9"},
                                  {"status": "FAILED", "error": "ValueError: boom"}])
 def test_an_end_reported_after_an_outage_finishes_the_run_when_the_worker_ended(api, fake_jobs, example_body, end):
     run_id, token = _start(api, fake_jobs, example_body)
-    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
-    started = _started_an_hour_ago(api, run_id)
+    started = _submitted_ago(api, run_id, timedelta(hours=1)) + timedelta(minutes=1)
+    _status(api, run_id, token, "RUNNING", started_at=started)
     ended = started + timedelta(minutes=40)  # then 20 minutes of outage before the report got through
     in_paris = ended.astimezone(timezone(timedelta(hours=1)))  # a worker whose clock reads another zone
     done = _post(api, run_id, token, "status", {**end, "ended_at": in_paris.isoformat()})
@@ -201,10 +216,93 @@ def test_an_end_reported_after_an_outage_finishes_the_run_when_the_worker_ended(
     assert datetime.fromisoformat(event["time"]) > ended + timedelta(minutes=19)  # the event: when it was learned
 
 
+def test_a_running_spooled_through_an_outage_with_the_end_keeps_when_training_began(api, fake_jobs, example_body):
+    # The service was down from before training began until after it ended: rank 0's RUNNING and
+    # the launcher's COMPLETED both arrive now. The run trained for 40 minutes, not for no time.
+    run_id, token = _start(api, fake_jobs, example_body)
+    submitted = _submitted_ago(api, run_id, timedelta(hours=1))
+    started, ended = submitted + timedelta(minutes=2), submitted + timedelta(minutes=42)
+    running = _status(api, run_id, token, "RUNNING", started_at=started.astimezone(timezone(timedelta(hours=-5))))
+    assert _time(running, "started_at") == _time(running, "attempt_started_at") == started
+    assert _time(running, "started_at").utcoffset() == timedelta(0)
+    done = _status(api, run_id, token, "COMPLETED", ended_at=ended)
+    assert (_time(done, "started_at"), _time(done, "finished_at")) == (started, ended)
+    running_event = api.get(f"{API}/runs/{run_id}/events").json()["data"][-2]
+    assert running_event["to_status"] == "RUNNING"
+    assert datetime.fromisoformat(running_event["time"]) > ended  # the event: when it was learned
+
+
+def test_a_reported_start_outside_the_attempt_is_kept_within_its_submission_and_now(api, fake_jobs, example_body):
+    behind_id, behind_token = _start(api, fake_jobs, example_body)
+    submitted = _submitted_ago(api, behind_id, timedelta(hours=1))
+    behind = _status(api, behind_id, behind_token, "RUNNING", started_at=datetime(2000, 1, 1, tzinfo=timezone.utc))
+    assert _time(behind, "started_at") == _time(behind, "attempt_started_at") == submitted  # not before it
+
+    # A clock ahead, and a worker that does not say (older than the field): when the report came.
+    for reported in ({"started_at": datetime(2999, 1, 1, tzinfo=timezone.utc)}, {}):
+        run_id, token = _start(api, fake_jobs, example_body)
+        _submitted_ago(api, run_id, timedelta(hours=1))
+        before = datetime.now(timezone.utc)
+        running = _status(api, run_id, token, "RUNNING", **reported)
+        started = _time(running, "started_at")
+        assert before <= started <= datetime.now(timezone.utc) and _time(running, "attempt_started_at") == started
+
+
+def test_a_lost_running_leaves_the_attempt_started_when_it_was_submitted(api, fake_jobs, example_body):
+    # Its RUNNING never arrived: training began at some time after the submission, the latest
+    # time the service knows before it; the end's arrival would make a 30-minute run last 0 s.
+    run_id, token = _start(api, fake_jobs, example_body)
+    submitted = _submitted_ago(api, run_id, timedelta(hours=1))
+    ended = submitted + timedelta(minutes=30)
+    done = _status(api, run_id, token, "COMPLETED", ended_at=ended)
+    assert (_time(done, "started_at"), _time(done, "attempt_started_at"), _time(done, "finished_at")) == (
+        submitted, submitted, ended)
+
+
+def test_a_resumed_runs_end_is_kept_after_its_current_attempt_began(api, fake_jobs, example_body):
+    # A worker whose clock is behind reports an end before the attempt it ended even began: it is
+    # kept at that attempt's start, not at the run's first start hours before.
+    run_id, token = _start(api, fake_jobs, example_body)
+    first = _submitted_ago(api, run_id, timedelta(hours=5)) + timedelta(minutes=1)
+    _status(api, run_id, token, "RUNNING", started_at=first)
+    _status(api, run_id, token, "FAILED", ended_at=first + timedelta(minutes=10))
+    resumed = api.post(f"{API}/runs/{run_id}/resume")
+    assert (resumed.json()["attempt"], _time(resumed, "attempt_started_at")) == (2, None)  # QUEUED: not begun
+
+    api.app.state.dispatcher.tick()
+    submitted = _submitted_ago(api, run_id, timedelta(hours=3))
+    # It fails before training (no RUNNING), by a clock that puts the end before its submission.
+    failed = _status(api, run_id, _token(fake_jobs, run_id, 2), "FAILED", ended_at=submitted - timedelta(hours=1))
+    assert (_time(failed, "started_at"), _time(failed, "finished_at")) == (first, submitted)
+
+    api.post(f"{API}/runs/{run_id}/resume")
+    api.app.state.dispatcher.tick()
+    third = _submitted_ago(api, run_id, timedelta(hours=1)) + timedelta(minutes=1)
+    token = _token(fake_jobs, run_id, 3)
+    running = _status(api, run_id, token, "RUNNING", started_at=third)
+    assert (_time(running, "started_at"), _time(running, "attempt_started_at")) == (first, third)
+    done = _status(api, run_id, token, "COMPLETED", ended_at=third - timedelta(minutes=30))
+    assert _time(done, "finished_at") == third
+
+
+def test_a_restarted_worker_group_begins_its_attempt_when_its_running_says(api, fake_jobs, example_body):
+    run_id, token = _start(api, fake_jobs, example_body)
+    first = _submitted_ago(api, run_id, timedelta(hours=1)) + timedelta(minutes=1)
+    _status(api, run_id, token, "RUNNING", started_at=first)
+    restarting = _status(api, run_id, token, "RESTARTING")
+    # Attempt 2 has not said when it began: no earlier than attempt 1, whenever the report arrived.
+    assert (restarting.json()["attempt"], _time(restarting, "attempt_started_at")) == (2, first)
+    second = first + timedelta(minutes=30)
+    running = _status(api, run_id, token, "RUNNING", started_at=second)
+    assert (_time(running, "started_at"), _time(running, "attempt_started_at")) == (first, second)
+    done = _status(api, run_id, token, "COMPLETED", ended_at=second - timedelta(minutes=10))
+    assert _time(done, "finished_at") == second
+
+
 def test_a_reported_end_outside_the_run_is_kept_within_its_start_and_now(api, fake_jobs, example_body):
     run_id, token = _start(api, fake_jobs, example_body)
-    _post(api, run_id, token, "status", {"status": "RUNNING", "step": 0})
-    started = _started_an_hour_ago(api, run_id)
+    started = _submitted_ago(api, run_id, timedelta(hours=1))
+    _status(api, run_id, token, "RUNNING", started_at=started)
     early = _post(api, run_id, token, "status", {"status": "COMPLETED", "ended_at": "2000-01-01T00:00:00Z"})
     assert datetime.fromisoformat(early.json()["finished_at"]) == started  # a clock behind: not before the start
 
@@ -217,8 +315,7 @@ def test_a_reported_end_outside_the_run_is_kept_within_its_start_and_now(api, fa
     assert before <= finished <= datetime.now(timezone.utc)  # a clock ahead: not after the report came
 
     old_id, old_token = _start(api, fake_jobs, example_body)  # a worker that does not say: when it came
-    _post(api, old_id, old_token, "status", {"status": "RUNNING", "step": 0})
-    _started_an_hour_ago(api, old_id)
+    _status(api, old_id, old_token, "RUNNING", started_at=_submitted_ago(api, old_id, timedelta(hours=1)))
     before = datetime.now(timezone.utc)
     old = _post(api, old_id, old_token, "status", {"status": "COMPLETED"})
     assert before <= datetime.fromisoformat(old.json()["finished_at"]) <= datetime.now(timezone.utc)

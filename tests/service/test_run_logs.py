@@ -104,7 +104,8 @@ def test_an_ended_run_s_log_stops_being_live_when_its_job_hangs_or_is_forgotten_
     # heard of it, and the job's last lines follow the report. The log stays live a while.
     an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
     with repo.engine.begin() as conn:
-        conn.execute(update(Run).where(Run.id == run_id).values(started_at=an_hour_ago - timedelta(minutes=5)))
+        began = an_hour_ago - timedelta(minutes=5)  # the current attempt's start: where its end is kept after
+        conn.execute(update(Run).where(Run.id == run_id).values(started_at=began, attempt_started_at=began))
     repo.apply_worker_report(run_id, S.COMPLETED, ended_at=an_hour_ago)
     assert (datetime.now(timezone.utc) - repo.get_run(run_id).finished_at).total_seconds() > 3000
     assert client.get(f"/api/v1/runs/{run_id}/logs").json()["live"] is True

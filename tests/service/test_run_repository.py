@@ -292,14 +292,18 @@ def test_begin_attempts_starts_a_batch_in_queue_order_and_skips_what_moved_on(re
     repo.transition(requeued.id, S.QUEUED)  # attempt 2 now: the snapshot of attempt 1 is stale
     order = [queued[3], canceled, requeued, queued[0]]
     tokens = {run.id: f"tok-{i}" for i, run in enumerate(order)}
+    before = datetime.now(timezone.utc)
     started = repo.begin_attempts(order, tokens, lambda attempt: f"submitting run {attempt} to Ray")
     assert [run.id for run in started] == [queued[3].id, queued[0].id]
     for run in started:
         assert run.status is S.STARTING and run.ray_job_id == f"run-{run.id}-attempt-1"
         assert repo.check_token(run.id, tokens[run.id])
         assert repo.events(run.id)[-1].message == "submitting run 1 to Ray"
+        # The attempt's start until its RUNNING says when training began: its submission.
+        assert before <= repo.get_run(run.id).attempt_started_at <= datetime.now(timezone.utc)
     assert repo.get_run(canceled.id).status is S.CANCELING
-    assert (repo.get_run(requeued.id).status, repo.get_run(requeued.id).attempt) == (S.QUEUED, 2)
+    requeued = repo.get_run(requeued.id)
+    assert (requeued.status, requeued.attempt, requeued.attempt_started_at) == (S.QUEUED, 2, None)
 
 
 def test_begin_attempts_skips_a_run_another_writer_holds_instead_of_waiting_for_it(_postgres_engine, example_spec):

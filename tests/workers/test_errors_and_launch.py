@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from api.client import Client
 from tests.local_ray import REPO_ROOT
@@ -82,6 +83,19 @@ def test_launch_without_its_environment_exits_2_and_names_the_variables(monkeypa
     monkeypatch.delenv("TESSERA_RUN_TOKEN", raising=False)
     assert main(["--run-id", "r1"]) == 2
     assert "TESSERA_SERVICE_URL and TESSERA_RUN_TOKEN" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("attempt", ["2nd", "-1"])
+def test_launch_with_a_bad_attempt_number_exits_2_and_names_the_variable(monkeypatch, capsys, attempt):
+    from workers import launch
+
+    monkeypatch.setenv("TESSERA_SERVICE_URL", "http://tessera.test")
+    monkeypatch.setenv("TESSERA_RUN_TOKEN", TOKEN)
+    monkeypatch.setenv("TESSERA_ATTEMPT", attempt)
+    monkeypatch.setattr(launch, "run_attempt", lambda *args, **kwargs: pytest.fail("trained on a bad attempt number"))
+    assert main(["--run-id", "r1"]) == 2
+    refusal = f"workers.launch: TESSERA_ATTEMPT must be a whole number from 1, not {attempt!r}"
+    assert capsys.readouterr().err.strip() == refusal
 
 
 def test_the_job_driver_imports_no_trainer_and_no_distributed_checkpointing():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import datetime, timezone
 
 import httpx
 import pytest
@@ -31,6 +32,7 @@ class FlakyService:
         self.stored: list[tuple[int, str, float]] = []
         self.seen: set[tuple[str, int]] = set()
         self.kinds: list[str] = []
+        self.statuses: list[dict] = []  # the status reports' bodies, as delivered
         self.attempts = 0
         self.lock = threading.Lock()
 
@@ -43,6 +45,8 @@ class FlakyService:
             kind = request.url.path.rsplit("/", 1)[-1]
             if kind != "metrics":
                 self.kinds.append(body.get("status", kind))
+                if kind == "status":
+                    self.statuses.append(body)
                 return httpx.Response(200, json=RUN_VIEW)
             batch = (body["session"], body["batch"])
             if batch in self.seen:
@@ -91,7 +95,9 @@ def test_an_outage_longer_than_the_old_retry_budget_loses_nothing_and_keeps_the_
     service = FlakyService()
     sink = make_reporter(service, tmp_path, patience_s=60.0)
     service.down.set()
+    before = datetime.now(timezone.utc)
     sink.status(RunStatus.RUNNING, step=0)
+    made = datetime.now(timezone.utc)
     for step in range(1, 301):
         sink.add(step, "train/loss", 1.0 / step)
         if step % 50 == 0:
@@ -102,6 +108,8 @@ def test_an_outage_longer_than_the_old_retry_budget_loses_nothing_and_keeps_the_
     assert service.kinds[0] == "RUNNING" and set(service.kinds[1:]) == {"metrics"}
     assert [step for step, _, _ in service.stored] == list(range(1, 301))
     assert len(sink.spool) == 0
+    # RUNNING says when training began, not when the service came back to take it.
+    assert before <= datetime.fromisoformat(service.statuses[0]["started_at"]) <= made
 
 
 def test_a_batch_whose_answer_was_lost_is_replayed_and_stored_once(tmp_path):

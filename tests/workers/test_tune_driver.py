@@ -110,6 +110,18 @@ def driver_entry_env(monkeypatch):
     monkeypatch.setenv("TESSERA_ATTEMPT", "2")
 
 
+@pytest.mark.parametrize("attempt", ["two", "0", ""])
+def test_the_job_entry_point_refuses_a_bad_attempt_number_as_a_bad_start(monkeypatch, capsys, attempt):
+    from workers.tune import driver as entry
+
+    driver_entry_env(monkeypatch)
+    monkeypatch.setenv("TESSERA_ATTEMPT", attempt)
+    monkeypatch.setattr(entry, "drive_sweep", lambda *args, **kwargs: pytest.fail("driven on a bad attempt number"))
+    assert main(["--sweep-id", "sw1"]) == 2  # as without its service and token: the job's last line says why
+    refusal = f"workers.tune: TESSERA_ATTEMPT must be a whole number from 1, not {attempt!r}"
+    assert capsys.readouterr().err.strip() == refusal
+
+
 @pytest.mark.parametrize("answer, words", [
     (ApiError(404, "no such sweep"), "no such sweep"),
     (SimpleNamespace(spec={"name": "s", "base": {}, "novel_field": 1}), "novel_field"),  # a newer service's spec

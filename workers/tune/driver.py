@@ -24,7 +24,7 @@ from ray import tune
 
 from api.client import Client
 from api.process_logging import configure_logging
-from workers.ray_job import connect_driver
+from workers.ray_job import connect_driver, job_attempt
 from api.sweeps import SweepSpec
 from api.views import SweepStatus
 from workers.errors import describe
@@ -170,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workers.tune: set {' and '.join(missing) or 'TESSERA_SWEEP_ID'} (or pass --sweep-id)",
               file=sys.stderr)
         return 2
-    attempt, token = int(os.environ.get("TESSERA_ATTEMPT", "1")), os.environ["TESSERA_SWEEP_TOKEN"]
+    try:
+        attempt = job_attempt()
+    except ValueError as exc:
+        print(f"workers.tune: {exc}", file=sys.stderr)
+        return 2
+    token = os.environ["TESSERA_SWEEP_TOKEN"]
     try:
         drive_sweep(args.sweep_id, client=Client(os.environ["TESSERA_SERVICE_URL"], api_key=token), token=token,
                     storage_url=os.environ.get("TESSERA_STORAGE_URL"), attempt=attempt, verbose=1)
