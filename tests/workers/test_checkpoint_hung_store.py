@@ -1,82 +1,27 @@
 """An S3 endpoint that accepts connections and never answers fails storage calls and checkpoint
-saves in bounded time (``workers.checkpoint.s3_limits``); before, a save there never returned.
+saves in bounded time (``workers.s3_limits``); before, a save there never returned.
 
-The endpoint is a real listening socket. The limits are shrunk through ``S3_LIMITS``, the one
-place the production values come from, so each test costs a few seconds."""
+The endpoint is a real listening socket (``tests.workers.s3_endpoints``), with the limits shrunk
+through ``S3_LIMITS``, so each test costs a few seconds."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from dataclasses import replace
 
 import pytest
 import torch
 
-from workers.checkpoint import s3_limits
+from tests.workers.s3_endpoints import LIMITS, SilentServer, request_bound_s, serve_as_s3
 from workers.checkpoint.manager import Checkpointer
-from workers.checkpoint.s3_limits import S3NoAnswerError
+from workers.checkpoint.reader import ParallelFsspecReader
 from workers.checkpoint.storage import storage_for
-
-LIMITS = replace(s3_limits.S3Limits(), connect_timeout_s=1.0, read_timeout_s=0.5, attempts=2)
-
-
-class SilentServer:
-    """Accepts TCP connections, counts them, reads nothing and answers nothing."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self.connections: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:  # closed
-                return
-            self.connections.append(conn)
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not, on Linux)
-        self.sock.close()
-        self._thread.join()
-        for conn in self.connections:
-            conn.close()
+from workers.s3_limits import S3NoAnswerError
 
 
 @pytest.fixture
 def silent_s3(monkeypatch):
-    """The silent server as the S3 endpoint, with ``LIMITS``. s3fs keeps a file system (and its
-    client, which holds the endpoint) per set of options and thread: cleared before and after."""
-    from s3fs import S3FileSystem
-
-    server = SilentServer()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setattr(s3_limits, "S3_LIMITS", LIMITS)
-    S3FileSystem.clear_instance_cache()
-    try:
+    with serve_as_s3(SilentServer(), monkeypatch) as server:
         yield server
-    finally:
-        S3FileSystem.clear_instance_cache()
-        server.close()
-
-
-def request_bound_s(body_bytes: int = 0) -> float:
-    """Most one request may take with ``LIMITS``: every attempt to its deadline, botocore's
-    standard backoff before each retry (rand * 2 ** (attempt - 1) s), then a generous margin."""
-    deadline = LIMITS.read_timeout_s + body_bytes / LIMITS.min_upload_bytes_per_s
-    backoff = sum(2 ** i for i in range(LIMITS.attempts - 1))
-    return LIMITS.attempts * deadline + backoff + 5.0
 
 
 @pytest.mark.timeout(60)  # before the bounds, this write never returned
@@ -115,3 +60,12 @@ def test_a_save_to_a_silent_s3_endpoint_is_reported_not_committed_in_bounded_tim
 def test_a_marker_that_cannot_be_read_is_an_error_not_a_missing_file(silent_s3):
     with pytest.raises(S3NoAnswerError):
         storage_for("s3://bucket/hung").isfile("s3://bucket/hung/ep0-ba2/COMMITTED")
+
+
+def test_checkpoint_file_systems_send_a_stalled_get_as_often_as_a_request_is_tried(silent_s3):
+    """s3fs sends a GET whose answer stalled again ``retries`` times (5, a class attribute): each
+    checkpoint file system has it set to the attempts. The reader first: fsspec shares one file
+    system among the builders with the same options, so ``FsspecStorage``'s would set it for all
+    (DCP's writer is built after the checkpointer's ``FsspecStorage``)."""
+    assert ParallelFsspecReader("s3://bucket/ck").fs.fs.retries == LIMITS.attempts
+    assert storage_for("s3://bucket/ck").fs.retries == LIMITS.attempts

@@ -155,7 +155,7 @@ def s3_fails_fast(s3_server, monkeypatch):
 
     from s3fs import S3FileSystem
 
-    from workers.checkpoint import s3_limits
+    from workers import s3_limits
 
     monkeypatch.setattr(s3_limits, "S3_LIMITS", replace(s3_limits.S3_LIMITS, attempts=1))
     S3FileSystem.clear_instance_cache()

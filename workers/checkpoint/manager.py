@@ -50,7 +50,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from workers.checkpoint.contents import check_compatible, spec_hash
 from workers.checkpoint.reader import ParallelFsspecReader
 from workers.checkpoint.safe_load import load_state
-from workers.checkpoint.storage import FsspecStorage, join, storage_options, with_retries
+from workers.checkpoint.storage import FsspecStorage, join, with_retries
+from workers.s3_limits import bound_retries, storage_options
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +352,7 @@ class Checkpointer:
         self._agreed(uncommit, url, "uncommit")
         self._agreed(write_own_files, url, "write its files of")  # before the collective DCP write
         writer = FsspecWriter(url, thread_count=WRITE_THREADS, **storage_options(url))  # bounded waits on S3
+        bound_retries(writer.fs.fs)  # and tries (DCP builds its file system itself)
         return dcp.save(state, storage_writer=writer, process_group=group, no_dist=not _distributed())
 
     def _agreed(self, action: Callable[[], None], url: str, what: str) -> None:

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future as TorchFuture
 
 from workers.checkpoint.safe_load import load_metadata, load_state
-from workers.checkpoint.storage import storage_options
+from workers.s3_limits import bound_retries, storage_options
 
 READ_THREADS = 8
 # Chunks of this size keep every reader thread busy on a rank's files (8 files of ~17 MB for a
@@ -76,6 +76,7 @@ class ParallelFsspecReader(FsspecReader):
                  **kwargs: Any) -> None:
         # S3's bounded waits (``storage_options``) unless the caller gives its own options.
         super().__init__(path, **{**storage_options(os.fspath(path)), **kwargs})
+        bound_retries(self.fs.fs)
         self.thread_count, self.chunk_bytes = max(1, thread_count), chunk_bytes
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 import fsspec
-from fsspec.core import url_to_fs
 
 # URL building lives in workers.paths, which must not import this package: importing
 # workers.checkpoint loads torch.distributed.checkpoint, seconds that the Ray job driver
 # (which builds paths but never reads a checkpoint) should not pay.
 from workers.paths import join, normalize_url  # noqa: F401  (re-exported)
+from workers.s3_limits import bounded_fs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,11 +40,11 @@ class FsspecStorage:
 
     def __init__(self, url: str):
         self.root = normalize_url(url)
-        self.fs, _ = url_to_fs(self.root, **storage_options(self.root))
+        self.fs, _ = bounded_fs(self.root)  # S3's bounded waits and tries (workers.s3_limits)
         self.scheme = self.root.split("://", 1)[0]
 
     def _path(self, url: str) -> str:
-        return url_to_fs(url, **storage_options(url))[1]
+        return bounded_fs(url)[1]
 
     def _url(self, path: str) -> str:
         return f"{self.scheme}://{path}" if self.scheme != "file" else f"file://{path}"
@@ -120,19 +120,6 @@ def storage_for(url: str) -> FsspecStorage:
     return FsspecStorage(url)
 
 
-def storage_options(url: str) -> dict[str, Any]:
-    """The fsspec options every worker-side file system of ``url`` is built with (``FsspecStorage``,
-    DCP's ``FsspecWriter``, ``ParallelFsspecReader``): for ``s3://``, the bounds of
-    ``workers.checkpoint.s3_limits``, so that a store that stops answering fails a call in bounded
-    time rather than hanging the training loop. fsspec caches a file system per set of options, so
-    changing ``S3_LIMITS`` (tests do) takes effect for file systems built afterwards."""
-    if not str(url).startswith(("s3://", "s3a://")):
-        return {}
-    from workers.checkpoint.s3_limits import s3fs_options  # imports aiobotocore: only for s3 URLs
-
-    return s3fs_options()
-
-
 def with_retries(fn: Callable[[], T], *, what: str, attempts: int = 3, first_delay_s: float = 0.5,
                  sleep: Callable[[float], None] = time.sleep) -> T:
     """``fn()``, retried with exponential backoff (object stores drop connections and throttle).
@@ -151,5 +138,4 @@ def with_retries(fn: Callable[[], T], *, what: str, attempts: int = 3, first_del
     raise AssertionError("unreachable")
 
 
-__all__ = ["FsspecStorage", "Storage", "fsspec", "join", "normalize_url", "storage_for", "storage_options",
-           "with_retries"]
+__all__ = ["FsspecStorage", "Storage", "fsspec", "join", "normalize_url", "storage_for", "with_retries"]

@@ -14,7 +14,6 @@ import os
 import posixpath
 from typing import Any
 
-import fsspec
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -23,6 +22,7 @@ from workers.data.errors import DataError
 from workers.data.index_batches import IndexBatchLoader
 from workers.data.position import rank_batch_size
 from workers.data.transforms import SampleTransform, collate, decode
+from workers.s3_limits import bounded_fs
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
 
@@ -30,7 +30,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp")
 def list_image_folder(root: str) -> tuple[list[str], list[int], list[str]]:
     """``(paths, labels, classes)``: every image under ``root/<class>/``, sorted; classes are the
     sorted folder names and a label is its folder's index."""
-    fs, base = fsspec.core.url_to_fs(root)
+    fs, base = bounded_fs(root)
     try:
         if not fs.isdir(base):
             raise DataError(f"image_folder root {root!r} does not exist or is not a folder; expected "
@@ -73,7 +73,7 @@ class _Images(Dataset):
 
     def _read(self, path: str) -> bytes:
         if self._fs is None or self._fs[0] != os.getpid():  # workers must not share the rank's s3fs session
-            self._fs = (os.getpid(), fsspec.core.url_to_fs(path)[0])
+            self._fs = (os.getpid(), bounded_fs(path)[0])
         try:
             with self._fs[1].open(path, "rb") as f:
                 return f.read()

@@ -20,6 +20,7 @@ from torchvision.io import ImageReadMode, decode_image, encode_png
 from webdataset import TarWriter
 
 from workers.data.errors import DataError
+from workers.s3_limits import bound_retries, storage_options
 
 BUILT_IN = ("fashion_mnist", "digits")
 FIXED_MTIME = 0.0  # reproducible tar bytes
@@ -75,16 +76,24 @@ def _samples(source: str, split: str, limit: int | None, root: str | None
     paths, labels, classes = list_image_folder(source)
     if limit is not None:
         paths, labels = paths[:limit], labels[:limit]
-    with fsspec.open(paths[0], "rb") as f:
+    with _open(paths[0], "rb") as f:
         channels = int(decode_image(torch.frombuffer(bytearray(f.read()), dtype=torch.uint8),
                                     mode=ImageReadMode.UNCHANGED).shape[0])
     return labels, paths, len(classes), 1 if channels in (1, 2) else 3
 
 
+def _open(url: str, mode: str) -> fsspec.core.OpenFile:
+    """``fsspec.open`` (which makes a local file's folders) with S3's bounded waits and tries
+    (``workers.s3_limits``): a store that stops answering fails the pack instead of hanging it."""
+    opened = fsspec.open(url, mode, **storage_options(url))
+    bound_retries(opened.fs)
+    return opened
+
+
 def _png(item) -> bytes:
     if isinstance(item, np.ndarray):
         return encode_png(torch.from_numpy(np.array(item, copy=True)).unsqueeze(0)).numpy().tobytes()
-    with fsspec.open(item, "rb") as f:
+    with _open(item, "rb") as f:
         data = f.read()
     if data[:8] == b"\x89PNG\r\n\x1a\n":
         return data
@@ -110,7 +119,7 @@ def pack(source: str, dest: str, *, shard_size: int = 1000, split: str = "train"
     name = name or split
     num_shards = math.ceil(len(labels) / shard_size)
     for shard, url in enumerate(shard_urls(dest, name, num_shards)):
-        with fsspec.open(url, "wb") as stream:
+        with _open(url, "wb") as stream:
             writer = TarWriter(stream, encoder=False, mtime=FIXED_MTIME)
             for position in order[shard * shard_size:(shard + 1) * shard_size]:
                 writer.write({"__key__": f"{int(position):08d}", "png": _png(items[position]),

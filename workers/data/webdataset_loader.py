@@ -31,9 +31,9 @@ import logging
 import random
 from typing import Any, Iterator
 
-import fsspec
 import numpy as np
 import torch
+from botocore.exceptions import BotoCoreError
 from braceexpand import braceexpand
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.filters import _shuffle
@@ -43,6 +43,7 @@ from workers.data.errors import DataError
 from workers.data.loading import batches_failing_fast, private_generator, start_worker_server, worker_processes
 from workers.data.position import BatchPosition, rank_batch_size
 from workers.data.transforms import SampleTransform, collate, decode
+from workers.s3_limits import bounded_fs
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,13 @@ def expand_urls(pattern: str) -> list[str]:
 def read_shard(url: str, *, image_key: str, label_key: str) -> Iterator[tuple[str, bytes, bytes]]:
     """``(key, image bytes, label bytes)`` of each sample in one tar shard, streamed."""
     try:
-        stream = fsspec.open(url, "rb").open()
+        fs, path = bounded_fs(url)  # a store that stops answering fails the read (workers.s3_limits)
+        stream = fs.open(path, "rb")
     except Exception as exn:  # missing bucket or object, no access
         raise DataError(f"shard {url!r} cannot be opened: {type(exn).__name__}: {exn}; expected an existing "
                         "tar file (check data.*.urls)") from None
-    count = 0
+    count, tail = 0, _Tail(stream)
     try:
-        tail = _Tail(stream)
         files = ({**f, "__url__": url} for f in _complete_tar(tar_file_iterator(tail), tail, url))
         for sample in group_by_keys(files):
             key = sample["__key__"]
@@ -75,6 +76,9 @@ def read_shard(url: str, *, image_key: str, label_key: str) -> Iterator[tuple[st
             yield key, sample[image_key], sample[label_key]
     except DataError:
         raise
+    except BotoCoreError as exn:  # the store's answer stalled or broke off (after its tries: workers.s3_limits)
+        raise DataError(f"shard {url!r} could not be read to its end (after {count} samples, {tail.size} bytes): "
+                        f"{type(exn).__name__}: {exn}") from None
     except Exception as exn:  # tarfile.ReadError, truncated stream, duplicate names
         raise DataError(f"shard {url!r} is not a readable WebDataset tar (after {count} samples): "
                         f"{type(exn).__name__}: {exn}") from None
@@ -260,7 +264,7 @@ class WebDatasetLoader(BatchPosition):
 def _check_readable(url: str) -> None:
     """Fail at start-up, not mid-epoch, when the first shard of this rank is not there."""
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = bounded_fs(url)
         fs.info(path)
     except Exception as exn:
         raise DataError(f"shard {url!r} cannot be opened: {type(exn).__name__}: {exn}; expected an existing tar "

@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch.nn as nn
-from fsspec.core import url_to_fs
 
 from api.code_package import CodePackageError, safe_extract, sha256_hex
 from api.model_specs import CodeRef, ImportedModelSpec, ImportPath
 from workers.models.code_cache import (UserCodeError, code_cache_dir, hold, keep_seconds, own_cache, place, prune,
                                        verified)
 from workers.paths import code_package_url
+from workers.s3_limits import bounded_fs
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _prune(cache: Path) -> None:
 def read_package(digest: str, url: str) -> tuple[bytes, str]:
     """The bytes at ``url`` (fsspec), and ``url``; ``UserCodeError`` when they cannot be read."""
     try:
-        fs, path = url_to_fs(url)
+        fs, path = bounded_fs(url)  # a store that stops answering fails the fetch (workers.s3_limits)
         return fs.cat_file(path), url
     except Exception as exc:  # FileNotFoundError, a storage outage, missing credentials, ...
         raise UserCodeError(f"code.digest {digest}: cannot fetch {url}: {type(exc).__name__}: {exc}") from None
