@@ -331,7 +331,8 @@ def train(
     assignments: SetOption = None,
 ) -> None:
     """Run one spec locally without the service (for debugging); prints metrics as it goes.
-    Saves checkpoints (every checkpoint.interval and at the end) and resumes from them.
+    Saves checkpoints (every checkpoint.interval and at the end) and resumes from them; a spec trained to its
+    end already prints its final metrics at once, training nothing.
     Ctrl-C or SIGTERM stops it (exit 130), ending its MLflow run KILLED; it says which checkpoint it kept."""
     from cli.lineage import BadAssignment
     from cli.specfile import SpecFileError, load_spec

@@ -9,12 +9,14 @@ Checkpoints use the service's layout (``workers.paths``) with ``checkpoint_dir``
 root and the spec's name as the run id (the CLI's default ``checkpoint_dir`` is
 ``$TESSERA_HOME/local``, i.e. ``.tessera/local``): running
 the same spec again resumes from its newest committed checkpoint, whichever way it was run
-before (a one-worker checkpoint reshards onto DDP workers and back).
+before (a one-worker checkpoint reshards onto DDP workers and back). A run already trained to its
+end (``finished_local_run``) returns its final metrics at once, without a trainer or a Ray.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -26,16 +28,24 @@ from typing import Iterator
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
 from workers.loggers import closed_at_end, end_failed_mlflow_runs, end_interrupted_mlflow_runs, with_loggers
-from workers.local_ray import SETUP_HOOK, private_temp_dir, signal_handlers_restored, worker_temp_env
-from workers.paths import attempts_url, checkpoints_url, default_local_root, run_url
+from workers.local_ray import (SETUP_HOOK, private_temp_dir, ray_start_uninterrupted, signal_handlers_restored,
+                               worker_temp_env)
+from workers.outcome import FINAL_SAVED_KEY
+from workers.paths import attempts_url, checkpoints_url, default_local_root, export_url, run_url
 from workers.reporter import ConsoleReporter, MetricSink
 from workers.ray_job import ADDRESS_VARIABLE
-from workers.trainer import train
+from workers.s3_limits import bounded_fs
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GCS_PORT_VARIABLE = "RAY_GCS_SERVER_PORT"  # read by Ray's head as it starts (ray._private.ray_constants)
+# RunSpec fields that move neither the batch a run ends at nor its final model and evaluation: the
+# run's name (its folder), where and how it reports and checkpoints, and its parallelism (loaders
+# count global batches, the same on any number of workers; checkpoints reshard).
+NOT_DECIDING_THE_END = frozenset({"name", "tags", "priority", "loggers", "max_wall_time", "max_restarts", "code",
+                                  "checkpoint", "parallelism"})
+MAX_EXPORT_HEADER = 64 * 2**20  # bytes; a safetensors header holds names, shapes and metadata, never weights
 
 
 def default_checkpoint_dir() -> str:
@@ -53,6 +63,62 @@ def latest_local_checkpoint(spec: RunSpec, checkpoint_dir: str | None = None) ->
     return Checkpointer(checkpoints_url(local_run_url(spec, checkpoint_dir)), fingerprint={}).latest_committed()
 
 
+def train(spec: RunSpec, **kwargs) -> dict[str, float]:
+    """``workers.trainer.train``, imported once a run trains in this process: its algorithms import
+    torchvision (1.3 s of a 4 s import on 2 cores), which a finished run or a DDP driver never needs."""
+    from workers.trainer import train as train_here
+
+    return train_here(spec, **kwargs)
+
+
+def finished_local_run(spec: RunSpec, checkpoint_dir: str | None = None) -> tuple[int, dict[str, float]] | None:
+    """``(step, final metrics)`` of ``spec``'s local run if it is trained to its end, so that a
+    resume would train nothing; else None (then the trainer decides, as it resumes).
+
+    Trained to its end: its newest committed checkpoint is at the step of its export, which
+    ``Trainer.fit`` writes once it has trained to ``max_duration``, saved and evaluated
+    (``{run}/exports/step-{N}``: the checkpoint markers say no more than step and epoch), and the
+    export's spec, in its header, differs from ``spec`` only in ``NOT_DECIDING_THE_END``. Such a
+    spec ends at the same batch however that is counted (epochs, tokens) and with the same model
+    and evaluation; another model is left to the trainer, which refuses it. The metrics are what a
+    resume at the end reported: the export's eval metrics and ``checkpoint/final_saved`` (the state
+    resumed from is committed). Reads the checkpoint listing and the export's header only."""
+    latest = latest_local_checkpoint(spec, checkpoint_dir)
+    if latest is None:
+        return None
+    url = export_url(local_run_url(spec, checkpoint_dir), latest.step, "safetensors")
+    try:
+        metadata = _safetensors_metadata(url)
+        if metadata is None:  # not exported: stopped before the end, or in the final evaluation
+            return None
+        exported = RunSpec.model_validate_json(metadata["tessera.spec"])
+        metrics = {key: float(value) for key, value in json.loads(metadata.get("tessera.metrics", "{}")).items()}
+    except Exception as exc:  # a torn or foreign file, a spec this version no longer reads: the trainer decides
+        log.info("export %s does not say whether %s is trained to its end (%s: %s)", url, spec.name,
+                 type(exc).__name__, exc)
+        return None
+    if _deciding_the_end(exported) != _deciding_the_end(spec):
+        return None
+    return latest.step, {**metrics, FINAL_SAVED_KEY: 1.0}
+
+
+def _deciding_the_end(spec: RunSpec) -> dict:
+    return {key: value for key, value in spec.model_dump(mode="json").items() if key not in NOT_DECIDING_THE_END}
+
+
+def _safetensors_metadata(url: str) -> dict[str, str] | None:
+    """The ``__metadata__`` of the safetensors file at ``url``, from its header alone (two ranged
+    reads, not the weights); None if there is no such file."""
+    fs, path = bounded_fs(url)  # S3's bounded waits and tries, as every worker-side read's
+    try:
+        length = int.from_bytes(fs.cat_file(path, start=0, end=8), "little")
+    except FileNotFoundError:
+        return None
+    if not 0 < length <= MAX_EXPORT_HEADER:
+        raise ValueError(f"a header of {length} bytes is no safetensors header")
+    return json.loads(fs.cat_file(path, start=8, end=8 + length)).get("__metadata__", {})
+
+
 def train_local(spec: RunSpec, *, sink: MetricSink | None = None,
                 checkpoint_dir: str | None = None) -> dict[str, float]:
     """Train ``spec`` on this machine; returns the final metrics.
@@ -68,7 +134,16 @@ def train_local(spec: RunSpec, *, sink: MetricSink | None = None,
     ``sink``. Either way ``sink`` is closed at the end, and the spec's loggers (written by the
     process that trains rank 0) end their runs with the outcome: MLflow's FINISHED, FAILED when
     training raises, KILLED when interrupted (``workers.loggers.closed_at_end``).
+
+    A run trained to its end already (``finished_local_run``) is not trained again: its final
+    metrics come back at once, through ``sink`` too, with no trainer, no Ray, no logger's run.
     """
+    if checkpoint_dir:
+        finished = finished_local_run(spec, checkpoint_dir)
+        if finished is not None:
+            step, metrics = finished
+            log.info("%s is trained to its end (batch %d): nothing to train", spec.name, step)
+            return _reported(metrics, sink, step=step)
     parallelism = spec.parallelism
     if parallelism.strategy == "none" and parallelism.num_workers == 1:
         run = local_run_url(spec, checkpoint_dir) if checkpoint_dir else None
@@ -89,11 +164,14 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
     # workers' temporary ones, go to a folder of this run's, removed after it.
     with environment_restored(), signal_handlers_restored() as put_back_handlers, private_temp_dir() as temp_dir:
         try:
-            _start_private_ray(spec, temp_dir)
-        except BaseException:  # a Ctrl-C while Ray starts: what has started stops before its folder goes
+            with ray_start_uninterrupted():  # a Ctrl-C or SIGTERM as Ray starts is raised once it has started
+                _start_private_ray(spec, temp_dir)
+        except BaseException as exc:  # that interrupt, or a failed start: what has started stops before its folder
             ray.shutdown()
+            if isinstance(exc, SystemExit):  # ray.init's SIGTERM handler's sys.exit(15), in a Ray it could not keep out
+                raise KeyboardInterrupt from exc
             raise
-        put_back_handlers()  # SIGTERM's: ray.init's, and its core worker's crash handler, end the CLI in SIGABRT
+        put_back_handlers()  # SIGTERM's, were ray.init's to get in (a Ray other than 2.60): see ray_start_uninterrupted
         return _fit_on_ray(spec, sink, storage_url, shut_down=True)
 
 
@@ -124,14 +202,20 @@ def _fit_on_ray(spec: RunSpec, sink: MetricSink | None, storage_url: str | None,
         if isinstance(exc, SystemExit):
             # Only signal handlers raise one in this process: Ray Train's SIGINT handler aborts its
             # controller and calls sys.exit(0) (ray/train/v2/api/data_parallel_trainer.py:295-321),
-            # ray.init's SIGTERM handler sys.exit(15). Raised while ray.get waits, Ray's core worker
-            # makes it SystemExit(1) whatever the code (hence Ray's own comment there: "for some
-            # reason the process still exits with 1"): a Ctrl-C'd tessera train ended with status 1
-            # and no word. Callers get the interrupt they sent, as from an in-process run.
+            # ray.init's SIGTERM handler sys.exit(15) (ray/_private/worker.py:1675-1676) in a process
+            # that connected its own Ray (a private Ray gets no such handler). Raised while ray.get
+            # waits, Ray's core worker makes it SystemExit(1) whatever the code (hence Ray's own
+            # comment there: "for some reason the process still exits with 1"): a Ctrl-C'd tessera
+            # train ended with status 1 and no word. Callers get the interrupt they sent, as from an
+            # in-process run.
             raise KeyboardInterrupt from exc
         raise
+    return _reported(metrics, sink, step=int(metrics.get("time/batch", 0)))
+
+
+def _reported(metrics: dict[str, float], sink: MetricSink | None, *, step: int) -> dict[str, float]:
+    """``metrics``, added to ``sink`` at ``step`` (then closed) if there is one."""
     if sink is not None:
-        step = int(metrics.get("time/batch", 0))
         for key, value in metrics.items():
             sink.add(step, key, value)
         sink.close()

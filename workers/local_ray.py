@@ -1,5 +1,5 @@
 """What the private Ray of a local DDP/FSDP run (``workers.local``) would otherwise leave behind
-or print: its files, its signal handlers and one warning a second.
+or print: its files, its signal handlers, the processes of a start cut short and one warning a second.
 
 Light on purpose: Ray imports ``quiet_placement_group_cleaner`` in every worker process of the
 private cluster (``worker_process_setup_hook``), so this module imports neither torch nor Ray.
@@ -107,7 +107,8 @@ def signal_handlers_restored() -> Iterator[Callable[[], None]]:
     ``sys.exit`` (ray/_private/worker.py:1674-1679), and then its core worker installs a C++ crash
     handler over it (abseil's failure signal handler, which logs "*** SIGTERM received at time=")
     that made a ``kill PID`` of a DDP ``tessera train`` end in SIGABRT (status 134) rather than as
-    its ``_sigterm_as_interrupt`` says; putting the handler back once Ray runs removes that one too.
+    its ``_sigterm_as_interrupt`` says; putting the handler back once Ray runs removes that one too
+    (``ray_start_uninterrupted`` keeps both out of a private Ray's start).
     Ray Train's ``fit()`` sets SIGINT's to one that aborts its controller, ignores a second Ctrl-C
     and ``sys.exit(0)``s on the third (ray/train/v2/api/data_parallel_trainer.py:288-321): a
     notebook's later Ctrl-C would otherwise call a controller that is gone. Outside the main
@@ -127,3 +128,69 @@ def signal_handlers_restored() -> Iterator[Callable[[], None]]:
         yield put_back
     finally:
         put_back()
+
+
+# What ``ray.init`` calls to set SIGTERM's handler to ``sys.exit(signum)`` (ray/_private/worker.py:
+# 1675-1679), and the constant its driver's core worker reads before installing its C++ crash
+# handler (ray/_private/ray_constants.py:24; read in _raylet.pyx's CoreWorker, as the environment
+# variable RAY_DISABLE_FAILURE_SIGNAL_HANDLER was when Ray was imported).
+RAY_SETS_SIGTERM = ("ray._private.utils", "set_sigterm_handler")
+RAY_CRASH_HANDLER_OFF = ("ray._private.ray_constants", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER")
+
+
+@contextlib.contextmanager
+def ray_start_uninterrupted() -> Iterator[None]:
+    """Within the block (``ray.init`` of a private Ray), a Ctrl-C or SIGTERM is held until the
+    block ends and raised then, as ``KeyboardInterrupt``; a second one is raised at once.
+
+    ``ray.init`` stopped part-way leaves what it has started running with nothing to stop it: its
+    node is known to ``ray.shutdown`` only once every process has started (``_global_node``,
+    ray/_private/worker.py:1927). A ``kill PID`` of a DDP ``tessera train`` in the seconds its Ray
+    takes to start (2-5 s on 2 cores) ended it with status 15, as ``ray.init``'s own SIGTERM
+    handler says (``sys.exit(signum)``), without the line ``tessera train`` ends an interrupt with,
+    and once left Ray's dashboard and runtime-env agents running; in the last moments of the start,
+    its driver's C++ crash handler caught the signal and aborted (SIGABRT, a stack dump). So,
+    within the block, neither is installed (``RAY_SETS_SIGTERM``, ``RAY_CRASH_HANDLER_OFF``: this
+    process's driver has no C++ crash handler until ``ray.shutdown``; Ray's workers keep theirs),
+    and SIGINT's and SIGTERM's handlers only note the signal. After it, they are the ones it began
+    with. Outside the main thread, where no handler can be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        if held:  # asked twice: at once, whatever has started by then
+            raise KeyboardInterrupt
+        held.append(signum)
+
+    with signal_handlers_restored(), _ray_attributes_set({RAY_SETS_SIGTERM: lambda handler: None,
+                                                          RAY_CRASH_HANDLER_OFF: True}):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not None:  # else set outside Python: not ours to change
+                signal.signal(signum, hold)
+        yield
+    if held:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _ray_attributes_set(values: dict[tuple[str, str], object]) -> Iterator[None]:
+    """Within the block, each ``(module, name)`` of Ray that exists has its value; after it, the
+    one it had (a Ray without one is left as it is)."""
+    import importlib
+
+    before = []
+    for (module_name, name), value in values.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            before.append((module, name, getattr(module, name)))
+            setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in before:
+            setattr(module, name, value)

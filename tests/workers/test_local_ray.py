@@ -1,6 +1,7 @@
 """The private Ray of a local DDP run (``workers.local_ray``): its workers drop exactly Ray Train's
 "Failed to query Ray Train Controller actor state" warning, its files go to a folder of its own
-that goes with it, and the signal handlers Ray sets are undone."""
+that goes with it, the signal handlers Ray sets are undone, and a Ctrl-C or SIGTERM as it starts
+waits for the start."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import signal
 import pytest
 
 from workers.local_ray import (CLEANER_LOGGER, SETUP_HOOK, private_temp_dir, quiet_placement_group_cleaner,
-                               signal_handlers_restored, worker_temp_env, worker_tmpdir)
+                               ray_start_uninterrupted, signal_handlers_restored, worker_temp_env, worker_tmpdir)
 
 
 @pytest.fixture
@@ -67,6 +68,43 @@ def test_the_signal_handlers_ray_sets_are_undone_at_once_and_after_the_block():
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_as_ray_starts_is_raised_once_it_has_started_and_a_second_one_at_once(signum):
+    """``ray.init`` stopped part-way left Ray's agents running, and SIGTERM's own handler, which
+    it sets first, ended ``tessera train`` with status 15 (its driver's C++ crash handler, set
+    later in it, with SIGABRT)."""
+    import sys
+
+    import ray._private.ray_constants as ray_constants
+    import ray._private.utils as ray_utils
+
+    def mine(signum, frame):  # tessera train's (cli.main._sigterm_as_interrupt), and Python's for SIGINT
+        raise KeyboardInterrupt
+
+    crash_handler_off, sets_sigterm = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER, ray_utils.set_sigterm_handler
+    previous = {s: signal.signal(s, mine) for s in (signal.SIGTERM, signal.SIGINT)}
+    started = []
+    try:
+        with pytest.raises(KeyboardInterrupt), ray_start_uninterrupted():
+            ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # ray.init's first step
+            assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is True  # read as its core worker starts
+            os.kill(os.getpid(), signum)
+            started.append("the rest of the start")
+        assert started == ["the rest of the start"]
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGINT) is mine
+        assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is crash_handler_off
+        assert ray_utils.set_sigterm_handler is sets_sigterm
+
+        with pytest.raises(KeyboardInterrupt), ray_start_uninterrupted():  # asked twice: stopped at once
+            os.kill(os.getpid(), signum)
+            os.kill(os.getpid(), signum)
+            started.append("not reached")
+        assert started == ["the rest of the start"] and signal.getsignal(signum) is mine
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def test_the_workers_caches_stay_where_they_were_outside_the_run_s_temp_dir(tmp_path, monkeypatch):

@@ -48,21 +48,82 @@ def test_running_a_spec_again_resumes_where_the_last_local_run_ended(tmp_path):
     assert latest_local_checkpoint(spec_of("2ba"), str(tmp_path)).step == 6
 
 
-def test_tessera_train_of_a_spec_already_trained_to_its_end_says_there_is_nothing_left(tmp_path):
+def test_tessera_train_of_a_spec_already_trained_to_its_end_says_there_is_nothing_left(tmp_path, monkeypatch):
+    """Run again, a spec trained to its end answers at once, with neither a trainer nor, for a DDP
+    spec, a private Ray (which took 30 s to start and stop on 2 cores): both say the same."""
     from typer.testing import CliRunner
 
     from cli.main import app
+    from workers import local
 
-    spec_file = tmp_path / "spec.json"
+    spec_file, ddp_file = tmp_path / "spec.json", tmp_path / "ddp.json"
     spec_file.write_text(spec_of("2ba").model_dump_json())
-    command = ["train", str(spec_file), "--checkpoint-dir", str(tmp_path / "ckpt")]
-    first = CliRunner().invoke(app, command)
+    ddp_file.write_text(spec_of("2ba", parallelism={"strategy": "ddp", "num_workers": 2}).model_dump_json())
+    checkpoint_dir = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    first = CliRunner().invoke(app, ["train", str(spec_file), *checkpoint_dir])
     assert first.exit_code == 0 and "nothing left to train" not in first.output, first.output
-    again = CliRunner().invoke(app, command)
+    final = json.loads(first.stdout[first.stdout.rindex("\n{"):])
+
+    def started(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(local, "train", started)
+    monkeypatch.setattr(local, "_train_with_local_ray", started)
+    again = CliRunner().invoke(app, ["train", str(spec_file), *checkpoint_dir])
     assert again.exit_code == 0, again.output
-    assert "resuming from" in again.output and "(batch 2)" in again.output
+    assert "resuming from" in again.stdout and "(batch 2)" in again.stdout
     assert ("nothing left to train: the run's newest checkpoint is at batch 2, at or past max_duration 2ba; "
-            "--set max_duration=... trains on from it") in " ".join(again.output.split())
+            "--set max_duration=... trains on from it") in " ".join(again.stderr.split())
+    assert json.loads(again.stdout[again.stdout.rindex("\n{"):]) == {
+        "eval/loss": final["eval/loss"], "eval/accuracy": final["eval/accuracy"], "checkpoint/final_saved": 1.0}
+    ddp = CliRunner().invoke(app, ["train", str(ddp_file), *checkpoint_dir])
+    assert (ddp.exit_code, ddp.stdout, ddp.stderr) == (0, again.stdout, again.stderr), ddp.output
+
+
+def test_only_a_run_trained_to_its_end_under_what_decides_the_end_counts_as_finished(tmp_path):
+    """``finished_local_run`` answers only when a resume would surely train nothing; else the
+    trainer decides as before (a longer run trains on, another model is refused)."""
+    from workers.local import finished_local_run
+
+    ckpt = str(tmp_path)
+    train_local(spec_of("4ba", checkpoint={"interval": "1ba", "keep_last": 5}), sink=MemorySink(), checkpoint_dir=ckpt)
+    step, metrics = finished_local_run(spec_of("4ba"), ckpt)
+    assert step == 4 and set(metrics) == {"eval/loss", "eval/accuracy", "checkpoint/final_saved"}
+    # Neither its parallelism nor its loggers, name aside, move the end; the duration and model do.
+    assert finished_local_run(spec_of("4ba", parallelism={"strategy": "fsdp", "num_workers": 2},
+                                      tags=["again"], max_restarts=2), ckpt) == (step, metrics)
+    assert finished_local_run(spec_of("5ba"), ckpt) is None
+    assert finished_local_run(spec_of("1ep"), ckpt) is None  # 4 batches too, but the trainer counts them
+    assert finished_local_run(spec_of("4ba", model={"name": "simple_cnn", "params": {"width": 16}}), ckpt) is None
+    assert finished_local_run(spec_of("4ba", name="never-trained"), ckpt) is None
+
+    # A run stopped in its final evaluation has its final checkpoint but no export: it is not finished.
+    run = tmp_path / "runs" / "local-resume"
+    for export in (run / "exports").iterdir():
+        export.unlink()
+    assert finished_local_run(spec_of("4ba"), ckpt) is None
+    (run / "exports" / "step-4.safetensors").write_bytes(b"\xff" * 16)  # not safetensors: the trainer decides
+    assert finished_local_run(spec_of("4ba"), ckpt) is None
+    sink = MemorySink()
+    assert train_local(spec_of("4ba"), sink=sink, checkpoint_dir=ckpt)["eval/accuracy"] == metrics["eval/accuracy"]
+    assert finished_local_run(spec_of("4ba"), ckpt) == (step, metrics)  # exported again
+    # An older checkpoint than the export: what a resume from it would train is the trainer's to say.
+    for name in ("ep1-ba4", "ep0-ba3"):
+        shutil.rmtree(run / "checkpoints" / name)
+    assert latest_local_checkpoint(spec_of("4ba"), ckpt).step == 2 and finished_local_run(spec_of("4ba"), ckpt) is None
+
+
+def test_a_finished_run_trained_again_reports_its_final_metrics_to_the_sink_without_a_logger_s_run(tmp_path,
+                                                                                                   monkeypatch):
+    from workers import local
+
+    first = train_local(spec_of("2ba"), sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    monkeypatch.setattr(local, "with_loggers", lambda *args, **kwargs: pytest.fail("a logger's run was started"))
+    sink = MemorySink()
+    again = train_local(spec_of("2ba"), sink=sink, checkpoint_dir=str(tmp_path))
+    assert again == {"eval/loss": first["eval/loss"], "eval/accuracy": first["eval/accuracy"],
+                     "checkpoint/final_saved": 1.0}
+    assert sink.points == [(2, key, value) for key, value in again.items()] and sink.closed
 
 
 def test_a_spec_with_another_model_under_the_same_name_is_refused(tmp_path):
@@ -107,6 +168,10 @@ def test_a_ddp_spec_run_again_resumes_through_ray_without_reporting_a_restart(ra
     final = train_local(spec_of("6ba", **body), sink=MemorySink(), checkpoint_dir=str(tmp_path))
     assert final["time/batch"] == 6
     assert latest_local_checkpoint(spec_of("6ba", **body), str(tmp_path)).name == "ep1-ba6"
+    # Once more: trained to its end, it answers from the export its ranks wrote, starting no attempt.
+    again = train_local(spec_of("6ba", **body), sink=MemorySink(), checkpoint_dir=str(tmp_path))
+    assert again == {"eval/loss": final["eval/loss"], "eval/accuracy": final["eval/accuracy"],
+                     "checkpoint/final_saved": 1.0}
     # Each invocation is its own attempt: the second is not a Ray Train restart of the first.
     assert sorted(os.listdir(tmp_path / "runs" / "local-resume" / "attempts")) == ["1.started", "2.started"]
 
@@ -172,14 +237,16 @@ def test_the_environment_is_restored_when_the_run_raises_too(monkeypatch):
     assert os.environ["TESSERA_KEPT"] == "as it was" and "TESSERA_ADDED" not in os.environ
 
 
-def test_a_system_exit_out_of_a_fit_on_ray_is_the_interrupt_it_stands_for(monkeypatch):
+@pytest.mark.parametrize("code", [0, 1, signal.SIGTERM], ids=["ray-train-sigint", "via-ray-get", "ray-init-sigterm"])
+def test_a_system_exit_out_of_a_fit_on_ray_is_the_interrupt_it_stands_for(monkeypatch, code):
     """Ray Train's SIGINT handler ``sys.exit(0)``s, which Ray's core worker raises as SystemExit(1)
-    out of ``ray.get``: ``tessera train`` ended with status 1 and no word. The run's MLflow runs
-    end as interrupted (KILLED), not FAILED."""
+    out of ``ray.get``: ``tessera train`` ended with status 1 and no word. ``ray.init``'s SIGTERM
+    handler, in a process that connected its own Ray, ``sys.exit(signum)``s (ray/_private/worker.py:
+    1675-1676). The run's MLflow runs end as interrupted (KILLED), not FAILED."""
     from workers import local, ray_train
 
     def fit_with_ray(spec, **_):
-        raise SystemExit(1)
+        raise SystemExit(code)
 
     ended = []
     monkeypatch.setattr(ray_train, "fit_with_ray", fit_with_ray)
@@ -213,7 +280,7 @@ def test_ctrl_c_on_tessera_train_says_which_checkpoint_it_kept_and_exits_130(tmp
     monkeypatch.setattr(local, "train", real_train)
     assert CliRunner().invoke(app, command).exit_code == 0  # saves ep0-ba2
     monkeypatch.setattr(local, "train", interrupted)
-    kept = CliRunner().invoke(app, command)
+    kept = CliRunner().invoke(app, [*command, "--set", "max_duration=4ba"])  # 2ba: trained to its end, no train
     assert kept.exit_code == EXIT_INTERRUPTED, kept.output
     url = f"file://{tmp_path}/ckpt/runs/local-resume/checkpoints/ep0-ba2"
     assert " ".join(kept.stderr.split()) == (f"interrupted; kept checkpoint {url} (batch 2): "
@@ -222,6 +289,54 @@ def test_ctrl_c_on_tessera_train_says_which_checkpoint_it_kept_and_exits_130(tmp
     nothing = CliRunner().invoke(app, ["train", str(spec_file), "--no-checkpoints"])
     assert nothing.exit_code == EXIT_INTERRUPTED
     assert nothing.stderr.strip() == "interrupted; nothing was saved (--no-checkpoints)"
+
+
+@pytest.mark.parametrize("when", ["as-ray-starts", "as-it-trains"])
+def test_sigterm_on_a_ddp_tessera_train_exits_130_saying_what_it_kept(tmp_path, monkeypatch, when):
+    """``kill PID`` (a batch scheduler's end of the job) on a DDP ``tessera train`` stops it as
+    Ctrl-C does, with Ray faked: as its private Ray starts (where ``ray.init``'s own SIGTERM
+    handler, which it sets first, ended it with status 15 and no word, and left Ray's agents
+    running), and once Ray runs (its handlers put back: the CLI's turns SIGTERM into the interrupt)."""
+    import sys
+
+    import ray
+    import ray._private.utils as ray_utils
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from cli.output import EXIT_INTERRUPTED
+    from workers import local, ray_train
+
+    seen = []
+
+    def ray_starts(spec, temp_dir):
+        def ray_s(signum, frame):  # ray/_private/worker.py:1675-1676
+            sys.exit(signum)
+
+        ray_utils.set_sigterm_handler(ray_s)  # ray.init's first step
+        if when == "as-ray-starts":
+            os.kill(os.getpid(), signal.SIGTERM)
+        seen.append("started")
+
+    def fit_with_ray(spec, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        seen.append("trained on")
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # the private Ray's folder, made and removed
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: seen.append("shut down"))
+    monkeypatch.setattr(local, "_start_private_ray", ray_starts)
+    monkeypatch.setattr(ray_train, "fit_with_ray", fit_with_ray)
+    monkeypatch.setattr(local, "end_interrupted_mlflow_runs", lambda *_, **__: seen.append("mlflow killed"))
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec_of("4ba", parallelism={"strategy": "ddp", "num_workers": 2}).model_dump_json())
+    sigterm_before = signal.getsignal(signal.SIGTERM)
+    stopped = CliRunner().invoke(app, ["train", str(spec_file), "--checkpoint-dir", str(tmp_path / "ckpt")])
+    assert (stopped.exit_code, stopped.stderr.strip()) == (
+        EXIT_INTERRUPTED, "interrupted; no checkpoint was saved: training again starts afresh"), stopped.output
+    assert seen == (["started", "shut down"] if when == "as-ray-starts" else ["started", "shut down", "mlflow killed"])
+    assert signal.getsignal(signal.SIGTERM) is sigterm_before
+    assert [path.name for path in tmp_path.iterdir()] == ["spec.json"]
 
 
 @pytest.mark.integration
@@ -243,8 +358,12 @@ def _ctrl_c_a_ddp_train(tmp_path: Path, *, ray_tmp: Path, tmp: Path) -> None:
     spec = spec_of("100000ba", name="local-ctrl-c", parallelism={"strategy": "ddp", "num_workers": 2})
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(spec.model_dump_json())
+    # torch.compile's cache is made as torch._dynamo is imported, in $TMPDIR unless TORCHINDUCTOR_CACHE_DIR says
+    # where (torch/_inductor/runtime/cache_dir_utils.py): the user's, kept on purpose. Named here, as this
+    # process's import of torch._dynamo, if any ran before, named it for the child.
     env = {**{key: value for key, value in os.environ.items() if key not in RAY_SETS},
-           "RAY_TMPDIR": str(ray_tmp), "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+           "RAY_TMPDIR": str(ray_tmp), "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torchinductor")}
     command = [sys.executable, "-m", "cli.main", "train", str(spec_file), "--checkpoint-dir", str(tmp_path / "ckpt")]
     train = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
