@@ -252,7 +252,8 @@ class StatusReport(BaseModel):
     started_at: ReportedTime | None = Field(
         None, description="with RUNNING: when the attempt began training, by the worker's clock; the run's "
                           "attempt_started_at (and, on its first start, started_at), kept between the attempt's "
-                          "submission and the report's arrival (a report retried through an outage arrives late). "
+                          "start as known so far (its submission; after a RESTARTING, the previous group's start) "
+                          "and the report's arrival (a report retried through an outage arrives late). "
                           "Without it, the arrival")
     ended_at: ReportedTime | None = Field(
         None, description="with COMPLETED or FAILED: when the attempt ended, by the worker's clock; the run's "

@@ -11,7 +11,7 @@ A worker spools what it cannot deliver and replays it in order once the service 
   then the report — the legal sequence the run went through;
 - RUNNING with ``started_at`` (when the attempt began training, by the worker's clock) sets the
   run's ``attempt_started_at`` (and on its first start ``started_at``) to it, within the attempt's
-  submission and now: a RUNNING spooled through an outage arrives late, maybe with the end, and
+  start as known so far (its submission; after a RESTARTING, the previous group's start) and now: a RUNNING spooled through an outage arrives late, maybe with the end, and
   the outage is not taken off the run's duration. A RUNNING the service fills in has no such
   word: the attempt's start stays its submission, the nearest time the service knows before it;
 - RUNNING with ``step`` (where the attempt resumes from) supersedes earlier attempts' points

@@ -19,12 +19,16 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import time
 import uuid
 from pathlib import Path
 from typing import Iterator
 
+from pydantic import BaseModel
+
+from api.model_specs import ImportPath
 from api.specs import RunSpec
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
 from workers.loggers import closed_at_end, end_failed_mlflow_runs, end_interrupted_mlflow_runs, with_loggers
@@ -80,9 +84,12 @@ def finished_local_run(spec: RunSpec, checkpoint_dir: str | None = None) -> tupl
     (``{run}/exports/step-{N}``: the checkpoint markers say no more than step and epoch), and the
     export's spec, in its header, differs from ``spec`` only in ``NOT_DECIDING_THE_END``. Such a
     spec ends at the same batch however that is counted (epochs, tokens) and with the same model
-    and evaluation; another model is left to the trainer, which refuses it. The metrics are what a
+    and evaluation; another model is left to the trainer, which refuses it, and so is a spec that
+    imports the user's code (``--code DIR``, ``model.import``), which may have changed under it. The metrics are what a
     resume at the end reported: the export's eval metrics and ``checkpoint/final_saved`` (the state
     resumed from is committed). Reads the checkpoint listing and the export's header only."""
+    if _imports_code(spec):  # its code may have changed under an unchanged spec: the trainer rebuilds and checks it
+        return None
     latest = latest_local_checkpoint(spec, checkpoint_dir)
     if latest is None:
         return None
@@ -100,6 +107,20 @@ def finished_local_run(spec: RunSpec, checkpoint_dir: str | None = None) -> tupl
     if _deciding_the_end(exported) != _deciding_the_end(spec):
         return None
     return latest.step, {**metrics, FINAL_SAVED_KEY: 1.0}
+
+
+def _imports_code(value: object) -> bool:
+    """Whether a spec (or a part of it) names a callable of the user's (``import:`` of a model,
+    data set or metric), whose code a local run reads from disk as it is now."""
+    if isinstance(value, ImportPath):
+        return True
+    if isinstance(value, BaseModel):
+        return any(_imports_code(getattr(value, name)) for name in type(value).model_fields)
+    if isinstance(value, (list, tuple)):
+        return any(_imports_code(item) for item in value)
+    if isinstance(value, dict):
+        return any(_imports_code(item) for item in value.values())
+    return False
 
 
 def _deciding_the_end(spec: RunSpec) -> dict:
@@ -168,8 +189,8 @@ def _train_with_local_ray(spec: RunSpec, sink: MetricSink | None, storage_url: s
                 _start_private_ray(spec, temp_dir)
         except BaseException as exc:  # that interrupt, or a failed start: what has started stops before its folder
             ray.shutdown()
-            if isinstance(exc, SystemExit):  # ray.init's SIGTERM handler's sys.exit(15), in a Ray it could not keep out
-                raise KeyboardInterrupt from exc
+            if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:  # ray.init's handler's sys.exit(15), in a
+                raise KeyboardInterrupt from exc  # Ray it could not keep out; another exit stays what it is
             raise
         put_back_handlers()  # SIGTERM's, were ray.init's to get in (a Ray other than 2.60): see ray_start_uninterrupted
         return _fit_on_ray(spec, sink, storage_url, shut_down=True)

@@ -127,8 +127,10 @@ def storage_options(url: str) -> dict[str, Any]:
 def bound_retries(fs: Any) -> Any:
     """``fs``; an S3 file system built with ``storage_options`` sends a GET whose answer stalled at
     most its botocore attempts times, instead of s3fs's ``retries = 5`` (a class attribute that no
-    option sets). fsspec shares one file system among all who build it with the same options, all
-    of them ours, so setting it on the instance changes no one else's."""
+    option sets). fsspec shares one file system among all who build it with the same options in a
+    process, all of them ours, so setting it on the instance changes no one else's. (For an async
+    file system such as s3fs its cache key leaves the thread out, fsspec/spec.py:102-107, so an
+    asynchronous save's writer, built on a thread of its own, gets the same instance too.)"""
     retries = getattr(fs, "config_kwargs", {}).get("retries")
     if isinstance(retries, dict) and "total_max_attempts" in retries:
         fs.retries = retries["total_max_attempts"]

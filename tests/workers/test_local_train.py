@@ -96,6 +96,17 @@ def test_only_a_run_trained_to_its_end_under_what_decides_the_end_counts_as_fini
     assert finished_local_run(spec_of("1ep"), ckpt) is None  # 4 batches too, but the trainer counts them
     assert finished_local_run(spec_of("4ba", model={"name": "simple_cnn", "params": {"width": 16}}), ckpt) is None
     assert finished_local_run(spec_of("4ba", name="never-trained"), ckpt) is None
+    # The user's own code can change under the same spec: a run that imports it is the trainer's to decide,
+    # even with an export of that very spec.
+    own_model = spec_of("4ba", model={"import": "my_project.nets:build"})
+    own_data = spec_of("4ba", data={**spec_of("4ba").data.model_dump(by_alias=True),
+                                    "train": {"import": "my_project.data:train_set"},
+                                    "eval": {"import": "my_project.data:test_set"}})
+    for imports in (own_model, own_data):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("workers.local._safetensors_metadata",
+                          lambda url, spec=imports: {"tessera.spec": spec.model_dump_json(), "tessera.metrics": "{}"})
+            assert finished_local_run(imports, ckpt) is None
 
     # A run stopped in its final evaluation has its final checkpoint but no export: it is not finished.
     run = tmp_path / "runs" / "local-resume"
