@@ -4,7 +4,10 @@ canceled run resumed by the user continues on a different number of workers (pat
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import re
+import shutil
 
 import psutil
 import pytest
@@ -52,6 +55,37 @@ def command_line(proc: psutil.Process) -> str:
         return ""
 
 
+def lose_with_its_head(service: ServiceProcess) -> list[str]:
+    """SIGKILL a service with an embedded Ray head and every process of the head at once, as a
+    lost machine would; return once all are gone (their command lines), the head's session folder
+    removed. Ray fate-shares the head with the service, but left to that the rest dies over
+    seconds, and a job's driver (``workers.launch``) not at all: it waits for the lost GCS for
+    RAY_gcs_rpc_server_reconnect_timeout_s (60 s) before it exits."""
+    if service.proc is None or service.proc.poll() is not None:
+        return []
+    processes = psutil.Process(service.proc.pid).children(recursive=True)
+    command_lines = [command_line(p) for p in processes]
+    # ``ray.init(_temp_dir=...)``'s folder, which only a graceful stop removes (stop_embedded_ray).
+    temp_dirs = {match[1] for line in command_lines
+                 if (match := re.search(r"--session[-_]dir=(/\S*/tsr[^/\s]+)/session_", line))}
+    service.kill()
+    for proc in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    wait_until(lambda: all(map(ended, processes)), timeout=60, interval=0.1, what="the head's processes to end")
+    for temp_dir in temp_dirs:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return command_lines
+
+
+def ended(proc: psutil.Process) -> bool:
+    """Gone, or a zombie that only waits for its parent to reap it."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def running_messages(client, run_id: str, attempt: int) -> list[str]:
     return [e.message or "" for e in client.run_events(run_id).data
             if e.to_status is RunStatus.RUNNING and e.from_status is not RunStatus.RUNNING
@@ -69,19 +103,10 @@ def test_a_job_lost_with_its_ray_head_resumes_from_the_newest_checkpoint_without
         client = service.client()
         run = client.create_run(checkpointed_spec("lost-job"))
         first_commit(client, run.id)
-        ray_processes = psutil.Process(service.proc.pid).children(recursive=True)
-        drivers = [p for p in ray_processes if "workers.launch" in command_line(p)]
-        assert drivers, [command_line(p) for p in ray_processes]
-        service.kill()
-        # Let the old head finish dying (Ray fate-shares it with the service) before a new one
-        # starts. The job's driver (``workers.launch``) does not die with the head: it waits for
-        # the lost GCS for RAY_gcs_rpc_server_reconnect_timeout_s (60 s) before it exits, so we
-        # end it now, as a lost machine would; whatever else outlives the wait is ours to end too.
-        for driver in drivers:
-            driver.kill()
-        _, alive = psutil.wait_procs(ray_processes, timeout=60)
-        for proc in alive:
-            proc.kill()
+        command_lines = lose_with_its_head(service)
+        assert any("workers.launch" in line for line in command_lines), command_lines  # the job's driver
+        # The new head's attempt 2 needs no time to act on: it trains without the per-batch delay.
+        del service.env["TESSERA_TEST_BATCH_DELAY_S"]
         service.start()  # a fresh embedded head that has never heard of attempt 1
 
         client = service.client()
@@ -90,7 +115,9 @@ def test_a_job_lost_with_its_ray_head_resumes_from_the_newest_checkpoint_without
         resumed = running_messages(client, run.id, 2)
         checkpoints = client.list_checkpoints(run.id)
     finally:
-        service.stop()
+        # Killed rather than stopped: a graceful stop of the embedded head takes seconds (the
+        # driver's shutdown in ray.shutdown) and nothing here is about how the service stops.
+        lose_with_its_head(service)
     assert final.status is RunStatus.COMPLETED, final.error
     assert final.attempt == 2 and final.summary["time/batch"] == BATCHES
     assert any("not found after a service restart; re-queued as attempt 2" in (e.message or "") for e in events)
