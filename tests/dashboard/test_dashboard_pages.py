@@ -171,6 +171,24 @@ def test_events_timeline_shows_restarts_even_between_two_polls(page, local_servi
     expect(restart).to_have_count(2)
 
 
+def test_run_page_says_when_a_later_attempt_started_beside_the_first_start(page, local_service):
+    repo = local_service.repo
+    run = make_run(repo, "restarted-group")
+    page.goto(dashboard_url(local_service.url, f"runs/{run.id}"))
+    expect(page.locator('[data-fact="started"]')).not_to_have_text("–")
+    expect(page.locator('[data-fact="attempt started"]')).to_have_count(0)  # the first attempt: Started says it
+    repo.transition(run.id, RunStatus.RESTARTING)  # Ray Train restarts the worker group: attempt 2
+    repo.transition(run.id, RunStatus.RUNNING)
+    restarted = repo.get_run(run.id)
+    assert restarted.attempt == 2 and restarted.attempt_started_at > restarted.started_at
+    expect(page.locator('[data-fact="attempt"]')).to_have_text("2")
+    shown = page.locator('[data-fact="attempt started"]')
+    # Today's: a clock time, in the browser's zone, to the second.
+    local = page.evaluate("iso => new Date(iso).toLocaleTimeString(undefined, {hour: '2-digit', minute: '2-digit', "
+                          "second: '2-digit', hour12: false})", restarted.attempt_started_at.isoformat())
+    expect(shown).to_have_text(local)
+
+
 def test_run_page_lists_checkpoints_and_exports_and_downloads_a_committed_ones_model(page, local_service):
     from api.views import CheckpointReport
     from service.storage_paths import export_url

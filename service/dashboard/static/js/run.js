@@ -147,6 +147,8 @@ export function mount(root, ctx) {
       ["Duration", runDuration(run)],
       ["Created", formatTime(run.created_at)],
       ["Started", formatTime(run.started_at)],
+      // A later attempt's own start (a resume, a restart): Started is the first attempt's.
+      run.attempt > 1 && run.attempt_started_at ? ["Attempt started", formatTime(run.attempt_started_at)] : null,
       ["Finished", formatTime(run.finished_at)],
       ["Algorithms", algorithmChips(run.spec)],
       run.sweep_id ? ["Sweep", sweepLink(run)] : null,
