@@ -58,9 +58,8 @@ def read_shard(url: str, *, image_key: str, label_key: str) -> Iterator[tuple[st
     try:
         fs, path = bounded_fs(url)  # a store that stops answering fails the read (workers.s3_limits)
         stream = fs.open(path, "rb")
-    except Exception as exn:  # missing bucket or object, no access
-        raise DataError(f"shard {url!r} cannot be opened: {type(exn).__name__}: {exn}; expected an existing "
-                        "tar file (check data.*.urls)") from None
+    except Exception as exn:  # missing bucket or object, no access, a store that does not answer
+        raise cannot_open(url, exn) from None
     count, tail = 0, _Tail(stream)
     try:
         files = ({**f, "__url__": url} for f in _complete_tar(tar_file_iterator(tail), tail, url))
@@ -267,5 +266,13 @@ def _check_readable(url: str) -> None:
         fs, path = bounded_fs(url)
         fs.info(path)
     except Exception as exn:
-        raise DataError(f"shard {url!r} cannot be opened: {type(exn).__name__}: {exn}; expected an existing tar "
-                        "file (check data.*.urls and that the bucket exists)") from None
+        raise cannot_open(url, exn) from None
+
+
+def cannot_open(url: str, exn: Exception) -> DataError:
+    """The error of a shard that could not be opened, with what to check: the store when it gave
+    no answer (botocore's errors: no answer in time, a refused or dropped connection; the URL may
+    well be right), else the URL and its bucket."""
+    check = ("the store did not answer; check that its endpoint is up and reachable" if isinstance(exn, BotoCoreError)
+             else "expected an existing tar file (check data.*.urls and that the bucket exists)")
+    return DataError(f"shard {url!r} cannot be opened: {type(exn).__name__}: {exn}; {check}")
