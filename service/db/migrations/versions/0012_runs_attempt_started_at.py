@@ -10,7 +10,7 @@ other runs keep NULL (a queued one gets it when submitted; an ended one keeps th
 
 Revision ID: 0012
 Revises: 0011
-Create Date: 2026-12-08
+Create Date: 2026-12-07
 """
 
 import sqlalchemy as sa
