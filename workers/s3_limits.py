@@ -103,11 +103,11 @@ class S3AnswerStalledError(HTTPClientError):
     fmt = "The answer from {endpoint_url} stalled: no byte for {seconds:.1f}s after {received} of {expected} bytes"
 
 
-def s3fs_options(limits: S3Limits | None = None) -> dict[str, Any]:
-    """``S3FileSystem`` keyword arguments for ``limits`` (default ``S3_LIMITS``)."""
+def s3fs_options() -> dict[str, Any]:
+    """``S3FileSystem`` keyword arguments for ``S3_LIMITS`` (read now: tests shrink them)."""
     from workers.s3_deadline import DeadlineSession  # imports aiobotocore (aiohttp): only for s3 URLs
 
-    limits = limits or S3_LIMITS
+    limits = S3_LIMITS
     return {"config_kwargs": {"connect_timeout": limits.connect_timeout_s, "read_timeout": limits.read_timeout_s,
                               "retries": {"mode": "standard", "total_max_attempts": limits.attempts},
                               "http_session_cls": DeadlineSession}}

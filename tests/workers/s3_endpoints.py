@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Iterator
 
@@ -43,13 +43,11 @@ class _Server:
             thread.start()
 
     def _serve_quietly(self, conn: socket.socket) -> None:
-        try:
+        with suppress(OSError):  # the client gave up on the connection, or close() closed it
             self.serve(conn)
-        except OSError:  # the client gave up on the connection, or close() closed it
-            pass
 
     def serve(self, conn: socket.socket) -> None:
-        pass
+        raise NotImplementedError  # each server says what it does with a connection
 
     def close(self) -> None:
         self.closed.set()
@@ -64,6 +62,9 @@ class _Server:
 
 class SilentServer(_Server):
     """Accepts TCP connections, counts them, reads nothing and answers nothing."""
+
+    def serve(self, conn: socket.socket) -> None:
+        self.closed.wait()  # the connection stays open, silent, until the server closes
 
 
 class StallingServer(_Server):
