@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -237,6 +237,11 @@ class StatusReport(BaseModel):
     with when it ended."""
 
     model_config = ConfigDict(extra="forbid")
+    # Fields a worker may leave out when the service predates them (it refuses a field it does not
+    # know: 422, extra_forbidden; ``workers.service_reporter``): times by the worker's clock, without
+    # which the service takes the report's arrival. Never a field that changes what the report says
+    # happened (status, step, final_checkpoint, failure).
+    omittable_for_older_services: ClassVar[frozenset[str]] = frozenset({"started_at", "ended_at"})
     status: RunStatus
     error: str | None = Field(None, max_length=20_000)
     message: str | None = Field(None, max_length=2_000)

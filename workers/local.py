@@ -29,7 +29,8 @@ from typing import Iterator
 from pydantic import BaseModel
 
 from api.model_specs import ImportPath
-from api.specs import RunSpec
+from api.specs import RunSpec, dataset_size
+from api.time import TimeUnit
 from workers.checkpoint import CheckpointInfo, Checkpointer, normalize_url, storage_for
 from workers.loggers import closed_at_end, end_failed_mlflow_runs, end_interrupted_mlflow_runs, with_loggers
 from workers.local_ray import (SETUP_HOOK, private_temp_dir, ray_start_uninterrupted, signal_handlers_restored,
@@ -83,12 +84,16 @@ def finished_local_run(spec: RunSpec, checkpoint_dir: str | None = None) -> tupl
     ``Trainer.fit`` writes once it has trained to ``max_duration``, saved and evaluated
     (``{run}/exports/step-{N}``: the checkpoint markers say no more than step and epoch), and the
     export's spec, in its header, differs from ``spec`` only in ``NOT_DECIDING_THE_END``. Such a
-    spec ends at the same batch however that is counted (epochs, tokens) and with the same model
-    and evaluation; another model is left to the trainer, which refuses it, and so is a spec that
-    imports the user's code (``--code DIR``, ``model.import``), which may have changed under it. The metrics are what a
-    resume at the end reported: the export's eval metrics and ``checkpoint/final_saved`` (the state
-    resumed from is committed). Reads the checkpoint listing and the export's header only."""
+    spec ends at the same batch, with the same model and evaluation, where the spec alone fixes that
+    batch (``_end_fixed_by_spec``): epochs of data that can grow or shrink under it (an image
+    folder) are left to the trainer, which counts them, as is another model, which it refuses, and a
+    spec that imports the user's code (``--code DIR``, ``model.import``), which may have changed
+    under it. The metrics are what a resume at the end reported: the export's eval metrics and
+    ``checkpoint/final_saved`` (the state resumed from is committed). Reads the checkpoint listing
+    and the export's header only."""
     if _imports_code(spec):  # its code may have changed under an unchanged spec: the trainer rebuilds and checks it
+        return None
+    if not _end_fixed_by_spec(spec):  # its data may have changed under an unchanged spec: the trainer counts it
         return None
     latest = latest_local_checkpoint(spec, checkpoint_dir)
     if latest is None:
@@ -121,6 +126,19 @@ def _imports_code(value: object) -> bool:
     if isinstance(value, dict):
         return any(_imports_code(item) for item in value.values())
     return False
+
+
+def _end_fixed_by_spec(spec: RunSpec) -> bool:
+    """Whether ``spec`` alone fixes the batch its run ends at. Batches, samples and tokens do: the
+    trainer divides them by the batch size (tokens: times ``seq_len``), both in the spec
+    (``workers.timekeeping.to_batches``). Epochs are the training loader's length each, which the
+    spec fixes for a built-in data set at its own files (``dataset_size``) and for a webdataset
+    (``num_samples // batch_size``), not for an image folder (its files), a built-in set read from
+    another ``root``, or the user's own data set (its ``len``): those can grow or shrink under it."""
+    if spec.max_duration.unit is not TimeUnit.EPOCH:
+        return True
+    train = spec.data.train
+    return train.name == "webdataset" or dataset_size(train) is not None
 
 
 def _deciding_the_end(spec: RunSpec) -> dict:

@@ -13,7 +13,12 @@ delivers the spool's head, oldest first, and removes it once the service answere
   training loop raises ``ReportsUndeliverable``: the run fails, saying so, and the spool keeps
   what was measured;
 - a report the service refuses (a 4xx: the run was canceled meanwhile, or its token revoked)
-  is logged and removed: retrying it cannot succeed.
+  is logged and removed: retrying it cannot succeed;
+- a service older than this worker refuses a report that carries a field it does not know (its
+  report models forbid unknown fields: 422). When all it refused are fields the report may do
+  without (``StatusReport.omittable_for_older_services``: RUNNING's ``started_at``), it is sent once
+  more without them, and the first time per field a warning says the service is older
+  (``fields_unknown_to_service``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
+from pydantic import BaseModel
+
 from api.client import Client
+from api.errors import ApiError
 from api.views import CheckpointReport, MetricsReport, NoteReport, ReportedMetric, RunStatus, StatusReport
 from workers.retry import PATIENCE_ENV, is_retryable, report_patience_s
 from workers.spool import Entry, Spool, SpoolFull
@@ -39,6 +47,50 @@ MAX_NOTE_CHARS = 2_000
 
 class ReportsUndeliverable(RuntimeError):
     """The service did not take this run's reports for longer than the run's patience."""
+
+
+def fields_unknown_to_service(exc: BaseException, sent: BaseModel) -> frozenset[str]:
+    """The fields of ``sent`` that the service refused (``exc``, a 422) as unknown to it, when
+    they are all it refused and each is one that ``sent``'s model may do without
+    (``omittable_for_older_services``); else empty, and the refusal stands.
+
+    Read from the 422's structure, not its wording: the service names each refused field by its
+    location, ``["body", name]`` for a top-level one (``service.errors``); an item that also says
+    its ``type`` (FastAPI's own 422 body does) must say ``extra_forbidden``. The service's items
+    carry no type (``api.validation_errors``), so a service that knew such a field and refused
+    its value would read the same: the field, a time that only refines the report, goes then too.
+    """
+    omittable = getattr(type(sent), "omittable_for_older_services", frozenset())
+    detail = exc.detail if isinstance(exc, ApiError) and exc.status_code == 422 else None
+    if not omittable or not isinstance(detail, list) or not detail:
+        return frozenset()
+    names = set()
+    for item in detail:
+        loc = item.get("loc") if isinstance(item, dict) else None
+        if not (isinstance(loc, list) and len(loc) == 2 and loc[0] == "body" and isinstance(loc[1], str)):
+            return frozenset()
+        name = loc[1]
+        sent_it = name in omittable and getattr(sent, name, None) is not None
+        if not sent_it or item.get("type", "extra_forbidden") != "extra_forbidden":
+            return frozenset()
+        names.add(name)
+    return frozenset(names)
+
+
+_warned_unknown_fields: set[tuple[str, str]] = set()  # (report, field): one warning per field per process
+_warned_lock = threading.Lock()
+
+
+def warn_once_unknown_fields(report: str, names: frozenset[str]) -> None:
+    """Log, once per process for each of ``names``, that the service is older than this worker
+    and ``report`` reports go without that field."""
+    with _warned_lock:
+        new = sorted(name for name in names if (report, name) not in _warned_unknown_fields)
+        _warned_unknown_fields.update((report, name) for name in new)
+    for name in new:
+        log.warning("the Tessera service is older than this worker: it does not know the %s report field %r, so "
+                    "%s reports are sent without it (the service times them by their arrival); upgrade the "
+                    "service to record it", report, name, report)
 
 
 class ServiceReporter:
@@ -225,13 +277,26 @@ class ServiceReporter:
             stored = self.client.report_metrics(self.run_id, self._token, report)
             self.posted += stored
         elif entry.kind == "status":
-            self.client.report_status(self.run_id, self._token, StatusReport.model_validate(entry.body))
+            self._report_status(StatusReport.model_validate(entry.body))
         elif entry.kind == "checkpoint":
             self.client.report_checkpoint(self.run_id, self._token, CheckpointReport.model_validate(entry.body))
         elif entry.kind == "note":
             self.client.report_note(self.run_id, self._token, NoteReport.model_validate(entry.body))
         else:
             log.error("skipping a spooled report of unknown kind %r", entry.kind)
+
+    def _report_status(self, report: StatusReport) -> None:
+        """Deliver ``report``; refused for fields the service does not know and the report may
+        do without, once more without them (a 422 of anything else, or of the second try, raises)."""
+        try:
+            self.client.report_status(self.run_id, self._token, report)
+        except ApiError as exc:
+            unknown = fields_unknown_to_service(exc, report)
+            if not unknown:
+                raise
+            warn_once_unknown_fields("status", unknown)
+            # report_status sends no unset field (exclude_none): None leaves the field out.
+            self.client.report_status(self.run_id, self._token, report.model_copy(update=dict.fromkeys(unknown)))
 
     def _fail(self, exc: BaseException) -> None:
         self.failure = ReportsUndeliverable(

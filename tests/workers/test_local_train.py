@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.workers.checkpoint_helpers import assert_bitwise_equal, latest_url
+from tests.workers.data_helpers import write_indexed_folder
 from tests.workers.helpers_specs import tiny_spec
 from workers.checkpoint import IncompatibleCheckpoint
 from workers.local import environment_restored, latest_local_checkpoint, local_run_url, train_local
@@ -122,6 +123,71 @@ def test_only_a_run_trained_to_its_end_under_what_decides_the_end_counts_as_fini
     for name in ("ep1-ba4", "ep0-ba3"):
         shutil.rmtree(run / "checkpoints" / name)
     assert latest_local_checkpoint(spec_of("4ba"), ckpt).step == 2 and finished_local_run(spec_of("4ba"), ckpt) is None
+
+
+def folder_spec(root: Path, max_duration: str):
+    """``spec_of`` over the image folder at ``root``, for training and evaluation, read in this process."""
+    folder = {"name": "image_folder", "root": str(root), "channels": 1, "num_workers": 0}
+    return spec_of(max_duration, data={"train": folder, "eval": folder, "batch_size": 8})
+
+
+def test_an_epoch_duration_over_an_image_folder_that_gained_files_trains_again(tmp_path):
+    """An epoch of an image folder ends where its files say: the same spec over a folder that gained
+    images ends later, and the trainer, not the export of the shorter run, decides what is left."""
+    root, ckpt = tmp_path / "images", str(tmp_path / "ckpt")
+    write_indexed_folder(root, 16, num_classes=2)
+    first = MemorySink()
+    train_local(folder_spec(root, "1ep"), sink=first, checkpoint_dir=ckpt)
+    assert [step for step, _ in first.values("train/loss")] == [1, 2]
+    write_indexed_folder(root, 32, num_classes=2)  # 16 more images: 4 batches an epoch
+    again = MemorySink()
+    final = train_local(folder_spec(root, "1ep"), sink=again, checkpoint_dir=ckpt)
+    assert [step for step, _ in again.values("train/loss")] == [3, 4] and final["time/batch"] == 4
+    assert latest_local_checkpoint(folder_spec(root, "1ep"), ckpt).step == 4
+
+
+def test_a_batch_duration_over_an_image_folder_that_gained_files_answers_from_its_export(tmp_path, monkeypatch):
+    """A duration in batches ends where the spec says, whatever the folder holds: answered at once."""
+    from workers import local
+
+    root, ckpt = tmp_path / "images", str(tmp_path / "ckpt")
+    write_indexed_folder(root, 16, num_classes=2)
+    first = train_local(folder_spec(root, "3ba"), sink=MemorySink(), checkpoint_dir=ckpt)
+    write_indexed_folder(root, 32, num_classes=2)
+    monkeypatch.setattr(local, "train", lambda *args, **kwargs: pytest.fail("trained again"))
+    again = train_local(folder_spec(root, "3ba"), sink=MemorySink(), checkpoint_dir=ckpt)
+    assert again == {"eval/loss": first["eval/loss"], "eval/accuracy": first["eval/accuracy"],
+                     "checkpoint/final_saved": 1.0}
+
+
+def _data(train: dict, **eval_overrides) -> dict:
+    return {"train": train, "eval": {**train, **eval_overrides}, "batch_size": 16}
+
+
+WEBDATASET = {"name": "webdataset", "urls": "/data/shard-{0..3}.tar", "num_samples": 64, "num_classes": 4}
+
+
+@pytest.mark.parametrize(("max_duration", "data", "answered"), [
+    ("3ep", None, True),  # tiny_spec's synthetic set: its size is the spec's num_samples
+    ("3ep", _data({"name": "digits", "image_size": 8}, split="test"), True),
+    ("3ep", _data({"name": "fashion_mnist"}, split="test"), True),  # Debian's files: a fixed size
+    ("3ep", _data({"name": "fashion_mnist", "root": "/data/my-mnist"}, split="test"), False),  # whatever is there
+    ("3ep", _data(WEBDATASET), True),  # num_samples // batch_size batches an epoch
+    ("3ep", _data({"name": "image_folder", "root": "/data/images"}), False),
+    ("12ba", _data({"name": "image_folder", "root": "/data/images"}), True),
+    ("192sp", _data({"name": "image_folder", "root": "/data/images"}), True),
+], ids=["synthetic", "digits", "fashion_mnist", "fashion_mnist_elsewhere", "webdataset", "image_folder_ep",
+        "image_folder_ba", "image_folder_sp"])
+def test_an_unchanged_spec_is_answered_from_its_export_only_where_the_spec_fixes_its_end(tmp_path, monkeypatch,
+                                                                                      max_duration, data, answered):
+    from workers import local
+
+    spec = spec_of(max_duration, **({"data": data} if data else {}))
+    monkeypatch.setattr(local, "latest_local_checkpoint", lambda *args: type("Latest", (), {"step": 12})())
+    monkeypatch.setattr(local, "_safetensors_metadata",
+                        lambda url: {"tessera.spec": spec.model_dump_json(), "tessera.metrics": '{"eval/loss": 0.5}'})
+    expected = (12, {"eval/loss": 0.5, "checkpoint/final_saved": 1.0}) if answered else None
+    assert local.finished_local_run(spec, str(tmp_path)) == expected
 
 
 def test_a_finished_run_trained_again_reports_its_final_metrics_to_the_sink_without_a_logger_s_run(tmp_path,

@@ -167,6 +167,96 @@ def test_a_refused_status_report_is_logged_and_training_goes_on(caplog):
     assert len(service.requests) == 1 and "refused status report" in caplog.text
 
 
+class OlderService(FakeService):
+    """A service whose status report model predates ``started_at``: it refuses a body carrying it
+    with the 422 its validation handler writes (``service.errors``; a real app's: test_older_service_reports.py)."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path.endswith("/report/status") and "started_at" in body:
+            with self.lock:
+                self.requests.append(request)
+            return httpx.Response(422, json={"detail": [{
+                "field": "started_at", "loc": ["body", "started_at"], "input": body["started_at"],
+                "msg": "Extra inputs are not permitted; allowed fields here: status, error, message, step"}]})
+        return super().__call__(request)
+
+
+def status_bodies(service):
+    return [json.loads(r.content) for r in service.requests if r.url.path.endswith("/report/status")]
+
+
+def test_a_running_report_an_older_service_refuses_for_started_at_goes_again_without_it(caplog, monkeypatch):
+    monkeypatch.setattr("workers.service_reporter._warned_unknown_fields", set())  # this test's process, as it were
+    service = OlderService()
+    with caplog.at_level(logging.WARNING, logger="workers.service_reporter"):
+        for _ in range(2):  # two reporters of one process (a restarted worker group): one warning
+            sink = reporter(service)
+            sink.status(RunStatus.RUNNING, message="training on 1 worker(s)", step=4)
+            sink.close()
+            assert sink.refused == 0 and len(sink.spool) == 0
+    sent = status_bodies(service)
+    assert [sorted(body) for body in sent] == [["message", "started_at", "status", "step"],
+                                               ["message", "status", "step"]] * 2
+    assert all((body["status"], body["step"]) == ("RUNNING", 4) for body in sent)
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "older than this worker" in warning and "'started_at'" in warning
+
+
+def _refusal(*items):
+    from api.errors import ApiError
+
+    return ApiError(422, list(items))
+
+
+def _item(loc, **more):
+    return {"field": ".".join(str(part) for part in loc[1:]), "loc": loc, "msg": "refused", "input": "x", **more}
+
+
+def test_only_a_refusal_of_omittable_top_level_fields_that_were_sent_leaves_them_out():
+    """``fields_unknown_to_service`` reads the 422's locations (and FastAPI's error types where an
+    item has one), never its messages; anything else it refused keeps the refusal."""
+    from datetime import datetime, timezone
+
+    from api.errors import ApiError
+    from api.views import StatusReport
+    from workers.service_reporter import fields_unknown_to_service
+
+    now = datetime.now(timezone.utc)
+    running = StatusReport(status=RunStatus.RUNNING, step=0, started_at=now)
+    ended = StatusReport(status=RunStatus.COMPLETED, ended_at=now, final_checkpoint="saved")
+    started_at = _item(["body", "started_at"])
+    assert fields_unknown_to_service(_refusal(started_at), running) == {"started_at"}
+    assert fields_unknown_to_service(_refusal(_item(["body", "ended_at"])), ended) == {"ended_at"}
+    assert fields_unknown_to_service(_refusal(_item(["body", "started_at"], type="extra_forbidden")),
+                                     running) == {"started_at"}  # FastAPI's own 422 body
+    refusals_that_stand = [
+        _refusal(_item(["body", "step"])),  # a field that changes what the report says
+        _refusal(_item(["body", "final_checkpoint"])),
+        _refusal(started_at, _item(["body", "status"])),  # and something else
+        _refusal(_item(["body", "started_at"], type="datetime_parsing")),  # known to it, its value refused
+        _refusal(_item(["body", "started_at", "tz"])),  # not a top-level field
+        _refusal(_item(["query", "started_at"])),
+        _refusal(),
+        ApiError(422, "refused"),
+        ApiError(409, [started_at]),
+        ValueError("not the service's"),
+    ]
+    for refusal in refusals_that_stand:
+        assert fields_unknown_to_service(refusal, running) == frozenset(), refusal
+    # One it was not sent: no older service refused it for that.
+    assert fields_unknown_to_service(_refusal(started_at), StatusReport(status=RunStatus.RESTARTING)) == frozenset()
+
+
+def test_a_status_report_refused_for_anything_else_is_refused_as_before(caplog):
+    service = FakeService(failures=[422])  # FakeService's 422: a detail string, no fields named
+    sink = reporter(service)
+    with caplog.at_level(logging.ERROR):
+        sink.status(RunStatus.RUNNING, step=0)
+        sink.close()
+    assert len(status_bodies(service)) == 1 and sink.refused == 1 and "refused status report" in caplog.text
+
+
 def test_non_finite_values_are_skipped_not_posted():
     service = FakeService()
     sink = reporter(service)
