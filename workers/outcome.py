@@ -24,6 +24,7 @@ from api.client import Client
 from api.views import RunStatus, StatusReport
 from workers.errors import describe, failure_of
 from workers.retry import call_with_retries
+from workers.service_reporter import send_status
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class RunOutcome:
             return True
         client = self.client
         try:
-            call_with_retries(lambda: client.report_status(self.run_id, self._token, body),
+            call_with_retries(lambda: send_status(client, self.run_id, self._token, body),
                               what=f"reporting {body.status.value}")
         except Exception as exc:  # e.g. a sweep canceled meanwhile: the run has ended already
             log.error("could not report %s for run %s: %s", body.status.value, self.run_id, describe(exc))

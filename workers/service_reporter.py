@@ -16,9 +16,9 @@ delivers the spool's head, oldest first, and removes it once the service answere
   is logged and removed: retrying it cannot succeed;
 - a service older than this worker refuses a report that carries a field it does not know (its
   report models forbid unknown fields: 422). When all it refused are fields the report may do
-  without (``StatusReport.omittable_for_older_services``: RUNNING's ``started_at``), it is sent once
-  more without them, and the first time per field a warning says the service is older
-  (``fields_unknown_to_service``).
+  without (``StatusReport.omittable_for_older_services``: RUNNING's ``started_at``, the end's
+  ``ended_at``), it is sent once more without them, and the first time per field a warning says
+  the service is older (``send_status``, also for the end ``workers.outcome`` reports).
 """
 
 from __future__ import annotations
@@ -91,6 +91,21 @@ def warn_once_unknown_fields(report: str, names: frozenset[str]) -> None:
         log.warning("the Tessera service is older than this worker: it does not know the %s report field %r, so "
                     "%s reports are sent without it (the service times them by their arrival); upgrade the "
                     "service to record it", report, name, report)
+
+
+def send_status(client: Client, run_id: str, token: str | None, report: StatusReport) -> None:
+    """Deliver ``report``; refused for fields the service does not know and the report may do
+    without, once more without them (a 422 of anything else, or of the second try, raises). Every
+    status a worker sends goes through here: this reporter's and the run's end (``workers.outcome``)."""
+    try:
+        client.report_status(run_id, token, report)
+    except ApiError as exc:
+        unknown = fields_unknown_to_service(exc, report)
+        if not unknown:
+            raise
+        warn_once_unknown_fields("status", unknown)
+        # report_status sends no unset field (exclude_none): None leaves the field out.
+        client.report_status(run_id, token, report.model_copy(update=dict.fromkeys(unknown)))
 
 
 class ServiceReporter:
@@ -286,17 +301,7 @@ class ServiceReporter:
             log.error("skipping a spooled report of unknown kind %r", entry.kind)
 
     def _report_status(self, report: StatusReport) -> None:
-        """Deliver ``report``; refused for fields the service does not know and the report may
-        do without, once more without them (a 422 of anything else, or of the second try, raises)."""
-        try:
-            self.client.report_status(self.run_id, self._token, report)
-        except ApiError as exc:
-            unknown = fields_unknown_to_service(exc, report)
-            if not unknown:
-                raise
-            warn_once_unknown_fields("status", unknown)
-            # report_status sends no unset field (exclude_none): None leaves the field out.
-            self.client.report_status(self.run_id, self._token, report.model_copy(update=dict.fromkeys(unknown)))
+        send_status(self.client, self.run_id, self._token, report)
 
     def _fail(self, exc: BaseException) -> None:
         self.failure = ReportsUndeliverable(

@@ -42,6 +42,27 @@ def test_a_report_retried_through_an_outage_says_when_the_attempt_ended(monkeypa
     assert before <= datetime.fromisoformat(ended.pop()) <= after
 
 
+def test_the_end_of_an_attempt_lands_on_a_service_older_than_ended_at(monkeypatch):
+    """A service that predates ``ended_at`` refuses it as unknown (its 422 names the field by its
+    location, as ``service.errors`` writes it); the end goes again without it, as RUNNING does
+    without ``started_at`` (``workers.service_reporter.send_status``)."""
+    bodies = []
+
+    def service(request):
+        body = json.loads(request.content)
+        bodies.append(body)
+        if "ended_at" in body:
+            return httpx.Response(422, json={"detail": [{"field": "ended_at", "loc": ["body", "ended_at"],
+                                                         "msg": "Extra inputs are not permitted"}]})
+        return httpx.Response(200, json=RUN)
+
+    monkeypatch.setattr("workers.service_reporter._warned_unknown_fields", set())
+    outcome = RunOutcome(Client("http://tessera.test", transport=httpx.MockTransport(service)), "r1", "tok")
+    assert outcome.completed({"eval/accuracy": 0.9}) is True
+    assert [sorted(body) for body in bodies] == [["ended_at", "message", "status"], ["message", "status"]]
+    assert bodies[1] == {key: value for key, value in bodies[0].items() if key != "ended_at"}
+
+
 def _worker_group_error(failures):
     from ray.train.v2.api.exceptions import WorkerGroupError
 
