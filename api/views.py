@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,6 +80,20 @@ class RunView(BaseModel):
                           "until then, when it was submitted (after a worker-group restart: the previous attempt's "
                           "start). None while QUEUED, and for runs that ended before this field")
     finished_at: datetime | None = None
+    trained_seconds: float | None = Field(
+        None, description="how long the run trained (held a worker group), in seconds, over its attempts that have "
+                          "ended: each from when it began training (its RUNNING) to its end. Time queued or starting "
+                          "between attempts is left out, which the wall-clock span from started_at to finished_at "
+                          "counts. The attempt training now is not in it: add now - training_since while that is set "
+                          "(RunView.trained_seconds_at does; the answer stays the same while the run trains, so a "
+                          "poller's ETag holds). A worker-group restart inside a job counts as training (when the old "
+                          "group stopped is not known); an attempt whose Ray job was lost ends when the service last "
+                          "heard of the run; one that ended before it began training counts nothing. None from a "
+                          "service older than this field")
+    training_since: datetime | None = Field(
+        None, description="while an attempt trains (RUNNING, RESTARTING, or CANCELING after it began training): when "
+                          "it began, its attempt_started_at; None otherwise. trained_seconds + (now - training_since) "
+                          "is how long the run has trained up to now")
     summary: dict[str, float] = Field(default_factory=dict, description="last reported value of each metric")
     best: dict[str, float] = Field(default_factory=dict,
                                    description="best reported value of each metric (see api.views.metric_mode)")
@@ -107,6 +121,25 @@ class RunView(BaseModel):
     def restarts(self) -> int:
         """Attempts after the first: re-queues, resumes and worker-group restarts."""
         return self.attempt - 1
+
+    def trained_seconds_at(self, now: datetime | None = None) -> float | None:
+        """How long the run has trained up to ``now`` (default: this instant), its waits between
+        attempts left out: ``trained_seconds`` and the attempt training now. None from a service
+        older than the field (``span_seconds_at`` is then all there is)."""
+        if self.trained_seconds is None:
+            return None
+        if self.training_since is None:
+            return self.trained_seconds
+        now = now or datetime.now(timezone.utc)
+        return self.trained_seconds + max(0.0, (now - self.training_since).total_seconds())
+
+    def span_seconds_at(self, now: datetime | None = None) -> float | None:
+        """The wall-clock time from the run's first start to its end, or to ``now`` (default: this
+        instant) while it has not ended: waits between attempts included. None before it first began."""
+        if self.started_at is None:
+            return None
+        end = self.finished_at or now or datetime.now(timezone.utc)
+        return max(0.0, (end - self.started_at).total_seconds())
 
 
 def metric_mode(key: str) -> Literal["min", "max"]:

@@ -26,7 +26,7 @@ from cli.logs import register as register_logs
 from cli.output import (EPILOG, EXIT_INTERRUPTED, EXIT_USAGE, ID_WIDTH, STATUS_WIDTH, JsonOption, LimitOption,
                         SetOption, UrlOption, call, console, emit, err_console, fail, first_items, following, kept,
                         listing, needs_extra, none_listed, status_value)
-from cli.run_info import register as register_run_info
+from cli.run_info import durations_line, register as register_run_info
 
 if TYPE_CHECKING:
     from api.client import Client
@@ -269,6 +269,9 @@ def show(run_id: str, url: UrlOption = None, as_json: JsonOption = False) -> Non
     console.print(f"[bold]{run.id}[/bold] {run.name}  status {run.status.value}  attempt {run.attempt}")
     console.print(f"created {run.created_at}  started {run.started_at}{attempt_started}  finished {run.finished_at}",
                   soft_wrap=True)
+    durations = durations_line(run)
+    if durations is not None:
+        console.print(durations, highlight=False)
     console.print(f"project {run.project}", highlight=False)
     if run.parent_id is not None:
         origin = f"its checkpoint at batch {run.fork.step}" if run.fork and run.fork.step is not None else "scratch"

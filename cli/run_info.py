@@ -56,6 +56,36 @@ def size_text(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
+def duration_text(seconds: float) -> str:
+    """A duration as the dashboard writes one: ``45s``, ``12m 03s``, ``1h 14m``, ``3d 2h``."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    m = s // 60
+    if m < 60:
+        return f"{m}m {s % 60:02d}s"
+    h = m // 60
+    return f"{h}h {m % 60:02d}m" if h < 48 else f"{h // 24}d {h % 24}h"
+
+
+def durations_line(run, now=None) -> str | None:
+    """How long ``run`` (a RunView) trained, its waits between attempts left out, and beside it the
+    wall-clock span from its first start where that reads otherwise: ``trained 15m 00s (1h 35m from
+    first start to end, 2 attempts)``. The span alone from a service older than trained_seconds;
+    None before the run first began training."""
+    span = run.span_seconds_at(now)
+    if span is None:
+        return None
+    to = "end" if run.finished_at is not None else "now"
+    trained = run.trained_seconds_at(now)
+    if trained is None:
+        return f"duration {duration_text(span)} (from first start to {to})"
+    line = f"trained {duration_text(trained)}"
+    if duration_text(span) != duration_text(trained):
+        line += f" ({duration_text(span)} from first start to {to}, {run.attempt} attempts)"
+    return line
+
+
 def patch_text(patch: dict[str, Any], prefix: str = "") -> str:
     """A fork's patch as the ``--set`` assignments that make it: ``optimizer.lr=0.05 max_duration=4ep``."""
     parts = []

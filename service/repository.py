@@ -72,6 +72,8 @@ class RunRecord:
     parent_id: str | None = None  # lineage (service.lineage): the run this one was forked from
     fork: dict[str, Any] | None = None
     failure: str | None = None  # once FAILED: "machine" | "code" | None (RunView.failure)
+    trained_seconds: float = 0.0  # its ended attempts' training (RunView.trained_seconds)
+    training_since: datetime | None = None  # while an attempt trains, when it began (RunView.training_since)
 
     @classmethod
     def from_row(cls, row: Run) -> "RunRecord":
@@ -82,7 +84,8 @@ class RunRecord:
                    final_checkpoint=row.final_checkpoint, created_at=row.created_at,
                    started_at=row.started_at, finished_at=row.finished_at, updated_at=row.updated_at,
                    attempt_started_at=row.attempt_started_at, notes=row.notes, archived_at=row.archived_at,
-                   parent_id=row.parent_id, fork=row.fork, failure=row.failure)
+                   parent_id=row.parent_id, fork=row.fork, failure=row.failure, trained_seconds=row.trained_seconds,
+                   training_since=row.training_since)
 
     @property
     def driven_by_sweep(self) -> bool:
@@ -92,6 +95,7 @@ class RunRecord:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
                        created_at=self.created_at, started_at=self.started_at,
                        attempt_started_at=self.attempt_started_at, finished_at=self.finished_at,
+                       trained_seconds=self.trained_seconds, training_since=self.training_since,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
                        sweep_id=self.sweep_id, driven_by_sweep=self.driven_by_sweep, trial_id=self.trial_id,
                        project=self.project,

@@ -2,7 +2,24 @@
 any other).
 
 ``apply_run_status`` is the one place that asks the run transition table, counts attempts,
-revokes tokens and writes the run event; callers hold the run's row lock (``lock_row``).
+revokes tokens, adds up how long the run trained and writes the run event; callers hold the
+run's row lock (``lock_row``).
+
+How long a run trained (``runs.trained_seconds``, ``runs.training_since``; ``RunView``'s fields of
+those names) leaves out the time it spent queued or starting between attempts, which its first
+start to its last end counts. An attempt trains from its RUNNING (``attempt_started_at``) to:
+
+- its end, as the run's ``finished_at`` says (the worker's word, else when the service learned
+  of it: a canceled run's job stops, and its workers train, after the cancel was asked for);
+- a re-queue (its job lost, or a trial restarted by its sweep's driver): when the service last
+  heard of the run (``last_heard``), not when the loss was noticed, which after a service restart
+  may be hours later;
+- the RUNNING of a worker group Ray Train restarted in the same job: the service does not learn
+  when the old group stopped, so the restart's own delay counts as training.
+
+An attempt that ends before its RUNNING (it failed, was re-queued or canceled while starting)
+trained for no time. ``training_since`` is set only between an attempt's RUNNING and its end, so
+a client adds now - ``training_since`` to ``trained_seconds`` for the time up to now.
 """
 
 from __future__ import annotations
@@ -34,7 +51,8 @@ def insert_run(session: Session, spec: RunSpec, *, message: str, **columns: Any)
     # JSON column would be stored as JSON 'null', which raw SQL tells apart from NULL).
     values = {"id": new_id(), "project": DEFAULT_PROJECT, "name": spec.name, "status": RunStatus.QUEUED.value,
               "attempt": 1, "spec": spec.model_dump(mode="json"), "summary": {}, "extrema": {},
-              "tags": list(spec.tags), "metric_points": 0, "created_at": now, "updated_at": now, **columns}
+              "tags": list(spec.tags), "metric_points": 0, "trained_seconds": 0.0, "created_at": now, "updated_at": now,
+              **columns}
     session.execute(insert(Run.__table__), values)
     session.execute(insert(RunEvent.__table__), {"run_id": values["id"], "from_status": None,
                                                  "to_status": RunStatus.QUEUED.value, "attempt": 1, "time": now,
@@ -73,6 +91,22 @@ def attempt_began(run: Run) -> datetime:
     return run.attempt_started_at or run.started_at or run.created_at
 
 
+def last_heard(run: Run, now: datetime) -> datetime:
+    """The last time the service heard of ``run`` before ``now``: its last status change, metric
+    batch or edit (``updated_at``). A lost job's attempt ended by then, as far as anyone knows."""
+    return min(aware(run.updated_at), now)
+
+
+def end_training(run: Run, end: datetime) -> None:
+    """The attempt that trains stops training at ``end``: its time goes into ``run``'s
+    ``trained_seconds`` (no time if ``end`` reads before it began, whatever a worker's clock said);
+    nothing if none trains."""
+    if run.training_since is None:
+        return
+    run.trained_seconds += max(0.0, (aware(end) - aware(run.training_since)).total_seconds())
+    run.training_since = None
+
+
 def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: str | None,
                      error: str | None, started_at: datetime | None = None, ended_at: datetime | None = None,
                      failure: str | None = None) -> None:
@@ -94,6 +128,7 @@ def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: 
     if starts_new_attempt(current, target):
         run.attempt += 1
     if starts_new_job(current, target):
+        end_training(run, last_heard(run, now))  # its job lost (a resumed or continued run trains no more)
         run.token_hash = None  # the old job's worker may no longer report
         run.finished_at = None
         run.error = None
@@ -107,8 +142,11 @@ def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: 
         run.attempt_started_at = worker_time(started_at, attempt_began(run), now)
         if run.started_at is None:
             run.started_at = run.attempt_started_at
+        end_training(run, run.attempt_started_at)  # a restarted worker group's: the old group's ends here
+        run.training_since = run.attempt_started_at
     if is_terminal(target):
         run.finished_at = worker_time(ended_at, attempt_began(run), now)
+        end_training(run, run.finished_at)
     if error is not None:
         run.error = error
     if target is RunStatus.FAILED:

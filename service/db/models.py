@@ -110,6 +110,11 @@ class Run(AttemptedRow, Base):
     # When the current attempt began training (its RUNNING report's time, by the worker's clock);
     # until then when it was submitted; None while QUEUED (``service.run_writes``, migration 0012).
     attempt_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # How long the run trained (held a worker group), apart from time queued or starting between
+    # attempts: the seconds of its attempts that have ended, and while one trains, when it began
+    # (its attempt_started_at; None while none trains). ``service.run_writes``, migration 0013.
+    trained_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    training_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     __table_args__ = (Index("ix_runs_created_at_id", "created_at", "id"),
                       Index("uq_runs_sweep_id_trial_id", "sweep_id", "trial_id", unique=True),

@@ -9,7 +9,7 @@ import copy
 import json
 import re
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -187,6 +187,63 @@ def test_run_page_says_when_a_later_attempt_started_beside_the_first_start(page,
     local = page.evaluate("iso => new Date(iso).toLocaleTimeString(undefined, {hour: '2-digit', minute: '2-digit', "
                           "second: '2-digit', hour12: false})", restarted.attempt_started_at.isoformat())
     expect(shown).to_have_text(local)
+
+
+def _attempt_submitted(repo, run_id: str, when: datetime) -> None:
+    """Backdate the current attempt's submission, the earliest its RUNNING's start is kept at."""
+    from sqlalchemy import update
+
+    from service.db.models import Run
+
+    with repo.engine.begin() as conn:
+        conn.execute(update(Run).where(Run.id == run_id).values(attempt_started_at=when))
+
+
+def _resumed_run(repo, name: str, first: datetime, *, second: datetime) -> str:
+    """A run whose attempt 1 trained 10 minutes from ``first`` and failed; resumed, its attempt 2
+    began training at ``second`` (it trains still)."""
+    run = make_run(repo, name, status=RunStatus.STARTING)
+    _attempt_submitted(repo, run.id, first)
+    repo.apply_worker_report(run.id, RunStatus.RUNNING, started_at=first)
+    repo.apply_worker_report(run.id, RunStatus.FAILED, error="NodeDiedError: preempted", failure="machine",
+                             ended_at=first + timedelta(minutes=10))
+    repo.resume_run(run.id)
+    repo.begin_attempt(run.id, token="second")
+    _attempt_submitted(repo, run.id, second)
+    repo.apply_worker_report(run.id, RunStatus.RUNNING, started_at=second)
+    return run.id
+
+
+def test_a_resumed_runs_duration_is_the_time_it_trained_with_the_span_beside_it(page, local_service):
+    repo = local_service.repo
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    # Attempt 1 trained 10 minutes two hours ago; the run waited, then attempt 2 trained 5 minutes.
+    done = _resumed_run(repo, "resumed-done", now - timedelta(hours=2), second=now - timedelta(minutes=30))
+    repo.apply_worker_report(done, RunStatus.COMPLETED, ended_at=now - timedelta(minutes=25))
+    live = _resumed_run(repo, "resumed-live", now - timedelta(hours=1), second=now - timedelta(minutes=1))
+    one = make_run(repo, "one-attempt", status=RunStatus.COMPLETED)
+
+    page.goto(dashboard_url(local_service.url, f"runs/{done}"))
+    fact = page.locator('[data-fact="duration"]')
+    expect(fact).to_have_text("15m 00s (1h 35m from first start to end, 2 attempts)")
+    expect(fact.locator(".duration-trained")).to_have_attribute("title", re.compile("^time trained: .*left out$"))
+    expect(fact.locator(".duration-span")).to_have_attribute("title", re.compile("^wall-clock time .* included$"))
+
+    # Training now: the time trained runs on from attempt 2's start, the span from the first start.
+    page.goto(dashboard_url(local_service.url, f"runs/{live}"))
+    expect(fact).to_have_text(re.compile(r"^1[12]m \d\ds \(1h 0\dm from first start to now, 2 attempts\)$"))
+    shown = fact.inner_text()
+    expect(fact).not_to_have_text(shown, timeout=5_000)  # the clocks tick between polls
+
+    page.goto(dashboard_url(local_service.url, f"runs/{one.id}"))  # one attempt: its span is its time trained
+    expect(fact).to_have_text(re.compile(r"^\d+s$"))
+    expect(fact.locator(".duration-span")).to_have_count(0)
+
+    page.goto(dashboard_url(local_service.url, "runs"))
+    cell = page.locator(f'tr[data-run-id="{done}"] .col-duration')
+    expect(cell).to_have_text("15m 00s")
+    expect(cell).to_have_attribute("title", re.compile(r"left out; 1h 35m from first start to end, 2 attempts$"))
+    expect(page.locator("th.col-duration")).to_have_attribute("title", re.compile("^time trained"))
 
 
 def test_run_page_lists_checkpoints_and_exports_and_downloads_a_committed_ones_model(page, local_service):

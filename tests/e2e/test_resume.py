@@ -8,6 +8,7 @@ import contextlib
 import copy
 import re
 import shutil
+from datetime import datetime, timezone
 
 import psutil
 import pytest
@@ -103,6 +104,7 @@ def test_a_job_lost_with_its_ray_head_resumes_from_the_newest_checkpoint_without
         client = service.client()
         run = client.create_run(checkpointed_spec("lost-job"))
         first_commit(client, run.id)
+        lost_at = datetime.now(timezone.utc)  # the service heard of the run last before this
         command_lines = lose_with_its_head(service)
         assert any("workers.launch" in line for line in command_lines), command_lines  # the job's driver
         # The new head's attempt 2 needs no time to act on: it trains without the per-batch delay.
@@ -126,6 +128,11 @@ def test_a_job_lost_with_its_ray_head_resumes_from_the_newest_checkpoint_without
     assert checkpoints[-1].step == BATCHES and checkpoints[-1].committed and len(checkpoints) == 2
     assert [c.attempt for c in checkpoints] == [2, 2]
     assert [e.to_status for e in events].count(RunStatus.STARTING) == 2
+    # The time trained leaves out the outage and attempt 2's wait: attempt 1 trained until the service
+    # last heard of it (not until the restarted service found its job lost), attempt 2 from its start.
+    second = (final.finished_at - final.attempt_started_at).total_seconds()
+    assert second < final.trained_seconds <= (lost_at - final.started_at).total_seconds() + second
+    assert final.trained_seconds < final.span_seconds_at()
 
 
 def test_a_canceled_run_resumed_on_two_workers_continues_from_its_checkpoint(slow_service):

@@ -102,3 +102,27 @@ def test_show_of_a_failed_run_says_whether_a_resume_may_pass(tmp_path, example_s
         assert machine in shown(lost)
         assert "a resume would fail again" in shown(broken)
         assert "failed:" not in shown(old)
+
+
+def test_show_gives_the_time_a_resumed_run_trained_and_beside_it_the_span_from_its_first_start(tmp_path, example_spec):
+    runner = CliRunner()
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    with LocalService(tmp_path) as service:
+        url = ["--url", service.url]
+        one = running_run(service, example_spec)
+        service.repo.transition(one.id, RunStatus.COMPLETED)
+        shown = " ".join(runner.invoke(app, ["show", one.id, *url]).output.split())
+        assert re.search(r"trained \d+s project", shown), shown  # one attempt: the span says the same
+
+        run = service.repo.create_run(example_spec)
+        for attempt, (began, ended) in enumerate([(now - timedelta(hours=2), now - timedelta(minutes=110)),
+                                                  (now - timedelta(minutes=30), now - timedelta(minutes=25))]):
+            service.repo.begin_attempt(run.id, token=f"t{attempt}")
+            with service.repo.db.write() as session:  # the attempt was submitted when it began training
+                session.get(Run, run.id).attempt_started_at = began
+            service.repo.apply_worker_report(run.id, RunStatus.RUNNING, started_at=began)
+            service.repo.apply_worker_report(run.id, RunStatus.FAILED, error="NodeDiedError", ended_at=ended)
+            if attempt == 0:
+                service.repo.resume_run(run.id)
+        shown = " ".join(runner.invoke(app, ["show", run.id, *url]).output.split())
+        assert "trained 15m 00s (1h 35m from first start to end, 2 attempts)" in shown, shown

@@ -14,7 +14,7 @@ from api.client import Client
 from api.views import CheckpointReport, ReportedMetric, RunStatus
 from cli.main import app
 from cli.output import EXIT_NOT_FOUND
-from cli.run_info import latest_by_key, patch_text, size_text
+from cli.run_info import duration_text, durations_line, latest_by_key, patch_text, size_text
 from tests.conftest import TEST_ADMIN_KEY
 from tests.dashboard.conftest import LocalService
 
@@ -191,3 +191,20 @@ def test_the_tables_helpers():
 
     latest = latest_by_key([Point(1, 5, "b"), Point(2, 3, "b"), Point(3, 5, "a"), Point(4, 5, "b")])
     assert [(key, point.seq, count) for key, (point, count) in latest.items()] == [("a", 3, 1), ("b", 4, 3)]
+
+
+def test_a_runs_durations_read_as_the_dashboards_and_an_older_service_gives_the_span_alone():
+    from datetime import datetime, timedelta, timezone
+
+    from api.views import RunView
+
+    assert [duration_text(s) for s in (0.9, 59, 723, 4440, 47 * 3600 + 59 * 60, 50 * 3600)] == [
+        "0s", "59s", "12m 03s", "1h 14m", "47h 59m", "2d 2h"]
+    now = datetime(2026, 12, 8, 12, tzinfo=timezone.utc)
+    run = {"id": "r", "name": "n", "status": "RUNNING", "attempt": 3, "spec": {},
+           "created_at": now - timedelta(hours=2), "started_at": now - timedelta(hours=1)}
+    queued = RunView.model_validate({**run, "status": "QUEUED", "started_at": None, "trained_seconds": 0.0})
+    assert durations_line(queued, now) is None  # it has not trained yet
+    training = RunView.model_validate({**run, "trained_seconds": 600.0, "training_since": now - timedelta(minutes=2)})
+    assert durations_line(training, now) == "trained 12m 00s (1h 00m from first start to now, 3 attempts)"
+    assert durations_line(RunView.model_validate(run), now) == "duration 1h 00m (from first start to now)"

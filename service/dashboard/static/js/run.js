@@ -19,7 +19,8 @@ import { cancelDialog, cancelViaSweep, resumeDialog } from "./run_actions.js";
 import { RunNotes } from "./run_notes.js";
 import {
   algorithmChips, DRAFT_KEY, el, errorBox, errorDetails, formatBytes, formatNumber, formatTime, progressBar,
-  RESUMABLE, queueText, runDuration, runProgress, setText, statusBadge, TERMINAL, updateProgressBar, updateStatusBadge,
+  RESUMABLE, queueText, renderDurationFact, runProgress, setText, statusBadge, TERMINAL, updateProgressBar,
+  updateStatusBadge,
 } from "./ui.js";
 
 const METRICS_PAGE = 10_000;
@@ -144,7 +145,7 @@ export function mount(root, ctx) {
       ["Project", run.project || "default"],
       ...(run.queue ? [["Queue", queueText(run)]] : []),
       ["Attempt", String(run.attempt)],
-      ["Duration", runDuration(run)],
+      ["Duration", ""],  // the time trained, and the wall-clock span where it reads otherwise: below
       ["Created", formatTime(run.created_at)],
       ["Started", formatTime(run.started_at)],
       // A later attempt's own start (a resume, a restart): Started is the first attempt's.
@@ -155,6 +156,7 @@ export function mount(root, ctx) {
       parentFact(run),
       housekeeping.fact(run),
     ].filter(Boolean).flatMap(([k, v]) => [el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase() } }, v)]));
+    renderDurationFact(facts.querySelector('[data-fact="duration"]'), run);
     errorSlot.replaceChildren(run.error ? errorDetails(run.error) : "");
     renderCancel();
     housekeeping.render(run);
@@ -285,7 +287,7 @@ export function mount(root, ctx) {
       const answer = await getIfChanged(path);
       run = answer.data;
       if (answer.changed || !before) render(run);
-      else setText(facts.querySelector('[data-fact="duration"]'), runDuration(run));
+      else renderDurationFact(facts.querySelector('[data-fact="duration"]'), run);
       if (eventsDue || before.status !== run.status || before.attempt !== run.attempt || polls % EVENTS_EVERY === 0) {
         renderEvents((await getJSON(`${path}/events`)).data);
         await pollCheckpoints();

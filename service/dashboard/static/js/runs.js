@@ -8,12 +8,15 @@
 import { getJSON, Poller } from "./api.js";
 import { olderButton, PagedList, shownCount } from "./paging.js";
 import {
-  algorithmChips, archivedFilter, archivedOf, listHash, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runDuration, runProgress,
-  queueText, setText, statusBadge, STATUSES, TERMINAL, updateProgressBar, updateStatusBadge,
+  algorithmChips, archivedFilter, archivedOf, listHash, bestMetric, el, formatNumber, formatTime, headlineMetric, progressBar, runProgress,
+  queueText, setText, spanNote, statusBadge, STATUSES, TERMINAL, trainedDuration, trainedTitle, updateProgressBar,
+  updateStatusBadge,
 } from "./ui.js";
 
 const PAGE_SIZE = 100;
 const COLUMNS = ["Select", "Run", "Status", "Progress", "Algorithms", "Best", "Latest", "Attempt", "Duration", "Created"];
+const COLUMN_TITLES = { Duration: "time trained, waits between attempts left out (a row's tooltip gives the " +
+  "wall-clock span where it differs)" };
 
 function runsHash({ status, sweepId, tag, name, archived }) {
   return listHash("runs", { status, archived, sweep_id: sweepId, tag, name });
@@ -55,7 +58,8 @@ export function mount(root, ctx) {
   const older = olderButton(list, { id: "runs-older", label: "Show older runs", noun: "runs", rows: tbody, render });
   const table = el("table", { class: "runs-table", id: "runs-table" },
     el("caption", { class: "visually-hidden" }, "Runs, newest first"),
-    el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}` },
+    el("thead", {}, el("tr", {}, COLUMNS.map((h) => el("th", { scope: "col", class: `col-${columnId(h)}`,
+                                                              title: COLUMN_TITLES[h] },
       h === "Select" ? el("span", { class: "visually-hidden" }, "Select to compare") : h)))),
     tbody);
   const nameFilter = el("input", { type: "search", id: "name-filter", value: name, placeholder: "name contains…",
@@ -144,7 +148,7 @@ export function mount(root, ctx) {
   function tickClocks() {
     const now = Date.now();
     for (const run of latest) {
-      if (!TERMINAL.has(run.status)) setText(rows.get(run.id).cells.duration, runDuration(run, now));
+      if (!TERMINAL.has(run.status)) setDurationCell(rows.get(run.id).cells.duration, run, now);
     }
   }
 
@@ -220,5 +224,14 @@ function updateRow(row, run) {
       + "(the run's events say which)"
     : "the first attempt";
   row.cells.attempt.classList.toggle("restarted", run.attempt > 1);
-  setText(row.cells.duration, runDuration(run));
+  setDurationCell(row.cells.duration, run);
+}
+
+/** The time the run trained (its waits between attempts left out); its tooltip says so, and gives
+ *  the wall-clock span where that reads otherwise. */
+function setDurationCell(cell, run, now = Date.now()) {
+  setText(cell, trainedDuration(run, now));
+  const span = spanNote(run, now);
+  const title = [trainedTitle(run), span].filter(Boolean).join("; ");
+  if ((cell.title || "") !== title) cell.title = title;
 }

@@ -143,7 +143,8 @@ export function formatSeconds(seconds) {
   return seconds < 10 ? `${seconds.toFixed(1)}s` : formatDuration(seconds * 1000);
 }
 
-/** How long a run has run (or has been waiting, if it has not started). */
+/** The wall-clock span of a run or sweep: its first start to its end, to now while it has not
+ *  ended (or how long it has waited, if it has not started). A run's Duration is `trainedDuration`. */
 export function runDuration(run, now = Date.now()) {
   const started = parseTime(run.started_at);
   const finished = parseTime(run.finished_at);
@@ -151,6 +152,53 @@ export function runDuration(run, now = Date.now()) {
   if (finished) return "–";
   const created = parseTime(run.created_at);
   return created ? `waiting ${formatDuration(now - created.getTime())}` : "–";
+}
+
+/** Milliseconds a run trained up to `now`: its ended attempts (RunView.trained_seconds) and, while
+ *  an attempt trains, the time since it began (training_since); null from a service older than it. */
+export function trainedMs(run, now = Date.now()) {
+  if (typeof run.trained_seconds !== "number") return null;
+  const since = parseTime(run.training_since);
+  return run.trained_seconds * 1000 + (since ? Math.max(0, now - since.getTime()) : 0);
+}
+
+const TRAINED_TITLE = "time trained: each attempt from when it began training to its end, summed over the " +
+  "run's attempts; time queued or starting between attempts is left out";
+const SPAN_TITLE = "wall-clock time from the run's first start to its end (to now while it has not ended), " +
+  "waits between attempts included";
+
+/** What a run's Duration (`trainedDuration`) is, as a tooltip; undefined before it first trained. */
+export function trainedTitle(run) {
+  if (!run.started_at) return undefined;
+  return typeof run.trained_seconds === "number" ? TRAINED_TITLE : SPAN_TITLE;
+}
+
+/** A run's Duration: how long it trained, its waits between attempts left out ("12m 03s"); before
+ *  it first trained, how long it has waited; the wall-clock span from a service that does not say. */
+export function trainedDuration(run, now = Date.now()) {
+  const trained = trainedMs(run, now);
+  return trained === null || !run.started_at ? runDuration(run, now) : formatDuration(trained);
+}
+
+/** The wall-clock span where it reads otherwise than the time trained (a run queued or starting
+ *  again between attempts): "1h 14m from first start to end, 2 attempts"; null where it reads the same. */
+export function spanNote(run, now = Date.now()) {
+  if (trainedMs(run, now) === null || !run.started_at) return null;
+  const span = runDuration(run, now);
+  if (span === trainedDuration(run, now)) return null;
+  return `${span} from first start to ${run.finished_at ? "end" : "now"}, ${run.attempt} attempts`;
+}
+
+/** Fill a run page's Duration fact: the time trained, then the span where that reads otherwise, each
+ *  with a tooltip saying which it is. Called every poll: the DOM changes only when the text does. */
+export function renderDurationFact(node, run, now = Date.now()) {
+  const trained = trainedDuration(run, now);
+  const span = spanNote(run, now);
+  const key = `${trained}|${span}`;
+  if (node.dataset.key === key) return;
+  node.dataset.key = key;
+  node.replaceChildren(el("span", { class: "duration-trained", title: trainedTitle(run) }, trained),
+    ...(span ? [" ", el("span", { class: "muted duration-span", title: SPAN_TITLE }, `(${span})`)] : []));
 }
 
 export function formatClock(date) {
