@@ -196,9 +196,11 @@ class AttemptStore:
 
 # What moving a run or sweep to another status reads or writes (``apply_run_status``,
 # ``apply_sweep_status``, ``_start_attempt``): the columns they share, besides ``id``. A run's
-# RUNNING and end also read ``attempt_started_at`` and ``created_at`` (``run_writes.attempt_began``)
-# and its end writes ``failure``: never on the way to STARTING, the one transition made on rows
-# loaded with these columns alone, which writes a run's ``attempt_started_at`` without reading it.
+# RUNNING and end also read ``attempt_started_at`` and ``created_at`` (``run_writes.attempt_began``),
+# they and a re-queue read and write ``trained_seconds`` and ``training_since`` (a re-queue reads
+# ``updated_at``: ``run_writes.last_heard``), and its end writes ``failure``: never on the way to
+# STARTING, the one transition made on rows loaded with these columns alone, which writes a run's
+# ``attempt_started_at`` without reading it.
 TRANSITION_COLUMNS = ("status", "attempt", "error", "ray_job_id", "token_hash", "started_at", "finished_at",
                       "updated_at")
 
