@@ -6,6 +6,7 @@ children RUN`` (the runs forked from it)."""
 # No `from __future__ import annotations`: typer reads the url_option annotation at runtime.
 
 import json
+from datetime import datetime, timezone
 from typing import Annotated, Any, Optional
 
 import typer
@@ -57,7 +58,8 @@ def size_text(n: int) -> str:
 
 
 def duration_text(seconds: float) -> str:
-    """A duration as the dashboard writes one: ``45s``, ``12m 03s``, ``1h 14m``, ``3d 2h``."""
+    """A duration as the dashboard writes one (``formatDuration`` in the dashboard's ui.js: keep the
+    two alike): ``45s``, ``12m 03s``, ``1h 14m``, ``3d 2h``."""
     s = int(seconds)
     if s < 60:
         return f"{s}s"
@@ -73,6 +75,7 @@ def durations_line(run, now=None) -> str | None:
     wall-clock span from its first start where that reads otherwise: ``trained 15m 00s (1h 35m from
     first start to end, 2 attempts)``. The span alone from a service older than trained_seconds;
     None before the run first began training."""
+    now = now or datetime.now(timezone.utc)  # one instant for both, or they may read a second apart
     span = run.span_seconds_at(now)
     if span is None:
         return None
@@ -82,7 +85,8 @@ def durations_line(run, now=None) -> str | None:
         return f"duration {duration_text(span)} (from first start to {to})"
     line = f"trained {duration_text(trained)}"
     if duration_text(span) != duration_text(trained):
-        line += f" ({duration_text(span)} from first start to {to}, {run.attempt} attempts)"
+        attempts = f"{run.attempt} attempt{'s' if run.attempt != 1 else ''}"
+        line += f" ({duration_text(span)} from first start to {to}, {attempts})"
     return line
 
 

@@ -118,9 +118,10 @@ class AttemptStore:
 
     def transition(self, record_id: str, to_status: enum.Enum, *, message: str | None = None,
                    error: str | None = None, only_from: Iterable[enum.Enum] | None = None,
-                   attempt: int | None = None, failure: str | None = None) -> Any:
+                   attempt: int | None = None, failure: str | None = None, job_lost: bool = False) -> Any:
         """Change the record's status through its transition table and record why (``failure``:
-        a run's ``machine`` or ``code`` with FAILED; a sweep keeps none).
+        a run's ``machine`` or ``code`` with FAILED; ``job_lost``: Ray has no such job any more, so
+        a run's attempt ended when it was last heard of; a sweep keeps neither).
 
         ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
         older snapshot: if the record has moved on since, ``IllegalTransition`` is raised instead.
@@ -129,7 +130,8 @@ class AttemptStore:
             current = self.stored.status(row.status)
             self.stored.transitions.require_snapshot(record_id, current, to_status, stored_attempt=row.attempt,
                                               only_from=only_from, attempt=attempt)
-            self.stored.apply_status(session, row, to_status, message=message, error=error, failure=failure)
+            self.stored.apply_status(session, row, to_status, message=message, error=error, failure=failure,
+                                     job_lost=job_lost)
             session.flush()
             return self.stored.record.from_row(row)
 
@@ -196,11 +198,13 @@ class AttemptStore:
 
 # What moving a run or sweep to another status reads or writes (``apply_run_status``,
 # ``apply_sweep_status``, ``_start_attempt``): the columns they share, besides ``id``. A run's
-# RUNNING and end also read ``attempt_started_at`` and ``created_at`` (``run_writes.attempt_began``),
-# they and a re-queue read and write ``trained_seconds`` and ``training_since`` (a re-queue reads
-# ``updated_at``: ``run_writes.last_heard``), and its end writes ``failure``: never on the way to
-# STARTING, the one transition made on rows loaded with these columns alone, which writes a run's
-# ``attempt_started_at`` without reading it.
+# other transitions read and write more:
+# - RUNNING and an end read ``attempt_started_at`` and ``created_at`` (``run_writes.attempt_began``);
+# - RUNNING, an end and a re-queue read and write ``trained_seconds`` and ``training_since``, and a
+#   re-queue (or an end whose job was lost) reads ``updated_at`` (``run_writes.last_heard``);
+# - an end writes ``failure``.
+# None of them is STARTING, the one transition made on rows loaded with these columns alone
+# (``begin_attempts``), which writes a run's ``attempt_started_at`` without reading it.
 TRANSITION_COLUMNS = ("status", "attempt", "error", "ray_job_id", "token_hash", "started_at", "finished_at",
                       "updated_at")
 

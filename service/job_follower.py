@@ -271,7 +271,7 @@ class JobFollower:
         target, message, error, failure = self._explain(fix, record, context)
         # Compare-and-set on the snapshot we decided from: a report may have landed since.
         self.store.transition(record.id, target, message=message, error=error, only_from=[record.status],
-                              attempt=record.attempt, failure=failure)
+                              attempt=record.attempt, failure=failure, job_lost=fix.job_state is None)
         log.info("%s %s: %s", self.kind.name, record.id, message)
         return error or message
 

@@ -262,7 +262,8 @@ def _freeze_heap_at_exit() -> None:
     exists then beyond those collections; its memory goes back to the system with the process.
     atexit handlers run before those collections, the last registered first, so this one runs
     before Ray's own ``ray.shutdown()`` (registered when Ray is imported), and what that makes is
-    collected as usual. Python does not promise to finalize objects still alive at exit anyway;
+    collected as usual; the node's own handler (``Node._register_shutdown_hooks``, registered in
+    ``ray.init``, after this one) runs before the freeze, which changes nothing for it. Python does not promise to finalize objects still alive at exit anyway;
     the files that matter are flushed and closed before (the lifespan's shutdown, logging's own
     atexit handler).
     """

@@ -95,7 +95,10 @@ class RunRecord:
         return RunView(id=self.id, name=self.name, status=self.status, attempt=self.attempt, spec=self.spec,
                        created_at=self.created_at, started_at=self.started_at,
                        attempt_started_at=self.attempt_started_at, finished_at=self.finished_at,
-                       trained_seconds=self.trained_seconds, training_since=self.training_since,
+                       trained_seconds=self.trained_seconds,
+                       # Only while it may train: a run ended by a service older than 0013 (a replica still
+                       # serving through the upgrade, or a rollback) never cleared it, and would count forever.
+                       training_since=self.training_since if self.status in ACTIVE_STATUSES else None,
                        summary=self.summary, best=best_values(self.extrema), error=self.error, tags=self.tags,
                        sweep_id=self.sweep_id, driven_by_sweep=self.driven_by_sweep, trial_id=self.trial_id,
                        project=self.project,

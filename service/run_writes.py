@@ -109,13 +109,17 @@ def end_training(run: Run, end: datetime) -> None:
 
 def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: str | None,
                      error: str | None, started_at: datetime | None = None, ended_at: datetime | None = None,
-                     failure: str | None = None) -> None:
+                     failure: str | None = None, job_lost: bool = False) -> None:
     """Move the locked ``run`` to ``target`` through the state machine and record the event.
     ``started_at``: with RUNNING, when the attempt began training if earlier than now;
     ``ended_at``: with a terminal ``target``, when the run ended if earlier than now. Both are a
     worker's word, kept no earlier than the attempt's start (``worker_time``, ``attempt_began``);
     the event is still stamped now, when the service learned of it.
     ``failure``: with FAILED, why (``RunView.failure``: ``machine`` or ``code``; None: not known).
+    ``job_lost``: Ray has no such job any more (lost with its node, or with the service's embedded
+    head), so nobody saw the attempt end: it ended, as far as anyone knows, when the service last
+    heard of the run (``last_heard``), not when the loss was found, which after a service restart
+    may be hours later. A re-queue always counts so.
 
     An idempotent repeat changes nothing; an illegal change raises ``IllegalTransition``.
     """
@@ -145,6 +149,8 @@ def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: 
         end_training(run, run.attempt_started_at)  # a restarted worker group's: the old group's ends here
         run.training_since = run.attempt_started_at
     if is_terminal(target):
+        if ended_at is None and job_lost:
+            ended_at = last_heard(run, now)
         run.finished_at = worker_time(ended_at, attempt_began(run), now)
         end_training(run, run.finished_at)
     if error is not None:

@@ -22,11 +22,11 @@ TRIAL_OUTLIVED_SWEEP = "the sweep ended before the trial reported"
 
 
 def apply_sweep_status(session: Session, sweep: Sweep, target: SweepStatus, *, message: str | None,
-                       error: str | None, failure: str | None = None) -> None:
+                       error: str | None, failure: str | None = None, job_lost: bool = False) -> None:
     """Move the locked ``sweep`` to ``target`` through the state machine; a sweep that ends takes
-    its driver's unfinished trials with it. An idempotent repeat changes nothing. ``failure``
-    (``apply_run_status``'s, which the dispatcher passes for either kind) is not kept: a sweep's
-    trials are runs, each with its own."""
+    its driver's unfinished trials with it. An idempotent repeat changes nothing. ``failure`` and
+    ``job_lost`` (``apply_run_status``'s, which the dispatcher passes for either kind) are not
+    kept: a sweep's trials are runs, each with its own, and its duration is its span."""
     if not SWEEP_TRANSITIONS.check(sweep.id, SweepStatus(sweep.status), target):
         return
     now = utcnow()

@@ -89,8 +89,9 @@ def finished_local_run(spec: RunSpec, checkpoint_dir: str | None = None) -> tupl
     folder) are left to the trainer, which counts them, as is another model, which it refuses, and a
     spec that imports the user's code (``--code DIR``, ``model.import``), which may have changed
     under it. The metrics are what a resume at the end reported: the export's eval metrics and
-    ``checkpoint/final_saved`` (the state resumed from is committed). Reads the checkpoint listing
-    and the export's header only."""
+    ``checkpoint/final_saved`` (the state resumed from is committed): an evaluation set whose files
+    changed since (an image folder) is not evaluated again. Reads the checkpoint listing and the
+    export's header only."""
     if _imports_code(spec):  # its code may have changed under an unchanged spec: the trainer rebuilds and checks it
         return None
     if not _end_fixed_by_spec(spec):  # its data may have changed under an unchanged spec: the trainer counts it

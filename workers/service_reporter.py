@@ -77,7 +77,9 @@ def fields_unknown_to_service(exc: BaseException, sent: BaseModel) -> frozenset[
     return frozenset(names)
 
 
-_warned_unknown_fields: set[tuple[str, str]] = set()  # (report, field): one warning per field per process
+# (report, field) the service refused as unknown: warned about once per process, then left out up
+# front, so an older service gets one request per report, not a refused one and its retry.
+_warned_unknown_fields: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
 
 
@@ -96,7 +98,12 @@ def warn_once_unknown_fields(report: str, names: frozenset[str]) -> None:
 def send_status(client: Client, run_id: str, token: str | None, report: StatusReport) -> None:
     """Deliver ``report``; refused for fields the service does not know and the report may do
     without, once more without them (a 422 of anything else, or of the second try, raises). Every
-    status a worker sends goes through here: this reporter's and the run's end (``workers.outcome``)."""
+    status a worker sends goes through here: this reporter's and the run's end (``workers.outcome``).
+    A field the service refused once is left out of every later report at once."""
+    with _warned_lock:
+        known = {name for kind, name in _warned_unknown_fields if kind == "status"}
+    if left_out := known & report.omittable_for_older_services:
+        report = report.model_copy(update=dict.fromkeys(left_out))
     try:
         client.report_status(run_id, token, report)
     except ApiError as exc:

@@ -1,8 +1,8 @@
 """Migration 0013 (how long a run trained, ``runs.trained_seconds`` and ``runs.training_since``),
 on SQLite and PostgreSQL: each run that began training gets the seconds of its ended attempts
 from its events (the worker's times where the row kept them), a run that trains now trains since
-its attempt's start, a queued one and one canceled while starting trained no time; the service
-adds up from there; and it goes back down."""
+its open RUNNING (also one 0012 gave no attempt start), a queued one and one canceled while
+starting trained no time; the service adds up from there; and it goes back down."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_0013_rebuilds_each_runs_training_from_its_events_and_the_service_adds_u
         engine_at_0002, example_spec):
     _to(engine_at_0002, "0012")
     spec = example_spec.model_dump(mode="json")
-    for run_id in ("one", "resumed", "restarted", "canceling", "early", "queued"):
+    for run_id in ("one", "resumed", "restarted", "canceling", "canceling_at_0012", "early", "queued"):
         _insert_old_run(engine_at_0002, run_id, spec)
     with engine_at_0002.begin() as conn:
         # One attempt: 30 minutes by the worker's times (its RUNNING and COMPLETED were stored later).
@@ -63,6 +63,10 @@ def test_0013_rebuilds_each_runs_training_from_its_events_and_the_service_adds_u
         # Canceled after it began training: it trains until its job stops.
         _row(conn, "canceling", status="CANCELING", started_at=_naive(5), attempt_started_at=_naive(5))
         _history(conn, "canceling", [("STARTING", "RUNNING", 1, 5), ("RUNNING", "CANCELING", 1, 50)])
+        # The same, but being canceled already when 0012 ran, which gave it no attempt_started_at:
+        # it trains since its RUNNING, by the worker's time (started_at), not the event's.
+        _row(conn, "canceling_at_0012", status="CANCELING", started_at=_naive(4))
+        _history(conn, "canceling_at_0012", [("STARTING", "RUNNING", 1, 5), ("RUNNING", "CANCELING", 1, 50)])
         # Canceled while starting: it never trained.
         _row(conn, "early", status="CANCELING", attempt_started_at=_naive(5))
         _history(conn, "early", [("QUEUED", "STARTING", 1, 5), ("STARTING", "CANCELING", 1, 6)])
@@ -71,9 +75,10 @@ def test_0013_rebuilds_each_runs_training_from_its_events_and_the_service_adds_u
 
     repo = Repository(engine_at_0002)
     trained = {run_id: (repo.get_run(run_id).trained_seconds, repo.get_run(run_id).training_since)
-               for run_id in ("one", "resumed", "restarted", "canceling", "early", "queued")}
+               for run_id in ("one", "resumed", "restarted", "canceling", "canceling_at_0012", "early", "queued")}
     assert trained == {"one": (1800.0, None), "resumed": (1200.0, T0 + 150 * MINUTE),
                        "restarted": ((10 + 15 + 30) * 60.0, None), "canceling": (0.0, T0 + 5 * MINUTE),
+                       "canceling_at_0012": (0.0, T0 + 4 * MINUTE),
                        "early": (0.0, None), "queued": (0.0, None)}
 
     # The service adds up from there: attempt 2 ends 30 minutes after it began, by its worker's word.

@@ -131,6 +131,33 @@ def test_a_canceled_run_trains_until_its_job_stops_and_one_canceled_while_starti
     assert early.json()["status"] == "CANCELED" and _training(early) == (0.0, None)
 
 
+def test_a_canceled_run_whose_job_was_lost_ends_when_the_service_last_heard_of_it(api, fake_jobs, example_body):
+    """Its job went with the service's Ray head; the service came back hours later and found the cancel
+    done. Nobody saw the attempt end: it trained, and ended, until the service last heard of it."""
+    run_id, token = _start(api, fake_jobs, example_body)
+    started = _submitted_ago(api, run_id, timedelta(hours=3)) + MINUTE
+    _status(api, run_id, token, "RUNNING", started_at=started)
+    assert api.post(f"{API}/runs/{run_id}/cancel").json()["status"] == "CANCELING"
+    _set(api, run_id, updated_at=started + 30 * MINUTE)
+    fake_jobs.forget(f"run-{run_id}-attempt-1")
+    api.app.state.dispatcher.tick()
+    canceled = api.get(f"{API}/runs/{run_id}")
+    assert canceled.json()["status"] == "CANCELED"
+    assert _time(canceled, "finished_at") == started + 30 * MINUTE
+    assert _training(canceled) == (1800.0, None)
+
+
+def test_an_ended_run_that_an_older_service_left_training_does_not_count_on(api, fake_jobs, example_body):
+    """A replica older than the fields (serving through the upgrade, or a rollback) ends runs without
+    clearing ``training_since``: an ended run's view leaves it out, so no client adds now to it."""
+    run_id, token = _start(api, fake_jobs, example_body)
+    started = _submitted_ago(api, run_id, timedelta(hours=1)) + MINUTE
+    _status(api, run_id, token, "RUNNING", started_at=started)
+    _status(api, run_id, token, "COMPLETED", ended_at=started + 10 * MINUTE)
+    _set(api, run_id, training_since=started)
+    assert _training(api.get(f"{API}/runs/{run_id}")) == (600.0, None)
+
+
 def test_an_attempt_that_ends_before_it_trains_counts_no_time(api, fake_jobs, example_body):
     failed_id, failed_token = _start(api, fake_jobs, example_body)
     _submitted_ago(api, failed_id, timedelta(hours=1))

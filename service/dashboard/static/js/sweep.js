@@ -14,7 +14,7 @@ import { LogPane } from "./logs.js";
 import { ParetoChart } from "./pareto.js";
 import { bestTrial, trialCounts } from "./sweeps.js";
 import {
-  algorithmChips, el, errorBox, errorDetails, formatNumber, formatSeconds, formatTime, progressBar, runDuration,
+  algorithmChips, el, errorBox, errorDetails, formatNumber, formatSeconds, formatTime, progressBar, runSpan,
   setText, queueText, statusBadge, STATUSES, TERMINAL, updateStatusBadge,
 } from "./ui.js";
 
@@ -164,7 +164,7 @@ export function mount(root, ctx) {
       ["Created", formatTime(sweep.created_at)],
       ["Started", formatTime(sweep.started_at)],
       ["Finished", formatTime(sweep.finished_at)],
-      ["Duration", runDuration(sweep)],
+      ["Duration", runSpan(sweep)],
       housekeeping.fact(sweep),
     ].filter(Boolean).map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", { dataset: { fact: k.toLowerCase().replace(" ", "-") } }, v))));
   }
@@ -212,7 +212,7 @@ export function mount(root, ctx) {
       const answer = await getIfChanged(path);
       sweep = answer.data;
       if (answer.changed || !lastSweep) render(sweep);
-      else setText(facts.querySelector('[data-fact="duration"]'), runDuration(sweep));
+      else setText(facts.querySelector('[data-fact="duration"]'), runSpan(sweep));
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) {
         root.replaceChildren(el("h1", {}, "Sweep not found"), errorBox(`No sweep with id ${sweepId}.`),

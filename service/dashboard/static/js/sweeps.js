@@ -6,7 +6,7 @@
 import { Poller } from "./api.js";
 import { olderButton, PagedList, shownCount } from "./paging.js";
 import {
-  archivedFilter, archivedOf, listHash, el, formatNumber, formatTime, queueText, runDuration, setText, statusBadge, TERMINAL,
+  archivedFilter, archivedOf, listHash, el, formatNumber, formatTime, queueText, runSpan, setText, statusBadge, TERMINAL,
   updateStatusBadge,
 } from "./ui.js";
 
@@ -123,7 +123,7 @@ export function mount(root, ctx) {
     else {
       const now = Date.now();
       for (const sweep of latest) {
-        if (!TERMINAL.has(sweep.status)) setText(rows.get(sweep.id).cells.duration, runDuration(sweep, now));
+        if (!TERMINAL.has(sweep.status)) setText(rows.get(sweep.id).cells.duration, runSpan(sweep, now));
       }
     }
   }, { intervalMs: ctx.pollMs, onState: ctx.setLive }).start();
@@ -157,5 +157,5 @@ function updateRow(row, sweep) {
     ? [formatNumber(best.metric), el("span", { class: "metric-key" }, `${sweep.metric} (${sweep.mode})`)]
     : ["–"]));
   setText(row.cells.started, formatTime(sweep.started_at));
-  setText(row.cells.duration, runDuration(sweep));
+  setText(row.cells.duration, runSpan(sweep));
 }

@@ -126,6 +126,8 @@ export function parseTime(value) {
   return Number.isNaN(date.getTime()) ? null : date;
 }
 
+/** "45s", "12m 03s", "1h 14m", "3d 2h" ("–" for a negative one); the CLI's `duration_text`
+ *  (cli/run_info.py) writes the same: keep the two alike. */
 export function formatDuration(ms) {
   if (ms === null || ms === undefined || !Number.isFinite(ms) || ms < 0) return "–";
   const s = Math.floor(ms / 1000);
@@ -145,7 +147,7 @@ export function formatSeconds(seconds) {
 
 /** The wall-clock span of a run or sweep: its first start to its end, to now while it has not
  *  ended (or how long it has waited, if it has not started). A run's Duration is `trainedDuration`. */
-export function runDuration(run, now = Date.now()) {
+export function runSpan(run, now = Date.now()) {
   const started = parseTime(run.started_at);
   const finished = parseTime(run.finished_at);
   if (started) return formatDuration((finished ? finished.getTime() : now) - started.getTime());
@@ -177,16 +179,17 @@ export function trainedTitle(run) {
  *  it first trained, how long it has waited; the wall-clock span from a service that does not say. */
 export function trainedDuration(run, now = Date.now()) {
   const trained = trainedMs(run, now);
-  return trained === null || !run.started_at ? runDuration(run, now) : formatDuration(trained);
+  return trained === null || !run.started_at ? runSpan(run, now) : formatDuration(trained);
 }
 
 /** The wall-clock span where it reads otherwise than the time trained (a run queued or starting
  *  again between attempts): "1h 14m from first start to end, 2 attempts"; null where it reads the same. */
 export function spanNote(run, now = Date.now()) {
   if (trainedMs(run, now) === null || !run.started_at) return null;
-  const span = runDuration(run, now);
+  const span = runSpan(run, now);
   if (span === trainedDuration(run, now)) return null;
-  return `${span} from first start to ${run.finished_at ? "end" : "now"}, ${run.attempt} attempts`;
+  const attempts = `${run.attempt} attempt${run.attempt === 1 ? "" : "s"}`;
+  return `${span} from first start to ${run.finished_at ? "end" : "now"}, ${attempts}`;
 }
 
 /** Fill a run page's Duration fact: the time trained, then the span where that reads otherwise, each

@@ -12,7 +12,9 @@ The worker's own times were kept for three of those instants only, and they are 
 run's first start (``started_at``), its current attempt's start (``attempt_started_at``, once
 that attempt's RUNNING came) and its end (``finished_at``); the others are when the service
 learned of them (a lost job's attempt, so, ends when it was found lost). A run that trains now,
-or is being canceled after it began training, trains since its ``attempt_started_at``.
+or is being canceled after it began training, trains since the RUNNING its events leave open (by
+the worker's time where the row kept it): not from ``attempt_started_at`` alone, which 0012 left
+empty on a run that was being canceled as it ran.
 
 Revision ID: 0013
 Revises: 0012
@@ -31,12 +33,14 @@ depends_on = None
 
 ENDS = frozenset({"QUEUED", "COMPLETED", "FAILED", "CANCELED", "STOPPED"})  # a re-queue or an end
 TERMINAL = ENDS - {"QUEUED"}
+TRAINING = frozenset({"RUNNING", "RESTARTING", "CANCELING"})  # may still train: since its open RUNNING, if any
 RUNS_PER_READ = 500  # bounded IN lists, and a bounded batch of events in memory
 
 runs = sa.table("runs", sa.column("id", sa.String), sa.column("status", sa.String), sa.column("attempt", sa.Integer),
                 sa.column("started_at", sa.DateTime(timezone=True)),
                 sa.column("finished_at", sa.DateTime(timezone=True)),
-                sa.column("attempt_started_at", sa.DateTime(timezone=True)), sa.column("trained_seconds", sa.Float))
+                sa.column("attempt_started_at", sa.DateTime(timezone=True)), sa.column("trained_seconds", sa.Float),
+                sa.column("training_since", sa.DateTime(timezone=True)))
 events = sa.table("run_events", sa.column("seq", sa.BigInteger), sa.column("run_id", sa.String),
                   sa.column("from_status", sa.String), sa.column("to_status", sa.String),
                   sa.column("attempt", sa.Integer), sa.column("time", sa.DateTime(timezone=True)))
@@ -47,13 +51,6 @@ def upgrade() -> None:
     # every run's points): see 0003.
     op.add_column("runs", sa.Column("trained_seconds", sa.Float(), nullable=False, server_default="0"))
     op.add_column("runs", sa.Column("training_since", sa.DateTime(timezone=True), nullable=True))
-    # Canceling: it trains until its job stops if it was canceled after it began training (the
-    # latest move to CANCELING came from RUNNING or RESTARTING), not if it was canceled while starting.
-    op.execute("UPDATE runs SET training_since = attempt_started_at WHERE status IN ('RUNNING', 'RESTARTING') "
-               "OR (status = 'CANCELING' AND (SELECT run_events.from_status FROM run_events "
-               "WHERE run_events.run_id = runs.id AND run_events.to_status = 'CANCELING' "
-               "AND run_events.from_status <> 'CANCELING' ORDER BY run_events.seq DESC LIMIT 1) "
-               "IN ('RUNNING', 'RESTARTING'))")
     _fill_trained_seconds(op.get_bind())
 
 
@@ -63,8 +60,9 @@ def downgrade() -> None:
 
 
 def _fill_trained_seconds(connection: sa.Connection) -> None:
-    """Every run that ever began training gets the seconds of its ended attempts, from its events,
-    ``RUNS_PER_READ`` runs at a time (by id: memory stays bounded however many runs there are)."""
+    """Every run that ever began training gets the seconds of its ended attempts, and one that may
+    train now the start of its open attempt, from its events, ``RUNS_PER_READ`` runs at a time (by
+    id: memory stays bounded however many runs there are)."""
     query = (sa.select(runs.c.id, runs.c.status, runs.c.attempt, runs.c.started_at, runs.c.finished_at,
                        runs.c.attempt_started_at)
              .where(runs.c.started_at.is_not(None)).order_by(runs.c.id).limit(RUNS_PER_READ))
@@ -73,11 +71,16 @@ def _fill_trained_seconds(connection: sa.Connection) -> None:
             query if after is None else query.where(runs.c.id > after))}:
         after = list(chunk)[-1]  # the last in the database's order (its collation, not Python's)
         changes = _status_changes(connection, list(chunk))
-        values = [{"run_id": run_id, "seconds": seconds} for run_id, run in chunk.items()
-                  if (seconds := trained_seconds(run, changes.get(run_id, []))) > 0]
+        values = []
+        for run_id, run in chunk.items():
+            seconds, since = trained_seconds(run, changes.get(run_id, []))
+            since = since if run.status in TRAINING else None  # an ended run's last RUNNING is closed by its end
+            if seconds > 0 or since is not None:
+                values.append({"run_id": run_id, "seconds": seconds, "since": since})
         if values:
             connection.execute(runs.update().where(runs.c.id == sa.bindparam("run_id"))
-                               .values(trained_seconds=sa.bindparam("seconds")), values)
+                               .values(trained_seconds=sa.bindparam("seconds"),
+                                       training_since=sa.bindparam("since")), values)
 
 
 def _status_changes(connection: sa.Connection, run_ids: list[str]) -> dict[str, list[tuple[str, int, datetime]]]:
@@ -93,9 +96,10 @@ def _status_changes(connection: sa.Connection, run_ids: list[str]) -> dict[str, 
     return changes
 
 
-def trained_seconds(run: sa.Row, changes: list[tuple[str, int, datetime]]) -> float:
+def trained_seconds(run: sa.Row, changes: list[tuple[str, int, datetime]]) -> tuple[float, datetime | None]:
     """The seconds of ``run``'s ended attempts: each from its start (a RUNNING) to the next RUNNING
-    (a restarted worker group), re-queue or end; the worker's times where the row kept them."""
+    (a restarted worker group), re-queue or end; and the start of the attempt its events leave open
+    (None if none); the worker's times where the row kept them."""
     runnings = [i for i, (to_status, _, _) in enumerate(changes) if to_status == "RUNNING"]
     ends = [i for i, (to_status, _, _) in enumerate(changes) if to_status in ENDS]
     known = {}  # event index -> the worker's time of that instant, kept on the row
@@ -111,7 +115,7 @@ def trained_seconds(run: sa.Row, changes: list[tuple[str, int, datetime]]) -> fl
         if since is not None:
             total += max(0.0, (at - since).total_seconds())
         since = at if to_status == "RUNNING" else None
-    return total
+    return total, since
 
 
 def _utc(value: datetime) -> datetime:
