@@ -71,6 +71,9 @@ def latest_local_checkpoint(spec: RunSpec, checkpoint_dir: str | None = None) ->
 def train(spec: RunSpec, **kwargs) -> dict[str, float]:
     """``workers.trainer.train``, imported once a run trains in this process: its algorithms import
     torchvision (1.3 s of a 4 s import on 2 cores), which a finished run or a DDP driver never needs."""
+    from workers.data.loading import start_worker_server_for
+
+    start_worker_server_for(spec)  # first: the loaders' fork server imports beside the trainer's import and build
     from workers.trainer import train as train_here
 
     return train_here(spec, **kwargs)

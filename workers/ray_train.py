@@ -169,6 +169,10 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     RUNNING (rank 0), train; rank 0 returns the final metrics. ``device_for(use_gpu)``: this
     rank's device. A Ray Train worker calls it, and so do the ranks of a sweep trial that trains
     in its own Tune actor (``workers.tune.actor_ranks``)."""
+    from workers.data.loading import start_worker_server_for
+
+    spec = RunSpec.model_validate_json(config["spec"])
+    start_worker_server_for(spec)  # first: its imports run beside this rank's and its build
     from api.views import RunStatus
     from workers.fault_injection import install_fault_injection
     from workers.loggers import closed_at_end, with_loggers
@@ -180,7 +184,6 @@ def train_rank(config: dict[str, Any], *, rank: int, world_size: int, device_for
     quiet_http_clients()  # rank 0's metric reports: a line each in the run's log otherwise
 
     imported = time.time()
-    spec = RunSpec.model_validate_json(config["spec"])
     device = device_for(spec.parallelism.use_gpu)
     os.environ.update(config.get("test_env") or {})
     _record_rank_process(config.get("run_id"), rank)

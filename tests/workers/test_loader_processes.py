@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import fcntl
 import inspect
+import json
 import logging
 import multiprocessing
 import os
@@ -171,3 +172,63 @@ def test_both_loaders_start_their_workers_from_the_fork_server(tmp_path):
                                             "channels": 1, "num_classes": 4, "num_workers": 1})
     for loader in (ImageFolderLoader(images, batch_size=10), WebDatasetLoader(stream, batch_size=10)):
         assert _process_kinds(loader) == {"ForkServerProcess"}, type(loader).__name__
+
+
+# A rank (``train_rank``, or ``tessera train``'s ``workers.local.train``) stopped where it builds
+# its trainer, and so its loaders, for each spec given: whether this process's fork server had
+# been started by then. A fresh process: a server, once started, runs until its process ends.
+STARTED_BY_BUILD = """
+import json, multiprocessing.forkserver, sys, torch
+import workers.trainer
+from api.specs import RunSpec
+from workers.local import train
+from workers.ray_train import train_rank, worker_config
+
+class Built(Exception):
+    pass
+
+def stop_at_build(*args, **kwargs):
+    raise Built(multiprocessing.forkserver._forkserver._forkserver_pid is not None)
+
+workers.trainer.Trainer = workers.trainer.train = stop_at_build
+for spec in json.loads(sys.argv[2]):
+    spec = RunSpec.model_validate(spec)
+    try:
+        if sys.argv[1] == "train_rank":
+            train_rank(worker_config(spec, run_id="r"), rank=1, world_size=2,
+                       device_for=lambda gpu: torch.device("cpu"), on_eval=None, entered=0.0)
+        else:
+            train(spec)
+    except Built as built:
+        print(built.args[0], flush=True)
+"""
+
+
+def _run_spec(train: dict, evaluation: dict | None = None) -> dict:
+    return {"name": "early", "model": {"name": "simple_cnn"}, "max_duration": "1ba",
+            "optimizer": {"name": "sgd", "lr": 0.1}, "data": {"train": train, "eval": evaluation, "batch_size": 4}}
+
+
+@pytest.mark.parametrize("path", ["train_rank", "local_train"])
+def test_a_rank_starts_its_fork_server_before_it_builds_loaders_that_use_worker_processes(tmp_path, path):
+    folder = {"name": "image_folder", "root": str(tmp_path / "images"), "channels": 1}
+    specs = [_run_spec({"name": "synthetic", "num_samples": 64, "image_size": 8}),  # batches sliced in this process
+             _run_spec({**folder, "num_workers": 0}),  # read in this process
+             _run_spec({**folder, "num_workers": 2})]
+    rank = subprocess.run([sys.executable, "-c", STARTED_BY_BUILD, path, json.dumps(specs)], capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=300)
+    assert rank.stdout.split() == ["False", "False", "True"], rank.stderr[-3000:]
+
+
+def test_a_run_whose_evaluation_alone_uses_worker_processes_starts_the_fork_server(monkeypatch, tmp_path):
+    from api.specs import RunSpec
+    from workers.data import loading
+
+    started = []
+    monkeypatch.setattr(loading, "start_worker_server", lambda: started.append(True))
+    folder = {"name": "image_folder", "root": str(tmp_path / "images"), "channels": 1}
+    loading.start_worker_server_for(RunSpec.model_validate(_run_spec({**folder, "num_workers": 0})))
+    assert started == []
+    loading.start_worker_server_for(RunSpec.model_validate(_run_spec({**folder, "num_workers": 0},
+                                                                     {**folder, "num_workers": 1})))
+    assert started == [True]

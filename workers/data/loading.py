@@ -48,10 +48,28 @@ def worker_processes(num_workers: int) -> dict[str, Any]:
             "worker_init_fn": functools.partial(_start_worker, os.getpid(), dict(os.environ))}
 
 
+def start_worker_server_for(spec: Any) -> None:
+    """Start the fork server now if ``spec``'s loaders read with worker processes (``num_workers``
+    above 0 on an image folder, WebDataset shards or your own data set, for training or
+    evaluation), before the rank imports the trainer and builds it: the server's own imports (torch,
+    Ray, the data modules: seconds) then run beside those, not while the first epoch waits for
+    them. A run whose loaders read in this process gets no server.
+
+    That early is as safe as at the loaders' build: the server is a fresh interpreter, forked and
+    exec'd at once (``multiprocessing.util.spawnv_passfds``), whatever other threads hold. From this
+    moment it keeps only what its own imports read (the environment, ``sys.path``); a worker still
+    gets the rank's environment (``worker_processes``), and its ``sys.path`` and working directory
+    (``spawn.get_preparation_data``, sent with each worker: a user's code installed later is found)
+    as of its epoch."""
+    datasets = (spec.data.train, spec.data.eval)
+    if any(getattr(dataset, "num_workers", 0) > 0 for dataset in datasets if dataset is not None):
+        start_worker_server()
+
+
 def start_worker_server() -> Any:
     """Start this process's fork server if it is not running (it imports in the background while
-    the caller goes on: loaders call this when built, before their first epoch needs it); return
-    its multiprocessing context."""
+    the caller goes on: loaders call this when built, before their first epoch needs it; ranks
+    earlier, ``start_worker_server_for``); return its multiprocessing context."""
     context = multiprocessing.get_context("forkserver")
     # The list is read when the server starts; later calls change nothing.
     context.set_forkserver_preload(_PRELOADED + [name for name in _MAIN_IMPORTS if name in sys.modules])
