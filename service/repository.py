@@ -247,7 +247,7 @@ class Repository(AttemptStore):
                 run.tags = list(dict.fromkeys(tags))
             if notes is not None:
                 run.notes = clean_text(notes) or None
-            run.updated_at = utcnow()
+            # Not updated_at: it says when the run's job was last heard of (run_writes.last_heard).
             session.flush()
             return RunRecord.from_row(run)
 
@@ -333,6 +333,7 @@ class Repository(AttemptStore):
             row.attempt, row.step, row.epoch, row.time = run.attempt, report.step, report.epoch, report.time
             row.bytes, row.committed, row.world_size = report.bytes, report.committed, report.world_size
             row.error = clean_text(report.error)
+            run.updated_at = utcnow()  # heard of (run_writes.last_heard)
             if not report.committed:
                 status = RunStatus(run.status)
                 reason = first_line(row.error, 400) or "unknown error"
@@ -352,7 +353,8 @@ class Repository(AttemptStore):
         with self.db.locked_write(Run, run_id, RunNotFound) as (session, run):
             _refuse_after_end(run, "a note")
             status = RunStatus(run.status)
-            add_run_event(session, run, status, status, clean_text(message), utcnow())
+            run.updated_at = utcnow()  # heard of (run_writes.last_heard)
+            add_run_event(session, run, status, status, clean_text(message), run.updated_at)
             session.flush()
             return RunRecord.from_row(run)
 

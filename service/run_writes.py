@@ -92,8 +92,9 @@ def attempt_began(run: Run) -> datetime:
 
 
 def last_heard(run: Run, now: datetime) -> datetime:
-    """The last time the service heard of ``run`` before ``now``: its last status change, metric
-    batch or edit (``updated_at``). A lost job's attempt ended by then, as far as anyone knows."""
+    """The last time the service heard of ``run`` before ``now``: its last status change, or its
+    job's last metric batch, checkpoint or note (``updated_at``; a user's edit of its tags or notes
+    does not move it). A lost job's attempt ended by then, as far as anyone knows."""
     return min(aware(run.updated_at), now)
 
 

@@ -75,6 +75,8 @@ class AttemptedRow:
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # A run's: its last status change, or its job's last report (service.run_writes.last_heard);
+    # not a user's edit of its tags or notes. A sweep's: its last status change or report.
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

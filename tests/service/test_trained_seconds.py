@@ -13,7 +13,7 @@ from sqlalchemy import update
 from api.views import RunStatus, RunView, SweepStatus
 from service.db.models import Run
 from service.sweep_repository import SweepRepository
-from tests.service.test_outage_reports import _start, _status, _submitted_ago, _time, _token, api  # noqa: F401
+from tests.service.test_outage_reports import _post, _start, _status, _submitted_ago, _time, _token, api  # noqa: F401
 
 API = "/api/v1"
 MINUTE = timedelta(minutes=1)
@@ -72,6 +72,31 @@ def test_a_lost_job_ends_its_attempt_when_the_service_last_heard_of_the_run_and_
     assert _training(done) == (3600.0 + 900.0, None)
     view = RunView.model_validate(done.json())
     assert view.span_seconds_at() == (second + 15 * MINUTE - first).total_seconds() > view.trained_seconds
+
+
+def test_a_users_edit_is_not_news_of_a_lost_job_but_its_workers_checkpoint_is(api, fake_jobs, example_body):
+    """When the service last heard of a run is when its job last reported: a tag or notes edit
+    while its job is lost says nothing of the job, so it does not lengthen the attempt."""
+    run_id, token = _start(api, fake_jobs, example_body)
+    first = _submitted_ago(api, run_id, timedelta(hours=3)) + MINUTE
+    _status(api, run_id, token, "RUNNING", started_at=first)
+    _set(api, run_id, updated_at=first + 60 * MINUTE)
+    edited = api.patch(f"{API}/runs/{run_id}", json={"tags": ["lost"], "notes": "where did it go?"})
+    assert edited.status_code == 200, edited.text
+    fake_jobs.forget(f"run-{run_id}-attempt-1")
+    api.app.state.dispatcher.tick()
+    assert _training(api.get(f"{API}/runs/{run_id}")) == (3600.0, None)
+
+    second_id, second_token = _start(api, fake_jobs, example_body)
+    started = _submitted_ago(api, second_id, timedelta(hours=3)) + MINUTE
+    _status(api, second_id, second_token, "RUNNING", started_at=started)
+    _set(api, second_id, updated_at=started + 60 * MINUTE)
+    checkpoint = {"url": "file:///tmp/ckpt/step-4", "step": 4, "epoch": 0, "committed": True, "world_size": 1,
+                  "time": datetime.now(timezone.utc).isoformat()}
+    assert _post(api, second_id, second_token, "checkpoint", checkpoint).status_code < 300
+    fake_jobs.forget(f"run-{second_id}-attempt-1")
+    api.app.state.dispatcher.tick()
+    assert _training(api.get(f"{API}/runs/{second_id}"))[0] > 2 * 3600  # heard of just now
 
 
 def test_a_failed_attempt_counts_to_its_reported_end_and_a_resume_adds_nothing_until_the_next_one_trains(
