@@ -79,16 +79,16 @@ def fields_unknown_to_service(exc: BaseException, sent: BaseModel) -> frozenset[
 
 # (report, field) the service refused as unknown: warned about once per process, then left out up
 # front, so an older service gets one request per report, not a refused one and its retry.
-_warned_unknown_fields: set[tuple[str, str]] = set()
-_warned_lock = threading.Lock()
+_unknown_to_service: set[tuple[str, str]] = set()
+_unknown_lock = threading.Lock()
 
 
 def warn_once_unknown_fields(report: str, names: frozenset[str]) -> None:
     """Log, once per process for each of ``names``, that the service is older than this worker
     and ``report`` reports go without that field."""
-    with _warned_lock:
-        new = sorted(name for name in names if (report, name) not in _warned_unknown_fields)
-        _warned_unknown_fields.update((report, name) for name in new)
+    with _unknown_lock:
+        new = sorted(name for name in names if (report, name) not in _unknown_to_service)
+        _unknown_to_service.update((report, name) for name in new)
     for name in new:
         log.warning("the Tessera service is older than this worker: it does not know the %s report field %r, so "
                     "%s reports are sent without it (the service times them by their arrival); upgrade the "
@@ -100,8 +100,8 @@ def send_status(client: Client, run_id: str, token: str | None, report: StatusRe
     without, once more without them (a 422 of anything else, or of the second try, raises). Every
     status a worker sends goes through here: this reporter's and the run's end (``workers.outcome``).
     A field the service refused once is left out of every later report at once."""
-    with _warned_lock:
-        known = {name for kind, name in _warned_unknown_fields if kind == "status"}
+    with _unknown_lock:
+        known = {name for kind, name in _unknown_to_service if kind == "status"}
     if left_out := known & report.omittable_for_older_services:
         report = report.model_copy(update=dict.fromkeys(left_out))
     try:

@@ -46,7 +46,7 @@ def as_older_service(app) -> None:
 def test_a_running_report_with_started_at_lands_on_a_service_older_than_the_field(client, fake_jobs, example_body,
                                                                                  tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("TESSERA_SPOOL_DIR", str(tmp_path / "spool"))
-    monkeypatch.setattr("workers.service_reporter._warned_unknown_fields", set())  # a fresh worker process
+    monkeypatch.setattr("workers.service_reporter._unknown_to_service", set())  # a fresh worker process
     as_older_service(client.app)
     run_id = client.post(f"{API}/runs", json=example_body).json()["id"]
     client.app.state.dispatcher.tick()

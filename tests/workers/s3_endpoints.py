@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from abc import ABC, abstractmethod
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Iterator
@@ -16,7 +17,7 @@ from workers import s3_limits
 LIMITS = replace(s3_limits.S3Limits(), connect_timeout_s=1.0, read_timeout_s=0.5, attempts=2)
 
 
-class _Server:
+class _Server(ABC):
     """Accepts TCP connections on loopback and hands each to ``serve`` on a thread of its own."""
 
     def __init__(self) -> None:
@@ -46,8 +47,9 @@ class _Server:
         with suppress(OSError):  # the client gave up on the connection, or close() closed it
             self.serve(conn)
 
+    @abstractmethod
     def serve(self, conn: socket.socket) -> None:
-        raise NotImplementedError  # each server says what it does with a connection
+        """What this server does with one accepted connection, on a thread of its own."""
 
     def close(self) -> None:
         self.closed.set()

@@ -185,7 +185,7 @@ from workers.local import train
 from workers.ray_train import train_rank, worker_config
 
 class Built(Exception):
-    pass
+    'Raised where the trainer would be built: its one argument says whether the server ran by then.'
 
 def stop_at_build(*args, **kwargs):
     raise Built(multiprocessing.forkserver._forkserver._forkserver_pid is not None)

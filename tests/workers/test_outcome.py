@@ -56,7 +56,7 @@ def test_the_end_of_an_attempt_lands_on_a_service_older_than_ended_at(monkeypatc
                                                          "msg": "Extra inputs are not permitted"}]})
         return httpx.Response(200, json=RUN)
 
-    monkeypatch.setattr("workers.service_reporter._warned_unknown_fields", set())
+    monkeypatch.setattr("workers.service_reporter._unknown_to_service", set())
     outcome = RunOutcome(Client("http://tessera.test", transport=httpx.MockTransport(service)), "r1", "tok")
     assert outcome.completed({"eval/accuracy": 0.9}) is True
     assert [sorted(body) for body in bodies] == [["ended_at", "message", "status"], ["message", "status"]]

@@ -187,7 +187,7 @@ def status_bodies(service):
 
 
 def test_a_running_report_an_older_service_refuses_for_started_at_goes_again_without_it(caplog, monkeypatch):
-    monkeypatch.setattr("workers.service_reporter._warned_unknown_fields", set())  # this test's process, as it were
+    monkeypatch.setattr("workers.service_reporter._unknown_to_service", set())  # this test's process, as it were
     service = OlderService()
     with caplog.at_level(logging.WARNING, logger="workers.service_reporter"):
         for _ in range(2):  # two reporters of one process (a restarted worker group): one warning, one refusal
