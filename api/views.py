@@ -364,7 +364,8 @@ class TrialView(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     metric: float | None = Field(None, description="best value of the sweep's metric (by its mode)")
     last_metric: float | None = None
-    wall_time_s: float | None = Field(None, description="from the first RUNNING to the end (or now)")
+    wall_time_s: float | None = Field(None, description="the time it trained (up to now while it trains), its "
+                                                           "waits between attempts left out; None before it first ran")
     progress: float | None = Field(None, description="fraction of max_duration trained (time/progress)")
 
 

@@ -1,5 +1,5 @@
 """``SweepView``: a sweep row and its trial runs as the API shows them, with the Pareto front
-of metric against wall time and the best trial."""
+of metric against wall time (the time each trial trained) and the best trial."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import datetime
 
 from api.sweeps import pareto_front
-from api.views import RunStatus, SkippedSet, SweepStatus, SweepView, TrialView
+from api.views import ACTIVE_STATUSES, RunStatus, SkippedSet, SweepStatus, SweepView, TrialView
 from service.db.models import Run, Sweep
 
 
@@ -32,9 +32,10 @@ def _trial_view(run: Run, metric: str, mode: str, now: datetime) -> TrialView:
     status = RunStatus(run.status)
     bounds = (run.extrema or {}).get(metric)
     wall_time_s = None
-    if run.started_at is not None:
-        end = run.finished_at if status.is_terminal and run.finished_at is not None else now
-        wall_time_s = max(0.0, (end - run.started_at).total_seconds())
+    if run.started_at is not None:  # the time it trained: its waits between attempts are not the trial's cost
+        wall_time_s = run.trained_seconds or 0.0
+        if run.training_since is not None and status in ACTIVE_STATUSES:
+            wall_time_s += max(0.0, (now - run.training_since).total_seconds())
     return TrialView(run_id=run.id, trial_id=run.trial_id, name=run.name, status=status, attempt=run.attempt,
                      algorithms=[a["name"] for a in run.spec.get("algorithms", [])],
                      params=dict(run.trial_params or {}),

@@ -274,6 +274,7 @@ def test_trials_table_sorts_by_the_clicked_column_by_mouse_and_keyboard(page, li
     assert trial_ids_in_table(page) == ["best", "slow", "fast", "stopped", "failed"]
 
     wall = page.locator("#trials-table th.col-wall")
+    expect(wall).to_have_attribute("title", re.compile("trained, its waits between attempts left out"))
     wall.get_by_role("button").focus()
     page.keyboard.press("Enter")
     expect(wall).to_have_attribute("aria-sort", "ascending")

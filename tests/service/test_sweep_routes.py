@@ -57,11 +57,13 @@ def _metrics(client, run_id, token, key, values):
     assert response.status_code == 200, response.text
 
 
-def _set_times(client, run_id, started: datetime, seconds: float) -> None:
-    # The wall time of a trial is real time between its reports; pin it so the frontier is known.
+def _set_times(client, run_id, started: datetime, seconds: float, *, span: float | None = None) -> None:
+    # The wall time of a trial is the time it trained, real time between its reports; pin it so the
+    # frontier is known. ``span``: its first start to its end, waits between attempts included.
     with client.app.state.repo.engine.begin() as conn:
         conn.execute(update(Run).where(Run.id == run_id)
-                     .values(started_at=started, finished_at=started + timedelta(seconds=seconds)))
+                     .values(started_at=started, finished_at=started + timedelta(seconds=span or seconds),
+                             trained_seconds=seconds))
 
 
 def test_a_service_sweep_is_queued_with_its_skipped_sets_and_no_driver_token(client, sweep_body):
@@ -234,8 +236,10 @@ def test_the_view_has_each_trial_s_best_metric_the_pareto_front_and_the_best_run
     t0 = datetime(2026, 11, 29, 12, tzinfo=timezone.utc)
     # (accuracy points, end, wall time): fast-ok and slow-best are on the front; dominated is
     # slower and worse than fast-ok; the stopped trial is best of all but did not complete.
+    # fast-ok waited an hour between two attempts: the wait is not its cost.
     trials = {"fast-ok": ([0.5, 0.9, 0.85], "COMPLETED", 10.0), "slow-best": ([0.6, 0.95], "COMPLETED", 60.0),
               "dominated": ([0.8], "COMPLETED", 20.0), "stopped": ([0.99], "stopped", 5.0)}
+    spans = {"fast-ok": 3610.0}
     run_ids = {}
     for trial_id, (points, end, seconds) in trials.items():
         ticket = _ticket(client, sweep["id"], token, trial_id, example_body)
@@ -248,7 +252,7 @@ def test_the_view_has_each_trial_s_best_metric_the_pareto_front_and_the_best_run
         else:
             client.post(f"{API}/sweeps/{sweep['id']}/trials/{trial_id}/end", headers=_auth(token),
                         json={"outcome": end})
-        _set_times(client, ticket["run_id"], t0, seconds)
+        _set_times(client, ticket["run_id"], t0, seconds, span=spans.get(trial_id))
     view = client.get(f"{API}/sweeps/{sweep['id']}").json()
     by_trial = {t["trial_id"]: t for t in view["trials"]}
     fast = by_trial["fast-ok"]
@@ -257,6 +261,21 @@ def test_the_view_has_each_trial_s_best_metric_the_pareto_front_and_the_best_run
     assert view["pareto"] == [run_ids["fast-ok"], run_ids["slow-best"]]
     assert view["best_run_id"] == run_ids["slow-best"]
     assert view["counts"] == {"COMPLETED": 3, "STOPPED": 1}
+
+
+def test_a_training_trial_s_wall_time_is_its_ended_attempts_and_the_one_training_now(client, sweep_body,
+                                                                                      example_body):
+    sweep, token = _external(client, sweep_body)
+    ticket = _ticket(client, sweep["id"], token, "t", example_body)
+    _report(client, ticket["run_id"], ticket["token"], "RUNNING")
+    now = datetime.now(timezone.utc)
+    # A first attempt trained 3 s, then it waited a day; the second has trained 5 s so far.
+    with client.app.state.repo.engine.begin() as conn:
+        conn.execute(update(Run).where(Run.id == ticket["run_id"])
+                     .values(started_at=now - timedelta(days=1), trained_seconds=3.0,
+                             training_since=now - timedelta(seconds=5)))
+    (trial,) = client.get(f"{API}/sweeps/{sweep['id']}").json()["trials"]
+    assert trial["status"] == "RUNNING" and 8.0 <= trial["wall_time_s"] < 68.0
 
 
 def test_a_min_mode_sweep_picks_the_lowest_loss(client, sweep_body, example_body):

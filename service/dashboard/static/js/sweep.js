@@ -27,7 +27,8 @@ const COLUMNS = [
   { id: "algorithms", title: "Algorithms", sort: (t) => t.algorithms.join(" + ") },
   { id: "params", title: "Params", sort: (t) => paramsText(t.params) },
   { id: "metric", title: "Metric", sort: (t) => t.metric, numeric: true },
-  { id: "wall", title: "Wall time", sort: (t) => t.wall_time_s, numeric: true },
+  { id: "wall", title: "Wall time", sort: (t) => t.wall_time_s, numeric: true,
+    hint: "the time the trial trained, its waits between attempts left out" },
   { id: "progress", title: "Progress", sort: (t) => trialProgress(t), numeric: true },
 ];
 
@@ -91,7 +92,8 @@ export function mount(root, ctx) {
                                   onclick: () => sortBy(column) }, column.title,
     el("span", { class: "sort-mark", "aria-hidden": "true" }, ""));
     sortButtons.set(column.id, button);
-    return el("th", { scope: "col", class: `col-${column.id}${column.numeric ? " num" : ""}` }, button);
+    return el("th", { scope: "col", class: `col-${column.id}${column.numeric ? " num" : ""}`,
+                      ...(column.hint ? { title: column.hint } : {}) }, button);
   });
   const trialsBody = el("tbody");
   const trialsTable = el("table", { class: "runs-table trials-table", id: "trials-table" },
