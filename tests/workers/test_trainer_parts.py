@@ -1,8 +1,10 @@
 """The trainer's parts: what a checkpoint gathers, when it saves, and test-only faults that are
 installed only when asked for."""
 
+import pytest
+
 from workers.events import Event
-from workers.fault_injection import FaultInjection, install_fault_injection
+from workers.fault_injection import FaultInjection, install_fault_injection, killed_at
 from workers.reporter import MemorySink
 from workers.state import State
 from workers.timekeeping import Timestamp
@@ -48,7 +50,7 @@ def test_faults_are_installed_only_when_the_environment_asks_for_one():
     assert trainer.engine.callbacks == []
     install_fault_injection(trainer, environ={"TESSERA_TEST_BATCH_DELAY_S": "0.01"})
     (faults,) = trainer.engine.callbacks
-    assert isinstance(faults, FaultInjection) and faults.delay_s == 0.01 and faults.kill_at_batch is None
+    assert isinstance(faults, FaultInjection) and faults.delay_s == 0.01 and not faults.kill_at_batches
 
 
 def test_a_kill_happens_once_on_the_chosen_rank_after_the_chosen_batch(tmp_path, monkeypatch):
@@ -66,3 +68,22 @@ def test_a_kill_happens_once_on_the_chosen_rank_after_the_chosen_batch(tmp_path,
     marker.unlink()
     faults.run_event(Event.BATCH_END, state)
     assert len(kills) == 1  # the default rank is the last one
+
+
+def test_several_kill_points_kill_once_each_in_the_order_training_reaches_them(tmp_path, monkeypatch):
+    kills = []
+    monkeypatch.setattr("workers.fault_injection.os.kill", lambda pid, sig: kills.append(sig))
+    marker = tmp_path / "killed"
+    faults = FaultInjection.from_env({"TESSERA_TEST_KILL_AT_BATCH": "5,4,7", "TESSERA_TEST_KILL_MARKER": str(marker)})
+    state = State(model=None, num_classes=2, max_batches=8, loss_fn=None, rank=1, world_size=2)
+    # Killed at 4, resumed from 2; killed at 5, resumed from 4; killed at 7, resumed from 6.
+    for batch in (1, 2, 3, 4, 3, 4, 5, 5, 6, 7, 7, 8):
+        state.timestamp = Timestamp(batch=batch)
+        faults.run_event(Event.BATCH_END, state)
+    assert len(kills) == 3
+    assert [batch for batch, _ in killed_at(marker)] == [4, 5, 7]
+
+
+def test_a_kill_point_that_is_not_a_batch_number_is_refused():
+    with pytest.raises(ValueError, match="TESSERA_TEST_KILL_AT_BATCH"):
+        FaultInjection.from_env({"TESSERA_TEST_KILL_AT_BATCH": "4;5", "TESSERA_TEST_KILL_MARKER": "m"})
