@@ -52,25 +52,36 @@ class LocalRayCluster:
         self.client_server_port = free_port()  # the same across restarts; see end_head
         self.node_dirs: dict[str, str] = {}
 
-    def _ray_start(self, *args: str) -> None:
-        result = subprocess.run([RAY, "start", *args, "--object-store-memory=100000000", "--disable-usage-stats",
+    def _ray_start(self, *args: str) -> subprocess.Popen:
+        """Launch one ``ray start``; :meth:`_started` waits for it. Several may start at once."""
+        return subprocess.Popen([RAY, "start", *args, "--object-store-memory=100000000", "--disable-usage-stats",
                                  # Two nodes on the default job-agent port (52365) break job submission.
                                  f"--dashboard-agent-listen-port={free_port()}"],
-                                capture_output=True, text=True, env=self.env, timeout=180)
-        assert result.returncode == 0, f"ray start {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+
+    @staticmethod
+    def _started(popen: subprocess.Popen) -> None:
+        stdout, stderr = popen.communicate(timeout=180)
+        assert popen.returncode == 0, f"{' '.join(popen.args)} failed:\n{stdout}\n{stderr}"
 
     def start_head(self) -> None:
         self.head_dir = tempfile.mkdtemp(prefix="trh")  # short: Ray puts unix sockets under it
-        self._ray_start("--head", f"--port={self.port}", "--num-cpus=0", "--num-gpus=0",
-                        "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.head_dir}",
-                        f"--ray-client-server-port={self.client_server_port}")
+        self._started(self._ray_start(
+            "--head", f"--port={self.port}", "--num-cpus=0", "--num-gpus=0", "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.head_dir}",
+            f"--ray-client-server-port={self.client_server_port}"))
 
-    def start_node(self, name: str) -> None:
-        self.node_dirs[name] = tempfile.mkdtemp(prefix="trn")
-        self._ray_start(f"--address={self.address}", "--num-cpus=1", "--num-gpus=0",
-                        f"--node-ip-address={NODE_IPS[name]}",
-                        f"--resources={json.dumps({name: 1})}", f"--temp-dir={self.node_dirs[name]}")
+    def start_nodes(self, *names: str) -> None:
+        """Start the named worker nodes side by side (each ``ray start`` is mostly waiting on
+        its processes' start) and return once every one of them has started."""
+        launched = []
+        for name in names:
+            self.node_dirs[name] = tempfile.mkdtemp(prefix="trn")
+            launched.append(self._ray_start(
+                f"--address={self.address}", "--num-cpus=1", "--num-gpus=0", f"--node-ip-address={NODE_IPS[name]}",
+                f"--resources={json.dumps({name: 1})}", f"--temp-dir={self.node_dirs[name]}"))
+        for popen in launched:
+            self._started(popen)
 
     def stop_head(self) -> None:
         if self.head_dir:
@@ -152,8 +163,7 @@ def ray_cluster(s3_server, ray_token):
     cluster = LocalRayCluster(env)
     try:
         cluster.start_head()
-        for name in NODE_NAMES:
-            cluster.start_node(name)
+        cluster.start_nodes(*NODE_NAMES)
         wait_until(lambda: len(cluster.node_names_by_id()) == len(NODE_NAMES), timeout=60,
                    what="three worker nodes to join")
         assert cluster.node_ips() == NODE_IPS

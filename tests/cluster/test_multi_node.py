@@ -51,6 +51,11 @@ def running_messages(client, run_id: str) -> list[str]:
     return [e.message or "" for e in client.run_events(run_id).data if e.to_status is RunStatus.RUNNING]
 
 
+def resumed(client, run_id: str) -> bool:
+    """Whether an attempt of the run has started again from a checkpoint in S3."""
+    return any("resuming from s3://" in m for m in running_messages(client, run_id))
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(cluster_svc, ray_cluster):
     """The spec run once without incident: ``(final run view, node names of its two workers)``."""
@@ -85,16 +90,19 @@ def test_a_node_lost_mid_run_costs_nothing_the_run_resumes_elsewhere_bitwise_equ
     victim = nodes[0]
     try:
         ray_cluster.kill_raylet(victim)
-        final = wait_for_status(client, run.id, TERMINAL_STATUSES, timeout=300)
+        # The run goes on with the two nodes left; the replacement joins once it has resumed
+        # (or ended), as an autoscaler's would, while the run trains.
+        wait_until(lambda: resumed(client, run.id) or client.get_run(run.id).status in TERMINAL_STATUSES,
+                   timeout=300, what=f"run {run.id} to resume after losing {victim}")
     finally:
         ray_cluster.stop_node(victim)  # what is left of it
-        ray_cluster.start_node(victim)
+        ray_cluster.start_nodes(victim)
+    final = wait_for_status(client, run.id, TERMINAL_STATUSES, timeout=300)
     assert final.status is RunStatus.COMPLETED, final.error
     assert final.summary["time/batch"] == BATCHES
     # Ray Train restarted the worker group on the nodes left (max_restarts: 1), from S3.
     assert RunStatus.RESTARTING in [e.to_status for e in client.run_events(run.id).data]
-    resumed = [m for m in running_messages(client, run.id) if "resuming from s3://" in m]
-    assert resumed, running_messages(client, run.id)
+    assert resumed(client, run.id), running_messages(client, run.id)
     # Resumed from a committed checkpoint at or after the one seen before the kill.
     steps = [c.step for c in client.list_checkpoints(run.id) if c.committed]
     assert steps[-1] == BATCHES and committed.step <= BATCHES
@@ -125,8 +133,7 @@ def test_a_lost_head_makes_the_service_unready_and_its_run_finishes_once_ray_is_
         assert client.get_run(run.id).status in (RunStatus.RUNNING, RunStatus.STARTING, RunStatus.RESTARTING)
     finally:
         ray_cluster.start_head()
-        for name in NODE_NAMES:
-            ray_cluster.start_node(name)
+        ray_cluster.start_nodes(*NODE_NAMES)
     wait_until(lambda: probe(cluster_svc.url, "/readyz")[0] == 200, timeout=120, what="the service to be ready")
     final = wait_for_status(client, run.id, TERMINAL_STATUSES, timeout=300)
     assert final.status is RunStatus.COMPLETED, final.error
@@ -161,7 +168,7 @@ def test_a_sweep_spreads_its_trials_across_the_nodes_and_one_whose_node_is_lost_
     ray_cluster.kill_raylet(victim)
     # A replacement node joins, as an autoscaler would bring one.
     ray_cluster.stop_node(victim)
-    ray_cluster.start_node(victim)
+    ray_cluster.start_nodes(victim)
     sweep = client.wait_sweep(created.id, timeout=300)
     assert sweep.status is SweepStatus.COMPLETED, (sweep.error, sweep.message)
     assert sweep.counts == {"COMPLETED": 2}
