@@ -87,8 +87,9 @@ class RunView(BaseModel):
                           "counts. The attempt training now is not in it: add now - training_since while that is set "
                           "(RunView.trained_seconds_at does; the answer stays the same while the run trains, so a "
                           "poller's ETag holds). A worker-group restart inside a job counts as training (when the old "
-                          "group stopped is not known); an attempt whose Ray job was lost ends when the service last "
-                          "heard of the run; one that ended before it began training counts nothing. None from a "
+                          "group stopped is not known); an attempt whose Ray job ended without the worker's report ends "
+                          "when Ray saw the job end, and one whose job was lost when the service last heard of the "
+                          "run; one that ended before it began training counts nothing. None from a "
                           "service older than this field")
     training_since: datetime | None = Field(
         None, description="while an attempt trains (RUNNING, RESTARTING, or CANCELING after it began training): when "
@@ -128,10 +129,7 @@ class RunView(BaseModel):
         older than the field (``span_seconds_at`` is then all there is)."""
         if self.trained_seconds is None:
             return None
-        if self.training_since is None:
-            return self.trained_seconds
-        now = now or datetime.now(timezone.utc)
-        return self.trained_seconds + max(0.0, (now - self.training_since).total_seconds())
+        return trained_up_to(self.trained_seconds, self.training_since, now or datetime.now(timezone.utc))
 
     def span_seconds_at(self, now: datetime | None = None) -> float | None:
         """The wall-clock time from the run's first start to its end, or to ``now`` (default: this
@@ -140,6 +138,15 @@ class RunView(BaseModel):
             return None
         end = self.finished_at or now or datetime.now(timezone.utc)
         return max(0.0, (end - self.started_at).total_seconds())
+
+
+def trained_up_to(trained_seconds: float, training_since: datetime | None, now: datetime) -> float:
+    """Seconds a run trained up to ``now``: its ended attempts' (``trained_seconds``) and, while
+    an attempt trains (``training_since`` set), the time since that attempt began (none if the
+    clock reads before it)."""
+    if training_since is None:
+        return trained_seconds
+    return trained_seconds + max(0.0, (now - training_since).total_seconds())
 
 
 def metric_mode(key: str) -> Literal["min", "max"]:

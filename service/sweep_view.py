@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import datetime
 
 from api.sweeps import pareto_front
-from api.views import ACTIVE_STATUSES, RunStatus, SkippedSet, SweepStatus, SweepView, TrialView
+from api.views import ACTIVE_STATUSES, RunStatus, SkippedSet, SweepStatus, SweepView, TrialView, trained_up_to
 from service.db.models import Run, Sweep
 
 
@@ -33,9 +33,8 @@ def _trial_view(run: Run, metric: str, mode: str, now: datetime) -> TrialView:
     bounds = (run.extrema or {}).get(metric)
     wall_time_s = None
     if run.started_at is not None:  # the time it trained: its waits between attempts are not the trial's cost
-        wall_time_s = run.trained_seconds or 0.0
-        if run.training_since is not None and status in ACTIVE_STATUSES:
-            wall_time_s += max(0.0, (now - run.training_since).total_seconds())
+        wall_time_s = trained_up_to(run.trained_seconds or 0.0,
+                                    run.training_since if status in ACTIVE_STATUSES else None, now)
     return TrialView(run_id=run.id, trial_id=run.trial_id, name=run.name, status=status, attempt=run.attempt,
                      algorithms=[a["name"] for a in run.spec.get("algorithms", [])],
                      params=dict(run.trial_params or {}),
