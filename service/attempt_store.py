@@ -14,6 +14,7 @@ import re
 from collections import namedtuple
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
+from datetime import datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import select
@@ -118,10 +119,12 @@ class AttemptStore:
 
     def transition(self, record_id: str, to_status: enum.Enum, *, message: str | None = None,
                    error: str | None = None, only_from: Iterable[enum.Enum] | None = None,
-                   attempt: int | None = None, failure: str | None = None, job_lost: bool = False) -> Any:
+                   attempt: int | None = None, failure: str | None = None, job_lost: bool = False,
+                   ended_at: datetime | None = None) -> Any:
         """Change the record's status through its transition table and record why (``failure``:
         a run's ``machine`` or ``code`` with FAILED; ``job_lost``: Ray has no such job any more, so
-        a run's attempt ended when it was last heard of; a sweep keeps neither).
+        a run's attempt ended when it was last heard of; a sweep keeps neither). ``ended_at``: with
+        an end, when Ray saw its job end, if earlier than now.
 
         ``only_from`` and ``attempt`` make it a compare-and-set for loops that decided on an
         older snapshot: if the record has moved on since, ``IllegalTransition`` is raised instead.
@@ -131,7 +134,7 @@ class AttemptStore:
             self.stored.transitions.require_snapshot(record_id, current, to_status, stored_attempt=row.attempt,
                                               only_from=only_from, attempt=attempt)
             self.stored.apply_status(session, row, to_status, message=message, error=error, failure=failure,
-                                     job_lost=job_lost)
+                                     job_lost=job_lost, ended_at=ended_at)
             session.flush()
             return self.stored.record.from_row(row)
 

@@ -27,8 +27,8 @@ from typing import Any
 from service.attempt_store import AttemptStore
 from service.job_kinds import JobKind
 from service.lifecycle import Fix, IllegalTransition, Verdict, decide
-from service.ray_client import (LIVE_JOB_STATES, JobsClient, RayRefused, failure_from_logs, job_states,
-                                stop_and_check)
+from service.ray_client import (LIVE_JOB_STATES, JobsClient, RayRefused, failure_from_logs, job_ended_at,
+                                job_states, stop_and_check)
 from service.settings import Settings
 from service.tokens import new_token
 
@@ -269,9 +269,15 @@ class JobFollower:
         if fix is None:
             return None
         target, message, error, failure = self._explain(fix, record, context)
+        # A job that ended without its worker saying when (it crashed, was stopped, or ended while
+        # the service was down) ended when Ray saw it end, not when this tick learned of it.
+        ended_at = None
+        if fix.job_state is not None and fix.verdict is not Verdict.REQUEUE:  # the record ends
+            ended_at = job_ended_at(self.jobs, job_id)
         # Compare-and-set on the snapshot we decided from: a report may have landed since.
         self.store.transition(record.id, target, message=message, error=error, only_from=[record.status],
-                              attempt=record.attempt, failure=failure, job_lost=fix.job_state is None)
+                              attempt=record.attempt, failure=failure, job_lost=fix.job_state is None,
+                              ended_at=ended_at)
         log.info("%s %s: %s", self.kind.name, record.id, message)
         return error or message
 

@@ -17,6 +17,7 @@ hangs would block the dispatcher's thread forever. Every call here is bounded by
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from typing import Literal, Protocol
 
 import httpx
@@ -64,6 +65,20 @@ class JobsClient(Protocol):
         """Have Ray forget a finished job: its status and metadata go (its log files stay on
         the node, but the Jobs API no longer reads them). No error if Ray has no such job; Ray
         refuses a job that has not finished."""
+
+
+def job_ended_at(jobs: JobsClient, submission_id: str) -> datetime | None:
+    """When Ray says the finished job ended, if the Jobs client can tell (``ended_at``) and Ray
+    answers; None otherwise (the caller takes the time it learned of the end). Best effort: an
+    unanswered question here must not keep a record from ending."""
+    reader = getattr(jobs, "ended_at", None)
+    if reader is None:
+        return None
+    try:
+        return reader(submission_id)
+    except (RayUnavailable, RayRefused) as exc:
+        log.info("cannot read when Ray job %s ended: %s", submission_id, exc)
+        return None
 
 
 def job_states(jobs: JobsClient) -> dict[str, str] | None:
@@ -155,6 +170,13 @@ class RayJobsClient:
     def status(self, submission_id: str) -> str | None:
         response = self._request("GET", f"/api/jobs/{submission_id}")
         return None if response.status_code == 404 else str(response.json()["status"])
+
+    def ended_at(self, submission_id: str) -> datetime | None:
+        """When the job ended (Ray's ``end_time``, milliseconds since the epoch, stamped by the
+        job's supervisor as it saw the driver exit); None while it runs or if Ray has no such job."""
+        response = self._request("GET", f"/api/jobs/{submission_id}")
+        end_ms = None if response.status_code == 404 else response.json().get("end_time")
+        return datetime.fromtimestamp(end_ms / 1000, timezone.utc) if isinstance(end_ms, (int, float)) else None
 
     def stop(self, submission_id: str) -> None:
         self._request("POST", f"/api/jobs/{submission_id}/stop")

@@ -9,8 +9,9 @@ How long a run trained (``runs.trained_seconds``, ``runs.training_since``; ``Run
 those names) leaves out the time it spent queued or starting between attempts, which its first
 start to its last end counts. An attempt trains from its RUNNING (``attempt_started_at``) to:
 
-- its end, as the run's ``finished_at`` says (the worker's word, else when the service learned
-  of it: a canceled run's job stops, and its workers train, after the cancel was asked for);
+- its end, as the run's ``finished_at`` says: the worker's word, else when Ray saw its job end
+  (a job that crashed or was stopped, also while the service was down; a canceled run's job
+  stops, and its workers train, after the cancel was asked for), else when the service learned of it;
 - a re-queue (its job lost, or a trial restarted by its sweep's driver): when the service last
   heard of the run (``last_heard``), not when the loss was noticed, which after a service restart
   may be hours later;
@@ -114,7 +115,8 @@ def apply_run_status(session: Session, run: Run, target: RunStatus, *, message: 
     """Move the locked ``run`` to ``target`` through the state machine and record the event.
     ``started_at``: with RUNNING, when the attempt began training if earlier than now;
     ``ended_at``: with a terminal ``target``, when the run ended if earlier than now. Both are a
-    worker's word, kept no earlier than the attempt's start (``worker_time``, ``attempt_began``);
+    worker's word (an end may be Ray's, when its job ended without the worker's report), kept no
+    earlier than the attempt's start (``worker_time``, ``attempt_began``);
     the event is still stamped now, when the service learned of it.
     ``failure``: with FAILED, why (``RunView.failure``: ``machine`` or ``code``; None: not known).
     ``job_lost``: Ray has no such job any more (lost with its node, or with the service's embedded

@@ -8,6 +8,8 @@ otherwise land before the sweep is CANCELED; a CANCELING run acknowledges them a
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -15,18 +17,21 @@ from api.views import TERMINAL_STATUSES, RunStatus, SweepStatus
 from service.db.models import Run, Sweep, utcnow
 from service.db.session import clean_text
 from service.repository import RunRecord
-from service.run_writes import apply_run_status, first_line
+from service.run_writes import apply_run_status, first_line, worker_time
 from service.state_machine import SWEEP_TRANSITIONS
 
 TRIAL_OUTLIVED_SWEEP = "the sweep ended before the trial reported"
 
 
 def apply_sweep_status(session: Session, sweep: Sweep, target: SweepStatus, *, message: str | None,
-                       error: str | None, failure: str | None = None, job_lost: bool = False) -> None:
+                       error: str | None, failure: str | None = None, job_lost: bool = False,
+                       ended_at: datetime | None = None) -> None:
     """Move the locked ``sweep`` to ``target`` through the state machine; a sweep that ends takes
     its driver's unfinished trials with it. An idempotent repeat changes nothing. ``failure`` and
     ``job_lost`` (``apply_run_status``'s, which the dispatcher passes for either kind) are not
-    kept: a sweep's trials are runs, each with its own, and its duration is its span."""
+    kept: a sweep's trials are runs, each with its own, and its duration is its span.
+    ``ended_at``: with an end, when Ray saw the driver's job end, if earlier than now; the trials
+    it ran ended then too."""
     if not SWEEP_TRANSITIONS.check(sweep.id, SweepStatus(sweep.status), target):
         return
     now = utcnow()
@@ -38,7 +43,7 @@ def apply_sweep_status(session: Session, sweep: Sweep, target: SweepStatus, *, m
     if target is SweepStatus.RUNNING and sweep.started_at is None:
         sweep.started_at = now
     if target.is_terminal:
-        sweep.finished_at = now
+        sweep.finished_at = worker_time(ended_at, sweep.started_at or sweep.created_at, now)
     if error is not None:
         sweep.error = error
     if message is None:
@@ -66,7 +71,8 @@ def _end_active_trials(session: Session, sweep: Sweep, *, canceled: bool) -> Non
     for run in _active_trials(session, sweep):
         if canceled:
             apply_run_status(session, run, RunStatus.CANCELING, message="its sweep was canceled", error=None)
-            apply_run_status(session, run, RunStatus.CANCELED, message="its sweep was canceled", error=None)
+            apply_run_status(session, run, RunStatus.CANCELED, message="its sweep was canceled", error=None,
+                             ended_at=sweep.finished_at)
         else:
             apply_run_status(session, run, RunStatus.FAILED, message=f"sweep {sweep.status.lower()}",
-                             error=TRIAL_OUTLIVED_SWEEP)
+                             error=TRIAL_OUTLIVED_SWEEP, ended_at=sweep.finished_at)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -126,9 +127,14 @@ class FakeJobs:
             raise RayAmbiguous(f"Ray answered DELETE /api/jobs/{submission_id} with 500: not finished")
         self.jobs.pop(submission_id, None)
 
+    def ended_at(self, submission_id: str) -> datetime | None:
+        job = self.jobs.get(submission_id)
+        return job.get("ended_at") if job else None
+
     # test helpers
-    def set_status(self, submission_id: str, status: str) -> None:
-        self.jobs[submission_id]["status"] = status
+    def set_status(self, submission_id: str, status: str, ended_at: datetime | None = None) -> None:
+        """``ended_at``: when Ray says a finished job ended (None: Ray does not say)."""
+        self.jobs[submission_id].update(status=status, ended_at=ended_at)
 
     def forget(self, submission_id: str) -> None:
         """Simulate a Ray head that lost the job (e.g. restarted)."""

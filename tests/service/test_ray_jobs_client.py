@@ -7,6 +7,7 @@ import socket
 import sys
 import time
 import uuid
+from datetime import datetime, timezone
 
 import httpx
 import pytest
@@ -119,9 +120,11 @@ def test_real_ray_head_runs_each_submission_once_and_stops_on_request(ray_head):
     client = RayJobsClient(ray_head.dashboard_url)
     job_id = f"tessera-test-{uuid.uuid4().hex[:8]}"
     entrypoint = f'{sys.executable} -c "import os; print(\'hi\', os.environ[\'TESSERA_TEST_MARK\'])"'
+    submitted = datetime.now(timezone.utc)
     client.submit(job_id, entrypoint, {"TESSERA_TEST_MARK": "first"})
     client.submit(job_id, entrypoint.replace("hi", "again"), {"TESSERA_TEST_MARK": "second"})  # already submitted
     assert _wait_for(client, job_id, {"SUCCEEDED", "FAILED"}) == "SUCCEEDED"
+    assert submitted <= client.ended_at(job_id) <= datetime.now(timezone.utc)  # Ray's end_time
     assert client.logs_tail(job_id).splitlines()[-1] == "hi first"
     from ray.job_submission import JobSubmissionClient
 
@@ -130,9 +133,13 @@ def test_real_ray_head_runs_each_submission_once_and_stops_on_request(ray_head):
     sleeper = f"{job_id}-sleep"
     client.submit(sleeper, "sleep 60", {})
     _wait_for(client, sleeper, {"RUNNING"})
+    assert client.ended_at(sleeper) is None  # not ended yet
+    stopped = datetime.now(timezone.utc)
     client.stop(sleeper)
     assert _wait_for(client, sleeper, {"STOPPED", "FAILED", "SUCCEEDED"}, timeout_s=30) == "STOPPED"
+    assert stopped <= client.ended_at(sleeper) <= datetime.now(timezone.utc)
     assert client.status(f"{job_id}-never-submitted") is None
+    assert client.ended_at(f"{job_id}-never-submitted") is None
 
 
 def test_a_cluster_with_token_auth_gets_rays_token_on_every_call(tmp_path):

@@ -3,11 +3,15 @@ bounded number of times, cancel by stopping the job; the run dispatcher leaves t
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
+from sqlalchemy import select, update
 
 from api.sweeps import SweepSpec
 from api.views import RunStatus, SweepStatus
 from tests.conftest import ADMIN_HEADERS
+from service.db.models import Run, Sweep, aware
 from service.dispatcher import Dispatcher
 from service.job_follower import JobFollower
 from service.job_kinds import DRIVER_ENDED_WITHOUT_RESULT, sweep_driver_jobs
@@ -133,6 +137,28 @@ def test_a_driver_job_that_succeeds_without_reporting_fails_the_sweep(dispatcher
     dispatcher.tick()
     failed = dispatcher.sweeps.get_sweep(sweep.id)
     assert (failed.status, failed.error) == (SS.FAILED, DRIVER_ENDED_WITHOUT_RESULT)
+
+
+def test_a_driver_job_that_ended_unreported_ends_the_sweep_and_its_trials_when_ray_saw_it_end(
+        dispatcher, sweep_spec, example_spec):
+    """The driver's job ended ten minutes into a trial, and the service learned of it an hour
+    later (it was down): the sweep, and the trial it was running, ended when Ray saw the job end."""
+    sweep, job_id = _submitted(dispatcher, sweep_spec)
+    dispatcher.sweeps.apply_driver_report(sweep.id, SS.RUNNING)
+    trial = _trial(dispatcher, sweep, "t1", example_spec)
+    began = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+    with dispatcher.repo.engine.begin() as conn:
+        conn.execute(update(Sweep).where(Sweep.id == sweep.id).values(started_at=began - timedelta(minutes=1)))
+        conn.execute(update(Run).where(Run.id == trial.id).values(attempt_started_at=began, training_since=began))
+    ended = began + timedelta(minutes=10)
+    dispatcher.jobs.set_status(job_id, "SUCCEEDED", ended_at=ended)
+    dispatcher.tick()
+    failed = dispatcher.sweeps.get_sweep(sweep.id)
+    assert (failed.status, failed.error) == (SS.FAILED, DRIVER_ENDED_WITHOUT_RESULT)
+    with dispatcher.repo.engine.begin() as conn:
+        assert aware(conn.execute(select(Sweep.finished_at).where(Sweep.id == sweep.id)).scalar_one()) == ended
+    trial = dispatcher.repo.get_run(trial.id)
+    assert (trial.status, trial.finished_at, trial.trained_seconds) == (S.FAILED, ended, 600.0)
 
 
 def test_a_sweep_the_driver_completed_is_left_alone_when_its_job_ends(dispatcher, sweep_spec):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from sqlalchemy import update
 
 from api.views import RunStatus, RunView, SweepStatus
 from service.db.models import Run
+from service.ray_client import RayAmbiguous
 from service.sweep_repository import SweepRepository
 from tests.service.test_outage_reports import _post, _start, _status, _submitted_ago, _time, _token, api  # noqa: F401
 
@@ -170,6 +172,38 @@ def test_a_canceled_run_whose_job_was_lost_ends_when_the_service_last_heard_of_i
     assert canceled.json()["status"] == "CANCELED"
     assert _time(canceled, "finished_at") == started + 30 * MINUTE
     assert _training(canceled) == (1800.0, None)
+
+
+@pytest.mark.parametrize("state", ["FAILED", "STOPPED", "SUCCEEDED"])
+def test_a_job_that_ended_unreported_ends_its_run_when_ray_saw_it_end(api, fake_jobs, example_body, state):
+    """Its driver died (or was stopped outside Tessera) 25 minutes in, with no report, while the
+    service was down; the service learned of it an hour later. It trained, and ended, until Ray
+    saw its job end."""
+    run_id, token = _start(api, fake_jobs, example_body)
+    started = _submitted_ago(api, run_id, timedelta(hours=2)) + MINUTE
+    _status(api, run_id, token, "RUNNING", started_at=started)
+    fake_jobs.set_status(f"run-{run_id}-attempt-1", state, ended_at=started + 25 * MINUTE)
+    api.app.state.dispatcher.tick()
+    failed = api.get(f"{API}/runs/{run_id}")
+    assert failed.json()["status"] == "FAILED"
+    assert _time(failed, "finished_at") == started + 25 * MINUTE
+    assert _training(failed) == (1500.0, None)
+
+
+def test_a_job_whose_end_ray_cannot_say_ends_its_run_when_the_service_learned_of_it(api, fake_jobs, example_body):
+    def unanswered(submission_id):
+        raise RayAmbiguous(f"Ray answered GET /api/jobs/{submission_id} with 503")
+
+    run_id, token = _start(api, fake_jobs, example_body)
+    started = _submitted_ago(api, run_id, timedelta(hours=1)) + MINUTE
+    _status(api, run_id, token, "RUNNING", started_at=started)
+    fake_jobs.set_status(f"run-{run_id}-attempt-1", "FAILED", ended_at=started + MINUTE)
+    fake_jobs.ended_at = unanswered
+    before = datetime.now(timezone.utc)
+    api.app.state.dispatcher.tick()
+    failed = api.get(f"{API}/runs/{run_id}")
+    assert failed.json()["status"] == "FAILED"  # the end is not held back for want of its time
+    assert before - timedelta(seconds=1) <= _time(failed, "finished_at") <= datetime.now(timezone.utc)
 
 
 def test_an_ended_run_that_an_older_service_left_training_does_not_count_on(api, fake_jobs, example_body):
