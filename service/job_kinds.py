@@ -25,7 +25,7 @@ from typing import Any
 
 from api.views import ACTIVE_SWEEP_STATUSES, RunStatus, SweepStatus
 from service.lifecycle import FollowPolicy
-from service.ray_head import forwarded_env
+from service.ray_head import common_job_env
 from service.settings import Settings
 from service.storage_paths import project_storage_url
 
@@ -65,16 +65,9 @@ class JobKind:
 
     def job_env(self, settings: Settings, record: Any, token: str) -> dict[str, str]:
         """Environment of one attempt's job: where to report, with which token, where to store."""
-        env = forwarded_env()
+        env = common_job_env()
         for name, value in self.env_defaults.items():
             env.setdefault(name, value)
-        # The job's log is read as text (tessera logs, the dashboard), not on a terminal: Ray
-        # prefixes its workers' lines without colour codes then (ray/_private/worker.py).
-        env.setdefault("RAY_COLOR_PREFIX", "0")
-        # Every line of every worker, as printed: Ray's driver otherwise folds lines that several
-        # workers print within 5 s into "[repeated 3x across cluster]", which cut two ranks'
-        # tracebacks into fragments (ray/_private/ray_logging, RAY_DEDUP_LOGS).
-        env.setdefault("RAY_DEDUP_LOGS", "0")
         prefix = f"TESSERA_{self.name.upper()}"
         env.update({
             "TESSERA_SERVICE_URL": settings.public_url,

@@ -56,6 +56,28 @@ def forwarded_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_ENV_PREFIXES)}
 
 
+def common_job_env() -> dict[str, str]:
+    """The environment every job the service submits starts from (``service.job_kinds`` adds each
+    kind's own). The jobs that start a node's warm driver interpreter (the embedded head's start-up
+    probe, ``service.driver_warmup``) have it too, so that interpreter is the one a run's driver
+    asks for (``workers.fork_exec.server_key``: a variable that differs makes another)."""
+    env = forwarded_env()
+    # The job's log is read as text (tessera logs, the dashboard), not on a terminal: Ray
+    # prefixes its workers' lines without colour codes then (ray/_private/worker.py).
+    env.setdefault("RAY_COLOR_PREFIX", "0")
+    # Every line of every worker, as printed: Ray's driver otherwise folds lines that several
+    # workers print within 5 s into "[repeated 3x across cluster]", which cut two ranks'
+    # tracebacks into fragments (ray/_private/ray_logging, RAY_DEDUP_LOGS).
+    env.setdefault("RAY_DEDUP_LOGS", "0")
+    return env
+
+
+def warm_drivers_entrypoint(worker_python: str) -> str:
+    """The job that starts the node's warm driver interpreter (``workers.fork_exec --warm``) and
+    exits: an embedded head's start-up probe, and a cluster's warm-up (``service.driver_warmup``)."""
+    return f"{shlex.quote(worker_python)} -m workers.fork_exec --warm"
+
+
 def start_embedded_ray(settings: "Settings", *, timeout_s: float = 120.0) -> str:
     """Start a Ray head inside this process and return its Jobs API address (``http://...``).
 
@@ -184,7 +206,8 @@ def _wait_for_jobs_api(address: str, timeout_s: float, temp_dir: str, worker_pyt
             time.sleep(0.5)
     try:
         # The head waits (10 s) for an agent before refusing, so one probe job is enough.
-        client.submit_job(entrypoint=f"{shlex.quote(worker_python)} -m workers.fork_exec --warm",
+        client.submit_job(entrypoint=warm_drivers_entrypoint(worker_python),
+                          runtime_env={"env_vars": common_job_env()},  # a run's: see common_job_env
                           submission_id=f"tessera-startup-probe-{secrets.token_hex(4)}")
     except RuntimeError as exc:
         raise RuntimeError(

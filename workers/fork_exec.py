@@ -43,9 +43,8 @@ from pathlib import Path
 PER_JOB_PREFIXES = ("TESSERA_", "AWS_")
 # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S is set for sweep drivers only (service.job_kinds) and Ray
 # Train reads it when it builds a worker group (WorkerGroup.__init__ in Ray 2.60), not at import:
-# left out, sweep drivers fork from the same warm server as run drivers. RAY_COLOR_PREFIX is set
-# by the service's jobs (service.job_kinds) but not by the start-up probe that starts the node's
-# warm server (service.ray_head); Ray reads it as it prints a worker's line, not at import.
+# left out, sweep drivers fork from the same warm server as run drivers. RAY_COLOR_PREFIX is read
+# as Ray prints a worker's line, not at import, so a job may set it as it likes.
 PER_JOB_ENV = frozenset({"RAY_JOB_CONFIG_JSON_ENV_VAR", "PWD", "OLDPWD", "SHLVL", "_",
                          "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "RAY_COLOR_PREFIX"})
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

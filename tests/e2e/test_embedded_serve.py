@@ -20,7 +20,9 @@ pytestmark = pytest.mark.integration
 
 def test_serve_with_embedded_defaults_runs_a_job_to_completion_its_driver_forked_warm(tmp_path, monkeypatch,
                                                                                       ray_head):
-    for var in ("TESSERA_DATABASE_URL", "TESSERA_STORAGE_URL", "TESSERA_RAY_ADDRESS"):
+    # The environment of a user's shell: RAY_DEDUP_LOGS, which the suite sets, is one the service
+    # sets for its jobs, and the probe's warm interpreter must be the one a run's driver asks for.
+    for var in ("TESSERA_DATABASE_URL", "TESSERA_STORAGE_URL", "TESSERA_RAY_ADDRESS", "RAY_DEDUP_LOGS"):
         monkeypatch.delenv(var, raising=False)
     # The service's Ray processes, and so its job drivers, keep their fork server under TMPDIR:
     # a folder of this test's own (short: the server's unix socket lives there).
