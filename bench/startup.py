@@ -31,7 +31,11 @@ with Ray's own ``TorchTrainer.fit()`` on the same head. Phases: ``pickup`` (``PO
 dispatcher's submit: the run's STARTING event), ``to_worker`` (Ray's job start, the job
 driver's interpreter and imports, Ray Train's controller, worker group and process group),
 then ``imports``, ``build`` and ``first_step`` as in part B. Two services take turns with it:
-as shipped, and with ``TESSERA_DRIVER_FORKS=0`` (``service_cold``: no fork server).
+as shipped, and with ``TESSERA_DRIVER_FORKS=0`` (``service_cold``: no fork server). ``forked``
+is 1 where the run's driver was forked from the node's warm interpreter. Before the rounds,
+each way's first run (``first_run``), ``--first-run-after`` seconds after the services answer,
+as a user's first run comes: the shipped service's is forked from the interpreter its warm-up
+job started on the head (``service.driver_warmup``), the cold service's is not.
 """
 
 from __future__ import annotations
@@ -273,8 +277,9 @@ def service_phases(client: Any, phases_path: str) -> dict[str, float]:
         raise RuntimeError(f"run {run.id} ended {finished.status.value}: {finished.error}")
     submitted = next(e.time for e in client.run_events(run.id).data if e.to_status.value == "STARTING").timestamp()
     p = json.loads(pathlib.Path(phases_path).read_text())
+    forked = "workers.launch forked as pid" in client.logs(run.id).text
     return {"pickup": submitted - start, "to_worker": p["worker_entered"] - submitted, **step_phases(p, start),
-            "total": finished.finished_at.timestamp() - start}
+            "total": finished.finished_at.timestamp() - start, "forked": float(forked)}
 
 
 def start_service(head: Any, work: str, name: str, key: str, **extra_env: str) -> tuple[subprocess.Popen, str, str]:
@@ -297,7 +302,7 @@ def start_service(head: Any, work: str, name: str, key: str, **extra_env: str) -
     return server, f"http://127.0.0.1:{port}", phases_path
 
 
-def service_first_steps(rounds: int) -> dict[str, Any]:
+def service_first_steps(rounds: int, first_run_after_s: float) -> dict[str, Any]:
     """Part C: ``tessera serve`` on a Ray head of its own (as in production), ``POST /runs`` to
     the first step, taking turns with Ray's own ``TorchTrainer.fit()`` on the same head. Two
     services share the head: ``service`` as shipped (job drivers forked from a warm
@@ -324,8 +329,12 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
             ways[name] = lambda client=client, phases_path=phases_path: service_phases(client, phases_path)
         ray.init(address=head.address, log_to_driver=False)
         ways["ray_torchtrainer"] = lambda: phases_of("ray_torchtrainer", work)
-        for way in ways.values():  # untimed: the head's first fits start its worker pool and fork server
-            way()
+        time.sleep(first_run_after_s)  # the scenario: a user's first run comes this long after the service is up
+        first_run = {"ray_torchtrainer": ways["ray_torchtrainer"]()}  # the head's worker pool starts in this one
+        for name in ("service_cold", "service"):
+            first_run[name] = ways[name]()
+            print(f"first run: {name} {first_run[name]['to_first_step']:.1f}s forked={first_run[name]['forked']:.0f}",
+                  file=sys.stderr, flush=True)
         for r in range(rounds):
             order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
             for name in order:
@@ -337,7 +346,14 @@ def service_first_steps(rounds: int) -> dict[str, Any]:
             os.killpg(server.pid, 15)
             server.wait(timeout=60)
         head.stop()
-    report: dict[str, Any] = {"rounds": rounds, "workers": NUM_WORKERS, "batch_size": BATCH_SIZE, "model": "resnet18"}
+    report: dict[str, Any] = {"rounds": rounds, "workers": NUM_WORKERS, "batch_size": BATCH_SIZE, "model": "resnet18",
+                              "first_run_after_s": first_run_after_s,
+                              "first_run": {way: {phase: round(value, 2) for phase, value in run.items()}
+                                            for way, run in first_run.items()}}
+    report["first_run_service_over_service_cold_to_first_step"] = round(
+        first_run["service"]["to_first_step"] / first_run["service_cold"]["to_first_step"], 4)
+    if not rounds:
+        return report
     for way, runs in rows.items():
         report[way] = {phase: round(statistics.median(run[phase] for run in runs), 2) for phase in runs[0]}
         report[way]["per_round"] = [{phase: round(value, 2) for phase, value in run.items()} for run in runs]
@@ -359,6 +375,8 @@ def main() -> None:
     parser.add_argument("--service", action="store_true",
                         help="also part C: POST /runs to first step through `tessera serve` on its own Ray head")
     parser.add_argument("--service-rounds", type=int, default=3)
+    parser.add_argument("--first-run-after", type=float, default=10.0,
+                        help="part C: seconds between the services answering and their first runs")
     parser.add_argument("--out", help="also write the JSON report here")
     args = parser.parse_args()
     report: dict[str, Any] = {
@@ -372,7 +390,7 @@ def main() -> None:
     if args.ray:
         report["first_step"] = first_steps(args.ray_rounds)
     if args.service:
-        report["service_first_step"] = service_first_steps(args.service_rounds)
+        report["service_first_step"] = service_first_steps(args.service_rounds, args.first_run_after)
     report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(report, indent=2)
     print(text)

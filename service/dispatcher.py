@@ -8,7 +8,9 @@ the database agree with Ray once at startup, before anything new is submitted.
 
 Served by several processes (``TESSERA_WORKERS``), every process has a dispatcher but only the
 one holding the ``lease`` (``service.dispatch_lease``) ticks; it reconciles when it takes the
-lease. The others' threads try to take it each interval, and pass their wakes on to it.
+lease. The others' threads try to take it each interval, and pass their wakes on to it. On a
+Ray cluster the service did not start, the dispatching process also has the head node's warm
+driver interpreter started once Ray answers (``service.driver_warmup``).
 
 A tick never waits on Ray without a bound: it starts with one bounded call (the job list);
 if Ray cannot be asked, the rest of the tick's Ray work is skipped and ``ray_error`` says
@@ -29,6 +31,7 @@ from service.access import AccessStore
 from service import wall_clock
 from service.admission import Admission
 from service.dispatch_lease import DispatchLease, SoleLease
+from service.driver_warmup import DriverWarmup
 from service.job_follower import JobFollower
 from service.job_kinds import RUN_JOBS, sweep_driver_jobs
 from service.export_jobs import ExportOutcomes
@@ -79,6 +82,7 @@ class Dispatcher:
             # Far longer than an export request takes from its job's mark to its submit (a request
             # file's write, then the submit): a job is listed by Ray at the latest that much later.
             stray_marks_after_s=max(600.0, 2 * (settings.storage_timeout_s + settings.ray_timeout_s)))
+        self.warmup = DriverWarmup(jobs, settings)  # a cluster's node gets a warm driver interpreter
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,6 +97,7 @@ class Dispatcher:
             listed = [self.followers[0].job_states_now()]  # one list_jobs per tick, shared
         except OSError as exc:  # Ray down or hung: this tick costs one timeout, and does no Ray work
             self._ray_unreachable(exc)
+            self.warmup.ray_lost()
         else:
             down, read = False, {}
             with self._plan_lock:  # the run follower plans the queue
@@ -103,7 +108,10 @@ class Dispatcher:
                         down = follower.ray_down
                 self._planned_at = time.monotonic()
             self.ray_error = "a call to Ray failed during the last tick" if down else None
-            if not down:
+            if down:
+                self.warmup.ray_lost()
+            else:
+                self.warmup.tick(listed[0])
                 # The followers' reads of the followed runs and sweeps, from the start of this tick,
                 # serve the log archiver and (runs) the wall-clock check too: every active record is
                 # read once a tick. One the followers just submitted or ended is seen on the next.

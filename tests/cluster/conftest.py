@@ -143,6 +143,11 @@ class LocalRayCluster:
         """How many actors of ``class_name`` the cluster has made, dead ones included."""
         return len(self._state("actors", class_name=class_name))
 
+    def driver_interpreter_serving(self) -> bool:
+        """Whether a warm job-driver interpreter (``workers.fork_server``) serves on the cluster."""
+        servers = Path(self.env["TMPDIR"]) / f"tessera-forks-{os.getuid()}"
+        return any("serving" in log.read_text() for log in servers.glob("*.log"))
+
     def train_worker_nodes(self) -> list[str]:
         """The node names the live Ray Train workers run on, one entry per worker."""
         return self.actor_nodes("RayTrainWorker")
@@ -157,9 +162,12 @@ def ray_token() -> str:
 def ray_cluster(s3_server, ray_token):
     """The head and three worker nodes, token auth on. Started after the S3 server, so every
     node inherits its environment."""
+    # The nodes' processes, and so the job drivers' warm interpreter (its socket and log), keep
+    # their temporary files in a folder of the cluster's own (short: a unix socket lives there).
+    tmp = tempfile.mkdtemp(prefix="tcl", dir="/tmp")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token, "PYTHONPATH": str(REPO_ROOT),
            # Without GCS fault tolerance a node whose head is gone can never rejoin it: end soon.
-           "RAY_gcs_rpc_server_reconnect_timeout_s": "10"}
+           "RAY_gcs_rpc_server_reconnect_timeout_s": "10", "TMPDIR": tmp}
     cluster = LocalRayCluster(env)
     try:
         cluster.start_head()
@@ -170,6 +178,7 @@ def ray_cluster(s3_server, ray_token):
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -179,4 +188,7 @@ def cluster_svc(tmp_path_factory, ray_cluster, ray_token, s3_server, postgres_ur
                          postgres_url=postgres_url,
                          env={"TESSERA_STORAGE_URL": s3_server.url("cluster"), "TESSERA_TEST_BATCH_DELAY_S": BATCH_DELAY_S,
                               "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token}) as svc:
+        # The service had the head node's warm driver interpreter started once it reached Ray
+        # (service.driver_warmup): the first run's driver is forked from it.
+        wait_until(ray_cluster.driver_interpreter_serving, timeout=120, what="the warm driver interpreter to serve")
         yield svc

@@ -78,6 +78,7 @@ def test_a_two_worker_ddp_run_spans_two_nodes_and_completes(cluster_svc, uninter
     assert final.summary["time/batch"] == BATCHES
     assert len(set(nodes)) == 2 and set(nodes) <= set(NODE_NAMES), nodes
     final_checkpoint(cluster_svc.client(), final.id)
+    assert "workers.launch forked as pid" in cluster_svc.client().logs(final.id).text  # warm on its first run
 
 
 def test_a_node_lost_mid_run_costs_nothing_the_run_resumes_elsewhere_bitwise_equal(
